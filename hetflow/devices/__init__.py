@@ -1,0 +1,1 @@
+"""Devices: where kernels run. ``registry`` is the one list of device packages."""

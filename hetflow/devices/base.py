@@ -1,0 +1,117 @@
+"""The Device interface and the per-device kernel table."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hetflow.graph import Node
+
+#: A kernel computes a node's outputs from its inputs (``None`` for omitted optional inputs) and
+#: returns one array per output the op defines (``None`` allowed for an output the node omits).
+KernelFn = Callable[[Node, Sequence[np.ndarray | None]], Sequence[np.ndarray | None]]
+#: ``supports(node)`` returns None when the kernel can run ``node``, else the reason it cannot.
+SupportsFn = Callable[[Node], str | None]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One way a device computes one op.
+
+    Attributes:
+        op_type: the op it implements.
+        fn: the computation.
+        algorithm: name of the method (``"default"``, ``"im2col"``, ``"winograd"`` ...).
+        supports: optional constraint check; None means "every node of this op".
+    """
+
+    op_type: str
+    fn: KernelFn
+    algorithm: str = "default"
+    supports: SupportsFn | None = None
+
+    def reason_unsupported(self, node: Node) -> str | None:
+        return None if self.supports is None else self.supports(node)
+
+
+@dataclass
+class KernelTable:
+    """The kernels one device has, by op type, in preference order."""
+
+    kernels: dict[str, list[Kernel]] = field(default_factory=dict)
+
+    def register(
+        self, *op_types: str, algorithm: str = "default", supports: SupportsFn | None = None
+    ) -> Callable[[KernelFn], KernelFn]:
+        """Decorator: register ``fn`` as the kernel for each of ``op_types``."""
+
+        def decorate(fn: KernelFn) -> KernelFn:
+            for op_type in op_types:
+                self.kernels.setdefault(op_type, []).append(Kernel(op_type, fn, algorithm, supports))
+            return fn
+
+        return decorate
+
+    def candidates(self, node: Node) -> list[Kernel]:
+        """Every kernel of this device that can run ``node``."""
+        return [k for k in self.kernels.get(node.op_type, []) if k.reason_unsupported(node) is None]
+
+    def lookup(self, node: Node) -> Kernel | None:
+        """The preferred kernel for ``node`` or None."""
+        found = self.candidates(node)
+        return found[0] if found else None
+
+    def reason_unsupported(self, node: Node) -> str | None:
+        """Why no kernel here runs ``node`` (None when one does)."""
+        kernels = self.kernels.get(node.op_type)
+        if not kernels:
+            return f"no kernel for {node.op_type}"
+        reasons = [k.reason_unsupported(node) for k in kernels]
+        if any(r is None for r in reasons):
+            return None
+        return "; ".join(r for r in reasons if r)
+
+    def op_types(self) -> list[str]:
+        return sorted(self.kernels)
+
+
+class Device(abc.ABC):
+    """A place where kernels run.
+
+    Subclasses provide their kernel table, availability probe and fingerprint; devices whose memory
+    is not the host's also override the transfer methods.
+    """
+
+    #: stable identifier as users write it: ``"cpu"``, ``"opencl:0"``.
+    id: str
+    #: ``"cpu"``, ``"opencl"``, ``"null"``.
+    kind: str
+    kernels: KernelTable
+
+    @abc.abstractmethod
+    def name(self) -> str:
+        """Human-readable device name."""
+
+    @abc.abstractmethod
+    def fingerprint(self) -> dict[str, str]:
+        """What identifies this device for tuning caches and profiles (vendor, model, driver...)."""
+
+    @classmethod
+    def is_available(cls) -> str | None:
+        """None when the device can start on this machine, else the reason it cannot."""
+        return None
+
+    def to_device(self, array: np.ndarray) -> object:
+        """Copy a host array into device memory (identity for host-memory devices)."""
+        return array
+
+    def to_host(self, buffer: object) -> np.ndarray:
+        """Copy a device buffer back to a host array (identity for host-memory devices)."""
+        assert isinstance(buffer, np.ndarray)
+        return buffer
+
+    def synchronize(self) -> None:
+        """Wait until every queued kernel has finished (no-op for synchronous devices)."""

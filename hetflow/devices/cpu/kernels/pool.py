@@ -1,0 +1,3 @@
+"""CPU kernels: pool."""
+
+from hetflow.devices.cpu.table import cpu_kernel  # noqa: F401

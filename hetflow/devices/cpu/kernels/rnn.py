@@ -1,0 +1,3 @@
+"""CPU kernels: rnn."""
+
+from hetflow.devices.cpu.table import cpu_kernel  # noqa: F401

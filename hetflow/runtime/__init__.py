@@ -1,0 +1,1 @@
+"""Planner, executor and the InferenceSession."""

@@ -1,0 +1,162 @@
+"""InferenceSession: ONNX Runtime's surface over hetflow's planner and executor."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hetflow.errors import FeedError
+from hetflow.frontends import ModelSource, load_model
+from hetflow.graph import Graph, Value
+from hetflow.graph.dtypes import onnx_name
+from hetflow.graph.shapes import Dim, format_shape
+from hetflow.devices.registry import resolve_devices
+from hetflow.runtime.executor import Observer, execute
+from hetflow.runtime.plan import Plan
+from hetflow.runtime.planner import make_plan
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """An input or output as ONNX Runtime describes it: name, shape (ints, symbol names), type."""
+
+    name: str
+    shape: list[Dim | None]
+    type: str
+
+
+def _node_arg(value: Value) -> NodeArg:
+    shape: list[Dim | None] = list(value.shape) if value.shape is not None else []
+    return NodeArg(value.name, shape, onnx_name(value.dtype))
+
+
+class InferenceSession:
+    """Load a model once, run it many times.
+
+    Args:
+        model: a path (``.onnx``), ``"zoo:NAME"``, serialized bytes, an ``onnx.ModelProto`` or a Graph.
+        device: ``"cpu"`` or ``"auto"`` (the devices this build has, best first).
+
+    Example::
+
+        sess = hetflow.InferenceSession("zoo:googlenet")
+        [probs] = sess.run(None, {sess.get_inputs()[0].name: batch})
+    """
+
+    def __init__(self, model: ModelSource | Graph, device: str = "cpu", **options: Any):
+        unknown = sorted(set(options) - _ACCEPTED_OPTIONS)
+        if unknown:
+            raise TypeError(f"unknown session option(s) {unknown}; accepted: {sorted(_ACCEPTED_OPTIONS)}")
+        self._graph = load_model(model)
+        self._devices = resolve_devices(device)
+        self._plan = make_plan(self._graph, self._devices)
+        self._inputs = self._graph.input_values()
+        self._outputs = self._graph.output_values()
+        self._lock = threading.Lock()
+
+    @property
+    def graph(self) -> Graph:
+        """The folded, shape-inferred graph the session runs."""
+        return self._graph
+
+    @property
+    def plan(self) -> Plan:
+        return self._plan
+
+    def get_inputs(self) -> list[NodeArg]:
+        """The feeds ``run`` expects."""
+        return [_node_arg(v) for v in self._inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        """The outputs ``run`` can return."""
+        return [_node_arg(v) for v in self._outputs]
+
+    def get_providers(self) -> list[str]:
+        return [d.id for d in self._devices]
+
+    def placement(self) -> dict[str, str]:
+        """Node name -> device id where it runs."""
+        return self._plan.placement()
+
+    def run(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, Any],
+        run_options: Any = None,
+        *,
+        observer: Observer | None = None,
+    ) -> list[np.ndarray]:
+        """Compute ``output_names`` (all outputs when None) from ``input_feed``; thread-safe.
+
+        Raises:
+            FeedError: a feed is missing, unknown, or has the wrong dtype or shape.
+        """
+        feeds = self._check_feeds(input_feed)
+        names = self._check_output_names(output_names)
+        results = execute(self._plan, feeds, names, observer)
+        return [results[name] for name in names]
+
+    # -- validation ----------------------------------------------------------------------------
+    def _check_output_names(self, output_names: Sequence[str] | None) -> list[str]:
+        available = [v.name for v in self._outputs]
+        if output_names is None:
+            return available
+        unknown = [n for n in output_names if n not in available]
+        if unknown:
+            raise FeedError(f"unknown output name(s) {unknown}; the model's outputs are {available}")
+        return list(output_names)
+
+    def _check_feeds(self, input_feed: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        expected = {v.name: v for v in self._inputs}
+        unknown = sorted(set(input_feed) - set(expected))
+        if unknown:
+            raise FeedError(
+                f"unknown input name(s) {unknown}; the model's inputs are "
+                + ", ".join(f"'{v.name}' ({onnx_name(v.dtype)} {format_shape(v.shape)})" for v in self._inputs)
+            )
+        missing = [name for name in expected if name not in input_feed]
+        if missing:
+            raise FeedError(
+                "missing input(s): "
+                + ", ".join(f"'{n}' ({onnx_name(expected[n].dtype)} {format_shape(expected[n].shape)})" for n in missing)
+            )
+        bindings: dict[str, int] = {}
+        feeds: dict[str, np.ndarray] = {}
+        for name, raw in input_feed.items():
+            feeds[name] = _check_feed(expected[name], raw, bindings)
+        return feeds
+
+
+_ACCEPTED_OPTIONS = frozenset({"sess_options", "providers", "provider_options"})
+
+
+def _check_feed(value: Value, raw: Any, bindings: dict[str, int]) -> np.ndarray:
+    array = raw if isinstance(raw, np.ndarray) else np.asarray(raw)
+    if array.dtype != value.dtype:
+        raise FeedError(
+            f"input '{value.name}' has type {onnx_name(array.dtype)}; expected {onnx_name(value.dtype)}"
+        )
+    if value.shape is None:
+        return array
+    if array.ndim != len(value.shape):
+        raise FeedError(
+            f"input '{value.name}' has shape {list(array.shape)} (rank {array.ndim}); expected "
+            f"{format_shape(value.shape)} (rank {len(value.shape)})"
+        )
+    for axis, (dim, actual) in enumerate(zip(value.shape, array.shape)):
+        if isinstance(dim, int):
+            if dim != actual:
+                raise FeedError(
+                    f"input '{value.name}' has shape {list(array.shape)}; expected "
+                    f"{format_shape(value.shape)} (dimension {axis} must be {dim})"
+                )
+        elif bindings.setdefault(dim, actual) != actual:
+            raise FeedError(
+                f"input '{value.name}' dimension {axis} ('{dim}') is {actual}, but another input "
+                f"set '{dim}' to {bindings[dim]}"
+            )
+    return array
