@@ -115,3 +115,4 @@ class Device(abc.ABC):
 
     def synchronize(self) -> None:
         """Wait until every queued kernel has finished (no-op for synchronous devices)."""
+        return None

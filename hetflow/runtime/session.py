@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 
+from hetflow.devices.registry import resolve_devices
 from hetflow.errors import FeedError
 from hetflow.frontends import ModelSource, load_model
 from hetflow.graph import Graph, Value
 from hetflow.graph.dtypes import onnx_name
 from hetflow.graph.shapes import Dim, format_shape
-from hetflow.devices.registry import resolve_devices
 from hetflow.runtime.executor import Observer, execute
 from hetflow.runtime.plan import Plan
 from hetflow.runtime.planner import make_plan

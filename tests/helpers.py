@@ -1,0 +1,48 @@
+"""Small model builders and oracles shared by the tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def make_model(
+    nodes: Sequence[onnx.NodeProto],
+    inputs: Sequence[tuple[str, int, Sequence[int | str]]],
+    outputs: Sequence[tuple[str, int, Sequence[int | str] | None]],
+    initializers: dict[str, np.ndarray] | None = None,
+    opset: int = 17,
+) -> onnx.ModelProto:
+    """A one-graph model from nodes, (name, elem_type, shape) inputs/outputs and initializer arrays."""
+    graph = helper.make_graph(
+        list(nodes),
+        "test",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+        [numpy_helper.from_array(a, n) for n, a in (initializers or {}).items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def add_relu_model(opset: int = 17) -> onnx.ModelProto:
+    """y = relu(x + b) with x: float32 [N, 3] and b = [1, 1, 1]."""
+    return make_model(
+        [helper.make_node("Add", ["x", "b"], ["t"], name="add"), helper.make_node("Relu", ["t"], ["y"], name="relu")],
+        [("x", TensorProto.FLOAT, ["N", 3])],
+        [("y", TensorProto.FLOAT, ["N", 3])],
+        {"b": np.ones(3, np.float32)},
+        opset=opset,
+    )
+
+
+def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """ONNX Runtime's outputs for ``model`` (2 threads, all optimisations on)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
