@@ -96,7 +96,9 @@ def import_onnx(source: ModelSource) -> Graph:
         graph.values[info.name] = _value_from_info(info)
     for name, array in graph.initializers.items():
         graph.values[name] = Value(name, tuple(array.shape), array.dtype)
-    graph.inputs = [i.name for i in model.graph.input]
+    # NOTE: IR < 4 lists every initializer as a graph input too; those are weights, not feeds
+    # (hetflow does not let a feed override a weight, which also lets them be folded).
+    graph.inputs = [i.name for i in model.graph.input if i.name not in graph.initializers]
     graph.outputs = [o.name for o in model.graph.output]
 
     names = _UniqueNames(graph)
@@ -179,7 +181,8 @@ def _to_array(tensor: onnx.TensorProto) -> np.ndarray:
         array = numpy_helper.to_array(tensor)
     except (ValueError, TypeError) as error:
         raise InvalidModelError(f"tensor '{tensor.name}' cannot be decoded: {error}") from error
-    return np.ascontiguousarray(array)
+    # NOTE: np.ascontiguousarray turns 0-d arrays into 1-d ones; keep scalars scalar.
+    return np.ascontiguousarray(array).reshape(array.shape)
 
 
 def _attribute_value(attr: onnx.AttributeProto, node: onnx.NodeProto) -> Any:
@@ -245,7 +248,7 @@ def _value_from_info(info: onnx.ValueInfoProto) -> Value:
 
 def _add_constant(graph: Graph, names: _UniqueNames, array: np.ndarray, hint: str) -> str:
     name = names.fresh(hint)
-    graph.initializers[name] = np.ascontiguousarray(array)
+    graph.initializers[name] = np.ascontiguousarray(array).reshape(np.shape(array))
     graph.values[name] = Value(name, tuple(array.shape), array.dtype)
     return name
 

@@ -24,14 +24,52 @@ def test_the_onnx_package_ships_the_nine_light_models():
     assert len(LIGHT_MODELS) == 9, LIGHT_MODELS
 
 
-@pytest.mark.parametrize("name", LIGHT_MODELS)
-def test_light_model_matches_shipped_output(name):
-    session = hetflow.InferenceSession(LIGHT_DIR / f"light_{name}.onnx")
-    expected = numpy_helper.to_array(onnx.load_tensor(str(LIGHT_DIR / f"light_{name}_output_0.pb")))
-    feeds = {
+#: Models whose shipped output cannot be reproduced by comparing the final tensor (see the test below).
+ILL_CONDITIONED = {"squeezenet"}
+
+
+def _ones_feeds(session: hetflow.InferenceSession) -> dict[str, np.ndarray]:
+    return {
         arg.name: np.ones([d if isinstance(d, int) else 1 for d in arg.shape], np.float32)
         for arg in session.get_inputs()
     }
-    (actual,) = session.run(None, feeds)
+
+
+def _shipped_output(name: str) -> np.ndarray:
+    return numpy_helper.to_array(onnx.load_tensor(str(LIGHT_DIR / f"light_{name}_output_0.pb")))
+
+
+@pytest.mark.parametrize("name", [n for n in LIGHT_MODELS if n not in ILL_CONDITIONED])
+def test_light_model_matches_shipped_output(name):
+    session = hetflow.InferenceSession(LIGHT_DIR / f"light_{name}.onnx")
+    expected = _shipped_output(name)
+    (actual,) = session.run(None, _ones_feeds(session))
     assert actual.shape == expected.shape
     np.testing.assert_allclose(actual, expected, rtol=1e-3, atol=1e-5)
+
+
+def test_light_squeezenet_matches_shipped_output_up_to_float32_resolution():
+    """SqueezeNet's constant weights drive its logits to 1.6e10, where one float32 ulp is 2048.
+
+    Every logit is mathematically equal, so the shipped softmax is uniform (0.001); a BLAS that sums
+    output channels in different orders (edge tiles vs full tiles) gives logits a few ulps apart, and
+    softmax turns a 2048 difference into e^2048. So the check is split in two: the logits are all equal
+    to float32 accuracy (as the shipped uniform output says they are), and the probabilities are the
+    shipped ones among the logits that came out exactly equal.
+    """
+    model = onnx.load(str(LIGHT_DIR / "light_squeezenet.onnx"))
+    softmax = model.graph.node[-1]
+    assert softmax.op_type == "Softmax"
+    logits_name = softmax.input[0]
+    model.graph.output.append(onnx.helper.make_tensor_value_info(logits_name, onnx.TensorProto.FLOAT, None))
+    session = hetflow.InferenceSession(model)
+    probabilities, logits = session.run(None, _ones_feeds(session))
+
+    expected = _shipped_output("squeezenet")
+    assert probabilities.shape == expected.shape
+    np.testing.assert_allclose(expected, 1e-3, rtol=1e-6)
+    assert np.all(logits > 1e10)
+    np.testing.assert_allclose(logits, np.median(logits), rtol=1e-5)  # equal up to float32 rounding
+    equal_logits = logits == logits.max()
+    np.testing.assert_allclose(probabilities.sum(), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(probabilities[equal_logits], 1.0 / equal_logits.sum(), rtol=1e-5)
