@@ -93,6 +93,21 @@ def broadcast(*shapes: Sequence[Dim]) -> Shape:
     return tuple(result)
 
 
+def check_broadcasts_to(source: Sequence[Dim], target: Sequence[Dim], what: str = "shape") -> None:
+    """Raise ValueError unless ``source`` broadcasts unidirectionally to ``target`` (leaving it unchanged).
+
+    This is ONNX's "unidirectional broadcasting" (Gemm's C, PRelu's slope).
+    """
+    try:
+        result: Shape | None = broadcast(source, target)
+    except ValueError:
+        result = None
+    if result is None or len(source) > len(target) or tuple(result) != tuple(target):
+        raise ValueError(
+            f"{what} of shape {format_shape(source)} does not broadcast to {format_shape(target)}"
+        )
+
+
 def normalize_axis(axis: int, rank: int) -> int:
     """Map a possibly negative axis into ``[0, rank)``; raises ValueError when out of range."""
     if not -rank <= axis < max(rank, 1):

@@ -1,20 +1,33 @@
-"""Activations: elementwise, and fusable into the producing Conv/Gemm epilogue."""
+"""Activations: elementwise, and fusable into the producing Conv/Gemm epilogue.
+
+Relu, LeakyRelu, PRelu, Sigmoid, Tanh and Clip. They share one base (``UnaryOp``): the output takes
+the first input's shape and dtype, and the cost is a fixed number of operations per output element.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from hetflow.graph import Node
-from hetflow.ops.base import OpDef, TensorInfo
+from hetflow.graph.shapes import check_broadcasts_to, format_shape
+from hetflow.ops.base import Cost, OpDef, TensorInfo, nbytes, numel
 from hetflow.ops.registry import register_op
 
 
 class UnaryOp(OpDef):
-    """Family base: one input, one output of the same shape and dtype."""
+    """Family base: the output has the shape and dtype of the first input (``X``).
+
+    Extra inputs (PRelu's slope, Clip's bounds) are parameters that must not change the output shape;
+    subclasses check them in ``check_params``. ``flops_per_element`` is the arithmetic per output
+    element (a transcendental function counts as one operation).
+    """
 
     traits = frozenset({"elementwise"})
+    flops_per_element: ClassVar[int] = 1
 
     def infer(
         self,
@@ -24,10 +37,32 @@ class UnaryOp(OpDef):
     ) -> list[TensorInfo]:
         x = inputs[0]
         assert x is not None
+        self.check_params(x, inputs[1:])
         return [TensorInfo(x.shape, x.dtype)]
+
+    def check_params(self, x: TensorInfo, params: Sequence[TensorInfo | None]) -> None:
+        """Raise ValueError when a parameter input does not fit ``x`` (default: no parameters)."""
+        for param in params:
+            if param is not None and param.dtype != x.dtype:
+                raise ValueError(f"input dtypes differ: X is {x.dtype}, a parameter is {param.dtype}")
+
+    def element_flops(self, node: Node, inputs: Sequence[TensorInfo | None]) -> int:
+        """Operations per output element; ops whose count depends on the node override this."""
+        return self.flops_per_element
+
+    def cost(
+        self, node: Node, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]
+    ) -> Cost:
+        return Cost(
+            flops=self.element_flops(node, inputs) * sum(numel(o) for o in outputs),
+            bytes_read=sum(nbytes(i) for i in inputs),
+            bytes_written=sum(nbytes(o) for o in outputs),
+        )
 
 
 class Activation(UnaryOp):
+    """An activation a producer's epilogue can apply (its parameter inputs travel with it)."""
+
     traits = frozenset({"elementwise", "fusable"})
 
 
@@ -36,3 +71,88 @@ class Relu(Activation):
     """``max(x, 0)``."""
 
     op_type = "Relu"
+
+
+@dataclass(frozen=True)
+class LeakyReluAttrs:
+    """LeakyRelu's attributes: ``alpha``, the slope of the negative part."""
+
+    alpha: float = 0.01
+
+
+@register_op
+class LeakyRelu(Activation):
+    """``x`` where ``x >= 0``, else ``alpha * x``.
+
+    Attributes:
+        alpha: the slope of the negative part (default 0.01).
+    """
+
+    op_type = "LeakyRelu"
+    Attrs = LeakyReluAttrs
+    flops_per_element = 2  # compare/select + multiply
+
+
+@register_op
+class PRelu(Activation):
+    """``x`` where ``x >= 0``, else ``slope * x``; ``slope`` broadcasts unidirectionally to ``X``.
+
+    Inputs:
+        X: the data.
+        slope: same dtype as ``X``, broadcastable to ``X``'s shape (typically ``[C, 1, 1]`` per channel),
+            so an epilogue that fuses PRelu carries it as a parameter.
+    """
+
+    op_type = "PRelu"
+    num_inputs = (2, 2)
+    flops_per_element = 2
+
+    def check_params(self, x: TensorInfo, params: Sequence[TensorInfo | None]) -> None:
+        super().check_params(x, params)
+        slope = params[0]
+        assert slope is not None
+        check_broadcasts_to(slope.shape, x.shape, "slope")
+
+
+@register_op
+class Sigmoid(Activation):
+    """``1 / (1 + exp(-x))``, evaluated without overflow for large ``|x|``."""
+
+    op_type = "Sigmoid"
+    flops_per_element = 3  # exp, add, divide
+
+
+@register_op
+class Tanh(Activation):
+    """Hyperbolic tangent."""
+
+    op_type = "Tanh"
+
+
+@register_op
+class Clip(Activation):
+    """``min(max(x, min), max)``; either bound may be omitted. With ``min > max`` every element is ``max``.
+
+    Inputs:
+        input: the data (float or integer types).
+        min: optional scalar of the data's dtype (opset < 11 attributes are moved here on import).
+        max: optional scalar of the data's dtype.
+    """
+
+    op_type = "Clip"
+    num_inputs = (1, 3)
+
+    def check_params(self, x: TensorInfo, params: Sequence[TensorInfo | None]) -> None:
+        for name, bound in zip(("min", "max"), params):
+            if bound is None:
+                continue
+            if tuple(bound.shape) not in ((), (1,)):
+                raise ValueError(f"{name} must be a scalar, got shape {format_shape(bound.shape)}")
+            # NOTE: opset < 11 bounds are imported as float32 constants whatever the data's float type;
+            # the kernel casts them, so only a float/integer mismatch is an error.
+            if (bound.dtype.kind == "f") != (x.dtype.kind == "f"):
+                raise ValueError(f"{name} has dtype {bound.dtype} but input has dtype {x.dtype}")
+
+    def element_flops(self, node: Node, inputs: Sequence[TensorInfo | None]) -> int:
+        return sum(1 for bound in inputs[1:] if bound is not None)
+

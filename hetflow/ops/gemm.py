@@ -1,1 +1,193 @@
-"""gemm ops."""
+"""Matrix products: Gemm (``alpha * A' B' + beta * C``) and MatMul (numpy's batched ``matmul``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetflow.graph import Node
+from hetflow.graph.shapes import Dim, Shape, broadcast, check_broadcasts_to, format_shape, is_static
+from hetflow.ops.base import Cost, GemmDims, OpDef, TensorInfo, nbytes, numel
+from hetflow.ops.registry import register_op
+
+
+def _same_dtype(a: TensorInfo, b: TensorInfo, op_type: str) -> None:
+    if a.dtype != b.dtype:
+        raise ValueError(f"{op_type} inputs have different dtypes {a.dtype} and {b.dtype}")
+
+
+def _check_reduction(k_a: Dim, k_b: Dim, a: Shape, b: Shape, op_type: str) -> None:
+    # NOTE: two different symbols may still agree at run time; only two different integers cannot.
+    if isinstance(k_a, int) and isinstance(k_b, int) and k_a != k_b:
+        raise ValueError(
+            f"{op_type} reduction dimensions differ: A {format_shape(a)} has K={k_a}, "
+            f"B {format_shape(b)} has K={k_b}"
+        )
+
+
+def _product(dims: Sequence[Dim]) -> int | None:
+    """The product of integer dims, or None when one is symbolic."""
+    if not is_static(dims):
+        return None
+    return int(np.prod(dims, dtype=np.int64))
+
+
+def _matmul_cost(
+    dims: GemmDims | None, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo], flops: int
+) -> Cost:
+    macs = 0 if dims is None else dims.n * dims.m * dims.k * dims.count
+    return Cost(
+        macs=macs,
+        flops=flops,
+        bytes_read=sum(nbytes(i) for i in inputs),
+        bytes_written=sum(nbytes(o) for o in outputs),
+        gemm=dims,
+    )
+
+
+@dataclass(frozen=True)
+class GemmAttrs:
+    """Gemm's attributes (see ``Gemm``)."""
+
+    alpha: float = 1.0
+    beta: float = 1.0
+    transA: int = 0  # noqa: N815  (ONNX's spelling)
+    transB: int = 0  # noqa: N815
+
+
+@register_op
+class Gemm(OpDef):
+    """``Y = alpha * A' @ B' + beta * C`` with ``A'`` = ``A`` or ``A.T`` (``transA``), likewise ``B'``.
+
+    Inputs:
+        A: ``[M, K]`` (``[K, M]`` with ``transA``).
+        B: ``[K, N]`` (``[N, K]`` with ``transB``).
+        C: optional, unidirectionally broadcastable to ``[M, N]``.
+
+    Attributes:
+        alpha: scale of the product (default 1).
+        beta: scale of ``C`` (default 1).
+        transA: transpose ``A`` first (default 0).
+        transB: transpose ``B`` first (default 0).
+
+    Cost: ``M*N*K`` MACs as ``GemmDims(n=N, m=M, k=K)``; scaling and adding ``C`` count as flops.
+    """
+
+    op_type = "Gemm"
+    Attrs = GemmAttrs
+    num_inputs = (2, 3)
+
+    def infer(
+        self,
+        node: Node,
+        inputs: Sequence[TensorInfo | None],
+        consts: Sequence[np.ndarray | None],
+    ) -> list[TensorInfo]:
+        a, b = inputs[0], inputs[1]
+        assert a is not None and b is not None
+        _same_dtype(a, b, "Gemm")
+        m, n, _ = self.dims(node, a.shape, b.shape)
+        c = inputs[2] if len(inputs) > 2 else None
+        if c is not None:
+            _same_dtype(a, c, "Gemm")
+            check_broadcasts_to(c.shape, (m, n), "C")
+        return [TensorInfo((m, n), a.dtype)]
+
+    @staticmethod
+    def dims(node: Node, a: Shape, b: Shape) -> tuple[Dim, Dim, Dim]:
+        """``(M, N, K)`` from the shapes of A and B; raises ValueError when they do not fit."""
+        if len(a) != 2 or len(b) != 2:
+            raise ValueError(f"Gemm needs 2-D A and B, got {format_shape(a)} and {format_shape(b)}")
+        m, k_a = (a[1], a[0]) if node.attrs.transA else (a[0], a[1])
+        k_b, n = (b[1], b[0]) if node.attrs.transB else (b[0], b[1])
+        _check_reduction(k_a, k_b, a, b, "Gemm")
+        return m, n, k_a
+
+    def cost(
+        self, node: Node, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]
+    ) -> Cost:
+        a, b = inputs[0], inputs[1]
+        assert a is not None and b is not None
+        m, n, k = self.dims(node, a.shape, b.shape)
+        dims = GemmDims(n=int(n), m=int(m), k=int(k)) if is_static((m, n, k)) else None
+        adds_c = len(inputs) > 2 and inputs[2] is not None and node.attrs.beta != 0
+        per_element = (
+            (1 if node.attrs.alpha != 1 else 0)
+            + (1 if adds_c else 0)
+            + (1 if adds_c and node.attrs.beta != 1 else 0)
+        )
+        return _matmul_cost(dims, inputs, outputs, flops=per_element * numel(outputs[0]))
+
+
+@register_op
+class MatMul(OpDef):
+    """Matrix product with numpy's ``matmul`` semantics.
+
+    Operands of rank >= 2 are stacks of matrices whose leading (batch) dimensions broadcast; a 1-D
+    ``A`` is a row vector and a 1-D ``B`` a column vector, whose added dimension is removed from the
+    result.
+
+    Cost: ``batch*M*N*K`` MACs. ``GemmDims(n=N, m=M, k=K, count=batch)`` when B is batched; when B is
+    a single matrix the batch is folded into the rows (``m = batch*M``, ``count = 1``), since the kernel
+    then runs one large GEMM.
+    """
+
+    op_type = "MatMul"
+    num_inputs = (2, 2)
+
+    def infer(
+        self,
+        node: Node,
+        inputs: Sequence[TensorInfo | None],
+        consts: Sequence[np.ndarray | None],
+    ) -> list[TensorInfo]:
+        a, b = inputs
+        assert a is not None and b is not None
+        _same_dtype(a, b, "MatMul")
+        return [TensorInfo(matmul_shape(a.shape, b.shape), a.dtype)]
+
+    def cost(
+        self, node: Node, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]
+    ) -> Cost:
+        a, b = inputs
+        assert a is not None and b is not None
+        return _matmul_cost(matmul_gemm_dims(a.shape, b.shape), inputs, outputs, flops=0)
+
+
+def _as_matrices(a: Shape, b: Shape) -> tuple[Shape, Shape]:
+    """Shapes with 1-D operands promoted to matrices (row vector A, column vector B)."""
+    if len(a) == 0 or len(b) == 0:
+        raise ValueError(f"MatMul needs operands of rank >= 1, got {format_shape(a)} and {format_shape(b)}")
+    a2 = (1, *a) if len(a) == 1 else tuple(a)
+    b2 = (*b, 1) if len(b) == 1 else tuple(b)
+    _check_reduction(a2[-1], b2[-2], tuple(a), tuple(b), "MatMul")
+    return a2, b2
+
+
+def matmul_shape(a: Shape, b: Shape) -> Shape:
+    """The result shape of ``matmul(A, B)``; raises ValueError when the shapes do not fit."""
+    a2, b2 = _as_matrices(a, b)
+    try:
+        batch = broadcast(a2[:-2], b2[:-2])
+    except ValueError:
+        raise ValueError(
+            f"MatMul batch dimensions of {format_shape(a)} and {format_shape(b)} do not broadcast"
+        ) from None
+    rows: tuple[Dim, ...] = (a2[-2],) if len(a) > 1 else ()
+    cols: tuple[Dim, ...] = (b2[-1],) if len(b) > 1 else ()
+    return (*batch, *rows, *cols)
+
+
+def matmul_gemm_dims(a: Shape, b: Shape) -> GemmDims | None:
+    """The GEMM(s) ``matmul(A, B)`` runs, or None while a dimension is symbolic."""
+    a2, b2 = _as_matrices(a, b)
+    batch = _product(broadcast(a2[:-2], b2[:-2]))
+    m, k, n = a2[-2], a2[-1], b2[-1]
+    if batch is None or not is_static((m, k, n)):
+        return None
+    assert isinstance(m, int) and isinstance(k, int) and isinstance(n, int)
+    if len(b2) == 2:
+        return GemmDims(n=n, m=batch * m, k=k)
+    return GemmDims(n=n, m=m, k=k, count=batch)
