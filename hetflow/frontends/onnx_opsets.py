@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from hetflow.errors import InvalidModelError
+
 
 @dataclass
 class RawNode:
@@ -128,3 +130,18 @@ def _softmax_coerce_2d(node: RawNode, opset: int, constants: ConstantSink) -> No
 def _batchnorm_spatial(node: RawNode, opset: int, constants: ConstantSink) -> None:
     node.attrs.pop("is_test", None)
     node.attrs.pop("consumed_inputs", None)
+
+
+@rule("BatchNormalization", before=14)
+def _batchnorm_training_outputs(node: RawNode, opset: int, constants: ConstantSink) -> None:
+    # Before opset 14 the outputs alone chose the mode: Y only is inference; Y, mean, var (updated
+    # running statistics, same formula as opset 14's) plus saved_mean, saved_var is training.
+    while len(node.outputs) > 1 and not node.outputs[-1]:
+        node.outputs.pop()
+    if len(node.outputs) > 3:
+        raise InvalidModelError(
+            f"node '{node.name}' (BatchNormalization, opset {opset}): the saved_mean / saved_var "
+            "training outputs are not supported; only Y, mean and var are"
+        )
+    if len(node.outputs) > 1:
+        node.attrs["training_mode"] = 1

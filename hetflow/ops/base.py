@@ -68,6 +68,11 @@ def numel(info: TensorInfo | None) -> int:
     return int(np.prod(info.shape, dtype=np.int64))
 
 
+def present_outputs_bytes(node: Node, outputs: Sequence[TensorInfo]) -> int:
+    """Bytes of the outputs ``node`` actually has (an optional output it omits costs nothing)."""
+    return sum(nbytes(info) for name, info in zip(node.outputs, outputs) if name)
+
+
 class OpDef:
     """Base of every operator definition.
 

@@ -1,1 +1,168 @@
-"""pool ops."""
+"""Pooling: MaxPool, AveragePool (windowed, N-d) and GlobalAveragePool, GlobalMaxPool."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from hetflow.graph import Node
+from hetflow.graph.shapes import format_shape, is_static
+from hetflow.ops.attrs import required
+from hetflow.ops.base import Cost, OpDef, TensorInfo, nbytes, numel, present_outputs_bytes
+from hetflow.ops.registry import register_op
+from hetflow.ops.spatial import WindowSpec, output_dims, window_spec
+
+
+@dataclass(frozen=True)
+class MaxPoolAttrs:
+    """MaxPool's attributes (opset 22). Empty tuples mean "not given" (ONNX computes the default)."""
+
+    auto_pad: str = "NOTSET"
+    ceil_mode: int = 0
+    dilations: tuple[int, ...] = ()
+    kernel_shape: tuple[int, ...] = required()
+    pads: tuple[int, ...] = ()
+    storage_order: int = 0
+    strides: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class AveragePoolAttrs:
+    """AveragePool's attributes (opset 22). Empty tuples mean "not given"."""
+
+    auto_pad: str = "NOTSET"
+    ceil_mode: int = 0
+    count_include_pad: int = 0
+    dilations: tuple[int, ...] = ()
+    kernel_shape: tuple[int, ...] = required()
+    pads: tuple[int, ...] = ()
+    strides: tuple[int, ...] = ()
+
+
+def pool_window(attrs: MaxPoolAttrs | AveragePoolAttrs) -> WindowSpec:
+    """The resolved window of a MaxPool / AveragePool node (used by definitions and kernels)."""
+    return window_spec(attrs, attrs.kernel_shape, ceil_mode=bool(attrs.ceil_mode))
+
+
+def _check_input(x: TensorInfo, dtypes: str) -> None:
+    if len(x.shape) < 3:
+        raise ValueError(f"X must be [N, C, D1, ...]; got {format_shape(x.shape)}")
+    if x.dtype.kind not in dtypes:
+        raise ValueError(f"dtype {x.dtype} is not supported")
+
+
+class WindowPool(OpDef):
+    """Family base: pooling over sliding windows; Y is ``[N, C, *out]`` with out from the window."""
+
+    #: numpy dtype kinds the op accepts.
+    dtype_kinds: ClassVar[str] = "f"
+
+    def infer(
+        self,
+        node: Node,
+        inputs: Sequence[TensorInfo | None],
+        consts: Sequence[np.ndarray | None],
+    ) -> list[TensorInfo]:
+        x = inputs[0]
+        assert x is not None
+        _check_input(x, self.dtype_kinds)
+        spec = pool_window(node.attrs)
+        if spec.rank != len(x.shape) - 2:
+            raise ValueError(
+                f"kernel_shape {spec.kernel} has {spec.rank} axes; X has {len(x.shape) - 2} spatial axes"
+            )
+        shape = (x.shape[0], x.shape[1], *output_dims(spec, x.shape[2:]))
+        return [TensorInfo(shape, x.dtype)]
+
+    def cost(
+        self, node: Node, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]
+    ) -> Cost:
+        """One comparison (max) or addition (average) per window tap and output element."""
+        taps = pool_window(node.attrs).taps
+        return Cost(
+            flops=numel(outputs[0]) * taps,
+            bytes_read=sum(nbytes(i) for i in inputs),
+            bytes_written=present_outputs_bytes(node, outputs),
+        )
+
+
+@register_op
+class MaxPool(WindowPool):
+    """Maximum over each window; padding never wins. N-d (1-D, 2-D, 3-D...).
+
+    The optional second output, Indices (int64, same shape as Y), holds the flat index of each maximum
+    in X ignoring padding: ``(n * C + c) * prod(D) + offset`` where offset is the row-major spatial
+    offset, or the column-major one with ``storage_order=1``. Ties go to the first tap in row-major order.
+    """
+
+    op_type = "MaxPool"
+    Attrs = MaxPoolAttrs
+    num_outputs = (1, 2)
+    dtype_kinds = "fiu"
+
+    def infer(
+        self,
+        node: Node,
+        inputs: Sequence[TensorInfo | None],
+        consts: Sequence[np.ndarray | None],
+    ) -> list[TensorInfo]:
+        if node.attrs.storage_order not in (0, 1):
+            raise ValueError(f"storage_order must be 0 or 1; got {node.attrs.storage_order}")
+        (y,) = super().infer(node, inputs, consts)
+        return [y, TensorInfo(y.shape, np.dtype(np.int64))]
+
+
+@register_op
+class AveragePool(WindowPool):
+    """Mean over each window. N-d (1-D, 2-D, 3-D...).
+
+    The divisor counts the taps on real input (``count_include_pad=0``) or on input and explicit/auto
+    padding (``count_include_pad=1``); the extra overhang ``ceil_mode`` adds is never counted, and windows
+    that would start in the end padding are dropped.
+    """
+
+    op_type = "AveragePool"
+    Attrs = AveragePoolAttrs
+
+
+class GlobalPool(OpDef):
+    """Family base: reduce every spatial axis to 1; Y is ``[N, C, 1, ..., 1]``."""
+
+    def infer(
+        self,
+        node: Node,
+        inputs: Sequence[TensorInfo | None],
+        consts: Sequence[np.ndarray | None],
+    ) -> list[TensorInfo]:
+        x = inputs[0]
+        assert x is not None
+        _check_input(x, "f")
+        return [TensorInfo((x.shape[0], x.shape[1], *(1,) * (len(x.shape) - 2)), x.dtype)]
+
+    def cost(
+        self, node: Node, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]
+    ) -> Cost:
+        """One addition / comparison per input element."""
+        x = inputs[0]
+        return Cost(
+            flops=numel(x) if x is not None and is_static(x.shape) else 0,
+            bytes_read=sum(nbytes(i) for i in inputs),
+            bytes_written=present_outputs_bytes(node, outputs),
+        )
+
+
+@register_op
+class GlobalAveragePool(GlobalPool):
+    """Mean over all spatial positions of each channel."""
+
+    op_type = "GlobalAveragePool"
+
+
+@register_op
+class GlobalMaxPool(GlobalPool):
+    """Maximum over all spatial positions of each channel."""
+
+    op_type = "GlobalMaxPool"
