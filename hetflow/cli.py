@@ -145,7 +145,7 @@ def _read_inputs(specs: list[str], names: list[str]) -> dict[str, np.ndarray]:
 
 def _print_output(name: str, array: np.ndarray) -> None:
     print(f"output  {name}: {onnx_name(array.dtype)} {list(array.shape)}")
-    if array.ndim >= 2 and array.dtype.kind == "f" and array.shape[-1] >= 2 and array.size // array.shape[-1] <= 64:
+    if _looks_like_class_scores(array):
         scores = array.reshape(-1, array.shape[-1])
         for row, values in enumerate(scores[:4]):
             top = np.argsort(values)[::-1][:5]
@@ -156,6 +156,14 @@ def _print_output(name: str, array: np.ndarray) -> None:
     else:
         flat = array.ravel()
         print(f"  first values {np.array2string(flat[:8], precision=4)}")
+
+
+def _looks_like_class_scores(array: np.ndarray) -> bool:
+    """(batch, classes) floats that are probabilities, or many classes: worth a top-5."""
+    if array.ndim != 2 or array.dtype.kind != "f" or array.shape[-1] < 2:
+        return False
+    is_distribution = bool(np.all(array >= 0)) and np.allclose(array.sum(axis=-1), 1.0, atol=1e-3)
+    return is_distribution or array.shape[-1] >= 10
 
 
 def _bar(share: float, width: int = 30) -> str:
