@@ -21,6 +21,10 @@ _PREFERRED = [
     TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT8, TensorProto.INT16,
     TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32,
     TensorProto.UINT64, TensorProto.BOOL, TensorProto.STRING,
+    # ml_dtypes' stand-ins (each a distinct numpy dtype): lets such tensors be fed and described.
+    TensorProto.BFLOAT16, TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2,
+    TensorProto.FLOAT8E5M2FNUZ, TensorProto.FLOAT8E8M0, TensorProto.INT4, TensorProto.UINT4,
+    TensorProto.INT2, TensorProto.UINT2, TensorProto.FLOAT4E2M1,
 ]
 _NUMPY_TO_ONNX: dict[np.dtype, int] = {_ONNX_TO_NUMPY[t]: t for t in _PREFERRED if t in _ONNX_TO_NUMPY}
 

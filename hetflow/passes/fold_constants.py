@@ -2,8 +2,10 @@
 
 Nodes whose inputs are all constant are evaluated once with the CPU reference kernels and replaced by
 initializers. ``Shape`` of a value whose shape holds a symbol (the batch ``N``) folds to a *symbolic*
-constant (a numpy object array such as ``["N", 256, 6, 6]``); Gather / Unsqueeze / Concat / Slice over
-it stay symbolic, and when it reaches Reshape's shape input it is rewritten into ONNX's own spelling of
+constant (a numpy object array such as ``["N", 256, 6, 6]`` whose symbols are ``Symbol`` strings, so that
+real string tensors are never taken for shapes); Gather / Unsqueeze / Concat / Slice / Squeeze / Reshape /
+Flatten / Identity and Casts to integer types over it stay symbolic (and become int64 again once every
+symbol is gone), and when it reaches Reshape's shape input it is rewritten into ONNX's own spelling of
 "copy this dimension" (0) or "infer this one" (-1). Chains whose symbolic value is needed elsewhere are
 kept and run at execution time.
 """
@@ -13,6 +15,16 @@ from __future__ import annotations
 import numpy as np
 
 from hetflow.graph import Graph, Node, Value
+from hetflow.graph.dtypes import from_onnx
+
+
+class Symbol(str):
+    """A symbolic dimension (e.g. the batch ``"N"``) inside a folded shape vector.
+
+    A subclass of ``str`` so that it reads like the shape's own symbol, and a distinct type so that a
+    real string tensor is never mistaken for a symbolic shape.
+    """
+
 
 # Ops whose evaluation at load could change behaviour or cost far more than it saves.
 _NEVER_FOLD = frozenset({"Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike"})
@@ -20,8 +32,8 @@ _NEVER_FOLD = frozenset({"Dropout", "RandomNormal", "RandomUniform", "RandomNorm
 
 def fold_constants(graph: Graph) -> Graph:
     """Fold constant and shape-only subgraphs into initializers (in place; returns graph)."""
-    from hetflow.devices.cpu.table import CPU_KERNELS  # the CPU kernels are the reference evaluator
     import hetflow.devices.cpu  # noqa: F401  (registers the kernels)
+    from hetflow.devices.cpu.table import CPU_KERNELS  # the CPU kernels are the reference evaluator
 
     known: dict[str, np.ndarray] = dict(graph.initializers)
     folded: set[int] = set()
@@ -60,6 +72,8 @@ def _evaluate(graph: Graph, node: Node, known: dict[str, np.ndarray], kernels) -
         return None
     inputs = [known[name] if name else None for name in node.inputs]
     symbolic = any(_is_symbolic(x) for x in inputs if x is not None)
+    if symbolic and node.op_type == "Cast":
+        return _cast_symbolic(node, inputs[0])
     if symbolic and node.op_type not in _SYMBOLIC_SAFE:
         return None
     try:
@@ -67,11 +81,35 @@ def _evaluate(graph: Graph, node: Node, known: dict[str, np.ndarray], kernels) -
             outputs = list(kernel.fn(node, inputs))
     except (ValueError, TypeError, IndexError, ArithmeticError):
         return None
-    return outputs
+    return [_concrete(x) if x is not None else None for x in outputs]
+
+
+def _concrete(array: np.ndarray) -> np.ndarray:
+    """A symbolic-shape object array whose symbols were all dropped (e.g. by Gather) as int64 again."""
+    if array.dtype != object or array.size == 0:
+        return array
+    if not all(isinstance(v, (int, np.integer)) for v in array.ravel()):
+        return array  # symbols remain, or a real string tensor
+    return array.astype(np.int64)
+
+
+def _cast_symbolic(node: Node, array: np.ndarray | None) -> list[np.ndarray] | None:
+    """Cast of a symbolic shape to an integer type: the symbols stand for integers, so they stay."""
+    try:
+        target = from_onnx(node.attrs.to)
+    except TypeError:
+        return None
+    if array is None or target.kind not in "iu":
+        return None
+    result = np.empty(array.shape, dtype=object)
+    result.flat[:] = [v if isinstance(v, Symbol) else int(v) for v in array.ravel()]
+    return [result]
 
 
 # Ops that only move elements around, so they are exact on object arrays holding symbols.
-_SYMBOLIC_SAFE = frozenset({"Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Identity", "Reshape", "Flatten"})
+_SYMBOLIC_SAFE = frozenset(
+    {"Gather", "Unsqueeze", "Squeeze", "Concat", "Slice", "Identity", "Reshape", "Flatten"}
+)
 
 
 def _fold_shape(graph: Graph, node: Node) -> list[np.ndarray] | None:
@@ -87,11 +125,13 @@ def _fold_shape(graph: Graph, node: Node) -> list[np.ndarray] | None:
     picked = dims[start:end]
     if all(isinstance(d, int) for d in picked):
         return [np.array(picked, dtype=np.int64)]
-    return [np.array(picked, dtype=object)]
+    symbolic = np.empty(len(picked), dtype=object)
+    symbolic[:] = [Symbol(d) if isinstance(d, str) else d for d in picked]
+    return [symbolic]
 
 
 def _is_symbolic(array: np.ndarray) -> bool:
-    return array.dtype == object and any(isinstance(v, str) for v in array.ravel())
+    return array.dtype == object and any(isinstance(v, Symbol) for v in array.ravel())
 
 
 def _nodes_to_keep(graph: Graph, known: dict[str, np.ndarray], folded: set[int]) -> set[int]:
@@ -157,10 +197,10 @@ def _materialise_inputs(graph: Graph, node: Node, known: dict[str, np.ndarray]) 
             _make_initializer(graph, new_name, target)
             node.inputs[position] = new_name
         else:
-            _make_initializer(graph, name, array.astype(array.dtype if array.dtype != object else np.int64))
+            _make_initializer(graph, name, array)
 
 
 def _make_initializer(graph: Graph, name: str, array: np.ndarray) -> None:
-    graph.initializers[name] = np.ascontiguousarray(array)
+    # NOTE: np.ascontiguousarray would turn a 0-d array into a 1-d one.
+    graph.initializers[name] = np.ascontiguousarray(array).reshape(array.shape)
     graph.values[name] = Value(name, tuple(array.shape), array.dtype)
-
