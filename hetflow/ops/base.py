@@ -83,7 +83,7 @@ class OpDef:
     Traits (strings) tell passes and planners what they may do without knowing the op:
     ``"elementwise"`` (output element i depends on input element i), ``"fusable"`` (an activation that a
     producer's epilogue can apply), ``"shape"`` (cheap host-side shape arithmetic), ``"noop"``
-    (inference-time identity).
+    (inference-time identity), ``"view"`` (the output can alias the input's memory: a reshape).
     """
 
     op_type: ClassVar[str]
