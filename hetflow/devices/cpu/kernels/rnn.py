@@ -1,3 +1,425 @@
-"""CPU kernels: rnn."""
+"""CPU kernels: LSTM, GRU and RNN.
 
-from hetflow.devices.cpu.table import cpu_kernel  # noqa: F401
+One driver, ``_run_recurrent``, does everything the three ops share: layout, the input projection of
+every time step and direction as ONE GEMM up front (``X @ W^T``), biases folded into it, the time loop
+over each direction, ``sequence_lens`` (steps past an element's length leave its state unchanged and
+write zeros to Y; the reverse direction runs backward within each element's own length), and the
+outputs. The ops differ only in their cell (``_LSTMCell``, ``_GRUCell``, ``_RNNCell``): which bias
+folds into the projection and what one step does with the recurrent GEMM ``h @ R^T``.
+
+Everything is vectorised over the batch; the only Python loop is over time steps. float16 is computed
+in float32 and cast back; outputs keep X's dtype.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from hetflow.devices.cpu.table import cpu_kernel
+from hetflow.graph import Node
+from hetflow.ops.rnn import (
+    GRU,
+    LSTM,
+    RNN,
+    ActivationSpec,
+    RecurrentOp,
+    num_directions,
+    resolve_activations,
+)
+
+Activation = Callable[[np.ndarray], np.ndarray]
+States = tuple[np.ndarray, ...]
+
+
+# -- activations ------------------------------------------------------------------------------------
+def _sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    # NOTE: 1 / (1 + exp(-x)) because numpy's exp is SIMD-vectorised and its tanh is not (3x faster
+    # than the tanh form). exp(-x) overflows to inf for x << 0, giving the right limit 0; the kernels
+    # run under np.errstate(over="ignore") for that reason.
+    e = np.negative(x)
+    np.exp(e, out=e)
+    e += 1
+    return np.reciprocal(e, out=e)
+
+
+def _hard_sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    return np.clip(alpha * x + beta, 0.0, 1.0)
+
+
+def _elu(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    # expm1 of the negative part only, so large positive inputs do not overflow in the unused branch.
+    return np.where(x >= 0, x, alpha * np.expm1(np.minimum(x, 0)))
+
+
+_ACTIVATIONS: dict[str, Callable[[np.ndarray, float, float], np.ndarray]] = {
+    "relu": lambda x, alpha, beta: np.maximum(x, 0),
+    "tanh": lambda x, alpha, beta: np.tanh(x),
+    "sigmoid": _sigmoid,
+    "affine": lambda x, alpha, beta: alpha * x + beta,
+    "leakyrelu": lambda x, alpha, beta: np.where(x >= 0, x, alpha * x),
+    "thresholdedrelu": lambda x, alpha, beta: np.where(x > alpha, x, 0),
+    "scaledtanh": lambda x, alpha, beta: alpha * np.tanh(beta * x),
+    "hardsigmoid": _hard_sigmoid,
+    "elu": _elu,
+    "softsign": lambda x, alpha, beta: x / (1 + np.abs(x)),
+    "softplus": lambda x, alpha, beta: np.logaddexp(0, x),
+}
+
+
+def _bind(spec: ActivationSpec) -> Activation:
+    return functools.partial(_ACTIVATIONS[spec.name], alpha=spec.alpha, beta=spec.beta)
+
+
+def _clipper(clip: float | None) -> Activation:
+    """Bound a gate's pre-activation to ``[-clip, clip]`` (identity when the node sets no clip)."""
+    if clip is None:
+        return lambda x: x
+    return functools.partial(np.clip, a_min=-clip, a_max=clip)
+
+
+# -- cells: the only op-specific piece --------------------------------------------------------------
+class _Cell(abc.ABC):
+    """One direction's recurrent weights and the update of one time step.
+
+    Args:
+        attrs: the node's attributes.
+        r: ``[gates*hidden, hidden]`` recurrent weights of this direction.
+        bias: ``[2*gates*hidden]`` (Wb then Rb) or None.
+        peepholes: ``[3*hidden]`` (LSTM only) or None.
+        activations: this direction's resolved activation functions.
+    """
+
+    op: ClassVar[type[RecurrentOp]]
+
+    def __init__(
+        self,
+        attrs: Any,
+        r: np.ndarray,
+        bias: np.ndarray | None,
+        peepholes: np.ndarray | None,
+        activations: Sequence[Activation],
+    ):
+        self.hidden = r.shape[1]
+        self.rt = r.T
+        self.clip = _clipper(attrs.clip)
+        self.activations = activations
+        rows = self.op.gates * self.hidden
+        self.wb = None if bias is None else bias[:rows]
+        self.rb = None if bias is None else bias[rows:]
+
+    def input_bias(self) -> np.ndarray | None:
+        """The bias added once to the whole input projection (``[gates*hidden]``) or None."""
+        return None if self.wb is None else self.wb + self.rb
+
+    @abc.abstractmethod
+    def step(self, xw: np.ndarray, states: States) -> States:
+        """The next states from this step's projected input ``xw`` ``[batch, gates*hidden]``."""
+
+
+class _LSTMCell(_Cell):
+    """LSTM step: gates i, o, f, c; optional peepholes and coupled input/forget gates."""
+
+    op = LSTM
+
+    def __init__(
+        self,
+        attrs: Any,
+        r: np.ndarray,
+        bias: np.ndarray | None,
+        peepholes: np.ndarray | None,
+        activations: Sequence[Activation],
+    ):
+        super().__init__(attrs, r, bias, peepholes, activations)
+        self.input_forget = bool(attrs.input_forget)
+        self.peepholes = None if peepholes is None else np.split(peepholes, 3)  # i, o, f
+
+    def step(self, xw: np.ndarray, states: States) -> States:
+        h, c = states
+        f, g, act_h = self.activations
+        n = self.hidden
+        gates = h @ self.rt
+        gates += xw
+        if self.peepholes is None:
+            # Nothing reads the new cell state before o: activate the i, o, f block in one call.
+            iof = f(self.clip(gates[:, : 3 * n]))
+            i, o, forget = iof[:, :n], iof[:, n : 2 * n], iof[:, 2 * n :]
+            if self.input_forget:
+                forget = 1 - i
+            c_next = forget * c + i * g(self.clip(gates[:, 3 * n :]))
+        else:
+            peep_i, peep_o, peep_f = self.peepholes
+            pre_i, pre_o, pre_f, pre_c = (gates[:, k * n : (k + 1) * n] for k in range(4))
+            pre_i += peep_i * c
+            pre_f += peep_f * c
+            i = f(self.clip(pre_i))
+            forget = 1 - i if self.input_forget else f(self.clip(pre_f))
+            c_next = forget * c + i * g(self.clip(pre_c))
+            # NOTE: the output gate's peephole reads the *new* cell state.
+            pre_o += peep_o * c_next
+            o = f(self.clip(pre_o))
+        return o * act_h(c_next), c_next
+
+
+class _GRUCell(_Cell):
+    """GRU step: gates z, r, h; the reset gate scales H before R_h or, linear_before_reset, after."""
+
+    op = GRU
+
+    def __init__(
+        self,
+        attrs: Any,
+        r: np.ndarray,
+        bias: np.ndarray | None,
+        peepholes: np.ndarray | None,
+        activations: Sequence[Activation],
+    ):
+        super().__init__(attrs, r, bias, peepholes, activations)
+        self.linear_before_reset = bool(attrs.linear_before_reset)
+        n = self.hidden
+        # linear_before_reset=0 multiplies (r * H) by R_h, a second GEMM per step after r is known.
+        self.rt_zr = self.rt[:, : 2 * n]
+        self.rt_h = self.rt[:, 2 * n :]
+
+    def input_bias(self) -> np.ndarray | None:
+        if self.wb is None:
+            return None
+        n = self.hidden
+        folded = self.wb + self.rb
+        if self.linear_before_reset:
+            # Rb_h is scaled by r there, so it stays in the step.
+            folded[2 * n :] = self.wb[2 * n :]
+        return folded
+
+    def step(self, xw: np.ndarray, states: States) -> States:
+        (h,) = states
+        f, g = self.activations
+        n = self.hidden
+        if self.linear_before_reset:
+            hr = h @ self.rt
+            zr = hr[:, : 2 * n]
+        else:
+            zr = h @ self.rt_zr
+        zr += xw[:, : 2 * n]
+        zr = f(self.clip(zr))
+        z, reset = zr[:, :n], zr[:, n:]
+        if self.linear_before_reset:
+            recurrent = hr[:, 2 * n :]
+            if self.rb is not None:
+                recurrent += self.rb[2 * n :]
+            pre_h = reset * recurrent
+        else:
+            pre_h = (reset * h) @ self.rt_h
+        pre_h += xw[:, 2 * n :]
+        candidate = g(self.clip(pre_h))
+        return (candidate + z * (h - candidate),)
+
+
+class _RNNCell(_Cell):
+    """Simple RNN step: ``H' = f(xw + H R^T)``."""
+
+    op = RNN
+
+    def step(self, xw: np.ndarray, states: States) -> States:
+        (h,) = states
+        pre = h @ self.rt
+        pre += xw
+        return (self.activations[0](self.clip(pre)),)
+
+
+# -- the shared driver ------------------------------------------------------------------------------
+def _lengths(sequence_lens: np.ndarray | None, seq_length: int, batch: int) -> np.ndarray | None:
+    """Per-element lengths, or None when every element uses the whole sequence (the fast path)."""
+    if sequence_lens is None:
+        return None
+    lengths = np.asarray(sequence_lens, dtype=np.int64).reshape(-1)
+    if lengths.shape != (batch,):
+        raise ValueError(f"sequence_lens has {lengths.size} entries for a batch of {batch}")
+    if np.any(lengths < 0) or np.any(lengths > seq_length):
+        raise ValueError(f"sequence_lens {lengths.tolist()} must lie in [0, {seq_length}]")
+    return None if np.all(lengths == seq_length) else lengths
+
+
+def _reverse_within_lengths(a: np.ndarray, lengths: np.ndarray | None) -> np.ndarray:
+    """``a`` ``[seq, batch, ...]`` with each element's first ``lengths[b]`` steps reversed.
+
+    Steps past an element's length stay where they are. The map is its own inverse, so the same call
+    turns the reverse direction's outputs back into time order.
+    """
+    if lengths is None:
+        return a[::-1]
+    seq_length, batch = a.shape[:2]
+    steps = np.arange(seq_length)[:, None]
+    source = lengths[None, :] - 1 - steps
+    source = np.where(source >= 0, source, steps)
+    return a[source, np.arange(batch)[None, :]]
+
+
+def _scan(
+    cell: _Cell,
+    xw: np.ndarray,
+    states: States,
+    lengths: np.ndarray | None,
+    reverse: bool,
+    y: np.ndarray | None,
+) -> States:
+    """Run one direction over the sequence; fill ``y`` ``[seq, batch, hidden]`` when given.
+
+    Returns:
+        The final states, which are each element's last *valid* states when lengths differ.
+    """
+    if reverse:
+        xw = _reverse_within_lengths(xw, lengths)
+    seq_length, batch = xw.shape[:2]
+    # valid[t, b]: step t exists for element b; past it the state is carried over unchanged.
+    valid = None if lengths is None else (np.arange(seq_length)[:, None] < lengths[None, :])[..., None]
+    for t in range(seq_length):
+        new_states = cell.step(xw[t], states)
+        if valid is not None:
+            new_states = tuple(np.where(valid[t], new, old) for new, old in zip(new_states, states))
+        states = new_states
+        if y is not None:
+            y[t] = states[0]
+    if y is not None:
+        if valid is not None:
+            y[...] = np.where(valid, y, 0)
+        if reverse:
+            y[...] = _reverse_within_lengths(y, lengths)
+    if lengths is not None and not lengths.all():
+        # NOTE: an element of length 0 runs no step; ONNX Runtime (the reference we match) reports
+        # zeros for its final states rather than its initial ones.
+        states = tuple(np.where(lengths[:, None] > 0, s, 0) for s in states)
+    return states
+
+
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    # NOTE: float16 accumulates too coarsely over many steps; compute in float32 and cast back.
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+def _wants(node: Node, index: int) -> bool:
+    return len(node.outputs) > index and bool(node.outputs[index])
+
+
+def _run_recurrent(
+    node: Node, inputs: Sequence[np.ndarray | None], cell_type: type[_Cell]
+) -> list[np.ndarray | None]:
+    attrs = node.attrs
+    op = cell_type.op
+    padded = list(inputs) + [None] * (8 - len(inputs))
+    x, w, r, b, sequence_lens, initial_h, initial_c, peepholes = padded
+    assert x is not None and w is not None and r is not None
+    out_dtype = x.dtype
+    work = _compute_dtype(out_dtype)
+    batch_first = attrs.layout == 1
+    if batch_first:
+        x = x.transpose(1, 0, 2)
+    x, w, r = (a.astype(work, copy=False) for a in (x, w, r))
+    seq_length, batch, input_size = x.shape
+    directions = num_directions(attrs.direction)
+    hidden = r.shape[2]
+    gate_rows = op.gates * hidden
+    if w.shape != (directions, gate_rows, input_size) or r.shape != (directions, gate_rows, hidden):
+        raise ValueError(
+            f"W {w.shape} / R {r.shape} do not match {directions} direction(s), {op.gates} gate(s), "
+            f"hidden size {hidden} and input size {input_size}"
+        )
+    lengths = _lengths(sequence_lens, seq_length, batch)
+    specs = resolve_activations(
+        attrs.activations,
+        attrs.activation_alpha,
+        attrs.activation_beta,
+        op.activations_per_direction,
+        directions,
+        op.default_activations,
+    )
+    cells = [
+        cell_type(
+            attrs,
+            r[d],
+            None if b is None else b[d].astype(work, copy=False),
+            None if peepholes is None else peepholes[d].astype(work, copy=False),
+            [_bind(spec) for spec in specs[d]],
+        )
+        for d in range(directions)
+    ]
+
+    # The input projection of every step and direction in one GEMM: [seq*batch, input] x
+    # [input, dirs*gates*hidden]; only h @ R^T is left for the time loop.
+    xw = x.reshape(seq_length * batch, input_size) @ w.reshape(directions * gate_rows, input_size).T
+    xw = xw.reshape(seq_length, batch, directions, gate_rows)
+    for d, cell in enumerate(cells):
+        bias = cell.input_bias()
+        if bias is not None:
+            xw[:, :, d] += bias
+
+    initial = [
+        _initial_state(s, directions, batch, hidden, work, batch_first) for s in (initial_h, initial_c)
+    ]
+    y = np.zeros((seq_length, directions, batch, hidden), work) if _wants(node, 0) else None
+    finals: list[list[np.ndarray]] = [[] for _ in range(op.states)]
+    for d, cell in enumerate(cells):
+        reverse = attrs.direction == "reverse" or d == 1
+        start = tuple(initial[k][d] for k in range(op.states))
+        ends = _scan(cell, xw[:, :, d], start, lengths, reverse, None if y is None else y[:, d])
+        for k in range(op.states):
+            finals[k].append(ends[k])
+
+    outputs: list[np.ndarray | None] = [
+        None if y is None else _finish(y, out_dtype, (2, 0, 1, 3), batch_first)
+    ]
+    for k in range(op.states):
+        stacked = np.stack(finals[k]) if _wants(node, 1 + k) else None
+        outputs.append(None if stacked is None else _finish(stacked, out_dtype, (1, 0, 2), batch_first))
+    return outputs
+
+
+def _initial_state(
+    given: np.ndarray | None, directions: int, batch: int, hidden: int, dtype: np.dtype, batch_first: bool
+) -> np.ndarray:
+    """``[dirs, batch, hidden]`` initial state: the input (made direction-first) or zeros."""
+    if given is None:
+        return np.zeros((directions, batch, hidden), dtype)
+    if batch_first:
+        given = given.transpose(1, 0, 2)
+    if given.shape != (directions, batch, hidden):
+        raise ValueError(f"initial state has shape {given.shape}; expected {(directions, batch, hidden)}")
+    return given.astype(dtype, copy=False)
+
+
+def _finish(
+    a: np.ndarray, dtype: np.dtype, batch_first_axes: tuple[int, ...], batch_first: bool
+) -> np.ndarray:
+    if batch_first:
+        a = a.transpose(batch_first_axes)
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _run_quietly(
+    node: Node, inputs: Sequence[np.ndarray | None], cell_type: type[_Cell]
+) -> list[np.ndarray | None]:
+    # exp overflowing to inf inside the sigmoid is expected and harmless (see _sigmoid).
+    with np.errstate(over="ignore"):
+        return _run_recurrent(node, inputs, cell_type)
+
+
+@cpu_kernel("LSTM")
+def lstm(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+    """LSTM, any direction/layout, sequence_lens, peepholes, input_forget; float16/32/64."""
+    return _run_quietly(node, inputs, _LSTMCell)
+
+
+@cpu_kernel("GRU")
+def gru(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+    """GRU, any direction/layout, sequence_lens, both linear_before_reset forms; float16/32/64."""
+    return _run_quietly(node, inputs, _GRUCell)
+
+
+@cpu_kernel("RNN")
+def rnn(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+    """Simple RNN, any direction/layout, sequence_lens; float16/32/64."""
+    return _run_quietly(node, inputs, _RNNCell)
