@@ -18,6 +18,21 @@ from hetflow.ops.base import Cost, OpDef, TensorInfo, nbytes, numel
 from hetflow.ops.registry import register_op
 
 
+@dataclass(frozen=True)
+class FusedActivation:
+    """An activation applied in a producer's epilogue (set by ``passes.fuse_activation``).
+
+    Attributes:
+        op_type: ``"Relu"``, ``"LeakyRelu"``, ``"Clip"``, ``"Sigmoid"`` or ``"Tanh"``.
+        alpha: LeakyRelu's slope, or Clip's lower bound.
+        beta: Clip's upper bound.
+    """
+
+    op_type: str
+    alpha: float = 0.0
+    beta: float = 0.0
+
+
 class UnaryOp(OpDef):
     """Family base: the output has the shape and dtype of the first input (``X``).
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from hetflow.graph import Node
 from hetflow.graph.shapes import Dim, Shape, format_shape, is_static
+from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import Cost, GemmDims, OpDef, TensorInfo, nbytes, present_outputs_bytes
 from hetflow.ops.registry import register_op
 from hetflow.ops.spatial import WindowSpec, output_dims, window_spec
@@ -29,6 +30,8 @@ class ConvAttrs:
     kernel_shape: tuple[int, ...] = ()
     pads: tuple[int, ...] = ()
     strides: tuple[int, ...] = ()
+    #: hetflow-internal, not an ONNX attribute: the activation fused into the epilogue.
+    fused: FusedActivation | None = None
 
 
 def conv_window(attrs: ConvAttrs, weight_shape: Sequence[Dim]) -> WindowSpec:

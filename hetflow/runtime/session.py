@@ -15,6 +15,7 @@ from hetflow.frontends import ModelSource, load_model
 from hetflow.graph import Graph, Value
 from hetflow.graph.dtypes import onnx_name
 from hetflow.graph.shapes import Dim, format_shape
+from hetflow.passes.manager import optimize as optimize_graph
 from hetflow.runtime.executor import Observer, execute
 from hetflow.runtime.plan import Plan
 from hetflow.runtime.planner import make_plan
@@ -40,6 +41,7 @@ class InferenceSession:
     Args:
         model: a path (``.onnx``), ``"zoo:NAME"``, serialized bytes, an ``onnx.ModelProto`` or a Graph.
         device: ``"cpu"`` or ``"auto"`` (the devices this build has, best first).
+        optimize: apply the graph optimisation passes (``hetflow.passes.manager``).
 
     Example::
 
@@ -47,11 +49,19 @@ class InferenceSession:
         [probs] = sess.run(None, {sess.get_inputs()[0].name: batch})
     """
 
-    def __init__(self, model: ModelSource | Graph, device: str = "cpu", **options: Any):
+    def __init__(
+        self,
+        model: ModelSource | Graph,
+        device: str = "cpu",
+        *,
+        optimize: bool = True,
+        **options: Any,
+    ):
         unknown = sorted(set(options) - _ACCEPTED_OPTIONS)
         if unknown:
             raise TypeError(f"unknown session option(s) {unknown}; accepted: {sorted(_ACCEPTED_OPTIONS)}")
-        self._graph = load_model(model)
+        self._source_graph = load_model(model)
+        self._graph = optimize_graph(self._source_graph) if optimize else self._source_graph
         self._devices = resolve_devices(device)
         self._plan = make_plan(self._graph, self._devices)
         self._inputs = self._graph.input_values()
@@ -60,8 +70,13 @@ class InferenceSession:
 
     @property
     def graph(self) -> Graph:
-        """The folded, shape-inferred graph the session runs."""
+        """The graph the session runs (after the optimisation passes)."""
         return self._graph
+
+    @property
+    def source_graph(self) -> Graph:
+        """The graph as loaded (folded and shape-inferred, before optimisation)."""
+        return self._source_graph
 
     @property
     def plan(self) -> Plan:

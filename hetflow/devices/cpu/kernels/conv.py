@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hetflow.devices.cpu.kernels.epilogue import finish_channels
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
 from hetflow.ops.conv import DEPTHWISE, POINTWISE, conv_algorithm, conv_window
@@ -46,9 +47,7 @@ def conv(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     else:
         geo = geometry(spec, x.shape[2:])
         y = _depthwise(x, w, geo) if algorithm == DEPTHWISE else _im2col(x, w, geo, group)
-    if bias is not None:
-        flat = y.reshape(y.shape[0], y.shape[1], -1)
-        flat += bias.astype(compute, copy=False)[:, None]
+    finish_channels(y, bias, node.attrs.fused)
     return [y.astype(dtype, copy=False)]
 
 

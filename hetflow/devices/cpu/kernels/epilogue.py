@@ -1,0 +1,48 @@
+"""The epilogue every producing kernel (Conv, Gemm) ends with: bias, then the fused activation.
+
+One function so that every convolution algorithm and the GEMM finish their outputs the same way, in
+place, without another pass over memory for the activation when it can be folded into the bias add.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetflow.ops.activation import FusedActivation
+
+
+def add_channel_bias(y: np.ndarray, bias: np.ndarray | None) -> None:
+    """``y[:, c, ...] += bias[c]`` in place, for NC... layouts."""
+    if bias is None:
+        return
+    flat = y.reshape(y.shape[0], y.shape[1], -1)
+    flat += bias.astype(y.dtype, copy=False)[:, None]
+
+
+def apply_activation(y: np.ndarray, fused: FusedActivation | None) -> None:
+    """Apply a fused activation to ``y`` in place."""
+    if fused is None:
+        return
+    kind = fused.op_type
+    if kind == "Relu":
+        np.maximum(y, 0, out=y)
+    elif kind == "Clip":
+        np.clip(y, fused.alpha, fused.beta, out=y)
+    elif kind == "LeakyRelu":
+        np.multiply(y, np.where(y < 0, y.dtype.type(fused.alpha), y.dtype.type(1)), out=y)
+    elif kind == "Sigmoid":
+        # 0.5 * (1 + tanh(x / 2)) is sigmoid without overflow for large |x|.
+        np.multiply(y, 0.5, out=y)
+        np.tanh(y, out=y)
+        np.add(y, 1, out=y)
+        np.multiply(y, 0.5, out=y)
+    elif kind == "Tanh":
+        np.tanh(y, out=y)
+    else:
+        raise ValueError(f"activation {kind} cannot be fused")
+
+
+def finish_channels(y: np.ndarray, bias: np.ndarray | None, fused: FusedActivation | None) -> None:
+    """Bias per channel, then the fused activation, in place (Conv's epilogue)."""
+    add_channel_bias(y, bias)
+    apply_activation(y, fused)
