@@ -1,11 +1,33 @@
-"""Project-wide pytest hooks: summary tables that tests report through ``user_properties``."""
+"""Project-wide pytest hooks and fixtures: the zoo's temporary home, summary tables that tests report
+through ``user_properties``."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import pytest
+
+from hetflow.options import HOME_ENV
 
 #: ``user_properties`` key under which tests/test_zoo.py reports (model, batch, mse, max error).
 ZOO_MSE_PROPERTY = "zoo_mse"
+
+
+@pytest.fixture(scope="session")
+def zoo_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Point HETFLOW_HOME at one session temporary directory, so every test module that uses zoo
+    models builds each of them once and none touches the user's home."""
+    home = tmp_path_factory.mktemp("hetflow_home")
+    previous = os.environ.get(HOME_ENV)
+    os.environ[HOME_ENV] = str(home)
+    yield home
+    if previous is None:
+        os.environ.pop(HOME_ENV, None)
+    else:
+        os.environ[HOME_ENV] = previous
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

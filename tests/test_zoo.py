@@ -1,16 +1,14 @@
 """The model zoo: every model builds, is valid and deterministic, runs like ONNX Runtime, and says something.
 
-Models are built once per session into a pytest temporary HETFLOW_HOME (the zoo's own disk cache), so
-each test reads the same file. The hetflow-vs-ONNX Runtime errors are printed in the terminal summary
-(tests/conftest.py).
+Models are built once per session into a pytest temporary HETFLOW_HOME (the zoo's own disk cache; the
+``zoo_home`` fixture of tests/conftest.py), so each test reads the same file. The hetflow-vs-ONNX
+Runtime errors are printed in the terminal summary (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,25 +19,18 @@ import pytest
 import hetflow
 from hetflow import zoo
 from hetflow.errors import ModelLoadError
-from hetflow.options import HOME_ENV, home_dir
+from hetflow.options import home_dir
 from tests.conftest import ZOO_MSE_PROPERTY
 
 NAMES = [entry.name for entry in zoo.list_models()]
 BATCHES = (1, 4)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def zoo_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Point HETFLOW_HOME at a session temporary directory so models build once and never touch ~."""
-    home = tmp_path_factory.mktemp("hetflow_home")
-    previous = os.environ.get(HOME_ENV)
-    os.environ[HOME_ENV] = str(home)
+@pytest.fixture(scope="module", autouse=True)
+def _zoo_home(zoo_home: Path) -> Path:
+    """Every test here uses the session's temporary HETFLOW_HOME (tests/conftest.py)."""
     _cached_path.cache_clear()
-    yield home
-    if previous is None:
-        os.environ.pop(HOME_ENV, None)
-    else:
-        os.environ[HOME_ENV] = previous
+    return zoo_home
 
 
 @functools.cache

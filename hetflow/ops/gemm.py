@@ -9,6 +9,7 @@ import numpy as np
 
 from hetflow.graph import Node
 from hetflow.graph.shapes import Dim, Shape, broadcast, check_broadcasts_to, format_shape, is_static
+from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import Cost, GemmDims, OpDef, TensorInfo, nbytes, numel
 from hetflow.ops.registry import register_op
 
@@ -55,6 +56,8 @@ class GemmAttrs:
     beta: float = 1.0
     transA: int = 0  # noqa: N815  (ONNX's spelling)
     transB: int = 0  # noqa: N815
+    #: hetflow-internal, not an ONNX attribute: the activation fused into the epilogue.
+    fused: FusedActivation | None = None
 
 
 @register_op

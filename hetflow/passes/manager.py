@@ -5,16 +5,27 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hetflow.graph import Graph
+from hetflow.passes.eliminate_noops import eliminate_noops
+from hetflow.passes.fold_batchnorm import fold_batchnorm
+from hetflow.passes.fuse_activation import fuse_activation
+from hetflow.passes.infer_shapes import infer_shapes
 
 Pass = Callable[[Graph], Graph]
 
 #: Applied in order by ``optimize``; each is a ``Graph -> Graph`` function with its own tests.
-OPTIMIZATION_PASSES: list[Pass] = []
+#: No-ops go first so that a Dropout between a Conv and its BatchNormalization does not block the
+#: fold, and BatchNormalization folds before activations fuse (a fused activation ends the chain).
+OPTIMIZATION_PASSES: list[Pass] = [eliminate_noops, fold_batchnorm, fuse_activation]
 
 
 def optimize(graph: Graph, passes: list[Pass] | None = None) -> Graph:
-    """Apply the optimisation passes to a copy of ``graph`` (the loaded graph is left as it was)."""
+    """Apply the optimisation passes to a copy of ``graph`` (the loaded graph is left as it was).
+
+    The result is validated and its shapes re-inferred, so a faulty rewrite fails here, at session
+    creation, naming the node, rather than inside a run.
+    """
     result = graph.copy()
     for graph_pass in OPTIMIZATION_PASSES if passes is None else passes:
         result = graph_pass(result)
-    return result
+    result.validate()
+    return infer_shapes(result)

@@ -6,16 +6,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
 
 
 @cpu_kernel("Gemm")
 def gemm(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-    """``alpha * A' @ B' + beta * C``; float and integer types, dtype preserved.
+    """``alpha * A' @ B' + beta * C``, then the fused activation; float and integer types, dtype preserved.
 
     Transposes are views (BLAS reads them with its transpose flags, no copy). With the default
-    ``alpha == beta == 1`` the result is one BLAS call plus one in-place add of ``C``.
+    ``alpha == beta == 1`` the result is one BLAS call plus one in-place add of ``C``; a fused
+    activation (``attrs.fused``, set by ``passes.fuse_activation``) is applied in place after it.
     """
     a, b = inputs[0], inputs[1]
     c = inputs[2] if len(inputs) > 2 else None
@@ -27,6 +29,7 @@ def gemm(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     if c is not None and attrs.beta != 0:
         # NOTE: C broadcasts unidirectionally to Y, so adding it in place never reshapes Y.
         y += c if attrs.beta == 1 else _scaled(c, attrs.beta)
+    apply_activation(y, attrs.fused)
     return [y]
 
 
