@@ -9,12 +9,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hetflow.graph import Node
+from hetflow.ops.base import TensorInfo
 
 #: A kernel computes a node's outputs from its inputs (``None`` for omitted optional inputs) and
 #: returns one array per output the op defines (``None`` allowed for an output the node omits).
 KernelFn = Callable[[Node, Sequence[np.ndarray | None]], Sequence[np.ndarray | None]]
-#: ``supports(node)`` returns None when the kernel can run ``node``, else the reason it cannot.
-SupportsFn = Callable[[Node], str | None]
+#: What is known of a node's inputs: one TensorInfo per input (None for an omitted one), or None as a
+#: whole when the shapes are not known yet (e.g. a graph whose batch is still symbolic).
+InputInfos = Sequence[TensorInfo | None] | None
+#: ``supports(node, inputs)`` returns None when the kernel can run ``node``, else the reason it cannot.
+#: A kernel whose constraints depend on shapes answers with a reason when ``inputs`` is None.
+SupportsFn = Callable[[Node, InputInfos], str | None]
 
 
 @dataclass(frozen=True)
@@ -33,8 +38,8 @@ class Kernel:
     algorithm: str = "default"
     supports: SupportsFn | None = None
 
-    def reason_unsupported(self, node: Node) -> str | None:
-        return None if self.supports is None else self.supports(node)
+    def reason_unsupported(self, node: Node, inputs: InputInfos = None) -> str | None:
+        return None if self.supports is None else self.supports(node, inputs)
 
 
 @dataclass
@@ -55,21 +60,21 @@ class KernelTable:
 
         return decorate
 
-    def candidates(self, node: Node) -> list[Kernel]:
-        """Every kernel of this device that can run ``node``."""
-        return [k for k in self.kernels.get(node.op_type, []) if k.reason_unsupported(node) is None]
+    def candidates(self, node: Node, inputs: InputInfos = None) -> list[Kernel]:
+        """Every kernel of this device that can run ``node`` (with inputs ``inputs`` when known)."""
+        return [k for k in self.kernels.get(node.op_type, []) if k.reason_unsupported(node, inputs) is None]
 
-    def lookup(self, node: Node) -> Kernel | None:
+    def lookup(self, node: Node, inputs: InputInfos = None) -> Kernel | None:
         """The preferred kernel for ``node`` or None."""
-        found = self.candidates(node)
+        found = self.candidates(node, inputs)
         return found[0] if found else None
 
-    def reason_unsupported(self, node: Node) -> str | None:
+    def reason_unsupported(self, node: Node, inputs: InputInfos = None) -> str | None:
         """Why no kernel here runs ``node`` (None when one does)."""
         kernels = self.kernels.get(node.op_type)
         if not kernels:
             return f"no kernel for {node.op_type}"
-        reasons = [k.reason_unsupported(node) for k in kernels]
+        reasons = [k.reason_unsupported(node, inputs) for k in kernels]
         if any(r is None for r in reasons):
             return None
         return "; ".join(r for r in reasons if r)

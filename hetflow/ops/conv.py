@@ -18,6 +18,14 @@ from hetflow.ops.spatial import WindowSpec, output_dims, window_spec
 POINTWISE = "pointwise"  # 1x1, stride 1, no padding: a plain GEMM over the input, no im2col
 DEPTHWISE = "depthwise"  # one input channel per group: tap accumulation, no GEMM
 IM2COL = "im2col"  # everything else: im2col buffer + one GEMM per group
+WINOGRAD_F23 = "winograd_f23"  # 3x3 stride 1: 2x2 output tiles from 4x4 input tiles, 16 GEMMs
+WINOGRAD_F43 = "winograd_f43"  # 3x3 stride 1: 4x4 output tiles from 6x6 input tiles, 36 GEMMs
+#: Not an algorithm but a dispatcher: picks ``heuristic_conv_algorithm`` at run time (symbolic plans).
+AUTO = "auto"
+#: Output tile edge m of each Winograd F(m x m, 3 x 3) algorithm (its input tile edge is m + 2).
+WINOGRAD_TILE = {WINOGRAD_F23: 2, WINOGRAD_F43: 4}
+#: Every algorithm a CPU Conv kernel implements.
+CONV_ALGORITHMS = (POINTWISE, DEPTHWISE, IM2COL, WINOGRAD_F23, WINOGRAD_F43)
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,70 @@ def conv_algorithm(spec: WindowSpec, channels: int, group: int) -> str:
     return IM2COL
 
 
+def winograd_unsupported(spec: WindowSpec, group: int) -> str | None:
+    """Why Winograd F(m, 3) cannot compute this window (None when it can): 2-D 3x3, stride 1, no dilation,
+    one group."""
+    if spec.rank != 2 or spec.kernel != (3, 3):
+        return f"winograd needs a 2-D 3x3 kernel; got {spec.kernel}"
+    if spec.strides != (1, 1):
+        return f"winograd needs stride 1; got strides {spec.strides}"
+    if spec.dilations != (1, 1):
+        return f"winograd needs dilation 1; got dilations {spec.dilations}"
+    if group != 1:
+        return f"winograd needs group 1; got group {group}"
+    return None
+
+
+def heuristic_conv_algorithm(spec: WindowSpec, x_shape: Sequence[int], kernels: int, group: int) -> str:
+    """The cost model's algorithm when no measurement exists (see ``hetflow.tuning``).
+
+    Winograd's batched GEMMs run at the sgemm rate once C and K are wide enough, and its tile gather and
+    transforms are memory-bound passes that cost relatively more on wide, shallow layers. Measured on the
+    2-core AVX-512 reference machine (interleaved minimums, batch 1): F(4,3) beats im2col from C, K >= 128
+    at 28x28 and up (1.4-1.8x); F(2,3) wins at 14x14 with C, K >= 256; 64-channel layers tie at 56x56 and
+    lose at 224x224, where im2col's single copy is cheaper than the tile gather.
+    """
+    structural = conv_algorithm(spec, int(x_shape[1]), group)
+    if structural != IM2COL or winograd_unsupported(spec, group) is not None:
+        return structural
+    channels, height, width = int(x_shape[1]), int(x_shape[2]), int(x_shape[3])
+    narrow = min(channels, kernels)
+    area = height * width
+    if narrow >= 128 and area >= 28 * 28:
+        return WINOGRAD_F43
+    if narrow >= 256 and area >= 14 * 14:
+        return WINOGRAD_F23
+    return IM2COL
+
+
+def conv_workspace_bytes(
+    algorithm: str,
+    x_shape: Sequence[int],
+    w_shape: Sequence[int],
+    y_shape: Sequence[int],
+    itemsize: int,
+) -> int:
+    """Scratch memory ``algorithm`` needs beyond X, W and Y.
+
+    im2col: the column buffer ``[N, C*taps, P]``. Winograd F(m, 3) with a = m + 2: the transformed weights
+    ``[a*a, K, C]`` (kept for the session: 1.8x the raw 3x3 weights for F(2,3), 4x for F(4,3)), the input
+    tiles before and after their transform ``2 x [a*a, C, T]`` and the products ``[a*a, K, T]``, with T
+    the number of m x m output tiles. Pointwise and depthwise need none.
+    """
+    batch, channels = int(x_shape[0]), int(x_shape[1])
+    kernels = int(w_shape[0])
+    if algorithm == IM2COL:
+        taps = int(np.prod(w_shape[2:], dtype=np.int64))
+        positions = int(np.prod(y_shape[2:], dtype=np.int64))
+        return batch * channels * taps * positions * itemsize
+    if algorithm in WINOGRAD_TILE:
+        tile = WINOGRAD_TILE[algorithm]
+        elems = (tile + 2) ** 2
+        tiles = batch * -(-int(y_shape[2]) // tile) * -(-int(y_shape[3]) // tile)
+        return elems * (kernels * channels + 2 * channels * tiles + kernels * tiles) * itemsize
+    return 0
+
+
 def _static(shape: Shape, what: str) -> tuple[int, ...]:
     if not is_static(shape):
         raise ValueError(f"{what} shape {format_shape(shape)} is symbolic; bind the batch before costing")
@@ -81,8 +153,9 @@ class Conv(OpDef):
     Inputs: X ``[N, C, D1..Dr]``, W ``[K, C/group, k1..kr]``, optional B ``[K]``.
     Output: Y ``[N, K, O1..Or]`` with O from ``hetflow.ops.spatial`` (pads, strides, dilations,
     auto_pad). Cost follows Augur's im2col convention: per image and group a GEMM with n = K/group,
-    m = prod(O), k = (C/group) * prod(kernel); the im2col buffer is the workspace, except for 1x1
-    stride-1 unpadded convolutions (a GEMM straight on X) and depthwise ones (tap accumulation).
+    m = prod(O), k = (C/group) * prod(kernel). The workspace is that of the cost model's algorithm
+    (``heuristic_conv_algorithm``): the im2col buffer, Winograd's transformed weights and tiles, or
+    nothing for 1x1 stride-1 unpadded convolutions (a GEMM straight on X) and depthwise ones.
     """
 
     op_type = "Conv"
@@ -135,8 +208,9 @@ class Conv(OpDef):
         reduction = channels // group * spec.taps
         gemm = GemmDims(n=kernels // group, m=positions, k=reduction, count=batch * group)
         has_bias = len(inputs) > 2 and inputs[2] is not None
-        algorithm = conv_algorithm(spec, channels, group)
-        workspace = 0 if algorithm != IM2COL else batch * channels * spec.taps * positions * x.dtype.itemsize
+        # NOTE: the planner may pick another algorithm per layer; its workspace is conv_workspace_bytes().
+        algorithm = heuristic_conv_algorithm(spec, x_shape, kernels, group)
+        workspace = conv_workspace_bytes(algorithm, x_shape, w_shape, y_shape, x.dtype.itemsize)
         return Cost(
             macs=batch * kernels * positions * reduction,
             flops=batch * kernels * positions if has_bias else 0,

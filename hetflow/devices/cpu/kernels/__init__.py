@@ -11,4 +11,5 @@ from hetflow.devices.cpu.kernels import (  # noqa: F401  (imported for their reg
     rnn,
     softmax,
     tensor,
+    winograd,
 )

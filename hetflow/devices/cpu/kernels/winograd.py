@@ -1,0 +1,227 @@
+"""CPU kernels: Winograd F(2x2, 3x3) and F(4x4, 3x3) convolution (Lavin & Gray, 2016).
+
+A 3x3 stride-1 convolution computes each m x m output tile from an a x a input tile (a = m + 2) as
+``Y = A^T [(G g G^T) * (B^T d B)] A``: per tile element, the products over input channels are a GEMM, so
+the whole layer is a^2 independent GEMMs ``[K, C] x [C, tiles]`` with (m + 2)^2 / (9 m^2) of direct
+convolution's multiplications (0.44x for F(2,3), 0.25x for F(4,3)).
+
+Layout, chosen so that every step is either one copy or one BLAS call on contiguous memory:
+
+1. the input, zero-padded to whole tiles, is viewed through ``as_strided`` as
+   ``[a, a, C, N, tiles_h, tiles_w]`` and copied once: ``D [a*a, C*T]`` (T = N * tiles_h * tiles_w);
+2. input transform: ``V = (B^T (x) B^T) D``, one GEMM with the 2-D transform written as a Kronecker
+   product (a 16x16 or 36x36 matrix), giving ``V [a*a, C, T]`` directly in the next GEMM's layout;
+3. ``M = U V``: one batched ``matmul`` ``[a*a, K, C] x [a*a, C, T]``; U = the transformed weights;
+4. output transform: ``(A^T (x) A^T) M`` -> ``[m, m, K, N, tiles_h, tiles_w]``, scattered into NCHW by
+   one transposing copy (plus a crop when the output is not a whole number of tiles).
+
+U depends only on the weights: it is computed once per weight array (in float64, then rounded) and
+kept in ``TRANSFORMED_WEIGHTS`` for as long as that array lives, so a session's steady-state run never
+redoes it. The transform matrices come from Cook-Toom interpolation at the points 0, 1, -1 (F(2,3)) and
+0, 1, -1, 2, -2 (F(4,3)) plus infinity, built exactly with fractions; the fractions live in G (applied
+offline in float64) so that B^T and A^T are small integers. F(6,3) was measured too: no faster than
+F(4,3) on the 2-core reference machine and with twice its float32 error, so it is not offered.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import cache
+
+import numpy as np
+
+from hetflow.devices.base import InputInfos
+from hetflow.devices.cpu.kernels.conv import conv_kernel, window_of
+from hetflow.graph import Node
+from hetflow.ops.conv import WINOGRAD_F23, WINOGRAD_F43, WINOGRAD_TILE, conv_window, winograd_unsupported
+from hetflow.ops.spatial import geometry
+
+#: Interpolation points of F(m, 3) besides infinity (m + 1 of them).
+POINTS: dict[int, tuple[Fraction, ...]] = {
+    2: tuple(Fraction(p) for p in (0, 1, -1)),
+    4: tuple(Fraction(p) for p in (0, 1, -1, 2, -2)),
+}
+
+
+@dataclass(frozen=True)
+class Transforms:
+    """The matrices of F(m x m, r x r): ``Y = AT [(G g G^T) * (BT d BT^T)] AT^T``.
+
+    Attributes:
+        m: output tile edge.
+        r: filter edge.
+        at: ``[m, a]`` output transform.
+        g: ``[a, r]`` filter transform.
+        bt: ``[a, a]`` input transform.
+    """
+
+    m: int
+    r: int
+    at: np.ndarray
+    g: np.ndarray
+    bt: np.ndarray
+
+    @property
+    def alpha(self) -> int:
+        return self.m + self.r - 1
+
+
+def _evaluation_matrix(points: tuple[Fraction, ...], size: int) -> list[list[Fraction]]:
+    """Rows evaluate a polynomial of ``size`` coefficients at each point, then at infinity (top coeff)."""
+    rows = [[p**i for i in range(size)] for p in points]
+    rows.append([Fraction(0)] * (size - 1) + [Fraction(1)])
+    return rows
+
+
+def _inverse(matrix: list[list[Fraction]]) -> list[list[Fraction]]:
+    """Exact Gauss-Jordan inverse of a small square matrix of fractions."""
+    n = len(matrix)
+    rows = [row[:] + [Fraction(int(i == j)) for j in range(n)] for i, row in enumerate(matrix)]
+    for col in range(n):
+        pivot = next(i for i in range(col, n) if rows[i][col] != 0)
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        rows[col] = [v / rows[col][col] for v in rows[col]]
+        for i in range(n):
+            if i != col and rows[i][col] != 0:
+                factor = rows[i][col]
+                rows[i] = [a - factor * b for a, b in zip(rows[i], rows[col])]
+    return [row[n:] for row in rows]
+
+
+@cache
+def transforms(m: int, r: int = 3) -> Transforms:
+    """Cook-Toom matrices of F(m, r).
+
+    Linear convolution of an r-tap filter with an m-sample signal is evaluation at a = m + r - 1 points,
+    pointwise product and interpolation; correlation (what Conv computes) is its transpose, so
+    ``AT = Vm^T``, ``G = Vr`` and ``BT = (Va^-1)^T`` with V the evaluation matrices. Each row of BT is
+    then scaled to integers and G's row divided by the same factor.
+    """
+    points = POINTS[m]
+    alpha = m + r - 1
+    bt = [list(col) for col in zip(*_inverse(_evaluation_matrix(points, alpha)))]
+    g = _evaluation_matrix(points, r)
+    at = [list(col) for col in zip(*_evaluation_matrix(points, m))]
+    for i in range(alpha):
+        scale = math.lcm(*(v.denominator for v in bt[i]))
+        bt[i] = [v * scale for v in bt[i]]
+        g[i] = [v / scale for v in g[i]]
+
+    def as_array(rows: list[list[Fraction]]) -> np.ndarray:
+        return np.array([[float(v) for v in row] for row in rows])
+
+    return Transforms(m, r, as_array(at), as_array(g), as_array(bt))
+
+
+@cache
+def _kron(name: str, m: int, dtype: np.dtype) -> np.ndarray:
+    """The 2-D transform ``T (x) T`` of transform ``name`` ("at" or "bt") in ``dtype`` (row-major tiles)."""
+    matrix = getattr(transforms(m), name)
+    return np.ascontiguousarray(np.kron(matrix, matrix).astype(dtype))
+
+
+# -- transformed weights, once per weight array --------------------------------------------------------
+class WeightCache:
+    """Transformed weights U ``[a*a, K, C]`` per (weight array, tile size), dropped with the array.
+
+    Keyed by ``id(w)``; a ``weakref.finalize`` on the array removes its entries when it is collected,
+    so an id reused by a later array never finds a stale entry. Weights are assumed immutable while
+    they are cached (initializers are; a trainer updating weights in place must call ``clear``).
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[int, int], np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def get(self, w: np.ndarray, m: int) -> np.ndarray:
+        key = (id(w), m)
+        found = self._entries.get(key)
+        if found is not None:
+            return found
+        transformed = transform_weights(w, m)
+        with self._lock:
+            if key not in self._entries:
+                if not any(k[0] == key[0] for k in self._entries):
+                    weakref.finalize(w, self._forget, key[0])
+                self._entries[key] = transformed
+        return transformed
+
+    def _forget(self, array_id: int) -> None:
+        with self._lock:
+            for key in [k for k in self._entries if k[0] == array_id]:
+                del self._entries[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def nbytes(self) -> int:
+        """Memory held by the cached transformed weights."""
+        return sum(u.nbytes for u in self._entries.values())
+
+
+TRANSFORMED_WEIGHTS = WeightCache()
+
+
+def transform_weights(w: np.ndarray, m: int) -> np.ndarray:
+    """U = G g G^T for every (k, c), as ``[a*a, K, C]`` in w's dtype (computed in float64)."""
+    kernels, channels = w.shape[:2]
+    g = transforms(m).g
+    u = np.kron(g, g) @ w.reshape(kernels * channels, 9).T.astype(np.float64)  # [a*a, K*C]
+    alpha = m + 2
+    return np.ascontiguousarray(u.astype(w.dtype).reshape(alpha * alpha, kernels, channels))
+
+
+# -- the kernel ----------------------------------------------------------------------------------------
+def _supports_winograd(node: Node, inputs: InputInfos) -> str | None:
+    spec = window_of(node, inputs)
+    if isinstance(spec, str):
+        return spec
+    return winograd_unsupported(spec, node.attrs.group)
+
+
+def winograd(node: Node, x: np.ndarray, w: np.ndarray, m: int) -> np.ndarray:
+    """3x3 stride-1 Conv by Winograd F(m x m, 3 x 3); any H, W, padding and batch; x's dtype."""
+    geo = geometry(conv_window(node.attrs, w.shape), x.shape[2:])
+    rows, cols = geo.axes
+    batch, channels = x.shape[:2]
+    kernels = w.shape[0]
+    alpha = m + 2
+    tiles_h, tiles_w = -(-rows.out // m), -(-cols.out // m)
+    # Zero-padded to whole tiles: the last tiles read zeros past the end padding, cropped at the end.
+    padded = np.zeros((batch, channels, tiles_h * m + 2, tiles_w * m + 2), x.dtype)
+    padded[:, :, rows.pad_begin : rows.pad_begin + rows.size, cols.pad_begin : cols.pad_begin + cols.size] = x
+    s_n, s_c, s_h, s_w = padded.strides
+    tiles = np.lib.stride_tricks.as_strided(
+        padded,
+        (alpha, alpha, channels, batch, tiles_h, tiles_w),
+        (s_h, s_w, s_c, s_n, m * s_h, m * s_w),
+        writeable=False,
+    )
+    gathered = np.ascontiguousarray(tiles).reshape(alpha * alpha, -1)  # the one gather copy
+    v = np.matmul(_kron("bt", m, x.dtype), gathered).reshape(alpha * alpha, channels, -1)
+    products = np.matmul(TRANSFORMED_WEIGHTS.get(w, m), v)  # [a*a, K, T]
+    out_tiles = np.matmul(_kron("at", m, x.dtype), products.reshape(alpha * alpha, -1))
+    out_tiles = out_tiles.reshape(m, m, kernels, batch, tiles_h, tiles_w)
+    y = np.empty((batch, kernels, tiles_h, m, tiles_w, m), x.dtype)
+    np.copyto(y, out_tiles.transpose(3, 2, 4, 0, 5, 1))
+    y = y.reshape(batch, kernels, tiles_h * m, tiles_w * m)
+    if tiles_h * m != rows.out or tiles_w * m != cols.out:
+        y = np.ascontiguousarray(y[:, :, : rows.out, : cols.out])
+    return y
+
+
+@conv_kernel(WINOGRAD_F23, supports=_supports_winograd)
+def winograd_f23(node: Node, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """3x3 stride-1 Conv by Winograd F(2x2, 3x3): 16 GEMMs, 2.25x fewer multiplications."""
+    return winograd(node, x, w, WINOGRAD_TILE[WINOGRAD_F23])
+
+
+@conv_kernel(WINOGRAD_F43, supports=_supports_winograd)
+def winograd_f43(node: Node, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """3x3 stride-1 Conv by Winograd F(4x4, 3x3): 36 GEMMs, 4x fewer multiplications."""
+    return winograd(node, x, w, WINOGRAD_TILE[WINOGRAD_F43])

@@ -1,0 +1,198 @@
+"""The one place that decides a tunable node's kernel: measured, else cost model, else default.
+
+Order of precedence for a node whose shapes are concrete and whose device has several candidates:
+
+1. a record for (machine fingerprint, workload, kernel sources) in the tuning cache: its fastest
+   candidate among those that still exist;
+2. only when the session asked for it (``tune=True``): measure now (``measure.py``), append the record,
+   use its fastest — never implicitly, a plain session creation measures nothing;
+3. the op's cost-model heuristic (for Conv: ``hetflow.ops.conv.heuristic_conv_algorithm``);
+4. the device's first candidate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hetflow.devices.base import Device, Kernel
+from hetflow.graph import Graph, Node
+from hetflow.ops.base import TensorInfo
+from hetflow.ops.conv import conv_window, heuristic_conv_algorithm
+from hetflow.tuning.cache import TuningCache, TuningRecord, cache_path, kernels_hash, now
+from hetflow.tuning.measure import MeasureOptions, measure
+from hetflow.tuning.space import Workload, tunable_kernels, workload_of
+
+
+def _conv_heuristic(node: Node, inputs: Sequence[TensorInfo | None]) -> str:
+    x, w = inputs[0], inputs[1]
+    assert x is not None and w is not None
+    spec = conv_window(node.attrs, w.shape)
+    return heuristic_conv_algorithm(spec, [int(d) for d in x.shape], int(w.shape[0]), node.attrs.group)
+
+
+#: Op type -> the algorithm its cost model prefers for concrete inputs.
+HEURISTICS: dict[str, Callable[[Node, Sequence[TensorInfo | None]], str]] = {"Conv": _conv_heuristic}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A node's kernel and where the decision came from (``tuned``, ``measured``, ``heuristic``,
+    ``default``); ``record`` is the measurement behind a tuned or measured choice."""
+
+    kernel: Kernel
+    source: str
+    record: TuningRecord | None = None
+
+
+@dataclass
+class Tuner:
+    """Tuning settings of one session or command, and the caches it has opened.
+
+    Attributes:
+        tune: measure workloads the cache lacks (the session's ``tune=True``; ``hetflow tune``).
+        use_cache: read the cache at all (False: cost model only, no disk access).
+        options: the measurement protocol's effort.
+        path: the cache file; ``$HETFLOW_HOME/tuning/records.jsonl`` when None.
+    """
+
+    tune: bool = False
+    use_cache: bool = True
+    options: MeasureOptions = field(default_factory=MeasureOptions)
+    path: Path | None = None
+    _caches: dict[str, TuningCache] = field(default_factory=dict, repr=False)
+
+    def cache(self, device: Device) -> TuningCache:
+        """The device's cache, read on first use."""
+        found = self._caches.get(device.id)
+        if found is None:
+            found = TuningCache(self.path or cache_path(), device.fingerprint())
+            self._caches[device.id] = found
+        return found
+
+    def choose(self, device: Device, node: Node, inputs: Sequence[TensorInfo | None]) -> Choice | None:
+        """The kernel for ``node`` on ``device``; None when the node has nothing to choose from."""
+        workload = workload_of(node, inputs)
+        if workload is None:
+            return None
+        candidates = tunable_kernels(device, node, inputs)
+        if not candidates:
+            return None
+        if len(candidates) == 1:
+            return Choice(candidates[0], "default")
+        by_algorithm = {k.algorithm: k for k in candidates}
+        if self.use_cache or self.tune:
+            version = kernels_hash(candidates)
+            record = self.cache(device).lookup(workload, version) if self.use_cache else None
+            if record is None and self.tune:
+                record = self.measure(device, node, inputs, candidates)
+                return Choice(by_algorithm[record.chosen], "measured", record)
+            if record is not None:
+                timed = {a: t for a, t in record.candidates.items() if a in by_algorithm}
+                if timed:
+                    return Choice(by_algorithm[min(timed, key=timed.__getitem__)], "tuned", record)
+        heuristic = HEURISTICS.get(node.op_type)
+        preferred = heuristic(node, inputs) if heuristic else None
+        if preferred in by_algorithm:
+            return Choice(by_algorithm[preferred], "heuristic")
+        return Choice(candidates[0], "default")
+
+    def measure(
+        self,
+        device: Device,
+        node: Node,
+        inputs: Sequence[TensorInfo | None],
+        candidates: Sequence[Kernel] | None = None,
+        workload: Workload | None = None,
+    ) -> TuningRecord:
+        """Measure every candidate of ``node`` now, append the record to the cache and return it.
+
+        Raises:
+            ValueError: the node is not tunable or no candidate ran correctly.
+        """
+        from hetflow import __version__
+
+        workload = workload or workload_of(node, inputs)
+        candidates = list(candidates) if candidates is not None else tunable_kernels(device, node, inputs)
+        if workload is None or not candidates:
+            raise ValueError(f"node '{node.name}' ({node.op_type}) has no tunable workload")
+        results = measure(candidates, node, inputs, self.options)
+        times = {r.algorithm: r.seconds for r in results if r.seconds is not None}
+        if not times:
+            raise ValueError(f"no candidate ran correctly on node '{node.name}': {results}")
+        record = TuningRecord(
+            fingerprint=device.fingerprint(),
+            device=device.kind,
+            workload=workload,
+            kernels=kernels_hash(candidates),
+            candidates=times,
+            chosen=min(times, key=times.__getitem__),
+            errors={r.algorithm: r.error for r in results if r.error is not None},
+            protocol={**dataclasses.asdict(self.options), "python": platform.python_version()},
+            hetflow=__version__,
+            date=now(),
+        )
+        self.cache(device).add(record)
+        return record
+
+
+def choose_kernel(
+    device: Device, node: Node, inputs: Sequence[TensorInfo | None], tuner: Tuner | None = None
+) -> Kernel | None:
+    """The kernel for ``node`` (cost model only when ``tuner`` is None); None when nothing to choose."""
+    choice = (tuner or Tuner(use_cache=False)).choose(device, node, inputs)
+    return None if choice is None else choice.kernel
+
+
+@dataclass(frozen=True)
+class LayerTuning:
+    """One tunable layer of a model after ``tune_graph``: its measurement and the cost model's pick."""
+
+    node: Node
+    workload: Workload
+    record: TuningRecord
+    heuristic: str
+
+
+def tune_graph(
+    graph: Graph,
+    device: Device,
+    tuner: Tuner,
+    progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+) -> list[LayerTuning]:
+    """Measure every distinct tunable workload of ``graph`` (shapes must be concrete) and record it.
+
+    Layers with a single candidate are measured too: their record holds the layer's time.
+
+    Args:
+        graph: a graph with bound shapes (``passes.bind_batch``).
+        device: where to measure.
+        tuner: its options set the effort; its cache receives the records.
+        progress: wraps the iteration over distinct workloads (e.g. ``tqdm``).
+
+    Returns:
+        one entry per tunable layer, in graph order (layers sharing a workload share its record).
+    """
+    from hetflow.runtime.planner import input_infos
+
+    layers: list[tuple[Node, list[TensorInfo | None], Workload]] = []
+    for node in graph.nodes:
+        inputs = input_infos(graph, node)
+        workload = workload_of(node, inputs)
+        if inputs is not None and workload is not None and tunable_kernels(device, node, inputs):
+            layers.append((node, inputs, workload))
+    distinct: dict[Workload, tuple[Node, list[TensorInfo | None]]] = {}
+    for node, inputs, workload in layers:
+        distinct.setdefault(workload, (node, inputs))
+    records: dict[Workload, TuningRecord] = {}
+    items = list(distinct.items())
+    for workload, (node, inputs) in progress(items) if progress else items:
+        records[workload] = tuner.measure(device, node, inputs, workload=workload)
+    return [
+        LayerTuning(node, workload, records[workload], HEURISTICS[node.op_type](node, inputs))
+        for node, inputs, workload in layers
+    ]

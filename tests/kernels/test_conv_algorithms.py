@@ -1,0 +1,224 @@
+"""Every CPU Conv algorithm against ONNX Runtime and the im2col kernel; what each one supports."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from hetflow.devices.cpu import CPUDevice
+from hetflow.devices.cpu.kernels.winograd import TRANSFORMED_WEIGHTS, transforms
+from hetflow.graph import Node
+from hetflow.ops.activation import FusedActivation
+from hetflow.ops.base import TensorInfo
+from hetflow.ops.conv import (
+    AUTO,
+    DEPTHWISE,
+    IM2COL,
+    POINTWISE,
+    WINOGRAD_F23,
+    WINOGRAD_F43,
+    ConvAttrs,
+)
+from tests.helpers import make_model, run_onnxruntime
+
+KERNELS = {k.algorithm: k for k in CPUDevice().kernels.kernels["Conv"]}
+WINOGRADS = (WINOGRAD_F23, WINOGRAD_F43)
+
+
+def _infos(*arrays: np.ndarray | None) -> list[TensorInfo | None]:
+    return [None if a is None else TensorInfo(a.shape, a.dtype) for a in arrays]
+
+
+def _run(algorithm: str, attrs: ConvAttrs, x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None):
+    node = Node("Conv", "conv", ["x", "w", "b" if b is not None else ""], ["y"], attrs)
+    kernel = KERNELS[algorithm]
+    assert kernel.reason_unsupported(node, _infos(x, w, b)) is None
+    (y,) = kernel.fn(node, [x, w, b])
+    return y
+
+
+def _onnxruntime(attrs: ConvAttrs, x: np.ndarray, w: np.ndarray, b: np.ndarray | None) -> np.ndarray:
+    onnx_attrs = {"group": attrs.group}
+    if attrs.pads:
+        onnx_attrs["pads"] = list(attrs.pads)
+    if attrs.auto_pad != "NOTSET":
+        onnx_attrs["auto_pad"] = attrs.auto_pad
+    if attrs.strides:
+        onnx_attrs["strides"] = list(attrs.strides)
+    elem = TensorProto.FLOAT if x.dtype == np.float32 else TensorProto.DOUBLE
+    inputs = ["x", "w"] + (["b"] if b is not None else [])
+    model = make_model(
+        [helper.make_node("Conv", inputs, ["y"], **onnx_attrs)],
+        [("x", elem, list(x.shape))],
+        [("y", elem, None)],
+        {"w": w, **({"b": b} if b is not None else {})},
+    )
+    model.ir_version = 8  # what the installed onnxruntime reads
+    return run_onnxruntime(model, {"x": x})[0]
+
+
+def _data(shape_x, shape_w, dtype=np.float32, bias=True, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape_x).astype(dtype)
+    w = rng.standard_normal(shape_w).astype(dtype)
+    b = rng.standard_normal(shape_w[0]).astype(dtype) if bias else None
+    return x, w, b
+
+
+def _close(actual: np.ndarray, expected: np.ndarray, rtol_of_max: float) -> None:
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    scale = float(np.abs(expected).max())
+    error = float(np.abs(actual.astype(np.float64) - expected).max())
+    assert error <= rtol_of_max * scale, f"max error {error:.3g} vs max |y| {scale:.3g}"
+
+
+# -- the Winograd matrices ---------------------------------------------------------------------------
+@pytest.mark.parametrize("m", [2, 4])
+def test_winograd_transforms_compute_a_1d_correlation(m):
+    t = transforms(m)
+    rng = np.random.default_rng(m)
+    d, g = rng.standard_normal(m + 2), rng.standard_normal(3)
+    expected = np.array([d[i : i + 3] @ g for i in range(m)])
+    np.testing.assert_allclose(t.at @ ((t.g @ g) * (t.bt @ d)), expected, rtol=1e-12, atol=1e-12)
+    # Lavin's integer input transform comes out of the construction.
+    assert np.array_equal(t.bt, np.round(t.bt))
+
+
+def test_f43_matrices_are_lavins():
+    t = transforms(4)
+    np.testing.assert_array_equal(t.bt[0], [4, 0, -5, 0, 1, 0])
+    np.testing.assert_allclose(np.abs(t.g[1]) * 6, [1, 1, 1])
+    assert Fraction(float(t.g[0][0])).limit_denominator() == Fraction(1, 4)
+
+
+# -- every algorithm vs ONNX Runtime ----------------------------------------------------------------
+SHAPES_3X3 = [
+    # (x shape, K, pads)
+    ((1, 3, 7, 9), 5, (1, 1, 1, 1)),
+    ((3, 17, 13, 13), 5, (0, 0, 0, 0)),
+    ((2, 5, 13, 13), 17, (2, 1, 0, 2)),
+    ((1, 4, 3, 3), 3, (0, 0, 0, 0)),  # a 1x1 output
+    ((1, 4, 1, 1), 3, (1, 1, 1, 1)),  # a 1x1 input
+    ((2, 8, 6, 10), 8, (1, 2, 1, 0)),
+]
+
+
+@pytest.mark.parametrize("algorithm", [IM2COL, *WINOGRADS, AUTO])
+@pytest.mark.parametrize(("x_shape", "kernels", "pads"), SHAPES_3X3)
+def test_3x3_algorithms_match_onnxruntime(algorithm, x_shape, kernels, pads):
+    x, w, b = _data(x_shape, (kernels, x_shape[1], 3, 3))
+    attrs = ConvAttrs(pads=pads)
+    expected = _onnxruntime(attrs, x, w, b)
+    _close(_run(algorithm, attrs, x, w, b), expected, 1e-5)
+
+
+@pytest.mark.parametrize("algorithm", WINOGRADS)
+def test_winograd_with_same_padding_and_float64(algorithm):
+    x, w, b = _data((2, 3, 11, 8), (5, 3, 3, 3))
+    attrs = ConvAttrs(auto_pad="SAME_LOWER")
+    _close(_run(algorithm, attrs, x, w, b), _onnxruntime(attrs, x, w, b), 1e-5)
+    # ONNX Runtime has no float64 Conv: the im2col kernel (checked against it above) is the reference.
+    x, w, b = (a.astype(np.float64) for a in (x, w, b))
+    _close(_run(algorithm, attrs, x, w, b), _run(IM2COL, attrs, x, w, b), 1e-12)
+
+
+@pytest.mark.parametrize("algorithm", WINOGRADS)
+def test_winograd_float32_error_on_a_deep_layer_is_far_below_the_zoo_tolerance(algorithm):
+    x, w, _ = _data((1, 256, 14, 14), (256, 256, 3, 3), bias=False)
+    attrs = ConvAttrs(pads=(1, 1, 1, 1))
+    reference = _run(IM2COL, attrs, x.astype(np.float64), w.astype(np.float64))
+    _close(_run(algorithm, attrs, x, w).astype(np.float64), reference, 1e-5)
+
+
+@pytest.mark.parametrize(("x_shape", "kernels", "group"), [((3, 6, 7, 9), 9, 1), ((2, 6, 5, 5), 4, 2)])
+@pytest.mark.parametrize("algorithm", [POINTWISE, IM2COL, AUTO])
+def test_pointwise_matches_onnxruntime(algorithm, x_shape, kernels, group):
+    x, w, b = _data(x_shape, (kernels, x_shape[1] // group, 1, 1))
+    attrs = ConvAttrs(group=group)
+    _close(_run(algorithm, attrs, x, w, b), _onnxruntime(attrs, x, w, b), 1e-5)
+
+
+@pytest.mark.parametrize("strides", [(1, 1), (2, 2)])
+@pytest.mark.parametrize("multiplier", [1, 2])
+@pytest.mark.parametrize("algorithm", [DEPTHWISE, IM2COL, AUTO])
+def test_depthwise_matches_onnxruntime(algorithm, multiplier, strides):
+    x, w, b = _data((3, 5, 9, 7), (5 * multiplier, 1, 3, 3))
+    attrs = ConvAttrs(group=5, pads=(1, 0, 2, 1), strides=strides)
+    _close(_run(algorithm, attrs, x, w, b), _onnxruntime(attrs, x, w, b), 1e-5)
+
+
+@pytest.mark.parametrize("algorithm", [POINTWISE, DEPTHWISE, IM2COL, *WINOGRADS])
+def test_fused_activation_is_applied(algorithm):
+    if algorithm == POINTWISE:
+        x, w, b = _data((2, 3, 5, 7), (4, 3, 1, 1))
+        attrs, plain = ConvAttrs(fused=FusedActivation("Relu")), ConvAttrs()
+    elif algorithm == DEPTHWISE:
+        x, w, b = _data((2, 3, 5, 7), (3, 1, 3, 3))
+        attrs, plain = ConvAttrs(group=3, fused=FusedActivation("Relu")), ConvAttrs(group=3)
+    else:
+        x, w, b = _data((2, 3, 5, 7), (4, 3, 3, 3))
+        attrs, plain = ConvAttrs(pads=(1, 1, 1, 1), fused=FusedActivation("Relu")), ConvAttrs(pads=(1, 1, 1, 1))
+    expected = np.maximum(_onnxruntime(plain, x, w, b), 0)
+    _close(_run(algorithm, attrs, x, w, b), expected, 1e-5)
+
+
+def test_winograd_weights_are_transformed_once_per_array():
+    x, w, b = _data((1, 4, 6, 6), (4, 4, 3, 3))
+    TRANSFORMED_WEIGHTS.clear()
+    _run(WINOGRAD_F43, ConvAttrs(), x, w, b)
+    first = TRANSFORMED_WEIGHTS.get(w, 4)
+    _run(WINOGRAD_F43, ConvAttrs(), x, w, b)
+    assert TRANSFORMED_WEIGHTS.get(w, 4) is first
+    assert TRANSFORMED_WEIGHTS.nbytes() == 36 * 4 * 4 * 4
+    del w, first
+    import gc
+
+    gc.collect()
+    assert TRANSFORMED_WEIGHTS.nbytes() == 0, "entries must die with their weight array"
+
+
+# -- supports ---------------------------------------------------------------------------------------
+def _reason(algorithm: str, attrs: ConvAttrs, x_shape, w_shape) -> str | None:
+    node = Node("Conv", "conv", ["x", "w"], ["y"], attrs)
+    infos = [TensorInfo(x_shape, np.dtype(np.float32)), TensorInfo(w_shape, np.dtype(np.float32))]
+    return KERNELS[algorithm].reason_unsupported(node, infos)
+
+
+@pytest.mark.parametrize("algorithm", WINOGRADS)
+@pytest.mark.parametrize(
+    ("attrs", "x_shape", "w_shape", "expected"),
+    [
+        (ConvAttrs(strides=(2, 2)), (1, 4, 9, 9), (4, 4, 3, 3), "stride"),
+        (ConvAttrs(dilations=(2, 2)), (1, 4, 9, 9), (4, 4, 3, 3), "dilation"),
+        (ConvAttrs(group=2), (1, 4, 9, 9), (4, 2, 3, 3), "group"),
+        (ConvAttrs(), (1, 4, 9, 9), (4, 4, 5, 5), "3x3"),
+        (ConvAttrs(), (1, 4, 9, 9, 9), (4, 4, 3, 3, 3), "2-D"),
+        (ConvAttrs(), (1, 4, 9), (4, 4, 3), "2-D"),
+    ],
+)
+def test_winograd_rejects(algorithm, attrs, x_shape, w_shape, expected):
+    reason = _reason(algorithm, attrs, x_shape, w_shape)
+    assert reason is not None and expected in reason
+
+
+def test_pointwise_and_depthwise_reject_what_they_cannot_do():
+    assert "1x1" in _reason(POINTWISE, ConvAttrs(), (1, 4, 9, 9), (4, 4, 3, 3))
+    assert "1x1" in _reason(POINTWISE, ConvAttrs(pads=(1, 1, 1, 1)), (1, 4, 9, 9), (4, 4, 1, 1))
+    assert "1x1" in _reason(POINTWISE, ConvAttrs(strides=(2, 2)), (1, 4, 9, 9), (4, 4, 1, 1))
+    assert "group" in _reason(DEPTHWISE, ConvAttrs(), (1, 4, 9, 9), (4, 4, 3, 3))
+    assert "group" in _reason(DEPTHWISE, ConvAttrs(group=2), (1, 4, 9, 9), (4, 2, 3, 3))
+    assert _reason(DEPTHWISE, ConvAttrs(group=4), (1, 4, 9, 9), (8, 1, 3, 3)) is None
+    assert _reason(IM2COL, ConvAttrs(group=2, strides=(3, 2)), (1, 4, 9, 9), (4, 2, 2, 3)) is None
+
+
+def test_without_shapes_only_attribute_checks_are_possible():
+    node = Node("Conv", "conv", ["x", "w"], ["y"], ConvAttrs(kernel_shape=(3, 3)))
+    assert KERNELS[WINOGRAD_F43].reason_unsupported(node, None) is None
+    assert "channel" in KERNELS[DEPTHWISE].reason_unsupported(node, None)
+    bare = Node("Conv", "conv", ["x", "w"], ["y"], ConvAttrs())
+    assert "kernel size" in KERNELS[WINOGRAD_F23].reason_unsupported(bare, None)
+    # A lookup without shapes finds the dispatcher, which runs anything.
+    assert CPUDevice().kernels.lookup(bare).algorithm == AUTO

@@ -1,0 +1,168 @@
+"""Per-layer algorithm choice: cached measurements first, cost model otherwise, plans per batch size,
+``tune=True`` and ``hetflow tune``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import hetflow
+from hetflow.cli import main
+from hetflow.devices.cpu import CPUDevice
+from hetflow.frontends import load_model
+from hetflow.options import HOME_ENV
+from hetflow.passes import bind_batch
+from hetflow.runtime.planner import input_infos, make_plan
+from hetflow.tuning.cache import TuningCache, TuningRecord, cache_path, kernels_hash
+from hetflow.tuning.measure import MeasureOptions
+from hetflow.tuning.select import Tuner
+from hetflow.tuning.space import tunable_kernels, workload_of
+from tests.helpers import make_model, run_onnxruntime
+
+WIDE, NARROW = "wide", "narrow"
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own empty HETFLOW_HOME (tuning cache, zoo builds)."""
+    monkeypatch.setenv(HOME_ENV, str(tmp_path))
+    return tmp_path
+
+
+def two_conv_model() -> onnx.ModelProto:
+    """A 3x3 conv wide and large enough for Winograd (128 -> 128 at 28x28) then a narrow one (128 -> 8)."""
+    rng = np.random.default_rng(0)
+    weights = {
+        "w1": (rng.standard_normal((128, 128, 3, 3)) * 0.05).astype(np.float32),
+        "b1": rng.standard_normal(128).astype(np.float32),
+        "w2": (rng.standard_normal((8, 128, 3, 3)) * 0.05).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["h"], name=WIDE, pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("Conv", ["r", "w2"], ["y"], name=NARROW, kernel_shape=[3, 3]),
+    ]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, ["N", 128, 28, 28])], [("y", TensorProto.FLOAT, None)],
+                       weights)
+    model.ir_version = 8
+    return model
+
+
+def _bound_graph(batch: int = 1):
+    return bind_batch(load_model(two_conv_model()), {"N": batch})
+
+
+def _algorithms(plan) -> dict[str, str]:
+    return {s.node.name: s.kernel.algorithm for s in plan.steps if s.node.op_type == "Conv"}
+
+
+def _record_for(graph, node_name: str, times: dict[str, float], fingerprint=None) -> TuningRecord:
+    device = CPUDevice()
+    node = graph.node(node_name)
+    inputs = input_infos(graph, node)
+    kernels = tunable_kernels(device, node, inputs)
+    return TuningRecord(
+        fingerprint=fingerprint or device.fingerprint(),
+        device="cpu",
+        workload=workload_of(node, inputs),
+        kernels=kernels_hash(kernels),
+        candidates=times,
+        chosen=min(times, key=times.__getitem__),
+    )
+
+
+def test_without_measurements_the_cost_model_chooses():
+    plan = make_plan(_bound_graph(), [CPUDevice()])
+    assert _algorithms(plan) == {WIDE: "winograd_f43", NARROW: "im2col"}
+
+
+def test_a_symbolic_plan_dispatches_at_run_time():
+    plan = make_plan(load_model(two_conv_model()), [CPUDevice()])
+    assert set(_algorithms(plan).values()) == {"auto"}
+
+
+def test_the_cached_fastest_wins_over_the_cost_model():
+    graph = _bound_graph()
+    cache = TuningCache(cache_path(), CPUDevice().fingerprint())
+    cache.add(_record_for(graph, WIDE, {"im2col": 0.001, "winograd_f43": 0.002, "winograd_f23": 0.003}))
+    cache.add(_record_for(graph, NARROW, {"im2col": 0.002, "winograd_f23": 0.001}))
+    plan = make_plan(graph, [CPUDevice()], Tuner())
+    assert _algorithms(plan) == {WIDE: "im2col", NARROW: "winograd_f23"}
+    # Without a tuner the planner reads no file: the cost model again.
+    assert _algorithms(make_plan(graph, [CPUDevice()])) == {WIDE: "winograd_f43", NARROW: "im2col"}
+
+
+def test_records_of_another_machine_fall_back_to_the_cost_model():
+    graph = _bound_graph()
+    elsewhere = {"kind": "cpu", "processor": "elsewhere"}
+    TuningCache(cache_path(), elsewhere).add(_record_for(graph, WIDE, {"im2col": 0.001, "winograd_f43": 0.002},
+                                                         fingerprint=elsewhere))
+    assert _algorithms(make_plan(graph, [CPUDevice()], Tuner()))[WIDE] == "winograd_f43"
+
+
+def test_a_recorded_algorithm_that_no_longer_applies_is_skipped():
+    graph = _bound_graph()
+    TuningCache(cache_path(), CPUDevice().fingerprint()).add(
+        _record_for(graph, WIDE, {"gone": 0.0001, "im2col": 0.001, "winograd_f43": 0.002})
+    )
+    assert _algorithms(make_plan(graph, [CPUDevice()], Tuner()))[WIDE] == "im2col"
+
+
+def test_session_plans_per_batch_and_reads_the_cache():
+    graph = _bound_graph(batch=2)
+    TuningCache(cache_path(), CPUDevice().fingerprint()).add(
+        _record_for(graph, WIDE, {"im2col": 0.001, "winograd_f43": 0.002})
+    )
+    model = two_conv_model()
+    session = hetflow.InferenceSession(model)
+    x = np.random.default_rng(1).standard_normal((2, 128, 28, 28)).astype(np.float32)
+    (y,) = session.run(None, {"x": x})
+    (expected,) = run_onnxruntime(model, {"x": x})
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    assert _algorithms(session.plan_for({"N": 2}))[WIDE] == "im2col"  # the record for batch 2
+    assert _algorithms(session.plan_for({"N": 1}))[WIDE] == "winograd_f43"  # none for batch 1
+    assert session.plan_for({"N": 2}) is session.plan_for({"N": 2})
+    assert _algorithms(session.plan)[WIDE] == "auto"
+
+
+def test_no_measurement_unless_tune_is_asked_for():
+    model = two_conv_model()
+    x = np.zeros((1, 128, 28, 28), np.float32)
+    hetflow.InferenceSession(model).run(None, {"x": x})
+    assert not cache_path().exists()
+    session = hetflow.InferenceSession(model, tune=True)
+    session._tuner.options = MeasureOptions(warmup=1, repeats=1, min_seconds=0.0)  # keep the test fast
+    session.run(None, {"x": x})
+    records = TuningCache(cache_path(), CPUDevice().fingerprint()).records()
+    assert len(records) == 2
+    chosen = _algorithms(session.plan_for({"N": 1}))
+    by_shape = {r.workload.params["w"][0]: r.chosen for r in records}
+    assert chosen == {WIDE: by_shape[128], NARROW: by_shape[8]}
+    # A second tuned session finds the records and measures nothing more.
+    hetflow.InferenceSession(model, tune=True).run(None, {"x": x})
+    assert len(cache_path().read_text().splitlines()) == 2
+
+
+def test_tune_command_writes_records_and_prints_a_table(tmp_path: Path, capsys: pytest.CaptureFixture):
+    path = tmp_path / "two_conv.onnx"
+    onnx.save(two_conv_model(), str(path))
+    assert main(["tune", str(path), "--batch", "2"]) == 0
+    out = capsys.readouterr().out
+    assert WIDE in out and NARROW in out and "winograd_f43" in out and "predicted gain" in out
+    records = TuningCache(cache_path(), CPUDevice().fingerprint()).records()
+    assert {tuple(r.workload.params["x"]) for r in records} == {(2, 128, 28, 28), (2, 128, 28, 28)}
+    assert len(records) == 2
+    wide = next(r for r in records if r.workload.params["w"][0] == 128)
+    assert set(wide.candidates) == {"im2col", "winograd_f23", "winograd_f43"}
+
+
+def test_tune_command_on_a_zoo_model(capsys: pytest.CaptureFixture):
+    assert main(["tune", "zoo:cifar10-quick", "--batch", "1"]) == 0
+    assert "conv" in capsys.readouterr().out
+    records = TuningCache(cache_path(), CPUDevice().fingerprint()).records()
+    assert len(records) == 3
+    assert all(r.workload.params["x"][0] == 1 and r.chosen == "im2col" for r in records)
