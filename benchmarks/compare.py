@@ -1,12 +1,19 @@
-"""hetflow vs ONNX Runtime, side by side in one process, on every zoo model.
+"""hetflow vs ONNX Runtime vs OpenVINO, side by side in one process, on the zoo models.
 
     python benchmarks/compare.py [--models alexnet,resnet50] [--batches 1,16] [--repeat 10]
-                                 [--json results.json]
+                                 [--runtimes hetflow,ort,openvino] [--threads 2]
+                                 [--json rows.json] [--markdown table.md]
 
-Both runtimes use 2 threads. Timing protocol (see NOTES.md): runtimes are interleaved per repetition;
-before each timed call the runtime about to be timed runs untimed for >= 100 ms (or, when one call is
-longer than that, the previous runtime's worker threads get 150 ms to stop spinning), so neither pays
-for the other's spinning threads. Minimums are the stable statistic; medians are reported too.
+Every runtime uses the same thread count (2 by default). OpenVINO compiles the ONNX file directly, with
+the batch made static, f32 precision, CPU pinning off (on 2 cores pinning makes whole runs take 2x now
+and then). lstm-gesture runs at batch 64 where the others run at 16. The runtime ``hetflow-parallel`` is
+hetflow with ``execution_mode="parallel"`` (``hetflow`` is the default, sequential).
+
+Timing protocol (see NOTES.md): runtimes are interleaved per repetition; before each timed call the
+runtime about to be timed runs untimed for >= 100 ms (or, when one call is longer than that, the previous
+runtime's worker threads get 150 ms to stop spinning), so none pays for another's spinning threads.
+Minimums are the stable statistic; medians are reported too. The effective rate is 2 * MACs / minimum
+time, set against the sgemm roofline (numpy float32 2048^3 matmul, best of 5) measured in the same run.
 """
 
 from __future__ import annotations
@@ -17,13 +24,15 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
-THREADS = 2
-# NOTE: must be set before numpy (OpenBLAS) is imported.
+DEFAULT_THREADS = 2
+# NOTE: must be set before numpy (OpenBLAS) is imported; the session's threads option governs runs.
 for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(variable, str(THREADS))
+    os.environ.setdefault(variable, str(DEFAULT_THREADS))
 
 import numpy as np  # noqa: E402
 
@@ -31,106 +40,247 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hetflow  # noqa: E402
 from hetflow import zoo  # noqa: E402
+from hetflow.devices.cpu.threads import BLAS  # noqa: E402
 from hetflow.ops.cost import total_macs  # noqa: E402
 from hetflow.passes import bind_batch  # noqa: E402
 
+#: Models whose large batch is not 16.
+LARGE_BATCH = {"lstm-gesture": 64}
+RUNTIMES = ("hetflow", "ort", "openvino", "hetflow-parallel")
+LABELS = {"hetflow": "hetflow", "ort": "ORT", "openvino": "OpenVINO", "hetflow-parallel": "hetflow parallel"}
 
+
+# -- runners: one per runtime, same interface ------------------------------------------------------
+class Runner(Protocol):
+    """A compiled model with its feed bound: ``run()`` computes one batch."""
+
+    def run(self) -> None: ...
+
+
+class HetflowRunner:
+    mode = "sequential"
+
+    def __init__(self, path: Path, feed: dict[str, np.ndarray], threads: int):
+        self.session = hetflow.InferenceSession(path, threads=threads, execution_mode=self.mode)
+        self.feed = feed
+
+    def run(self) -> None:
+        self.session.run(None, self.feed)
+
+
+class ParallelHetflowRunner(HetflowRunner):
+    mode = "parallel"
+
+
+class OrtRunner:
+    def __init__(self, path: Path, feed: dict[str, np.ndarray], threads: int):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.feed = feed
+
+    def run(self) -> None:
+        self.session.run(None, self.feed)
+
+
+class OpenVinoRunner:
+    def __init__(self, path: Path, feed: dict[str, np.ndarray], threads: int):
+        import openvino as ov
+
+        core = ov.Core()
+        model = core.read_model(str(path))
+        model.reshape({name: list(array.shape) for name, array in feed.items()})
+        config = {
+            "INFERENCE_NUM_THREADS": threads,
+            "ENABLE_CPU_PINNING": False,
+            "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_PRECISION_HINT": "f32",
+        }
+        self.request = core.compile_model(model, "CPU", config).create_infer_request()
+        self.feed = feed
+
+    def run(self) -> None:
+        self.request.infer(self.feed, share_inputs=True)
+
+
+RUNNER_TYPES: dict[str, Callable[..., Runner]] = {
+    "hetflow": HetflowRunner, "ort": OrtRunner, "openvino": OpenVinoRunner, "hetflow-parallel": ParallelHetflowRunner,
+}
+
+
+# -- measurement -------------------------------------------------------------------------------
 @dataclass
 class Row:
     model: str
     batch: int
     gflop: float
-    hetflow_min_ms: float
-    hetflow_median_ms: float
-    ort_min_ms: float
-    ort_median_ms: float
+    min_ms: dict[str, float]
+    median_ms: dict[str, float]
+    roofline_gflops: float
+
+    def ratio(self, peer: str) -> float | None:
+        """hetflow minimum / peer minimum (below 1: hetflow is faster)."""
+        if "hetflow" not in self.min_ms or peer not in self.min_ms:
+            return None
+        return self.min_ms["hetflow"] / self.min_ms[peer]
 
     @property
-    def ratio_min(self) -> float:
-        """hetflow time / ONNX Runtime time (below 1: hetflow is faster)."""
-        return self.hetflow_min_ms / self.ort_min_ms
+    def hetflow_gflops(self) -> float | None:
+        """Effective rate: 2 * MACs / hetflow's minimum time."""
+        ms = self.min_ms.get("hetflow")
+        return None if ms is None else self.gflop / (ms / 1e3)
 
 
-def _ort_session(path: Path):
-    import onnxruntime as ort
+def sgemm_roofline(threads: int, size: int = 2048, repeat: int = 5) -> float:
+    """Best GFLOP/s of numpy's float32 ``size``^3 matmul on ``threads`` BLAS threads."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((size, size), dtype=np.float32)
+    b = rng.standard_normal((size, size), dtype=np.float32)
+    previous = BLAS.hold(threads)
+    try:
+        np.matmul(a, b)
+        best = min(_timed(lambda: np.matmul(a, b)) for _ in range(repeat))
+    finally:
+        BLAS.restore(previous)
+    return 2 * size**3 / best / 1e9
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = THREADS
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+def _timed(call: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
 
 
-def _warm(run, last_seconds: float) -> None:
+def _settle(runner: Runner, last_seconds: float) -> None:
+    """Let the previous runtime's spinning workers stop, and warm the next one's caches and pools."""
     if last_seconds > 0.1:
         time.sleep(0.15)
         return
     deadline = time.perf_counter() + 0.1
     while time.perf_counter() < deadline:
-        run()
+        runner.run()
 
 
-def measure(name: str, batch: int, repeat: int) -> Row:
-    path = zoo.model_path(name)
+def _feed(path: Path, batch: int) -> tuple[dict[str, np.ndarray], float]:
+    """A seeded input of the model's shape at ``batch``, and the model's GFLOP at that batch."""
     session = hetflow.InferenceSession(path)
-    ort_session = _ort_session(path)
-    input_arg = session.get_inputs()[0]
-    shape = [batch if isinstance(d, str) else d for d in input_arg.shape]
-    feed = {input_arg.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
-    graph = bind_batch(session.graph, {d: batch for d in input_arg.shape if isinstance(d, str)})
-    gflop = 2 * total_macs(graph) / 1e9
+    value = session.get_inputs()[0]
+    shape = [batch if isinstance(d, str) else d for d in value.shape]
+    feed = {value.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+    graph = bind_batch(session.graph, {d: batch for d in value.shape if isinstance(d, str)})
+    return feed, 2 * total_macs(graph) / 1e9
 
-    runners = {"hetflow": lambda: session.run(None, feed), "ort": lambda: ort_session.run(None, feed)}
+
+def measure(name: str, batch: int, args: argparse.Namespace, roofline: float) -> Row:
+    path = zoo.model_path(name)
+    feed, gflop = _feed(path, batch)
+    runners = {key: RUNNER_TYPES[key](path, feed, args.threads) for key in args.runtimes}
     times: dict[str, list[float]] = {key: [] for key in runners}
     last = {key: 0.0 for key in runners}
-    for _ in range(repeat):
-        for key, run in runners.items():
-            _warm(run, last[key])
-            started = time.perf_counter()
-            run()
-            last[key] = time.perf_counter() - started
+    for _ in range(args.repeat):
+        for key, runner in runners.items():
+            _settle(runner, last[key])
+            last[key] = _timed(runner.run)
             times[key].append(last[key])
     ms = {key: np.array(values) * 1e3 for key, values in times.items()}
-    return Row(name, batch, gflop, float(ms["hetflow"].min()), float(np.median(ms["hetflow"])),
-               float(ms["ort"].min()), float(np.median(ms["ort"])))
+    return Row(name, batch, gflop, {k: float(v.min()) for k, v in ms.items()},
+               {k: float(np.median(v)) for k, v in ms.items()}, roofline)
 
 
-def markdown(rows: list[Row]) -> str:
-    lines = [
-        "| model | batch | GFLOP | hetflow min ms | hetflow median ms | ORT min ms | ORT median ms | ratio (min) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r.model} | {r.batch} | {r.gflop:.3f} | {r.hetflow_min_ms:.2f} | {r.hetflow_median_ms:.2f} "
-            f"| {r.ort_min_ms:.2f} | {r.ort_median_ms:.2f} | {r.ratio_min:.2f} |"
-        )
+# -- reporting ---------------------------------------------------------------------------------
+def _number(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(rows: list[Row], runtimes: list[str]) -> str:
+    peers = [r for r in runtimes if r != "hetflow"]
+    header = ["model", "batch", "GFLOP"]
+    for key in runtimes:
+        header += [f"{LABELS[key]} min ms", f"{LABELS[key]} median ms"]
+    header += [f"hetflow / {LABELS[p]} (min)" for p in peers if "hetflow" in runtimes]
+    if "hetflow" in runtimes:
+        header += ["hetflow GFLOP/s", "% of sgemm"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [row.model, str(row.batch), f"{row.gflop:.3f}"]
+        for key in runtimes:
+            cells += [_number(row.min_ms.get(key)), _number(row.median_ms.get(key))]
+        if "hetflow" in runtimes:
+            cells += [_number(row.ratio(p)) for p in peers]
+            rate = row.hetflow_gflops
+            cells += [_number(rate, 1), _number(None if rate is None else 100 * rate / row.roofline_gflops, 0)]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def main() -> int:
+def _progress_line(row: Row) -> str:
+    parts = [f"{row.model:>14} b{row.batch:<3}"]
+    parts += [f"{LABELS[k]} {v:9.2f} ms" for k, v in row.min_ms.items()]
+    parts += [f"/{LABELS[p]} {row.ratio(p):5.2f}" for p in row.min_ms if p != "hetflow" and row.ratio(p)]
+    if row.hetflow_gflops is not None:
+        parts.append(f"{row.hetflow_gflops:7.1f} GFLOP/s")
+    return "  ".join(parts)
+
+
+def _environment(args: argparse.Namespace) -> str:
+    versions = [f"numpy {np.__version__}", f"hetflow {hetflow.__version__}"]
+    if "ort" in args.runtimes:
+        import onnxruntime
+
+        versions.append(f"onnxruntime {onnxruntime.__version__}")
+    if "openvino" in args.runtimes:
+        import openvino
+
+        versions.append(f"openvino {openvino.__version__}")
+    return (f"{platform.node()} {platform.machine()}, {os.cpu_count()} cpus, {', '.join(versions)}, "
+            f"{args.threads} threads, {time.strftime('%Y-%m-%d')}")
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(e.name for e in zoo.list_models()))
-    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--batches", default="1,16", help="lstm-gesture's 16 becomes 64")
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--runtimes", default="hetflow,ort,openvino", help=f"any of {','.join(RUNTIMES)}")
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS)
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
-    args = parser.parse_args()
+    parser.add_argument("--markdown", type=Path, help="also write the markdown table (for BENCHMARKS.md) here")
+    args = parser.parse_args(argv)
+    args.runtimes = [r for r in args.runtimes.split(",") if r]
+    unknown = sorted(set(args.runtimes) - set(RUNTIMES))
+    if unknown:
+        parser.error(f"unknown runtime(s) {unknown}; choose from {list(RUNTIMES)}")
+    return args
 
-    import onnxruntime
 
-    print(f"# {platform.node()} {platform.machine()}, {os.cpu_count()} cpus, numpy {np.__version__}, "
-          f"onnxruntime {onnxruntime.__version__}, hetflow {hetflow.__version__}, {THREADS} threads, "
-          f"{time.strftime('%Y-%m-%d')}", flush=True)
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    environment = _environment(args)
+    print(f"# {environment}", flush=True)
+    roofline = sgemm_roofline(args.threads)
+    print(f"# sgemm roofline at start: {roofline:.1f} GFLOP/s", flush=True)
     rows = []
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            row = measure(name, batch, args.repeat)
+            row = measure(name, LARGE_BATCH.get(name, batch) if batch == 16 else batch, args, roofline)
             rows.append(row)
-            print(f"{name:>14} b{batch:<3} hetflow {row.hetflow_min_ms:9.2f} ms  ORT {row.ort_min_ms:9.2f} ms"
-                  f"  ratio {row.ratio_min:5.2f}", flush=True)
-    print()
-    print(markdown(rows))
+            print(_progress_line(row), flush=True)
+    roofline_end = sgemm_roofline(args.threads)
+    best_roofline = max(roofline, roofline_end)
+    for row in rows:
+        row.roofline_gflops = best_roofline
+    table = markdown(rows, args.runtimes)
+    summary = (f"{environment}; sgemm roofline {best_roofline:.1f} GFLOP/s (start {roofline:.1f}, "
+               f"end {roofline_end:.1f}); {args.repeat} interleaved repetitions")
+    print(f"\n{summary}\n\n{table}")
+    if args.markdown:
+        args.markdown.write_text(f"{summary}\n\n{table}\n")
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) | {"ratio_min": r.ratio_min} for r in rows], indent=2))
+        records = [asdict(r) | {"hetflow_gflops": r.hetflow_gflops} for r in rows]
+        args.json.write_text(json.dumps({"environment": summary, "rows": records}, indent=2))
     return 0
 
 

@@ -1,15 +1,36 @@
-"""Run a Plan: call each step's kernel in order, releasing values after their last reader."""
+"""Run a Plan: call each step's kernel, releasing values after their last reader.
+
+A Plan is compiled once (per set of requested outputs) into a ``Program``: every value gets a slot in a
+list, every step its input, output and release slots, and the initializers sit in a template list that a
+run copies (a list copy, not a dict rebuild). The per-node cost of the sequential loop is then a list
+comprehension, the kernel call and a few list stores.
+
+Two execution modes:
+
+- ``"sequential"``: the steps run one after the other on the calling thread. BLAS (and the kernels that
+  split their own work) use the run's thread count; ``threads=1`` is CNNdroid's fully sequential mode.
+- ``"parallel"``: steps whose inputs are ready may run at the same time on ``threads`` threads (the caller
+  and helpers), driven by dependency counts; graphs without independent branches run sequentially.
+"""
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
+from hetflow.devices.cpu.threads import BLAS, available_cores
 from hetflow.errors import HetflowError
 from hetflow.runtime.plan import Plan, Step
+
+ExecutionMode = Literal["sequential", "parallel"]
+EXECUTION_MODES: tuple[str, ...] = ("sequential", "parallel")
 
 
 @dataclass(frozen=True)
@@ -29,42 +50,334 @@ class KernelError(HetflowError):
     """A kernel raised while running a node; names the node and its input shapes."""
 
 
+def check_threads(threads: int | None) -> int:
+    """``threads`` validated; None means every core this process may use."""
+    if threads is None:
+        return available_cores()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive integer or None, not {threads!r}")
+    return threads
+
+
+def check_mode(mode: str) -> ExecutionMode:
+    if mode not in EXECUTION_MODES:
+        raise ValueError(f"execution_mode must be one of {list(EXECUTION_MODES)}, not {mode!r}")
+    return mode  # type: ignore[return-value]
+
+
 def execute(
     plan: Plan,
     feeds: Mapping[str, np.ndarray],
-    outputs: list[str] | None = None,
+    outputs: Sequence[str] | None = None,
     observer: Observer | None = None,
+    *,
+    threads: int | None = None,
+    mode: ExecutionMode = "sequential",
 ) -> dict[str, np.ndarray]:
     """Run ``plan`` on ``feeds`` and return the requested outputs (all graph outputs by default).
 
-    Every call keeps its values in a local environment, so one Plan may be executed from several
-    threads at once.
+    Args:
+        threads: BLAS threads during the run (and, in parallel mode, concurrent steps); None: all cores.
+        mode: ``"sequential"`` or ``"parallel"`` (see the module docstring).
+
+    Every call keeps its values in a local environment, so one Plan may be executed from several threads
+    at once. The plan must not be edited after its first execution (its compiled form is cached).
     """
-    graph = plan.graph
-    env: dict[str, np.ndarray] = dict(graph.initializers)
-    env.update(feeds)
-    wanted = list(graph.outputs) if outputs is None else outputs
-    keep = set(wanted)
-    for index, step in enumerate(plan.steps):
-        node = step.node
-        inputs = [env[name] if name else None for name in node.inputs]
-        started = time.perf_counter() if observer is not None else 0.0
+    wanted = tuple(plan.graph.outputs) if outputs is None else tuple(outputs)
+    program = compiled(plan, wanted)
+    count = available_cores() if threads is None else threads
+    previous = BLAS.hold(count)
+    try:
+        if observer is not None:
+            env = program.run_observed(feeds, observer)
+        elif mode == "parallel" and count > 1 and program.branches:
+            env = program.run_parallel(feeds, count)
+        else:
+            env = program.run(feeds)
+    finally:
+        BLAS.restore(previous)
+    return {name: env[slot] for name, slot in zip(wanted, program.output_slots)}
+
+
+# -- compilation ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Op:
+    """One step with its value names resolved to slots."""
+
+    step: Step
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    release: tuple[int, ...]  # in plan order: slots whose last reader this step is (or unread outputs)
+    reads: tuple[int, ...]  # distinct releasable slots it reads (parallel reference counts)
+    unread: tuple[int, ...]  # releasable outputs no step reads (parallel: released at once)
+    consumers: tuple[int, ...]  # indices of the steps that read any of its outputs
+
+
+#: Slot 0 always holds None: it stands for omitted optional inputs and outputs.
+_NONE = 0
+
+
+class Program:
+    """A Plan compiled for one set of requested outputs; runs it sequentially or in parallel."""
+
+    def __init__(self, plan: Plan, wanted: Sequence[str]):
+        graph = plan.graph
+        self.slots: dict[str, int] = {"": _NONE}
+        for name in [*graph.initializers, *graph.inputs, *wanted]:
+            self._slot(name)
+        for step in plan.steps:
+            for name in (*step.node.inputs, *step.node.outputs):
+                self._slot(name)
+        self.template: list[np.ndarray | None] = [None] * len(self.slots)
+        for name, array in graph.initializers.items():
+            self.template[self.slots[name]] = array
+        self.output_slots = tuple(self.slots[name] for name in wanted)
+        pinned = {self.slots[name] for name in (*graph.initializers, *wanted)} | {_NONE}
+        self.ops = _compile_steps(plan, self.slots, pinned)
+        self.reader_counts = _reader_counts(self.ops, len(self.slots))
+        self.waiting = tuple(_producer_counts(self.ops))
+        self.roots = tuple(i for i, count in enumerate(self.waiting) if count == 0)
+        self.branches = _has_branches(self.ops, self.waiting)
+        # Tuples the hot loop unpacks without attribute lookups.
+        self._hot = tuple((op.step.kernel.fn, op.step.node, op.inputs, op.outputs, op.release) for op in self.ops)
+
+    def _slot(self, name: str) -> int:
+        return self.slots.setdefault(name, len(self.slots))
+
+    def environment(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray | None]:
+        env = self.template.copy()
+        slots = self.slots
+        for name, array in feeds.items():
+            slot = slots.get(name)
+            if slot is not None:
+                env[slot] = array
+        return env
+
+    # -- sequential ------------------------------------------------------------------------------
+    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray | None]:
+        env = self.environment(feeds)
+        node = None
         try:
-            results = step.kernel.fn(node, inputs)
+            for fn, node, inputs, outputs, release in self._hot:
+                results = fn(node, [env[slot] for slot in inputs])
+                for slot, array in zip(outputs, results):
+                    env[slot] = array
+                for slot in release:
+                    env[slot] = None
         except HetflowError:
             raise
         except Exception as error:  # noqa: BLE001  (re-raised with the node's context)
-            shapes = ", ".join(str(None if x is None else x.shape) for x in inputs)
-            raise KernelError(
-                f"node '{node.name}' ({node.op_type}) failed on {step.device.id} with input shapes "
-                f"({shapes}): {type(error).__name__}: {error}"
-            ) from error
-        if observer is not None:
-            observer(step, time.perf_counter() - started)
-        for name, array in zip(node.outputs, results):
-            if name:
-                env[name] = array
-        for name in plan.release_after.get(index, ()):
-            if name not in keep:
-                env.pop(name, None)
-    return {name: env[name] for name in wanted}
+            op = next(op for op in self.ops if op.step.node is node)
+            raise _kernel_error(op, env, error) from error
+        return env
+
+    def run_observed(self, feeds: Mapping[str, np.ndarray], observer: Observer) -> list[np.ndarray | None]:
+        """The sequential loop with one observer call per step (profiling)."""
+        env = self.environment(feeds)
+        for op in self.ops:
+            started = time.perf_counter()
+            _run_op(op, env)
+            observer(op.step, time.perf_counter() - started)
+            for slot in op.release:
+                env[slot] = None
+        return env
+
+    # -- parallel --------------------------------------------------------------------------------
+    def run_parallel(self, feeds: Mapping[str, np.ndarray], threads: int) -> list[np.ndarray | None]:
+        run = _ParallelRun(self, self.environment(feeds))
+        pool = _branch_pool()
+        for _ in range(threads - 1):
+            pool.submit(run.work)
+        run.work()
+        return run.finish()
+
+
+def _compile_steps(plan: Plan, slots: dict[str, int], pinned: set[int]) -> list[_Op]:
+    producer: dict[int, int] = {}
+    readers: dict[int, set[int]] = {}
+    last_reader: dict[int, int] = {}
+    for index, step in enumerate(plan.steps):
+        for name in step.node.present_inputs():
+            last_reader[slots[name]] = index
+            if slots[name] in producer:
+                readers.setdefault(producer[slots[name]], set()).add(index)
+        for name in step.node.present_outputs():
+            producer[slots[name]] = index
+            last_reader.setdefault(slots[name], index)  # written but never read: released at once
+    release: dict[int, list[int]] = {}
+    for slot, index in last_reader.items():
+        if slot not in pinned:
+            release.setdefault(index, []).append(slot)
+    read = {slots[name] for step in plan.steps for name in step.node.present_inputs()}
+    ops = []
+    for index, step in enumerate(plan.steps):
+        node = step.node
+        ops.append(
+            _Op(
+                step,
+                inputs=tuple(slots[name] for name in node.inputs),
+                outputs=tuple(slots[name] for name in node.outputs),
+                release=tuple(release.get(index, ())),
+                reads=tuple(sorted({slots[n] for n in node.present_inputs()} - pinned)),
+                unread=tuple(slots[n] for n in node.present_outputs() if slots[n] not in read and slots[n] not in pinned),
+                consumers=tuple(sorted(readers.get(index, ()))),
+            )
+        )
+    return ops
+
+
+def _reader_counts(ops: Sequence[_Op], size: int) -> list[int]:
+    counts = [0] * size
+    for op in ops:
+        for slot in op.reads:
+            counts[slot] += 1
+    return counts
+
+
+def _producer_counts(ops: Sequence[_Op]) -> list[int]:
+    """Per step, how many distinct steps produce its inputs."""
+    waiting = [0] * len(ops)
+    for op in ops:
+        for consumer in op.consumers:
+            waiting[consumer] += 1
+    return waiting
+
+
+def _has_branches(ops: Sequence[_Op], waiting: Sequence[int]) -> bool:
+    """Whether two steps can ever be ready at once (else parallel mode has nothing to overlap)."""
+    left = list(waiting)
+    ready = [i for i, count in enumerate(left) if count == 0]
+    while ready:
+        if len(ready) > 1:
+            return True
+        index = ready.pop()
+        for consumer in ops[index].consumers:
+            left[consumer] -= 1
+            if left[consumer] == 0:
+                ready.append(consumer)
+    return False
+
+
+def _run_op(op: _Op, env: list[np.ndarray | None]) -> None:
+    node = op.step.node
+    inputs = [env[slot] for slot in op.inputs]
+    try:
+        results = op.step.kernel.fn(node, inputs)
+    except HetflowError:
+        raise
+    except Exception as error:  # noqa: BLE001  (re-raised with the node's context)
+        raise _kernel_error(op, env, error) from error
+    for slot, array in zip(op.outputs, results):
+        env[slot] = array
+
+
+def _kernel_error(op: _Op, env: list[np.ndarray | None], error: BaseException) -> KernelError:
+    node = op.step.node
+    shapes = ", ".join(str(None if env[s] is None else getattr(env[s], "shape", None)) for s in op.inputs)
+    return KernelError(
+        f"node '{node.name}' ({node.op_type}) failed on {op.step.device.id} with input shapes "
+        f"({shapes}): {type(error).__name__}: {error}"
+    )
+
+
+# -- the parallel run ----------------------------------------------------------------------------
+class _ParallelRun:
+    """One parallel execution: a ready stack fed by dependency counts, shared by the worker threads.
+
+    The ready list is a stack, so a thread that finishes a step usually continues down the same branch
+    (depth first keeps fewer values alive than breadth first). Kernels run outside the lock.
+    """
+
+    def __init__(self, program: Program, env: list[np.ndarray | None]):
+        self.ops = program.ops
+        self.env = env
+        self.waiting = list(program.waiting)
+        self.readers = list(program.reader_counts)
+        self.ready = list(reversed(program.roots))
+        self.unfinished = len(program.ops)
+        self.running = 0
+        self.error: BaseException | None = None
+        self.cond = threading.Condition()
+
+    def work(self) -> None:
+        cond = self.cond
+        while True:
+            with cond:
+                while not self.ready and self.unfinished and self.error is None:
+                    cond.wait()
+                if not self.ready or self.error is not None:
+                    return
+                op = self.ops[self.ready.pop()]
+                self.running += 1
+            try:
+                _run_op(op, self.env)
+            except BaseException as error:  # noqa: BLE001  (re-raised by finish on the caller's thread)
+                with cond:
+                    self.error = self.error or error
+                    self.running -= 1
+                    cond.notify_all()
+                return
+            with cond:
+                self._done(op)
+
+    def _done(self, op: _Op) -> None:
+        """Release what ``op`` read last and ready its consumers (called under the lock)."""
+        env, readers, waiting = self.env, self.readers, self.waiting
+        for slot in op.unread:
+            env[slot] = None
+        for slot in op.reads:
+            readers[slot] -= 1
+            if readers[slot] == 0:
+                env[slot] = None
+        woken = 0
+        for consumer in op.consumers:
+            waiting[consumer] -= 1
+            if waiting[consumer] == 0:
+                self.ready.append(consumer)
+                woken += 1
+        self.running -= 1
+        self.unfinished -= 1
+        if self.unfinished == 0:
+            self.cond.notify_all()
+        elif woken > 1:
+            # This thread takes one of them itself.
+            self.cond.notify(woken - 1)
+
+    def finish(self) -> list[np.ndarray | None]:
+        """Wait for steps still running on helper threads; raise the first error."""
+        with self.cond:
+            while self.running:
+                self.cond.wait()
+        if self.error is not None:
+            raise self.error
+        return self.env
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _branch_pool() -> ThreadPoolExecutor:
+    """Helper threads for parallel runs. A run never waits for a helper that has not started, so one
+    pool serves every session (a busy pool slows a run down but cannot block it)."""
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(max(available_cores() - 1, 1), thread_name_prefix="hetflow-branch")
+    return _pool
+
+
+# -- the compiled-plan cache ---------------------------------------------------------------------
+_programs: dict[tuple[int, tuple[str, ...]], tuple[weakref.ref[Plan], Program]] = {}
+
+
+def compiled(plan: Plan, wanted: tuple[str, ...]) -> Program:
+    """``plan`` compiled for the outputs ``wanted``; cached while the plan lives."""
+    key = (id(plan), wanted)
+    entry = _programs.get(key)
+    if entry is not None and entry[0]() is plan:
+        return entry[1]
+    program = Program(plan, wanted)
+    _programs[key] = (weakref.ref(plan, lambda _: _programs.pop(key, None)), program)
+    return program

@@ -10,15 +10,17 @@ from typing import Any
 import numpy as np
 
 from hetflow.devices.registry import resolve_devices
-from hetflow.errors import FeedError
+from hetflow.errors import FeedError, InvalidModelError
 from hetflow.frontends import ModelSource, load_model
 from hetflow.graph import Graph, Value
 from hetflow.graph.dtypes import onnx_name
 from hetflow.graph.shapes import Dim, format_shape
+from hetflow.passes import bind_batch
 from hetflow.passes.manager import optimize as optimize_graph
-from hetflow.runtime.executor import Observer, execute
+from hetflow.runtime.executor import ExecutionMode, Observer, check_mode, check_threads, execute
 from hetflow.runtime.plan import Plan
 from hetflow.runtime.planner import make_plan
+from hetflow.tuning.select import Tuner
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,14 @@ class InferenceSession:
         model: a path (``.onnx``), ``"zoo:NAME"``, serialized bytes, an ``onnx.ModelProto`` or a Graph.
         device: ``"cpu"`` or ``"auto"`` (the devices this build has, best first).
         optimize: apply the graph optimisation passes (``hetflow.passes.manager``).
+        tune: measure the algorithms of layers the tuning cache lacks when a plan is made (once per
+            batch size) and record them; by default the cache or the cost model decides, without
+            measuring.
+        threads: BLAS threads during ``run`` (and kernels that split their own work); None: every core
+            this process may use.
+        execution_mode: ``"sequential"`` runs one op at a time (with ``threads=1``: CNNdroid's sequential
+            mode, one thread in all); ``"parallel"`` also runs independent branches at the same time on
+            ``threads`` threads.
 
     Example::
 
@@ -55,6 +65,9 @@ class InferenceSession:
         device: str = "cpu",
         *,
         optimize: bool = True,
+        tune: bool = False,
+        threads: int | None = None,
+        execution_mode: ExecutionMode = "sequential",
         **options: Any,
     ):
         unknown = sorted(set(options) - _ACCEPTED_OPTIONS)
@@ -63,10 +76,16 @@ class InferenceSession:
         self._source_graph = load_model(model)
         self._graph = optimize_graph(self._source_graph) if optimize else self._source_graph
         self._devices = resolve_devices(device)
-        self._plan = make_plan(self._graph, self._devices)
+        self._tuner = Tuner(tune=tune)
+        # The plan for the graph as declared; one more per concrete binding of its symbolic dimensions
+        # (the batch), made on first use, so that algorithms are chosen for concrete shapes.
+        self._plan = make_plan(self._graph, self._devices, self._tuner)
+        self._bound_plans: dict[tuple[tuple[str, int], ...], Plan] = {}
         self._inputs = self._graph.input_values()
         self._outputs = self._graph.output_values()
         self._lock = threading.Lock()
+        self._threads = check_threads(threads)
+        self._mode = check_mode(execution_mode)
 
     @property
     def graph(self) -> Graph:
@@ -80,7 +99,26 @@ class InferenceSession:
 
     @property
     def plan(self) -> Plan:
+        """The plan for the graph as declared (symbolic batch); see ``plan_for`` for a concrete one."""
         return self._plan
+
+    def plan_for(self, bindings: Mapping[str, int]) -> Plan:
+        """The plan for concrete values of the symbolic dimensions (e.g. ``{"N": 16}``), made once."""
+        key = tuple(sorted(bindings.items()))
+        if not key:
+            return self._plan
+        with self._lock:
+            plan = self._bound_plans.get(key)
+            if plan is None:
+                try:
+                    bound = bind_batch(self._graph, dict(key))
+                except InvalidModelError:
+                    # NOTE: shapes that do not fit the graph fail in a kernel, with the node's name.
+                    plan = self._plan
+                else:
+                    plan = make_plan(bound, self._devices, self._tuner)
+                self._bound_plans[key] = plan
+        return plan
 
     def get_inputs(self) -> list[NodeArg]:
         """The feeds ``run`` expects."""
@@ -112,7 +150,8 @@ class InferenceSession:
         """
         feeds = self._check_feeds(input_feed)
         names = self._check_output_names(output_names)
-        results = execute(self._plan, feeds, names, observer)
+        plan = self.plan_for(_bindings(self._inputs, feeds))
+        results = execute(plan, feeds, names, observer, threads=self._threads, mode=self._mode)
         return [results[name] for name in names]
 
     # -- validation ----------------------------------------------------------------------------
@@ -147,6 +186,16 @@ class InferenceSession:
 
 
 _ACCEPTED_OPTIONS = frozenset({"sess_options", "providers", "provider_options"})
+
+
+def _bindings(inputs: Sequence[Value], feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """Symbolic dimension -> size, as the (already checked) feeds set them."""
+    bindings: dict[str, int] = {}
+    for value in inputs:
+        for dim, actual in zip(value.shape or (), feeds[value.name].shape):
+            if isinstance(dim, str):
+                bindings[dim] = int(actual)
+    return bindings
 
 
 def _check_feed(value: Value, raw: Any, bindings: dict[str, int]) -> np.ndarray:

@@ -5,11 +5,15 @@ float16 inputs are computed in float32 and rounded back (the ONNX spec asks for 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from hetflow.devices.cpu.table import cpu_kernel
+from hetflow.devices.cpu.threads import parallel_for
 from hetflow.graph import Node
 from hetflow.ops.norm import batchnorm_reduce_axes, lrn_window
 
@@ -18,30 +22,95 @@ def _compute_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
 
 
+#: Work per LRN block: about half of a core's L2, so the ~10 passes over a block hit the cache
+#: instead of memory (1.3-1.6x at batch 16 over whole-tensor passes).
+_LRN_BLOCK_BYTES = 1 << 20
+#: Below this many input bytes LRN stays on one thread (the hand-off costs more than it saves).
+_LRN_PARALLEL_BYTES = 4 << 20
+
+
 @cpu_kernel("LRN")
 def lrn(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-    """LRN over axis 1 of ``[N, C, ...]``; the channel window is summed with one slice-add per offset."""
+    """LRN over axis 1 of ``[N, C, ...]``, in cache-sized blocks of (images, channels) spread over the
+    session's threads.
+
+    Per block: the squares (pre-scaled by ``sqrt(alpha / size)``) of the block's channels plus the
+    window's halo, the window sum as ``size - 1`` shifted slice-adds, then the power. ``beta`` of 0.75
+    (AlexNet, GoogLeNet, ZFNet), 0.5 and 1 avoid ``np.power``, which takes ~85% of the time otherwise:
+    ``d ** 0.75 = sqrt(d) * sqrt(sqrt(d))``.
+    """
     x = inputs[0]
     assert x is not None
-    attrs = node.attrs
     compute = _compute_dtype(x.dtype)
-    squares = np.square(x, dtype=compute)
-    channels = x.shape[1]
-    before, after = lrn_window(attrs.size)
-    # NOTE: shifted slice-adds rather than a cumulative sum: a cumsum difference loses precision
-    # when many channels are large.
-    window = squares.copy()
-    for offset in range(-before, after + 1):
-        if offset == 0 or abs(offset) >= channels:
+    source = x.astype(compute, copy=False).reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
+    out = np.empty(source.shape, compute)
+    params = _LrnParams.of(node.attrs, compute)
+    blocks = _lrn_blocks(source.shape, source.itemsize)
+    threads = None if source.nbytes >= _LRN_PARALLEL_BYTES else 1
+    parallel_for(lambda i: _lrn_block(source, out, blocks[i], params), len(blocks), threads)
+    return [out.reshape(x.shape).astype(x.dtype, copy=False)]
+
+
+@dataclass(frozen=True)
+class _LrnParams:
+    before: int
+    after: int
+    scale: np.floating  # sqrt(|alpha / size|): squares of x * scale are the scaled squares
+    negative: bool  # alpha < 0
+    bias: np.floating
+    beta: float
+
+    @staticmethod
+    def of(attrs: Any, compute: np.dtype) -> _LrnParams:
+        before, after = lrn_window(attrs.size)
+        coefficient = attrs.alpha / attrs.size
+        return _LrnParams(before, after, compute.type(np.sqrt(abs(coefficient))), coefficient < 0,
+                          compute.type(attrs.bias), float(attrs.beta))
+
+
+def _lrn_blocks(shape: tuple[int, ...], itemsize: int) -> list[tuple[int, int, int, int]]:
+    """(n0, n1, c0, c1) blocks of about ``_LRN_BLOCK_BYTES``: whole images grouped when an image is
+    small, else one image cut into channel ranges (the window's halo is recomputed per block)."""
+    batch, channels, plane = shape
+    image_bytes = max(channels * plane * itemsize, 1)
+    if image_bytes <= _LRN_BLOCK_BYTES:
+        step = max(_LRN_BLOCK_BYTES // image_bytes, 1)
+        return [(n, min(n + step, batch), 0, channels) for n in range(0, batch, step)]
+    step = max(_LRN_BLOCK_BYTES // max(plane * itemsize, 1), 1)
+    return [(n, n + 1, c, min(c + step, channels)) for n in range(batch) for c in range(0, channels, step)]
+
+
+def _lrn_block(x: np.ndarray, out: np.ndarray, block: tuple[int, int, int, int], p: _LrnParams) -> None:
+    n0, n1, c0, c1 = block
+    lo, hi = max(c0 - p.before, 0), min(c1 + p.after, x.shape[1])
+    squares = np.multiply(x[n0:n1, lo:hi], p.scale)
+    np.square(squares, out=squares)
+    if p.negative:
+        np.negative(squares, out=squares)
+    # window[j] (channel c0 + j) = bias + sum of squares[c0 + j + offset - lo] over the offsets in range.
+    window = np.add(squares[:, c0 - lo : c1 - lo], p.bias)
+    for offset in range(-p.before, p.after + 1):
+        first, last = max(0, lo - c0 - offset), min(c1 - c0, hi - c0 - offset)
+        if offset == 0 or last <= first:
             continue
-        if offset > 0:
-            window[:, : channels - offset] += squares[:, offset:]
-        else:
-            window[:, -offset:] += squares[:, : channels + offset]
-    window *= compute.type(attrs.alpha / attrs.size)
-    window += compute.type(attrs.bias)
-    np.power(window, compute.type(attrs.beta), out=window)
-    return [np.divide(x, window, dtype=compute).astype(x.dtype, copy=False)]
+        shift = c0 - lo + offset
+        np.add(window[:, first:last], squares[:, first + shift : last + shift], out=window[:, first:last])
+    _power(window, p.beta, scratch=squares[:, c0 - lo : c1 - lo])
+    np.divide(x[n0:n1, c0:c1], window, out=out[n0:n1, c0:c1])
+
+
+def _power(values: np.ndarray, beta: float, scratch: np.ndarray) -> None:
+    """``values **= beta`` in place, through square roots for the common exponents."""
+    if beta == 1.0:
+        return
+    if beta == 0.5:
+        np.sqrt(values, out=values)
+    elif beta == 0.75:
+        np.sqrt(values, out=scratch)
+        np.sqrt(scratch, out=values)
+        values *= scratch
+    else:
+        np.power(values, values.dtype.type(beta), out=values)
 
 
 @cpu_kernel("BatchNormalization")

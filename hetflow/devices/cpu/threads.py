@@ -1,0 +1,145 @@
+"""The CPU's threads: the BLAS pool's size (through threadpoolctl) and a small pool for kernels that split
+their own work (numpy's ufuncs are single-threaded but release the GIL on large arrays).
+
+A session's thread count is the BLAS pool size while it runs; kernels that split work read the same
+number back (``intra_op_threads``), so ``threads=1`` makes a whole run single-threaded.
+
+NOTE: the BLAS pool size is process-wide state. Two sessions asking for different counts at the same time
+from two threads get correct results, but each may run with the other's count while they overlap.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from threadpoolctl import ThreadpoolController
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one, else cpu_count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class BlasThreads:
+    """The thread count of every BLAS library loaded in the process (numpy's OpenBLAS, MKL...).
+
+    threadpoolctl's ``threadpool_limits`` context rescans the loaded libraries on every entry (~0.5 ms
+    here); the libraries are found once instead, and a run costs one ``get`` (~1 us) when the count
+    already matches, plus two ``set`` calls (~2 us each) when it does not.
+    """
+
+    def __init__(self) -> None:
+        self._libraries: list[Any] | None = None
+        self._lock = threading.Lock()
+
+    def _libs(self) -> list[Any]:
+        if self._libraries is None:
+            with self._lock:
+                if self._libraries is None:
+                    self._libraries = list(ThreadpoolController().select(user_api="blas").lib_controllers)
+        return self._libraries
+
+    def get(self) -> int | None:
+        """The first BLAS library's current thread count (None when no BLAS is loaded)."""
+        libraries = self._libs()
+        return libraries[0].get_num_threads() if libraries else None
+
+    def set(self, count: int) -> None:
+        for library in self._libs():
+            library.set_num_threads(count)
+
+    def hold(self, count: int) -> int | None:
+        """Set BLAS to ``count`` threads; returns the count to give back to ``restore`` (None: unchanged)."""
+        current = self.get()
+        if current is None or current == count:
+            return None
+        self.set(count)
+        return current
+
+    def restore(self, previous: int | None) -> None:
+        if previous is not None:
+            self.set(previous)
+
+
+#: The process's BLAS libraries (found on first use, after numpy has loaded its BLAS).
+BLAS = BlasThreads()
+
+
+def intra_op_threads() -> int:
+    """How many threads a kernel may split its own work over: the session's count, as BLAS holds it."""
+    return BLAS.get() or 1
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _kernel_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = ThreadPoolExecutor(max(available_cores() - 1, 1), thread_name_prefix="hetflow-op")
+    return _pool
+
+
+def parallel_for(body: Callable[[int], None], count: int, threads: int | None = None) -> None:
+    """Run ``body(0) .. body(count - 1)`` on up to ``threads`` threads (default: ``intra_op_threads``).
+
+    The calling thread takes items too and only waits for items another thread has started, so a call
+    made from inside a pool thread (a parallel executor's branch) can never deadlock on a busy pool.
+    The first exception any item raises is re-raised here, after every started item has finished.
+    """
+    threads = min(intra_op_threads() if threads is None else threads, count)
+    if threads <= 1:
+        for index in range(count):
+            body(index)
+        return
+    state = _Shared(body, count)
+    for _ in range(threads - 1):
+        _kernel_pool().submit(state.drain)
+    state.drain()
+    state.wait()
+
+
+class _Shared:
+    """Work items handed out one at a time to whichever thread asks next."""
+
+    def __init__(self, body: Callable[[int], None], count: int):
+        self.body = body
+        self.count = count
+        self.next = 0
+        self.finished = 0
+        self.error: BaseException | None = None
+        self.done = threading.Condition()
+
+    def drain(self) -> None:
+        while True:
+            with self.done:
+                if self.next >= self.count or self.error is not None:
+                    return
+                index = self.next
+                self.next += 1
+            try:
+                self.body(index)
+            except BaseException as error:  # noqa: BLE001  (re-raised by the caller in wait)
+                with self.done:
+                    self.error = self.error or error
+            with self.done:
+                self.finished += 1
+                self.done.notify_all()
+
+    def wait(self) -> None:
+        with self.done:
+            # Items never handed out (after an error) count as finished.
+            while self.finished < self.next:
+                self.done.wait()
+        if self.error is not None:
+            raise self.error

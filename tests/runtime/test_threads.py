@@ -1,0 +1,97 @@
+"""The session's thread count is the BLAS pool size during its runs; parallel_for shares work safely."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_info
+
+import hetflow
+from hetflow.devices.cpu.threads import BLAS, available_cores, intra_op_threads, parallel_for
+from tests.helpers import add_relu_model
+
+
+def _blas_threads_now() -> int:
+    """Read through threadpoolctl itself, not through hetflow's cached controller."""
+    return next(info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas")
+
+
+@pytest.fixture
+def blas_at_two():
+    previous = BLAS.get()
+    BLAS.set(2)
+    yield
+    BLAS.set(previous)
+
+
+@pytest.mark.parametrize("mode", ["sequential", "parallel"])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_threads_set_the_blas_pool_during_run_and_restore_it(blas_at_two, threads, mode):
+    session = hetflow.InferenceSession(add_relu_model(), threads=threads, execution_mode=mode)
+    seen: list[tuple[int, int]] = []
+    session.run(None, {"x": np.ones((2, 3), np.float32)},
+                observer=lambda step, seconds: seen.append((_blas_threads_now(), intra_op_threads())))
+    assert seen == [(threads, threads)] * len(session.plan.steps)
+    assert _blas_threads_now() == 2
+
+
+def test_default_is_every_available_core(blas_at_two):
+    session = hetflow.InferenceSession(add_relu_model())
+    seen: list[int] = []
+    session.run(None, {"x": np.ones((2, 3), np.float32)}, observer=lambda step, seconds: seen.append(BLAS.get()))
+    assert set(seen) == {available_cores()}
+
+
+@pytest.mark.parametrize("threads", [0, -2, 1.5, "2", True])
+def test_bad_thread_counts_are_rejected(threads):
+    with pytest.raises(ValueError, match="threads must be a positive integer"):
+        hetflow.InferenceSession(add_relu_model(), threads=threads)
+
+
+def test_bad_execution_mode_is_rejected():
+    with pytest.raises(ValueError, match="execution_mode must be one of"):
+        hetflow.InferenceSession(add_relu_model(), execution_mode="async")
+
+
+def test_hold_is_a_no_op_when_the_count_already_matches(blas_at_two):
+    assert BLAS.hold(2) is None
+    previous = BLAS.hold(1)
+    assert previous == 2 and BLAS.get() == 1
+    BLAS.restore(previous)
+    assert BLAS.get() == 2
+
+
+def test_parallel_for_runs_every_item_once():
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def body(index: int) -> None:
+        with lock:
+            seen.append(index)
+
+    parallel_for(body, 50, threads=2)
+    assert sorted(seen) == list(range(50))
+
+
+def test_parallel_for_reraises_the_first_error():
+    def body(index: int) -> None:
+        if index == 7:
+            raise RuntimeError("item 7 broke")
+
+    with pytest.raises(RuntimeError, match="item 7 broke"):
+        parallel_for(body, 20, threads=2)
+
+
+def test_nested_parallel_for_from_pool_threads_does_not_deadlock():
+    totals = np.zeros(8)
+
+    def outer(index: int) -> None:
+        def inner(j: int) -> None:
+            totals[index] += 0  # touch
+        parallel_for(inner, 4, threads=2)
+        totals[index] = index
+
+    parallel_for(outer, 8, threads=4)
+    np.testing.assert_array_equal(totals, np.arange(8))
