@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import Counter
@@ -51,11 +52,26 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--repeat", type=int, default=10, help="timed runs after one warm-up (10)")
     run.add_argument("--device", default="cpu", help="cpu | auto (cpu)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random input (0)")
+    run.add_argument("--threads", type=int, help="BLAS threads (every core this process may use)")
+    run.add_argument("--execution-mode", choices=["sequential", "parallel"], default="sequential",
+                     help="parallel also runs independent branches at once (sequential)")
+    run.add_argument("--no-optimize", action="store_true", help="run the graph without optimisation passes")
     run.set_defaults(handler=_cmd_run)
 
     info = commands.add_parser("info", help="inputs, outputs, op counts, parameters, weight bytes")
     info.add_argument("model", help="model path or zoo:NAME")
     info.set_defaults(handler=_cmd_info)
+
+    tune = commands.add_parser("tune", help="measure every Conv layer's algorithms into the tuning cache")
+    tune.add_argument("model", help="model path or zoo:NAME")
+    tune.add_argument("--batch", type=int, default=1, help="batch size the layers are measured at (1)")
+    tune.add_argument("--effort", choices=("fast", "full"), default="fast",
+                      help="fast: >= 3 timed rounds, >= 30 ms per candidate; full: >= 10, >= 0.2 s (fast)")
+    tune.add_argument("--device", default="cpu", help="cpu (cpu)")
+    tune.set_defaults(handler=_cmd_tune)
+
+    _add_estimate_parsers(commands)
+    _add_devices_parser(commands)
 
     zoo = commands.add_parser("zoo", help="built-in models with seeded weights")
     zoo_commands = zoo.add_subparsers(title="zoo commands", metavar="ZOO_COMMAND")
@@ -72,7 +88,13 @@ def _build_parser() -> argparse.ArgumentParser:
 # -- run ---------------------------------------------------------------------------------------------
 def _cmd_run(args: argparse.Namespace) -> int:
     loaded = time.perf_counter()
-    session = InferenceSession(args.model, device=args.device)
+    session = InferenceSession(
+        args.model,
+        device=args.device,
+        threads=args.threads,
+        execution_mode=args.execution_mode,
+        optimize=not args.no_optimize,
+    )
     load_seconds = time.perf_counter() - loaded
     feeds = _make_feeds(session, args.input, args.batch, args.seed)
     print(f"model   {args.model}  (loaded in {load_seconds:.2f} s, device {', '.join(session.get_providers())})")
@@ -193,6 +215,152 @@ def _weights(graph: Graph) -> tuple[int, int]:
     return sum(int(a.size) for a in arrays), sum(int(a.nbytes) for a in arrays)
 
 
+# -- tune --------------------------------------------------------------------------------------------
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from hetflow.devices.registry import resolve_devices
+    from hetflow.passes import bind_batch
+    from hetflow.tuning.cache import cache_path
+    from hetflow.tuning.measure import EFFORTS
+    from hetflow.tuning.select import Tuner, tune_graph
+
+    session = InferenceSession(args.model, device=args.device)
+    graph = session.graph
+    symbols = {d for v in graph.input_values() for d in (v.shape or ()) if isinstance(d, str)}
+    bound = bind_batch(graph, {name: args.batch for name in symbols})
+    device = resolve_devices(args.device)[0]
+    tuner = Tuner(tune=True, options=EFFORTS[args.effort])
+
+    def progress(items: list) -> tqdm:
+        return tqdm(items, desc="tuning", unit="shape", file=sys.stderr, disable=not sys.stderr.isatty())
+
+    layers = tune_graph(bound, device, tuner, progress)
+    print(f"model   {args.model}  (batch {args.batch}, effort {args.effort}, device {device.id})")
+    if not layers:
+        print("no layer has algorithms to choose from (no Conv)")
+        return 0
+    algorithms = sorted({a for layer in layers for a in layer.record.candidates})
+    name_width = max(len(layer.node.name) for layer in layers)
+    print(f"{'layer':<{name_width}}  {'shape':<44} " + " ".join(f"{a:>13}" for a in algorithms)
+          + f"  {'chosen':<13} {'cost model':<13}")
+    chosen_total = heuristic_total = 0.0
+    for layer in layers:
+        times = layer.record.candidates
+        cells = " ".join(f"{times[a] * 1e3:10.3f} ms" if a in times else f"{'-':>13}" for a in algorithms)
+        print(f"{layer.node.name:<{name_width}}  {_layer_shape(layer.workload.params):<44} {cells}  "
+              f"{layer.record.chosen:<13} {layer.heuristic:<13}")
+        chosen_total += times[layer.record.chosen]
+        heuristic_total += times.get(layer.heuristic, times[layer.record.chosen])
+    gain = heuristic_total - chosen_total
+    print(f"{len(layers)} layers, {len({layer.workload for layer in layers})} distinct shapes measured; "
+          f"tuned {chosen_total * 1e3:.2f} ms vs cost model {heuristic_total * 1e3:.2f} ms: predicted gain "
+          f"{gain * 1e3:.2f} ms per run ({gain / heuristic_total * 100 if heuristic_total else 0:.1f}%)")
+    print(f"records appended to {tuner.path or cache_path()}")
+    return 0
+
+
+def _layer_shape(params: dict) -> str:
+    x, w = params.get("x", []), params.get("w", [])
+    text = f"{'x'.join(map(str, x))} * {'x'.join(map(str, w))}"
+    if any(s != 1 for s in params.get("strides", [])):
+        text += f" s{max(params['strides'])}"
+    if params.get("group", 1) != 1:
+        text += f" g{params['group']}"
+    return text
+
+
+# -- estimate / calibrate ----------------------------------------------------------------------------
+def _add_estimate_parsers(commands: argparse._SubParsersAction) -> None:
+    estimate = commands.add_parser(
+        "estimate", help="predict per-layer time and memory on a device (Augur); --validate measures")
+    estimate.add_argument("model", help="model path (.onnx, .prototxt) or zoo:NAME")
+    estimate.add_argument("--batch", type=int, default=1, help="batch size for symbolic batch dimensions (1)")
+    estimate.add_argument("--device", default="cpu",
+                          help="cpu (its calibrated profile) or a profile .json for a what-if (cpu)")
+    estimate.add_argument("--memory-limit", metavar="SIZE", help="verdict against a limit such as 512MB or 1.5GiB")
+    estimate.add_argument("--validate", action="store_true",
+                          help="run the model here and compare measured with predicted times and memory")
+    estimate.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    estimate.add_argument("--csv", type=Path, metavar="FILE", help="write the per-layer table as CSV")
+    estimate.add_argument("--plot", type=Path, metavar="FILE",
+                          help="write a plot: .svg, .html (inline SVG) or .png (needs matplotlib)")
+    estimate.add_argument("--top", type=int, metavar="K", help="show only the K slowest layers in the table")
+    estimate.set_defaults(handler=_cmd_estimate)
+
+    calibrate = commands.add_parser(
+        "calibrate", help="measure a device with amortised micro-benchmarks and save its profile")
+    calibrate.add_argument("--device", default="cpu", help="device to calibrate (cpu)")
+    calibrate.add_argument("-o", "--output", type=Path, metavar="FILE",
+                           help="where to write the profile (the device's default profile under HETFLOW_HOME)")
+    calibrate.add_argument("--quick", action="store_true", help="a reduced calibration of a few seconds")
+    calibrate.add_argument("--threads", type=int, help="BLAS threads, as a session's threads (every core)")
+    calibrate.set_defaults(handler=_cmd_calibrate)
+
+
+def _cmd_estimate(args: argparse.Namespace) -> int:
+    from hetflow.estimate import parse_bytes
+    from hetflow.estimate.predict import estimate
+    from hetflow.estimate.report import format_table, to_csv, to_json, write_plot
+
+    try:
+        limit = parse_bytes(args.memory_limit) if args.memory_limit else None
+    except ValueError as error:
+        raise HetflowError(f"--memory-limit: {error}") from error
+    if args.batch < 1:
+        raise HetflowError(f"--batch must be >= 1; got {args.batch}")
+    result = estimate(args.model, args.device, args.batch, memory_limit=limit, validate=args.validate)
+    if args.csv:
+        args.csv.write_text(to_csv(result), encoding="utf-8")
+    if args.plot:
+        write_plot(result, args.plot)
+    if args.json:
+        print(to_json(result))
+    else:
+        print(format_table(result, args.top), end="")
+        for written in (args.csv, args.plot):
+            if written:
+                print(f"wrote {written}")
+    fits = result.memory.fits()
+    return 3 if fits is False else 0
+
+
+def _busy_warning() -> str | None:
+    """A description of the machine's load when other processes compete for its cores, else None."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cores = os.cpu_count() or 1
+    return f"the load average is {load:.1f} on {cores} core(s)" if load > 0.75 * cores else None
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from hetflow.devices.registry import get_device
+    from hetflow.estimate.calibrate import calibrate
+    from hetflow.estimate.profile import default_profile_path
+
+    started = time.perf_counter()
+    busy = _busy_warning()
+    profile = calibrate(args.device, quick=args.quick, threads=args.threads)
+    busy = busy or _busy_warning()
+    if busy:
+        print(f"hetflow: warning: {busy}; timings taken now are noisy, calibrate again on an idle machine",
+              file=sys.stderr)
+    device = get_device(args.device)
+    path = profile.save(args.output or default_profile_path(device.id, device.fingerprint()))
+    print(f"calibrated {profile.describe()} in {time.perf_counter() - started:.1f} s")
+    print(f"  GEMM peak {profile.gemm.peak_gflops:.1f} GFLOP/s, grid fit error {profile.gemm.fit_mape * 100:.1f}% "
+          f"before its residual correction")
+    print(f"  memory {max(profile.memory.bandwidth_gbs):.1f} GB/s in cache, {min(profile.memory.bandwidth_gbs):.1f} "
+          f"GB/s from DRAM; executor {profile.dispatch_s * 1e6:.1f} us per node, "
+          f"{profile.run_overhead_s * 1e6:.1f} us per run")
+    for key, model in sorted(profile.ops.items()):
+        print(f"  {key:<32} {model.samples:3d} samples, fit error {model.fit_mape * 100:5.1f}%")
+    print(f"wrote {path}")
+    return 0
+
+
 # -- zoo ---------------------------------------------------------------------------------------------
 def _cmd_zoo_list(args: argparse.Namespace) -> int:
     from hetflow import zoo
@@ -214,6 +382,66 @@ def _cmd_zoo_build(args: argparse.Namespace) -> int:
     onnx.save(model, str(output))
     print(f"wrote {output} ({output.stat().st_size / 2**20:.1f} MiB)")
     return 0
+
+
+# -- devices -----------------------------------------------------------------------------------------
+def _add_devices_parser(commands: argparse._SubParsersAction) -> None:
+    devices = commands.add_parser("devices", help="the devices hetflow can run on: cpu, then every OpenCL device")
+    devices.add_argument("--json", action="store_true", help="print a list of objects (id, kind, name, ...)")
+    devices.set_defaults(handler=_cmd_devices)
+
+
+#: Columns of ``hetflow devices``: (heading, info key).
+_DEVICE_COLUMNS = (
+    ("id", "id"), ("name", "name"), ("vendor", "vendor"), ("CUs", "compute_units"), ("MHz", "max_clock_mhz"),
+    ("global mem", "global_memory_bytes"), ("local mem", "local_memory_bytes"),
+    ("unified", "host_unified_memory"), ("OpenCL", "opencl_version"), ("driver", "driver_version"),
+)  # fmt: skip
+
+
+def _device_rows() -> list[dict[str, object]]:
+    from hetflow.devices.cpu import CPUDevice
+    from hetflow.devices.opencl import list_opencl_devices
+
+    cpu = CPUDevice()
+    fingerprint = cpu.fingerprint()
+    rows: list[dict[str, object]] = [{
+        "id": cpu.id, "kind": cpu.kind, "name": fingerprint["processor"], "vendor": None,
+        "compute_units": os.cpu_count(), "max_clock_mhz": None, "global_memory_bytes": None,
+        "local_memory_bytes": None, "host_unified_memory": True, "opencl_version": None, "driver_version": None,
+    }]  # fmt: skip
+    rows.extend(device.info() for device in list_opencl_devices())
+    return rows
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    import json
+
+    rows = _device_rows()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = [[_device_cell(key, row.get(key)) for _, key in _DEVICE_COLUMNS] for row in rows]
+    headings = [heading for heading, _ in _DEVICE_COLUMNS]
+    widths = [max(len(str(c)) for c in column) for column in zip(headings, *table)]
+    for line in [headings, *table]:
+        print("  ".join(str(cell).ljust(width) for cell, width in zip(line, widths)).rstrip())
+    from hetflow.devices.opencl import OpenCLDevice
+
+    reason = OpenCLDevice.is_available()
+    if reason is not None:
+        print(f"OpenCL: {reason}")
+    return 0
+
+
+def _device_cell(key: str, value: object) -> str:
+    if value is None:
+        return "-"
+    if key.endswith("_bytes") and isinstance(value, int):
+        return f"{value / 2**30:.1f} GiB" if value >= 2**30 else f"{value / 2**10:.0f} KiB"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,6 +44,12 @@ class ConvAttrs:
 
 
 def conv_window(attrs: ConvAttrs, weight_shape: Sequence[Dim]) -> WindowSpec:
+    """The window of a Conv with weights of ``weight_shape`` (memoised: kernels ask on every run)."""
+    return _conv_window_cached(attrs, tuple(weight_shape))
+
+
+@functools.lru_cache(maxsize=4096)
+def _conv_window_cached(attrs: ConvAttrs, weight_shape: Sequence[Dim]) -> WindowSpec:
     """The window of a Conv with weights of ``weight_shape`` ``[K, C/group, *kernel]``.
 
     Raises:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -42,6 +43,7 @@ class AveragePoolAttrs:
     strides: tuple[int, ...] = ()
 
 
+@functools.lru_cache(maxsize=4096)
 def pool_window(attrs: MaxPoolAttrs | AveragePoolAttrs) -> WindowSpec:
     """The resolved window of a MaxPool / AveragePool node (used by definitions and kernels)."""
     return window_spec(attrs, attrs.kernel_shape, ceil_mode=bool(attrs.ceil_mode))

@@ -12,6 +12,7 @@ with ``count_include_pad=1`` excludes it), and a window that would start inside 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import product
@@ -233,6 +234,12 @@ class Geometry:
 
 
 def geometry(spec: WindowSpec, spatial: Sequence[int]) -> Geometry:
+    """The geometry of an input with concrete spatial sizes ``spatial`` (memoised per shape)."""
+    return _geometry_cached(spec, tuple(int(size) for size in spatial))
+
+
+@functools.lru_cache(maxsize=4096)
+def _geometry_cached(spec: WindowSpec, spatial: Sequence[int]) -> Geometry:
     """The geometry of an input with concrete spatial sizes ``spatial``."""
     if len(spatial) != spec.rank:
         raise ValueError(f"input has {len(spatial)} spatial axes; the window has {spec.rank}")
