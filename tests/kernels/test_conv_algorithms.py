@@ -125,12 +125,19 @@ def test_winograd_with_same_padding_and_float64(algorithm):
     _close(_run(algorithm, attrs, x, w, b), _run(IM2COL, attrs, x, w, b), 1e-12)
 
 
+# NOTE: F(4,3)'s transforms have entries up to 8 (points +-2), so its float32 error grows with C faster than
+# F(2,3)'s; on C = 256 it measures ~1.2e-5 of max|y| with OpenBLAS 0.3.31 — still 3x inside the 1e-4 that
+# the zoo equivalence tests demand. The bound here catches a broken transform (errors ~1e-1) or a float32
+# weight transform (~1e-4), not ulp-level differences between BLAS builds.
+WINOGRAD_FLOAT32_BOUND = {WINOGRAD_F23: 1e-5, WINOGRAD_F43: 3e-5}
+
+
 @pytest.mark.parametrize("algorithm", WINOGRADS)
 def test_winograd_float32_error_on_a_deep_layer_is_far_below_the_zoo_tolerance(algorithm):
     x, w, _ = _data((1, 256, 14, 14), (256, 256, 3, 3), bias=False)
     attrs = ConvAttrs(pads=(1, 1, 1, 1))
     reference = _run(IM2COL, attrs, x.astype(np.float64), w.astype(np.float64))
-    _close(_run(algorithm, attrs, x, w).astype(np.float64), reference, 1e-5)
+    _close(_run(algorithm, attrs, x, w).astype(np.float64), reference, WINOGRAD_FLOAT32_BOUND[algorithm])
 
 
 @pytest.mark.parametrize(("x_shape", "kernels", "group"), [((3, 6, 7, 9), 9, 1), ((2, 6, 5, 5), 4, 2)])
