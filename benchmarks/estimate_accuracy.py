@@ -1,0 +1,143 @@
+"""How well does ``hetflow estimate`` predict this machine? Every zoo model at batch 1 and 16.
+
+Calibrates the CPU (or loads a profile), then for every model and batch predicts, measures
+(``estimate --validate``: every layer alone on its real inputs, the whole model as ``session.run``,
+the memory peak with tracemalloc) and prints:
+
+* per model and batch: predicted and measured latency, the error, the share of the layers making 90%
+  of the measured time that are within +-20%, the per-layer MAPE, the memory peak error, and Augur's
+  baseline (a linear-in-MACs matmul model fitted on the same GEMM grid, summed over the layers' GEMMs);
+* the summary per device: share of runs within +-10% (nn-Meter's metric), MAPE, worst case, and the
+  per-layer share within +-20%.
+
+Usage::
+
+    python benchmarks/estimate_accuracy.py                      # calibrate (about 1-2 minutes), then measure
+    python benchmarks/estimate_accuracy.py --profile cpu.json   # reuse a saved profile
+    python benchmarks/estimate_accuracy.py --models alexnet,lenet --batches 1
+
+Timings are noisy on a shared machine: run it when nothing else is (``uptime`` load below 1.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hetflow import InferenceSession, zoo  # noqa: E402
+from hetflow.devices.registry import get_device  # noqa: E402
+from hetflow.estimate.calibrate import calibrate  # noqa: E402
+from hetflow.estimate.models import gemm_seconds  # noqa: E402
+from hetflow.estimate.predict import Estimate, estimate  # noqa: E402
+from hetflow.estimate.profile import DeviceProfile, default_profile_path  # noqa: E402
+from hetflow.estimate.report import dominant_layers, layer_accuracy, relative_error  # noqa: E402
+
+
+def augur_slope(profile: DeviceProfile) -> float:
+    """Seconds per MAC of Augur's linear matmul model, fitted on the profile's GEMM grid."""
+    knots = profile.gemm.knots
+    macs, seconds = [], []
+    for n in knots["n"]:
+        for m in knots["m"]:
+            for k in knots["k"]:
+                macs.append(n * m * k)
+                seconds.append(gemm_seconds(profile.gemm, int(n), int(m), int(k)))
+    x, y = np.asarray(macs), np.asarray(seconds)
+    return float(x @ y / (x @ x))
+
+
+def augur_ms(result: Estimate, slope: float) -> float:
+    """Augur's prediction: the layers' matmuls only, linear in their MACs."""
+    total = 0.0
+    for layer in result.layers:
+        if layer.gemm is not None:
+            total += layer.gemm.count * layer.gemm.n * layer.gemm.m * layer.gemm.k * slope
+    return total * 1e3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", type=Path, help="a saved profile (default: calibrate now)")
+    parser.add_argument("--models", default=",".join(e.name for e in zoo.list_models()))
+    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--json", type=Path, help="also write every row as JSON")
+    parser.add_argument("--threads", type=int,
+                        help="session and calibration threads (default: every core); 1 is steadier on a busy machine")
+    parser.add_argument("--save-profile", action="store_true",
+                        help="save a fresh calibration as this machine's default profile")
+    args = parser.parse_args()
+
+    print(f"load average {os.getloadavg()[0]:.2f} (timings are reliable below about 1.5)", flush=True)
+    if args.profile:
+        profile = DeviceProfile.load(args.profile)
+    else:
+        started = time.perf_counter()
+        profile = calibrate("cpu", threads=args.threads)
+        print(f"calibrated in {time.perf_counter() - started:.1f} s", flush=True)
+        if args.save_profile:
+            device = get_device("cpu")
+            print(f"saved {profile.save(default_profile_path(device.id, device.fingerprint()))}")
+    print(f"device  {profile.describe()}")
+    slope = augur_slope(profile)
+
+    header = (f"{'model':<14} {'batch':>5} {'pred ms':>10} {'meas ms':>10} {'error':>7} {'layers+-20%':>11} "
+              f"{'layer MAPE':>10} {'mem err':>8} {'Augur ms':>10} {'Augur err':>9}")
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for name in args.models.split(","):
+        session = InferenceSession(f"zoo:{name}", threads=args.threads)
+        for batch in (int(b) for b in args.batches.split(",")):
+            result = estimate(session, profile, batch, validate=True, name=name)
+            assert result.measured_ms is not None
+            error = relative_error(result.predicted_ms, result.measured_ms)
+            share, count = layer_accuracy(result)
+            timed = [la for la in result.layers if la.measured_ms]
+            layer_mape = float(np.mean([abs(la.error() or 0.0) for la in timed]))
+            measured_peak = result.memory.measured_peak_bytes or 0
+            memory_error = relative_error(result.memory.peak_bytes, measured_peak) if measured_peak else float("nan")
+            baseline = augur_ms(result, slope)
+            baseline_error = relative_error(baseline, result.measured_ms)
+            within = sum(1 for la in dominant_layers(result.layers) if abs(la.error() or 0.0) <= 0.2)
+            rows.append({"model": name, "batch": batch, "predicted_ms": result.predicted_ms,
+                         "measured_ms": result.measured_ms, "error": error, "layer_share": share,
+                         "layer_count": count, "layers_within": within, "layer_mape": layer_mape,
+                         "memory_error": memory_error, "augur_ms": baseline, "augur_error": baseline_error})
+            print(f"{name:<14} {batch:>5} {result.predicted_ms:>10.2f} {result.measured_ms:>10.2f} "
+                  f"{error * 100:>+6.1f}% {share * 100:>10.0f}% {layer_mape * 100:>9.1f}% "
+                  f"{memory_error * 100:>+7.1f}% {baseline:>10.2f} {baseline_error * 100:>+8.1f}%", flush=True)
+    summarise(rows)
+    if args.json:
+        args.json.write_text(json.dumps({"device": profile.describe(), "rows": rows}, indent=1))
+    return 0
+
+
+def summarise(rows: list[dict]) -> None:
+    errors = np.array([abs(r["error"]) for r in rows])
+    augur = np.array([abs(r["augur_error"]) for r in rows])
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    within = sum(r["layers_within"] for r in rows)
+    dominant = sum(r["layer_count"] for r in rows)
+    memory = np.array([abs(r["memory_error"]) for r in rows if np.isfinite(r["memory_error"])])
+    print()
+    print(f"whole model: {np.mean(errors <= 0.10) * 100:.0f}% of {len(rows)} runs within +-10%, "
+          f"MAPE {errors.mean() * 100:.1f}%, worst {worst['error'] * 100:+.1f}% ({worst['model']} batch "
+          f"{worst['batch']})")
+    print(f"Augur's linear matmul model: {np.mean(augur <= 0.10) * 100:.0f}% within +-10%, "
+          f"MAPE {augur.mean() * 100:.1f}%")
+    print(f"per layer: {within} of {dominant} layers making 90% of each run's time within +-20% "
+          f"({within / max(1, dominant) * 100:.0f}%)")
+    if memory.size:
+        print(f"memory peak: {np.mean(memory <= 0.05) * 100:.0f}% of runs within 5%, worst {memory.max() * 100:.1f}%")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,445 @@
+"""Calibration: amortised micro-benchmarks on one device, fitted into a DeviceProfile.
+
+What is measured (each with many iterations per synchronisation, the minimum of a few rounds):
+
+1. copy bandwidth over working sets from L1-sized to DRAM-sized, and the elementwise arithmetic rate;
+2. matrix multiplication over an (n, m, k) grid of CNN-typical sizes, fitted as a peak rate times a
+   per-dimension efficiency (piecewise linear in log n, log m, log k) plus the grid's residuals — the
+   small-matrix inefficiency a linear-in-FLOPs model misses;
+3. the executor's cost per node and per ``run`` call;
+4. every kernel the device offers for every node of the representative layers in
+   ``hetflow.estimate.probes`` (each Conv algorithm, pools, LRN, BN, elementwise, softmax, Gemm,
+   LSTM ...), each on its real inputs; one linear model per (op type, algorithm) is fitted over
+   physical features (GEMM seconds, bytes over bandwidth, elementwise work, a fixed overhead), plus the
+   kernel's transient memory, measured with tracemalloc.
+
+The full calibration takes well under two minutes; ``quick=True`` (tests, first use) a few seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+import tracemalloc
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetflow.devices.base import Device
+from hetflow.devices.registry import get_device
+from hetflow.estimate import probes as probe_catalogue
+from hetflow.estimate.models import FALLBACK_COEF, features, fit_relative, gemm_base_seconds, mape, nnls
+from hetflow.estimate.predict import kernel_cost, layer_key, memory_terms, window_strided
+from hetflow.estimate.profile import DeviceProfile, GemmModel, MemoryModel, OpModel, now_iso
+from hetflow.estimate.timing import amortised_seconds, replay, threads_held, timed_call
+from hetflow.frontends import load_model
+from hetflow.graph import Graph, Node
+from hetflow.ops.base import TensorInfo
+from hetflow.ops.cost import node_costs
+from hetflow.passes.manager import optimize
+
+#: A measurement this many times slower (or faster) than its fitted model is taken again.
+OUTLIER_RATIO = 1.4
+#: Outlying probes are measured again at most this many times.
+REMEASURE_PASSES = 2
+
+#: Kernels that only dispatch to others at run time: timing them would measure another key twice.
+SKIPPED_ALGORITHMS = ("auto",)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How much to measure: the full calibration or the quick one."""
+
+    gemm_n: tuple[int, ...]
+    gemm_m: tuple[int, ...]
+    gemm_k: tuple[int, ...]
+    #: grid points beyond this many MACs are left out (the fit's main effects cover them).
+    gemm_max_macs: float
+    copy_sizes: tuple[int, ...]
+    min_time: float
+    rounds: int
+    quick: bool
+
+
+FULL = Settings(
+    gemm_n=(16, 64, 128, 256, 512, 1024, 4096),
+    gemm_m=(1, 16, 49, 196, 784, 3136, 12544),
+    gemm_k=(9, 27, 147, 576, 1152, 2304, 4608, 9216),
+    gemm_max_macs=1.6e8,
+    copy_sizes=(1 << 13, 1 << 15, 1 << 17, 1 << 19, 1 << 21, 1 << 23, 1 << 25, 1 << 27),
+    min_time=0.015,
+    rounds=5,
+    quick=False,
+)
+QUICK = Settings(
+    gemm_n=(16, 256),
+    gemm_m=(1, 196, 3136),
+    gemm_k=(27, 576),
+    gemm_max_macs=2e7,
+    copy_sizes=(1 << 15, 1 << 21, 1 << 25),
+    min_time=0.002,
+    rounds=2,
+    quick=True,
+)
+
+
+@dataclass
+class Sample:
+    """One kernel timed on one probe node."""
+
+    key: str
+    features: np.ndarray
+    seconds: float
+    memory_terms: np.ndarray
+    out_bytes: int
+    transient_bytes: int
+    retained_bytes: int
+
+
+def calibrate(
+    device: str = "cpu", *, quick: bool = False, progress: bool | None = None, threads: int | None = None
+) -> DeviceProfile:
+    """Measure ``device`` and fit its DeviceProfile.
+
+    Args:
+        device: a device id (``"cpu"``).
+        quick: a reduced grid and probe list (a few seconds; less accurate).
+        progress: show a tqdm bar on stderr (default: when stderr is a terminal).
+        threads: BLAS threads to calibrate with, as a session's ``threads`` (None: every core).
+    """
+    with threads_held(threads) as count:
+        profile = _calibrate(device, quick, progress)
+    profile.threads = count
+    return profile
+
+
+def _calibrate(device: str, quick: bool, progress: bool | None) -> DeviceProfile:
+    from tqdm import tqdm
+
+    hardware = get_device(device)
+    settings = QUICK if quick else FULL
+    probes = [p for p in probe_catalogue.catalogue() if p.quick or not quick]
+    grid = _gemm_grid(settings)
+    total = len(settings.copy_sizes) + 2 + len(grid) + len(probes)
+    show = sys.stderr.isatty() if progress is None else progress
+    with tqdm(total=total, desc=f"calibrating {hardware.id}", unit="bench", disable=not show, leave=False) as bar:
+        memory = _calibrate_memory(settings, hardware, bar.update)
+        dispatch, run_overhead = _calibrate_dispatch(settings, hardware)
+        bar.update(1)
+        gemm = _calibrate_gemm(settings, grid, hardware, bar.update)
+        measured: list[list[Sample]] = []
+        for probe in probes:
+            bar.set_postfix_str(probe.name[:32], refresh=False)
+            measured.append(_time_probe(probe.build(), settings, hardware, gemm, memory))
+            bar.update(1)
+        bar.set_postfix_str("re-measuring outliers", refresh=True)
+        samples = _remeasure_outliers(probes, measured, settings, hardware, gemm, memory)
+    from hetflow import __version__
+
+    return DeviceProfile(
+        device=hardware.id,
+        name=hardware.name(),
+        fingerprint=hardware.fingerprint(),
+        created=now_iso(),
+        hetflow_version=__version__,
+        quick=quick,
+        gemm=gemm,
+        memory=memory,
+        dispatch_s=dispatch,
+        run_overhead_s=run_overhead,
+        ops=fit_op_models(samples),
+    )
+
+
+# -- memory bandwidth ------------------------------------------------------------------------------
+def _calibrate_memory(settings: Settings, device: Device, step: Callable[[int], object]) -> MemoryModel:
+    sizes, rates = [], []
+    for size in settings.copy_sizes:
+        source = np.ones(size // 4, dtype=np.float32)
+        target = np.empty_like(source)
+        seconds = amortised_seconds(lambda s=source, t=target: np.copyto(t, s), min_time=settings.min_time,
+                                    rounds=settings.rounds, synchronize=device.synchronize)
+        sizes.append(float(2 * size))
+        rates.append(2 * size / seconds / 1e9)
+        step(1)
+    # NOTE: a bigger working set is never faster. Noise only ever slows a measurement down, so the
+    # curve is lifted to the fastest rate measured at any working set at least as big.
+    rates = list(np.maximum.accumulate(np.asarray(rates)[::-1])[::-1])
+    a = np.ones(1 << 16, dtype=np.float32)
+    out = np.empty_like(a)
+    seconds = amortised_seconds(lambda: np.multiply(a, a, out=out), min_time=settings.min_time,
+                                rounds=settings.rounds, synchronize=device.synchronize)
+    step(1)
+    return MemoryModel(working_set_bytes=sizes, bandwidth_gbs=[float(r) for r in rates],
+                       elementwise_gflops=float(a.size / seconds / 1e9))
+
+
+# -- dispatch overhead -----------------------------------------------------------------------------
+def _calibrate_dispatch(settings: Settings, device: Device) -> tuple[float, float]:
+    """Seconds the executor adds per node, and per ``run`` call, beyond the kernels themselves."""
+    from onnx import TensorProto, helper
+
+    from hetflow.runtime.session import InferenceSession
+
+    def chain(length: int) -> InferenceSession:
+        nodes = [helper.make_node("Relu", [f"v{i}"], [f"v{i + 1}"], name=f"relu{i}") for i in range(length)]
+        graph = helper.make_graph(
+            nodes, "chain", [helper.make_tensor_value_info("v0", TensorProto.FLOAT, [1, 8])],
+            [helper.make_tensor_value_info(f"v{length}", TensorProto.FLOAT, [1, 8])],
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        return InferenceSession(model, device=device.id)
+
+    x = np.ones((1, 8), dtype=np.float32)
+    short, long = chain(1), chain(64)
+    kernel = short.plan.steps[0]
+    kernel_s = amortised_seconds(lambda: kernel.kernel.fn(kernel.node, [x]), min_time=settings.min_time,
+                                 rounds=settings.rounds)
+    short_s = amortised_seconds(lambda: short.run(None, {"v0": x}), min_time=settings.min_time,
+                                rounds=settings.rounds)
+    long_s = amortised_seconds(lambda: long.run(None, {"v0": x}), min_time=settings.min_time,
+                               rounds=settings.rounds)
+    extra_steps = max(1, len(long.plan.steps) - len(short.plan.steps))
+    dispatch = max(0.0, (long_s - short_s) / extra_steps - kernel_s)
+    run_overhead = max(0.0, short_s - len(short.plan.steps) * (kernel_s + dispatch))
+    return dispatch, run_overhead
+
+
+# -- GEMM ------------------------------------------------------------------------------------------
+def _gemm_grid(settings: Settings) -> list[tuple[int, int, int]]:
+    return [
+        (n, m, k) for n in settings.gemm_n for m in settings.gemm_m for k in settings.gemm_k
+        if n * m * k <= settings.gemm_max_macs
+    ]
+
+
+def _calibrate_gemm(
+    settings: Settings, grid: Sequence[tuple[int, int, int]], device: Device, step: Callable[[int], object]
+) -> GemmModel:
+    points = []
+    for n, m, k in grid:
+        # Kernels (weights) times the im2col columns, as a convolution multiplies them. Constant
+        # values: random ones cost more to make than to multiply, and BLAS time does not depend on them.
+        weights = np.full((n, k), 0.5, dtype=np.float32)
+        columns = np.full((k, m), 0.5, dtype=np.float32)
+        seconds = amortised_seconds(lambda w=weights, c=columns: np.matmul(w, c), min_time=settings.min_time,
+                                    rounds=settings.rounds, synchronize=device.synchronize)
+        points.append((n, m, k, seconds))
+        step(1)
+    model = fit_gemm(points, settings)
+    # NOTE: a burst of load from another process only ever makes a point slower. Points far slower
+    # than the fitted terms predict are measured again and keep their faster time.
+    base = [gemm_base_seconds(model, n, m, k) for n, m, k, _ in points]
+    for index, ((n, m, k, seconds), expected) in enumerate(zip(points, base)):
+        if seconds > OUTLIER_RATIO * expected:
+            weights = np.full((n, k), 0.5, dtype=np.float32)
+            columns = np.full((k, m), 0.5, dtype=np.float32)
+            again = amortised_seconds(lambda w=weights, c=columns: np.matmul(w, c), min_time=settings.min_time,
+                                      rounds=settings.rounds, synchronize=device.synchronize)
+            points[index] = (n, m, k, min(seconds, again))
+    return fit_gemm(points, settings)
+
+
+def fit_gemm(points: Sequence[tuple[int, int, int, float]], settings: Settings) -> GemmModel:
+    """Fit the GEMM model to measured ``(n, m, k, seconds)`` points of a grid.
+
+    The physical terms (fixed cost, MACs, elements of each operand and of the result) are fitted by
+    non-negative least squares on relative error; what they leave unexplained at each grid point is
+    kept as a log residual that prediction interpolates between grid points.
+    """
+    n, m, k, seconds = (np.asarray(column, dtype=np.float64) for column in zip(*points))
+    design = np.stack([np.ones_like(n), n * m * k, m * k, n * k, n * m], axis=1)
+    coef = fit_relative(design, seconds)
+    base = design @ coef
+    knots = {"n": [float(v) for v in settings.gemm_n], "m": [float(v) for v in settings.gemm_m],
+             "k": [float(v) for v in settings.gemm_k]}
+    residual = np.zeros((len(knots["n"]), len(knots["m"]), len(knots["k"])))
+    for (ni, mi, ki, _), measured, modelled in zip(points, seconds, base):
+        index = (knots["n"].index(float(ni)), knots["m"].index(float(mi)), knots["k"].index(float(ki)))
+        residual[index] = np.log(measured / modelled)
+    fastest = float((n * m * k / seconds).max())
+    # NOTE: a peak the fit cannot see (all points overhead-bound) falls back to the fastest point.
+    peak = 1.0 / coef[1] if coef[1] > 0 else fastest
+    return GemmModel(
+        peak_gflops=2.0 * peak / 1e9,
+        overhead_s=float(coef[0]),
+        columns_s=float(coef[2]),
+        weights_s=float(coef[3]),
+        output_s=float(coef[4]),
+        knots=knots,
+        residual=residual.round(4).tolist(),
+        fit_mape=round(mape(base, seconds), 4),
+    )
+
+
+# -- per-op probes ---------------------------------------------------------------------------------
+def _time_probe(model: object, settings: Settings, device: Device, gemm: GemmModel,
+                memory: MemoryModel) -> list[Sample]:
+    """Time every kernel of ``device`` for every node of one probe model, on real inputs."""
+    graph = optimize(load_model(model))  # type: ignore[arg-type]
+    costs = {node.name: cost for node, cost in node_costs(graph)}
+    feeds = _random_feeds(graph)
+    samples: list[Sample] = []
+    steps = []
+    for node in graph.nodes:
+        kernel = device.kernels.lookup(node, _infos(graph, node))
+        if kernel is None:
+            return samples  # an op this device lacks: nothing to calibrate here
+        steps.append((node, kernel))
+
+    def visit(index: int, node: Node, kernel: object, inputs: list[np.ndarray | None]) -> Sequence | None:
+        outputs = None
+        infos = [None if x is None else TensorInfo(x.shape, x.dtype) for x in inputs]
+        for candidate in device.kernels.candidates(node, infos):
+            if candidate.algorithm in SKIPPED_ALGORITHMS:
+                continue
+            result, first = timed_call(lambda c=candidate: c.fn(node, inputs), device.synchronize)
+            seconds = amortised_seconds(lambda c=candidate: c.fn(node, inputs), min_time=settings.min_time,
+                                        rounds=settings.rounds, synchronize=device.synchronize,
+                                        first_seconds=first)
+            transient, retained = _allocations(lambda c=candidate: c.fn(node, inputs))
+            key = layer_key(node, candidate, graph)
+            cost = kernel_cost(node, costs[node.name], key, graph)
+            samples.append(Sample(
+                key=key,
+                features=features(cost, gemm, memory, window_strided(node, graph)),
+                seconds=seconds,
+                memory_terms=memory_terms(node, cost, graph),
+                out_bytes=sum(int(y.nbytes) for y in result if y is not None),  # type: ignore[union-attr]
+                transient_bytes=transient,
+                retained_bytes=retained,
+            ))
+            if outputs is None:
+                outputs = result
+        return outputs  # type: ignore[return-value]
+
+    replay(graph, steps, feeds, visit)  # type: ignore[arg-type]
+    return samples
+
+
+def _infos(graph: Graph, node: Node) -> list[TensorInfo | None]:
+    infos: list[TensorInfo | None] = []
+    for name in node.inputs:
+        value = graph.values.get(name) if name else None
+        infos.append(None if value is None or value.shape is None else TensorInfo(value.shape, value.dtype))
+    return infos
+
+
+def _allocations(fn: Callable[[], object]) -> tuple[int, int]:
+    """(peak bytes allocated during ``fn()``, bytes still allocated while its result is held)."""
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        result = fn()
+        current, peak = tracemalloc.get_traced_memory()
+        del result
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    return max(0, peak - before), max(0, current - before)
+
+
+def _random_feeds(graph: Graph) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(1)
+    feeds = {}
+    for value in graph.input_values():
+        assert value.shape is not None
+        shape = tuple(int(d) for d in value.shape)
+        feeds[value.name] = rng.standard_normal(shape).astype(value.dtype)
+    return feeds
+
+
+def _remeasure_outliers(
+    probes: Sequence[probe_catalogue.Probe], measured: list[list[Sample]], settings: Settings,
+    device: Device, gemm: GemmModel, memory: MemoryModel,
+) -> list[Sample]:
+    """Measure again the probes whose samples sit far from their key's fitted model; keep the faster.
+
+    A probe timed while another process held the cores looks much slower than its peers; one timed
+    cleanly among noisy peers looks faster than the (inflated) fit. Either way a second measurement,
+    keeping the minimum, removes the noise without trusting the fit.
+    """
+    for _ in range(REMEASURE_PASSES):
+        models = fit_op_models([s for group in measured for s in group])
+        suspects = [
+            index for index, group in enumerate(measured)
+            if any(_off_model(models[s.key], s) for s in group)
+        ]
+        if not suspects:
+            break
+        for index in suspects:
+            again = _time_probe(probes[index].build(), settings, device, gemm, memory)
+            if len(again) == len(measured[index]):
+                measured[index] = [a if a.seconds < b.seconds else b for a, b in zip(again, measured[index])]
+    return [s for group in measured for s in group]
+
+
+def _off_model(model: OpModel, sample: Sample) -> bool:
+    predicted = float(np.dot(model.coef, sample.features))
+    return not (1 / OUTLIER_RATIO <= predicted / max(sample.seconds, 1e-12) <= OUTLIER_RATIO)
+
+
+# -- fitting ---------------------------------------------------------------------------------------
+def fit_op_models(samples: Sequence[Sample]) -> dict[str, OpModel]:
+    """One OpModel per (op type, algorithm) key from its samples."""
+    by_key: dict[str, list[Sample]] = defaultdict(list)
+    for sample in samples:
+        by_key[sample.key].append(sample)
+    return {key: _fit_one(group) for key, group in sorted(by_key.items())}
+
+
+def _fit_one(samples: Sequence[Sample]) -> OpModel:
+    design = np.stack([s.features for s in samples])
+    seconds = np.array([s.seconds for s in samples])
+    coef = fit_relative(design, seconds, prior=FALLBACK_COEF)
+    # Robustness: samples far slower than the fit (noise that survived re-measuring) are left out of a
+    # second fit, at most a fifth of them.
+    ratio = seconds / np.maximum(design @ coef, 1e-12)
+    slow = np.argsort(-ratio)[: len(samples) // 5]
+    drop = [i for i in slow if ratio[i] > OUTLIER_RATIO]
+    if drop:
+        keep = np.setdiff1d(np.arange(len(samples)), drop)
+        coef = fit_relative(design[keep], seconds[keep], prior=FALLBACK_COEF)
+    memory_coef = _fit_transient(samples)
+    ratios = [s.retained_bytes / s.out_bytes for s in samples if s.out_bytes > 0]
+    return OpModel(
+        coef=[float(c) for c in coef],
+        transient=[round(float(c), 4) for c in memory_coef],
+        retained=round(float(np.median(ratios)), 3) if ratios else 1.0,
+        samples=len(samples),
+        fit_mape=round(mape(design @ coef, seconds), 4),
+    )
+
+
+#: Transient memory of a kernel before any measurement: its outputs, its workspace and its padded input.
+TRANSIENT_PRIOR = (0.0, 1.0, 1.0, 1.0)
+
+
+def _fit_transient(samples: Sequence[Sample], strength: float = 0.01) -> np.ndarray:
+    """Bytes allocated per byte of each memory term.
+
+    Non-negative least squares on bytes relative to the largest sample (memory peaks come from the
+    big layers, so the big samples decide), pulled weakly towards ``TRANSIENT_PRIOR`` so that one or
+    two samples give "outputs and workspace, scaled" rather than everything on one arbitrary term.
+    """
+    terms = np.stack([s.memory_terms for s in samples])
+    transient = np.array([s.transient_bytes for s in samples], dtype=np.float64)
+    used = terms.max(axis=0) > 0
+    coef = np.zeros(terms.shape[1])
+    top = float(transient.max())
+    if not used.any() or top <= 0:
+        return coef
+    scale = terms[:, used].max(axis=0)
+    prior = np.asarray(TRANSIENT_PRIOR)[used]
+    # Unknowns x_j = coef_j * scale_j / top; the anchor rows sqrt(strength) * x_j * top / scale_j equal
+    # sqrt(strength) * prior_j.
+    anchors = np.diag(top / scale) * np.sqrt(strength)
+    rows = np.vstack([terms[:, used] / scale, anchors])
+    targets = np.concatenate([transient / top, prior * np.sqrt(strength)])
+    coef[used] = nnls(rows, targets) * top / scale
+    return coef

@@ -1,0 +1,587 @@
+"""Predict a model's per-layer time and its memory on a device from a DeviceProfile.
+
+The estimator looks at exactly what a session would run: the optimised graph of an
+``InferenceSession`` and the kernel (algorithm) its planner chose for every node. Each node's cost
+comes from its op definition (``hetflow.ops.cost.node_costs``: MACs, bytes, the im2col GEMM,
+workspace), its time from the profile's model of that (op, algorithm), and the memory from a replay
+of the executor's liveness (``Plan.release_after``) with each kernel's measured transient memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hetflow.devices.base import Kernel
+from hetflow.errors import HetflowError
+from hetflow.estimate.models import FALLBACK_COEF, features
+from hetflow.estimate.profile import DeviceProfile, OpModel, ProfileError, default_profile_path
+from hetflow.frontends import ModelSource, describe_source
+from hetflow.graph import Graph, Node
+from hetflow.graph.shapes import is_static
+from hetflow.ops.base import Cost, GemmDims
+from hetflow.ops.cost import node_costs
+from hetflow.passes import bind_batch
+from hetflow.runtime.session import InferenceSession
+
+#: Transient memory of a kernel the profile has never seen: its outputs and its workspace.
+FALLBACK_TRANSIENT = OpModel(coef=list(FALLBACK_COEF), transient=[0.0, 1.0, 1.0, 1.0], retained=1.0)
+
+
+@dataclass
+class LayerEstimate:
+    """One node of the optimised graph: what it computes and how long it should take.
+
+    ``bytes`` is what the node reads and writes once (weights included); ``measured_ms`` is filled by
+    validation.
+    """
+
+    name: str
+    op: str
+    algorithm: str
+    output_shape: list[int]
+    params: int
+    macs: int
+    gemm: GemmDims | None
+    bytes: int
+    workspace_bytes: int
+    predicted_ms: float
+    measured_ms: float | None = None
+
+    def error(self) -> float | None:
+        """(predicted - measured) / measured, once measured."""
+        if self.measured_ms is None or self.measured_ms <= 0:
+            return None
+        return (self.predicted_ms - self.measured_ms) / self.measured_ms
+
+
+@dataclass
+class MemoryEstimate:
+    """Memory, two ways.
+
+    Augur's accounting (Table 4): every weight and bias, every intermediate blob, and the sum of all
+    im2col buffers (every Conv's, whatever algorithm runs it), as if everything were allocated at once. hetflow's planned peak: the most memory
+    live at any moment of hetflow's own run, values released after their last reader, plus each
+    kernel's transient scratch; ``peak_bytes`` excludes weights, kernel caches kept across runs
+    (``cache_bytes``: Winograd's transformed weights) and the caller's inputs (what a warm run
+    allocates), ``planned_total_bytes`` includes them.
+    """
+
+    weights_bytes: int
+    data_bytes: int
+    workspace_bytes: int
+    input_bytes: int
+    peak_bytes: int
+    peak_layer: str
+    limit_bytes: int | None = None
+    cache_bytes: int = 0
+    measured_peak_bytes: int | None = None
+
+    @property
+    def augur_total_bytes(self) -> int:
+        return self.weights_bytes + self.data_bytes + self.workspace_bytes
+
+    @property
+    def planned_total_bytes(self) -> int:
+        return self.weights_bytes + self.cache_bytes + self.input_bytes + self.peak_bytes
+
+    def fits(self) -> bool | None:
+        """Whether hetflow's planned total fits the limit (None without a limit)."""
+        if self.limit_bytes is None:
+            return None
+        return self.planned_total_bytes <= self.limit_bytes
+
+
+@dataclass
+class Estimate:
+    """The prediction for one model, batch size and device profile."""
+
+    model: str
+    batch: int
+    device: str
+    profile: DeviceProfile
+    layers: list[LayerEstimate]
+    memory: MemoryEstimate
+    overhead_ms: float
+    measured_ms: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def predicted_ms(self) -> float:
+        """Whole-model latency: every layer plus the executor's per-node and per-run overhead."""
+        return sum(layer.predicted_ms for layer in self.layers) + self.overhead_ms
+
+    @property
+    def validated(self) -> bool:
+        return self.measured_ms is not None
+
+    def totals(self) -> dict[str, Any]:
+        """The ``totals`` object of the JSON report."""
+        totals: dict[str, Any] = {
+            "params": sum(layer.params for layer in self.layers),
+            "macs": sum(layer.macs for layer in self.layers),
+            "weights_bytes": self.memory.weights_bytes,
+            "data_bytes": self.memory.data_bytes,
+            "workspace_bytes": self.memory.workspace_bytes,
+            "predicted_ms": self.predicted_ms,
+        }
+        if self.measured_ms is not None:
+            totals["measured_ms"] = self.measured_ms
+        return totals
+
+    def op_type_times(self, measured: bool = False) -> list[tuple[str, float, float]]:
+        """(op type, ms, share of the layers' total) sorted by time, largest first."""
+        times: dict[str, float] = defaultdict(float)
+        for layer in self.layers:
+            value = layer.measured_ms if measured else layer.predicted_ms
+            times[layer.op] += value or 0.0
+        total = sum(times.values()) or 1.0
+        return [(op, ms, ms / total) for op, ms in sorted(times.items(), key=lambda item: -item[1])]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON report (the schema ``hetflow estimate --json`` prints)."""
+        layers = []
+        for layer in self.layers:
+            row: dict[str, Any] = {
+                "name": layer.name,
+                "op": layer.op,
+                "output_shape": layer.output_shape,
+                "params": layer.params,
+                "macs": layer.macs,
+                "gemm": None if layer.gemm is None else {"n": layer.gemm.n, "m": layer.gemm.m, "k": layer.gemm.k},
+                "bytes": layer.bytes,
+                "predicted_ms": layer.predicted_ms,
+            }
+            if self.measured_ms is not None:
+                row["measured_ms"] = layer.measured_ms
+            layers.append(row)
+        return {"model": self.model, "batch": self.batch, "device": self.device, "layers": layers,
+                "totals": self.totals()}
+
+
+# -- profiles ------------------------------------------------------------------------------------
+def resolve_profile(device: str | os.PathLike[str] | DeviceProfile, quiet: bool = False) -> DeviceProfile:
+    """The profile ``device`` names: a DeviceProfile, a JSON file, or a device id with a saved profile.
+
+    For a device id without a saved profile, a quick calibration runs (a few seconds), is saved as
+    that device's default, and a note says to run ``hetflow calibrate`` for an accurate one.
+    """
+    if isinstance(device, DeviceProfile):
+        return device
+    text = os.fspath(device)
+    if text.endswith(".json") or os.path.sep in text or os.path.exists(text):
+        return DeviceProfile.load(text)
+    from hetflow.devices.registry import get_device
+
+    hardware = get_device(text)
+    path = default_profile_path(hardware.id, hardware.fingerprint())
+    if path.exists():
+        try:
+            return DeviceProfile.load(path)
+        except ProfileError as error:
+            print(f"hetflow: warning: ignoring {path}: {error}", file=sys.stderr)
+    if not quiet:
+        print(
+            f"hetflow: no calibrated profile for '{hardware.id}' on this machine; running a quick "
+            f"calibration (run `hetflow calibrate --device {hardware.id}` for an accurate one)",
+            file=sys.stderr,
+        )
+    from hetflow.estimate.calibrate import calibrate
+
+    profile = calibrate(hardware.id, quick=True)
+    profile.save(path)
+    return profile
+
+
+# -- per-layer keys --------------------------------------------------------------------------------
+#: Kernel algorithm names that are not a method of their own: a single kernel for every case
+#: ("default") or a run-time dispatcher ("auto"). Their layers are keyed by the op's own choice.
+DISPATCHERS = ("default", "auto")
+
+
+def layer_key(node: Node, kernel: Kernel, graph: Graph | None = None) -> str:
+    """The profile key of a node run by ``kernel``: ``"OpType/algorithm"``.
+
+    The algorithm is the kernel's own. A kernel that covers several methods (``default``, ``auto``) is
+    refined by the method the op's cost model would pick (Conv's heuristic), so pointwise, depthwise,
+    im2col and Winograd convolutions are told apart whichever kernel the plan holds.
+    """
+    algorithm = kernel.algorithm
+    if algorithm in DISPATCHERS and node.op_type == "Conv" and graph is not None:
+        algorithm = _conv_method(node, graph) or algorithm
+    return f"{node.op_type}/{algorithm}"
+
+
+def _conv_shapes(node: Node, graph: Graph) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None:
+    values = [graph.values.get(node.inputs[0]), graph.values.get(node.inputs[1]),
+              graph.values.get(node.outputs[0])]
+    if any(v is None or v.shape is None or not is_static(v.shape) for v in values):
+        return None
+    x, w, y = (tuple(int(d) for d in v.shape) for v in values)  # type: ignore[union-attr]
+    return x, w, y
+
+
+def _conv_method(node: Node, graph: Graph) -> str | None:
+    from hetflow.ops import conv as conv_op
+
+    shapes = _conv_shapes(node, graph)
+    if shapes is None:
+        return None
+    x, w, _ = shapes
+    spec = conv_op.conv_window(node.attrs, w)
+    heuristic = getattr(conv_op, "heuristic_conv_algorithm", None)
+    if heuristic is not None:
+        return str(heuristic(spec, x, w[0], node.attrs.group))
+    return str(conv_op.conv_algorithm(spec, x[1], node.attrs.group))
+
+
+def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
+    """``cost`` as the algorithm in ``key`` carries it out (what its time and scratch memory follow).
+
+    An op's cost is the op's: Augur's im2col GEMM, and the workspace of the op's default algorithm. The
+    plan may run another algorithm, which does other work. Conv is the op with several today:
+
+    * every algorithm: the workspace ``hetflow.ops.conv.conv_workspace_bytes`` gives for it, less what
+      the kernel keeps across calls (``cache_bytes``: Winograd's transformed weights);
+    * Winograd F(m, 3): its own GEMMs, ``(m + 2)^2`` products of ``[K x C] @ [C x tiles]``;
+    * depthwise: no GEMM; every multiply-accumulate is elementwise work (a multiply and an add).
+
+    Reports keep the op's cost (Augur's convention); only features and memory use this one.
+    """
+    if node.op_type != "Conv":
+        return cost
+    from hetflow.ops import conv as conv_op
+
+    shapes = _conv_shapes(node, graph)
+    algorithm = key.split("/", 1)[1]
+    if shapes is None:
+        return cost
+    x, w, y = shapes
+    changes: dict[str, Any] = {}
+    workspace_of = getattr(conv_op, "conv_workspace_bytes", None)
+    if workspace_of is not None:
+        itemsize = graph.values[node.inputs[0]].dtype.itemsize
+        workspace = int(workspace_of(algorithm, x, w, y, itemsize)) - cache_bytes(node, key, graph)
+        changes["workspace_bytes"] = max(0, workspace)
+    tile = getattr(conv_op, "WINOGRAD_TILE", {}).get(algorithm)
+    if tile is not None and len(y) == 4:
+        tiles = y[0] * -(-y[2] // tile) * -(-y[3] // tile)
+        products = (tile + 2) ** 2
+        changes["gemm"] = GemmDims(n=w[0], m=tiles, k=w[1], count=products)
+        changes["macs"] = products * w[0] * w[1] * tiles
+    elif algorithm == getattr(conv_op, "DEPTHWISE", "depthwise"):
+        changes.update(gemm=None, macs=0, flops=cost.flops + 2 * cost.macs)
+    return dataclasses.replace(cost, **changes)
+
+
+def im2col_bytes(node: Node, graph: Graph) -> int:
+    """Augur's workspace of a Conv: its im2col buffer, whatever algorithm actually runs it."""
+    from hetflow.ops import conv as conv_op
+
+    shapes = _conv_shapes(node, graph) if node.op_type == "Conv" else None
+    workspace_of = getattr(conv_op, "conv_workspace_bytes", None)
+    if shapes is None or workspace_of is None:
+        return 0
+    x, w, y = shapes
+    return int(workspace_of(getattr(conv_op, "IM2COL", "im2col"), x, w, y, graph.values[node.inputs[0]].dtype.itemsize))
+
+
+def cache_bytes(node: Node, key: str, graph: Graph) -> int:
+    """Memory a kernel keeps for the session's lifetime once it has run (Winograd's transformed
+    weights ``[(m + 2)^2, K, C]``); 0 for kernels that keep nothing."""
+    if node.op_type != "Conv":
+        return 0
+    from hetflow.ops import conv as conv_op
+
+    tile = getattr(conv_op, "WINOGRAD_TILE", {}).get(key.split("/", 1)[1])
+    shapes = _conv_shapes(node, graph)
+    if tile is None or shapes is None:
+        return 0
+    _, w, _ = shapes
+    return (tile + 2) ** 2 * w[0] * w[1] * graph.values[node.inputs[1]].dtype.itemsize
+
+
+def memory_terms(node: Node, cost: Cost, graph: Graph) -> np.ndarray:
+    """What a kernel's transient memory is fitted on: bytes of its activation inputs, of its outputs,
+    of its workspace, and of its input padded (0 when the window adds no padding)."""
+    activations = [n for n in node.present_inputs() if n not in graph.initializers]
+    in_bytes = sum(_value_bytes(graph, n) for n in activations)
+    out_bytes = sum(_value_bytes(graph, n) for n in node.present_outputs())
+    return np.array([in_bytes, out_bytes, cost.workspace_bytes, padded_input_bytes(node, graph)], dtype=np.float64)
+
+
+def _window(node: Node, graph: Graph) -> Any:
+    """The resolved window (``hetflow.ops.spatial.WindowSpec``) of a Conv or pool node, else None."""
+    try:
+        if node.op_type == "Conv":
+            from hetflow.ops.conv import conv_window
+
+            return conv_window(node.attrs, graph.values[node.inputs[1]].shape)
+        if node.op_type in ("MaxPool", "AveragePool"):
+            from hetflow.ops.pool import pool_window
+
+            return pool_window(node.attrs)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
+def window_strided(node: Node, graph: Graph) -> bool:
+    """Whether a windowed op steps its window by more than one element along some axis."""
+    spec = _window(node, graph)
+    return spec is not None and any(s > 1 for s in spec.strides)
+
+
+def padded_input_bytes(node: Node, graph: Graph) -> int:
+    """Bytes of a windowed op's input with its padding added, or 0 when it pads nothing."""
+    from hetflow.ops.spatial import geometry
+
+    x = graph.values.get(node.inputs[0]) if node.inputs else None
+    if x is None or x.shape is None or not is_static(x.shape) or len(x.shape) < 3:
+        return 0
+    spec = _window(node, graph)
+    if spec is None:
+        return 0
+    try:
+        geo = geometry(spec, [int(d) for d in x.shape[2:]])
+    except (TypeError, ValueError):
+        return 0
+    if all(a.padded == a.size for a in geo.axes):
+        return 0
+    positions = int(np.prod([a.padded for a in geo.axes], dtype=np.int64))
+    return int(x.shape[0]) * int(x.shape[1]) * positions * x.dtype.itemsize
+
+
+def op_model(profile: DeviceProfile, key: str) -> tuple[OpModel, str]:
+    """The profile's model for ``key``, else the best-calibrated model of the same op, else a fallback.
+
+    Returns the model and the key it was found under (``"fallback"`` when none).
+    """
+    if key in profile.ops:
+        return profile.ops[key], key
+    op_type = key.split("/", 1)[0]
+    same_op = [(k, m) for k, m in profile.ops.items() if k.split("/", 1)[0] == op_type]
+    if same_op:
+        found, model = max(same_op, key=lambda item: item[1].samples)
+        return model, found
+    return FALLBACK_TRANSIENT, "fallback"
+
+
+def predict_seconds(profile: DeviceProfile, key: str, cost: Cost, strided: bool = False) -> float:
+    """Predicted seconds of one call of a kernel with profile key ``key`` doing ``cost``."""
+    model, _ = op_model(profile, key)
+    return float(np.dot(model.coef, features(cost, profile.gemm, profile.memory, strided)))
+
+
+# -- the estimate ----------------------------------------------------------------------------------
+def batch_bindings(graph: Graph, batch: int) -> dict[str, int]:
+    """Every symbolic dimension of the graph's inputs, set to ``batch``."""
+    return {
+        dim: batch for value in graph.input_values() if value.shape is not None
+        for dim in value.shape if isinstance(dim, str)
+    }
+
+
+def open_session(model: ModelSource | Graph | InferenceSession, device: str) -> InferenceSession:
+    """A session for ``model`` on ``device`` (the CPU when the profile's device is not here)."""
+    if isinstance(model, InferenceSession):
+        return model
+    try:
+        return InferenceSession(model, device=device)
+    except HetflowError:
+        if device == "cpu":
+            raise
+        return InferenceSession(model, device="cpu")
+
+
+def estimate(
+    model: ModelSource | Graph | InferenceSession,
+    device: str | os.PathLike[str] | DeviceProfile = "cpu",
+    batch: int = 1,
+    *,
+    memory_limit: int | str | None = None,
+    validate: bool = False,
+    name: str | None = None,
+) -> Estimate:
+    """Predict per-layer time and memory of ``model`` at ``batch`` on ``device``.
+
+    Args:
+        model: anything ``hetflow.load_model`` accepts (``.onnx``, ``zoo:NAME``, ...), or a session.
+        device: ``"cpu"`` (its saved profile; a quick calibration on first use), a profile JSON path
+            (what-if for a device you do not have), or a DeviceProfile.
+        batch: value of the symbolic batch dimension.
+        memory_limit: bytes, or a string such as ``"512MB"`` / ``"1.5GiB"``, for the memory verdict.
+        validate: also run the model here and fill in measured times (``hetflow.estimate.validate``).
+        name: the model's name in reports (default: the source as given).
+
+    Example::
+
+        report = hetflow.estimate("zoo:alexnet", batch=16)
+        print(report.predicted_ms, report.memory.peak_bytes)
+    """
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1; got {batch}")
+    profile = resolve_profile(device)
+    session = open_session(model, profile.device if profile.device != "cpu" else "cpu")
+    source_name = name or (describe_source(model) if not isinstance(model, InferenceSession) else "session")
+    bindings = batch_bindings(session.graph, batch)
+    graph = bind_batch(session.graph, bindings) if bindings else session.graph
+    plan = session.plan_for(bindings)
+    by_name = {node.name: node for node in graph.nodes}
+    steps = [(by_name[step.node.name], step.kernel) for step in plan.steps]
+    keys = [layer_key(node, kernel, graph) for node, kernel in steps]
+    raw = {node.name: cost for node, cost in node_costs(graph)}
+    costs = {node.name: kernel_cost(node, raw[node.name], key, graph) for (node, _), key in zip(steps, keys)}
+    layers = [_layer(graph, node, key, raw[node.name], costs[node.name], profile)
+              for (node, _), key in zip(steps, keys)]
+    limit = parse_bytes(memory_limit) if memory_limit is not None else None
+    memory = plan_memory(graph, steps, keys, costs, plan.release_after, profile, limit)
+    memory.workspace_bytes = sum(im2col_bytes(node, graph) if node.op_type == "Conv" else raw[node.name].workspace_bytes
+                                 for node, _ in steps)
+    overhead = (len(steps) * profile.dispatch_s + profile.run_overhead_s) * 1e3
+    notes = _notes(profile, keys)
+    threads = getattr(session, "_threads", None)  # NOTE: no public accessor on InferenceSession yet
+    if threads is not None and profile.device == "cpu" and threads != profile.threads:
+        notes.append(f"the profile was calibrated with {profile.threads} thread(s); the session runs {threads}")
+    result = Estimate(source_name, batch, _device_label(profile), profile, layers, memory, overhead, notes=notes)
+    if validate:
+        from hetflow.estimate.validate import validate as run_validation
+
+        run_validation(result, session)
+    return result
+
+
+def _device_label(profile: DeviceProfile) -> str:
+    return profile.device if not profile.name else f"{profile.device} ({profile.name})"
+
+
+def _notes(profile: DeviceProfile, keys: Sequence[str]) -> list[str]:
+    notes = []
+    if profile.quick:
+        notes.append("the profile is a quick calibration; run `hetflow calibrate` for accurate times")
+    missing = sorted({key for key in keys if key not in profile.ops})
+    if missing:
+        notes.append("not calibrated (predicted from a related model): " + ", ".join(missing))
+    return notes
+
+
+def _layer(graph: Graph, node: Node, key: str, cost: Cost, work: Cost, profile: DeviceProfile) -> LayerEstimate:
+    """One report row: counts from the op's ``cost``, time from ``work`` (the algorithm's cost)."""
+    first = graph.values.get(node.present_outputs()[0]) if node.present_outputs() else None
+    shape = [int(d) for d in first.shape] if first is not None and first.shape is not None else []
+    params = sum(int(graph.initializers[name].size) for name in node.present_inputs() if name in graph.initializers)
+    return LayerEstimate(
+        name=node.name,
+        op=node.op_type,
+        algorithm=key.split("/", 1)[1],
+        output_shape=shape,
+        params=params,
+        macs=int(cost.macs),
+        gemm=cost.gemm,
+        bytes=int(cost.bytes_read + cost.bytes_written),
+        workspace_bytes=int(work.workspace_bytes),
+        predicted_ms=predict_seconds(profile, key, work, window_strided(node, graph)) * 1e3,
+    )
+
+
+# -- memory --------------------------------------------------------------------------------------
+def _value_bytes(graph: Graph, name: str) -> int:
+    value = graph.values.get(name)
+    if value is None or value.shape is None or not is_static(value.shape):
+        return 0
+    return int(np.prod(value.shape, dtype=np.int64)) * value.dtype.itemsize
+
+
+def plan_memory(
+    graph: Graph,
+    steps: Sequence[tuple[Node, Kernel]],
+    keys: Sequence[str],
+    costs: Mapping[str, Cost],
+    release_after: Mapping[int, Sequence[str]],
+    profile: DeviceProfile,
+    limit: int | None = None,
+) -> MemoryEstimate:
+    """Augur's totals and hetflow's planned peak for a graph with static shapes.
+
+    The peak replays the executor: before each step, the live values (outputs not yet past their last
+    reader; a view shares its input's buffer) plus the step's transient allocation (the profile's
+    fitted bytes per input, output and workspace byte); then the step's outputs join the live set and
+    the values it read last leave it. Weights and the caller's inputs are not part of the peak.
+    """
+    used = {name for node, _ in steps for name in node.present_inputs()}
+    weights = sum(int(array.nbytes) for name, array in graph.initializers.items() if name in used)
+    feeds = {value.name for value in graph.input_values()}
+    input_bytes = sum(_value_bytes(graph, name) for name in feeds)
+    produced = [name for node, _ in steps for name in node.present_outputs()]
+    data = input_bytes + sum(_value_bytes(graph, name) for name in produced)
+    workspace = sum(int(costs[node.name].workspace_bytes) for node, _ in steps)
+
+    buffer_of: dict[str, int] = {}  # value -> buffer id
+    sizes: dict[int, int] = {}
+    holders: dict[int, int] = defaultdict(int)
+    live = peak = 0
+    peak_layer = ""
+    for index, ((node, _), key) in enumerate(zip(steps, keys)):
+        model, _ = op_model(profile, key)
+        activations = [n for n in node.present_inputs() if n not in graph.initializers]
+        outputs = node.present_outputs()
+        terms = memory_terms(node, costs[node.name], graph)
+        transient = float(np.dot(model.transient[:len(terms)], terms[:len(model.transient)]))
+        if live + transient > peak:
+            peak, peak_layer = int(live + transient), node.name
+        for name in outputs:
+            aliased = model.retained < 0.5 and activations and activations[0] in buffer_of
+            if aliased:
+                buffer = buffer_of[activations[0]]
+            else:
+                buffer = len(sizes)
+                sizes[buffer] = _value_bytes(graph, name)
+                live += sizes[buffer]
+            buffer_of[name] = buffer
+            holders[buffer] += 1
+        peak = max(peak, live)
+        for name in release_after.get(index, ()):
+            buffer = buffer_of.pop(name, None)
+            if buffer is None or name in graph.outputs:
+                continue
+            holders[buffer] -= 1
+            if holders[buffer] == 0:
+                live -= sizes[buffer]
+    caches = sum(cache_bytes(node, key, graph) for (node, _), key in zip(steps, keys))
+    return MemoryEstimate(weights, data, workspace, input_bytes, peak, peak_layer, limit, caches)
+
+
+_UNITS = {
+    "": 1, "B": 1,
+    "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3, "T": 1000**4, "TB": 1000**4,
+    "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4,
+}
+
+
+def parse_bytes(text: int | str) -> int:
+    """``512MB`` -> 512e6, ``1.5GiB`` -> 1.5 * 2**30, ``1024`` -> 1024 (case-insensitive units).
+
+    Raises:
+        ValueError: not a size.
+    """
+    if isinstance(text, int):
+        return text
+    stripped = text.strip().replace(" ", "").replace("_", "")
+    number = stripped.rstrip("kmgtibKMGTIB")
+    unit = stripped[len(number):].upper()
+    if unit not in _UNITS or not number:
+        raise ValueError(f"cannot read a memory size from {text!r}; write e.g. 512MB, 1.5GiB or 1000000")
+    try:
+        value = float(number)
+    except ValueError as error:
+        raise ValueError(f"cannot read a memory size from {text!r}; write e.g. 512MB or 1.5GiB") from error
+    if value < 0:
+        raise ValueError(f"a memory size cannot be negative: {text!r}")
+    return int(value * _UNITS[unit])

@@ -1,0 +1,355 @@
+"""Representative layers that calibration times: small ONNX models with CNN-typical shapes.
+
+Each probe is a one- or two-node model (a Conv followed by its ReLU, so the session's fusion passes see
+what they see in real networks). Calibration loads every probe the way a session does — import,
+shape inference, the optimisation passes — and times every kernel the device offers for each node,
+so algorithms added later are calibrated without touching this list.
+
+Shapes follow Augur's observation that CNN layers come from a small set: kernels of 1, 3, 5, 7, 11;
+output channels in multiples of 16 from 16 to 1024; feature maps of 224, 112, 56, 28, 14, 7 (and
+AlexNet's 55, 27, 13).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One calibration model: a name for the progress bar, and its builder."""
+
+    name: str
+    build: Callable[[], onnx.ModelProto]
+    #: part of the reduced (quick) calibration too.
+    quick: bool = False
+
+
+class _Model:
+    """A minimal onnx.helper wrapper: float32 input ``x`` of a static shape, seeded weights."""
+
+    def __init__(self, shape: Sequence[int], seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+        self.inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))]
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.count = 0
+
+    def weight(self, shape: Sequence[int], scale: float = 0.1, dtype: type = np.float32) -> str:
+        self.count += 1
+        name = f"w{self.count}"
+        # Uniform float32 draws: ten times cheaper than normal float64 ones for the big FC weights.
+        array = np.asarray((self.rng.random(tuple(shape), dtype=np.float32) - 0.5) * (2 * scale)).astype(dtype)
+        self.initializers.append(numpy_helper.from_array(array, name))
+        return name
+
+    def constant(self, values: Sequence[int]) -> str:
+        self.count += 1
+        name = f"c{self.count}"
+        self.initializers.append(numpy_helper.from_array(np.asarray(values, dtype=np.int64), name))
+        return name
+
+    def extra_input(self, shape: Sequence[int]) -> str:
+        name = f"x{len(self.inputs)}"
+        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape)))
+        return name
+
+    def node(self, op_type: str, inputs: Sequence[str], **attrs: object) -> str:
+        self.count += 1
+        output = f"t{self.count}"
+        self.nodes.append(helper.make_node(op_type, list(inputs), [output], name=f"n{self.count}", **attrs))
+        return output
+
+    def model(self, output: str) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            self.nodes, "probe", self.inputs,
+            [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)], self.initializers,
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+# -- builders --------------------------------------------------------------------------------------
+def conv(
+    channels: int, size: int, kernels: int, kernel: int, stride: int = 1, pad: int | None = None,
+    group: int = 1, batch: int = 1, relu: bool = True,
+) -> Callable[[], onnx.ModelProto]:
+    pad = kernel // 2 if pad is None else pad
+
+    def build() -> onnx.ModelProto:
+        b = _Model((batch, channels, size, size))
+        w = b.weight((kernels, channels // group, kernel, kernel))
+        bias = b.weight((kernels,))
+        y = b.node("Conv", ["x", w, bias], kernel_shape=[kernel, kernel], strides=[stride, stride],
+                   pads=[pad] * 4, group=group)
+        return b.model(b.node("Relu", [y]) if relu else y)
+
+    return build
+
+
+def pool(op_type: str, channels: int, size: int, kernel: int, stride: int, pad: int = 0,
+         batch: int = 1) -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        b = _Model((batch, channels, size, size))
+        return b.model(b.node(op_type, ["x"], kernel_shape=[kernel, kernel], strides=[stride, stride],
+                              pads=[pad] * 4))
+
+    return build
+
+
+def unary(op_type: str, shape: Sequence[int], **attrs: object) -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        b = _Model(shape)
+        return b.model(b.node(op_type, ["x"], **attrs))
+
+    return build
+
+
+def clip(shape: Sequence[int]) -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        b = _Model(shape)
+        low = b.weight((), 0.0)
+        high = b.weight((), 0.0)
+        b.initializers[-1] = numpy_helper.from_array(np.array(6.0, np.float32), high)  # ReLU6
+        return b.model(b.node("Clip", ["x", low, high]))
+
+    return build
+
+
+def binary(op_type: str, shape: Sequence[int], other: Sequence[int] | None = None,
+           constant: bool = False) -> Callable[[], onnx.ModelProto]:
+    """``x op y``; y has ``other``'s shape (broadcast), as an initializer when ``constant``."""
+
+    def build() -> onnx.ModelProto:
+        b = _Model(shape)
+        second_shape = tuple(other) if other is not None else tuple(shape)
+        second = b.weight(second_shape) if constant else b.extra_input(second_shape)
+        return b.model(b.node(op_type, ["x", second]))
+
+    return build
+
+
+def batchnorm(shape: Sequence[int]) -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        b = _Model(shape)
+        channels = shape[1]
+        names = [b.weight((channels,)) for _ in range(4)]
+        b.initializers[-1] = numpy_helper.from_array(np.ones(channels, np.float32), names[-1])
+        return b.model(b.node("BatchNormalization", ["x", *names]))
+
+    return build
+
+
+def lrn(channels: int, size: int, batch: int = 1) -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        b = _Model((batch, channels, size, size))
+        return b.model(b.node("LRN", ["x"], size=5, alpha=1e-4, beta=0.75, bias=1.0))
+
+    return build
+
+
+def fully_connected(batch: int, inputs: int, outputs: int, relu: bool = False) -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        b = _Model((batch, inputs))
+        w = b.weight((outputs, inputs), 0.01)
+        bias = b.weight((outputs,))
+        y = b.node("Gemm", ["x", w, bias], transB=1)
+        return b.model(b.node("Relu", [y]) if relu else y)
+
+    return build
+
+
+def matmul(batch: int, inputs: int, outputs: int) -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        b = _Model((batch, inputs))
+        return b.model(b.node("MatMul", ["x", b.weight((inputs, outputs), 0.01)]))
+
+    return build
+
+
+def concat(shape: Sequence[int], parts: int) -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        b = _Model(shape)
+        names = ["x"] + [b.extra_input(shape) for _ in range(parts - 1)]
+        return b.model(b.node("Concat", names, axis=1))
+
+    return build
+
+
+def transpose(shape: Sequence[int], perm: Sequence[int]) -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        b = _Model(shape)
+        return b.model(b.node("Transpose", ["x"], perm=list(perm)))
+
+    return build
+
+
+def reshape(shape: Sequence[int], target: Sequence[int]) -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        b = _Model(shape)
+        return b.model(b.node("Reshape", ["x", b.constant(target)]))
+
+    return build
+
+
+def lstm(steps: int, batch: int, features: int, hidden: int) -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        b = _Model((steps, batch, features))
+        w = b.weight((1, 4 * hidden, features))
+        r = b.weight((1, 4 * hidden, hidden))
+        bias = b.weight((1, 8 * hidden))
+        b.count += 1
+        output = f"t{b.count}"
+        b.nodes.append(helper.make_node("LSTM", ["x", w, r, bias], [output], name="lstm", hidden_size=hidden))
+        return b.model(output)
+
+    return build
+
+
+# -- the catalogue ---------------------------------------------------------------------------------
+def _conv_probes() -> list[Probe]:
+    specs: list[tuple[tuple, dict, bool]] = [
+        # im2col: first layers, 3x3 stacks (VGG/ResNet), 5x5 (GoogLeNet, cifar), strided, grouped.
+        ((3, 224, 64, 7, 2, 3), {}, True),
+        ((3, 227, 96, 11, 4, 0), {}, False),
+        ((3, 112, 32, 3, 2, 1), {}, False),
+        ((1, 28, 20, 5, 1, 0), {}, True),
+        ((3, 32, 32, 5, 1, 2), {"batch": 4}, False),
+        ((16, 112, 32, 3), {}, False),
+        ((64, 56, 64, 3), {}, True),
+        ((64, 56, 192, 3), {}, False),
+        ((128, 28, 128, 3), {}, False),
+        ((96, 28, 128, 3), {"batch": 4}, False),
+        ((256, 14, 256, 3), {}, True),
+        ((512, 14, 512, 3), {}, False),
+        ((512, 7, 512, 3), {}, False),
+        ((160, 7, 320, 3), {"batch": 8}, False),
+        ((16, 28, 32, 5), {}, False),
+        ((48, 27, 128, 5), {"group": 2}, False),
+        ((32, 14, 64, 5), {"batch": 8}, False),
+        ((256, 13, 384, 3), {}, False),
+        ((64, 56, 128, 3, 2, 1), {}, False),
+        ((256, 28, 256, 3, 2, 1), {}, False),
+        ((32, 16, 32, 3), {"batch": 16}, False),
+        ((128, 8, 128, 3), {"batch": 16}, False),
+        # pointwise 1x1: bottlenecks, inception reductions, grouped (ShuffleNet), classifier convs.
+        ((64, 56, 256, 1), {}, True),
+        ((256, 56, 64, 1), {}, False),
+        ((512, 28, 128, 1), {}, False),
+        ((192, 28, 64, 1), {"batch": 4}, False),
+        ((1024, 14, 256, 1), {}, False),
+        ((480, 14, 96, 1), {}, True),
+        ((2048, 7, 512, 1), {}, False),
+        ((16, 112, 96, 1), {}, False),
+        ((64, 56, 64, 1), {"batch": 8}, False),
+        ((240, 28, 240, 1), {"group": 4}, False),
+        ((544, 14, 136, 1), {"group": 4, "batch": 4}, False),
+        ((512, 13, 1000, 1), {}, False),
+        ((320, 7, 1280, 1), {"batch": 8}, False),
+        # strided 1x1 (ResNet downsampling): im2col with a tiny window.
+        ((256, 56, 512, 1, 2, 0), {}, False),
+        # depthwise: MobileNet / ShuffleNet.
+        ((32, 112, 32, 3), {"group": 32}, True),
+        ((96, 112, 96, 3, 2, 1), {"group": 96}, False),
+        ((144, 56, 144, 3), {"group": 144}, False),
+        ((192, 28, 192, 3), {"group": 192, "batch": 4}, False),
+        ((384, 14, 384, 3), {"group": 384}, True),
+        ((960, 7, 960, 3), {"group": 960}, False),
+        ((60, 28, 60, 3, 2, 1), {"group": 60, "batch": 8}, False),
+        ((576, 14, 576, 3), {"group": 576, "batch": 8}, False),
+    ]
+    probes = []
+    for args, kwargs, quick in specs:
+        channels, size, kernels, kernel = args[:4]
+        label = f"conv {channels}x{size}x{size} -> {kernels} k{kernel}"
+        label += f" s{args[4]}" if len(args) > 4 else ""
+        label += "".join(f" {k}={v}" for k, v in kwargs.items())
+        probes.append(Probe(label, conv(*args, **kwargs), quick))
+    return probes
+
+
+def catalogue() -> list[Probe]:
+    """Every calibration probe, cheap enough that the whole list runs in well under a minute."""
+    probes = _conv_probes()
+    probes += [
+        Probe("maxpool 3x3/2 64x112", pool("MaxPool", 64, 112, 3, 2, 1), True),
+        Probe("maxpool 3x3/2 96x55", pool("MaxPool", 96, 55, 3, 2)),
+        Probe("maxpool 3x3/2 256x13 b8", pool("MaxPool", 256, 13, 3, 2, batch=8)),
+        Probe("maxpool 2x2/2 64x224", pool("MaxPool", 64, 224, 2, 2)),
+        Probe("maxpool 2x2/2 512x14 b4", pool("MaxPool", 512, 14, 2, 2, batch=4)),
+        Probe("maxpool 2x2/2 20x24", pool("MaxPool", 20, 24, 2, 2)),
+        Probe("maxpool 3x3/1 192x28", pool("MaxPool", 192, 28, 3, 1, 1), True),
+        Probe("maxpool 3x3/1 832x7 b4", pool("MaxPool", 832, 7, 3, 1, 1, batch=4)),
+        Probe("avgpool 3x3/1 256x28", pool("AveragePool", 256, 28, 3, 1, 1), True),
+        Probe("avgpool 3x3/2 32x32 b8", pool("AveragePool", 32, 32, 3, 2, 1, batch=8)),
+        Probe("avgpool 2x2/2 256x56", pool("AveragePool", 256, 56, 2, 2)),
+        Probe("avgpool 7x7/1 1024x7 b4", pool("AveragePool", 1024, 7, 7, 1)),
+        Probe("avgpool 3x3/2 240x56", pool("AveragePool", 240, 56, 3, 2, 1)),
+        Probe("global avgpool 1024x7", unary("GlobalAveragePool", (1, 1024, 7, 7)), True),
+        Probe("global avgpool 2048x7 b8", unary("GlobalAveragePool", (8, 2048, 7, 7))),
+        Probe("global avgpool 512x13", unary("GlobalAveragePool", (1, 512, 13, 13))),
+        Probe("lrn 96x55", lrn(96, 55), True),
+        Probe("lrn 64x56", lrn(64, 56)),
+        Probe("lrn 192x56 b2", lrn(192, 56, 2)),
+        Probe("lrn 256x27", lrn(256, 27)),
+        Probe("lrn 256x13 b8", lrn(256, 13, 8)),
+        Probe("batchnorm 64x112", batchnorm((1, 64, 112, 112)), True),
+        Probe("batchnorm 256x28 b4", batchnorm((4, 256, 28, 28))),
+        Probe("batchnorm 1024x7", batchnorm((1, 1024, 7, 7))),
+        Probe("batchnorm 32x56 b8", batchnorm((8, 32, 56, 56))),
+        Probe("batchnorm 96x14", batchnorm((1, 96, 14, 14))),
+        Probe("fc 9216 -> 4096", fully_connected(1, 9216, 4096)),
+        Probe("fc 4096 -> 1000 b16", fully_connected(16, 4096, 1000)),
+        Probe("fc 4096 -> 4096 b4 relu", fully_connected(4, 4096, 4096, relu=True)),
+        Probe("fc 1024 -> 1000", fully_connected(1, 1024, 1000), True),
+        Probe("fc 2048 -> 1000 b8", fully_connected(8, 2048, 1000)),
+        Probe("fc 800 -> 500 relu", fully_connected(1, 800, 500, relu=True), True),
+        Probe("fc 64 -> 10 b16", fully_connected(16, 64, 10)),
+        Probe("fc 25088 -> 4096 b2", fully_connected(2, 25088, 4096)),
+        Probe("matmul 512 -> 512 b64", matmul(64, 512, 512)),
+        Probe("matmul 1280 -> 1000", matmul(1, 1280, 1000)),
+        Probe("softmax 1000", unary("Softmax", (1, 1000)), True),
+        Probe("softmax 1000 b16", unary("Softmax", (16, 1000))),
+        Probe("softmax 10", unary("Softmax", (1, 10))),
+        Probe("concat 4x 64x28", concat((1, 64, 28, 28), 4), True),
+        Probe("concat 2x 128x56 b4", concat((4, 128, 56, 56), 2)),
+        Probe("concat 3x 256x7", concat((1, 256, 7, 7), 3)),
+        Probe("concat 2x 32x14 b8", concat((8, 32, 14, 14), 2)),
+        Probe("transpose shuffle 4x60x28", transpose((1, 4, 60, 28, 28), (0, 2, 1, 3, 4)), True),
+        Probe("transpose shuffle 4x120x14 b8", transpose((8, 4, 120, 14, 14), (0, 2, 1, 3, 4))),
+        Probe("transpose 512x49", transpose((1, 512, 49), (0, 2, 1))),
+        Probe("reshape 9216", reshape((1, 256, 6, 6), (1, 9216)), True),
+        Probe("reshape 25088 b8", reshape((8, 512, 7, 7), (8, 25088))),
+        Probe("flatten 1024", unary("Flatten", (1, 1024, 1, 1)), True),
+        Probe("lstm 20x1x6 h128", lstm(20, 1, 6, 128), True),
+        Probe("lstm 50x1x6 h512", lstm(50, 1, 6, 512)),
+        Probe("lstm 20x16x64 h256", lstm(20, 16, 64, 256)),
+        Probe("lstm 30x4x6 h512", lstm(30, 4, 6, 512)),
+    ]
+    probes += _elementwise_probes()
+    return probes
+
+
+def _elementwise_probes() -> list[Probe]:
+    probes: list[Probe] = []
+    for index, shape in enumerate([(1, 64, 112, 112), (1, 256, 28, 28), (4, 128, 28, 28), (1, 96, 14, 14),
+                                   (16, 512, 7, 7), (8, 32, 112, 112), (1, 500)]):
+        quick = index in (0, 3)
+        dims = "x".join(str(d) for d in shape)
+        probes.append(Probe(f"relu {dims}", unary("Relu", shape), quick))
+        if index % 2 == 0:
+            probes.append(Probe(f"clip {dims}", clip(shape), quick))
+            probes.append(Probe(f"sigmoid {dims}", unary("Sigmoid", shape)))
+        if len(shape) == 4:
+            per_channel = (1, shape[1], 1, 1)
+            probes.append(Probe(f"add {dims}", binary("Add", shape), quick))
+            probes.append(Probe(f"sum {dims}", binary("Sum", shape)))
+            probes.append(Probe(f"mul per-channel {dims}", binary("Mul", shape, per_channel, True), quick))
+            probes.append(Probe(f"add per-channel {dims}", binary("Add", shape, per_channel, True)))
+    return probes

@@ -1,0 +1,118 @@
+"""Amortised timing, Augur's way: warm up, run many iterations, synchronise once, divide.
+
+Calibration and validation time kernels the same way, so a prediction and the measurement it is
+checked against mean the same thing: the steady-state time of one call with its inputs in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from hetflow.devices.base import Kernel
+from hetflow.graph import Graph, Node
+
+#: Default total time spent in one timed round of iterations.
+MIN_ROUND_SECONDS = 0.05
+
+
+def amortised_seconds(
+    fn: Callable[[], object],
+    *,
+    min_time: float = MIN_ROUND_SECONDS,
+    rounds: int = 3,
+    max_iterations: int = 100_000,
+    synchronize: Callable[[], None] | None = None,
+    first_seconds: float | None = None,
+) -> float:
+    """Seconds per call of ``fn``: the minimum over ``rounds`` of (round time / iterations).
+
+    One warm-up call sizes the rounds so each lasts about ``min_time`` (pass ``first_seconds`` when
+    the caller has just run ``fn`` and timed it: the warm-up is skipped). A call slower than
+    ``min_time`` runs once per round, and one slower than ten times ``min_time`` gets two rounds only
+    (its own duration already drowns any timer overhead). ``synchronize`` (a device's) is called once
+    at the end of each round, never per iteration.
+    """
+    sync = synchronize or _no_sync
+    if first_seconds is None:
+        started = time.perf_counter()
+        fn()
+        sync()
+        first_seconds = time.perf_counter() - started
+    iterations = max(1, min(max_iterations, int(min_time / max(first_seconds, 1e-9))))
+    if first_seconds > 10 * min_time:
+        rounds = min(rounds, 2)
+    best = float("inf")
+    for _ in range(max(1, rounds)):
+        started = time.perf_counter()
+        for _ in range(iterations):
+            fn()
+        sync()
+        best = min(best, (time.perf_counter() - started) / iterations)
+    return best
+
+
+def timed_call(fn: Callable[[], object], synchronize: Callable[[], None] | None = None) -> tuple[object, float]:
+    """Run ``fn`` once; return its result and the seconds it took (synchronised)."""
+    started = time.perf_counter()
+    result = fn()
+    (synchronize or _no_sync)()
+    return result, time.perf_counter() - started
+
+
+def _no_sync() -> None:
+    return None
+
+
+#: ``visit(index, node, kernel, inputs)`` returns the node's outputs (it usually computes them while
+#: timing the kernel) or None to let ``replay`` compute them.
+LayerVisitor = Callable[[int, Node, Kernel, list[np.ndarray | None]], Sequence[np.ndarray | None] | None]
+
+
+def replay(
+    graph: Graph,
+    steps: Sequence[tuple[Node, Kernel]],
+    feeds: Mapping[str, np.ndarray],
+    visit: LayerVisitor,
+) -> None:
+    """Run ``steps`` in order on real data, handing each layer's actual inputs to ``visit`` first.
+
+    This is how a layer is timed "alone on its real inputs": one forward pass supplies every layer's
+    inputs, and a value is dropped after its last reader so memory stays at the executor's level.
+    """
+    env: dict[str, np.ndarray | None] = dict(graph.initializers)
+    env.update(feeds)
+    last_reader: dict[str, int] = {}
+    for index, (node, _) in enumerate(steps):
+        for name in node.present_inputs():
+            last_reader[name] = index
+    pinned = set(graph.initializers) | set(graph.outputs)
+    for index, (node, kernel) in enumerate(steps):
+        inputs = [env[name] if name else None for name in node.inputs]
+        outputs = visit(index, node, kernel, inputs)
+        if outputs is None:
+            outputs = kernel.fn(node, inputs)
+        for name, array in zip(node.outputs, outputs):
+            if name:
+                env[name] = array
+        del inputs, outputs
+        for name in node.present_inputs():
+            if last_reader.get(name) == index and name not in pinned:
+                env.pop(name, None)
+
+
+@contextlib.contextmanager
+def threads_held(count: int | None) -> Iterator[int]:
+    """Run the body with the BLAS pool (and the kernels that split their own work) at ``count`` threads,
+    as ``session.run`` does; None means every core. Yields the count in force."""
+    from hetflow.devices.cpu.threads import BLAS, available_cores
+
+    wanted = available_cores() if count is None else count
+    previous = BLAS.hold(wanted)
+    try:
+        yield wanted
+    finally:
+        BLAS.restore(previous)

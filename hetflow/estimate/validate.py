@@ -1,0 +1,137 @@
+"""Check an estimate against the device: time every layer and the whole model, measure the memory peak.
+
+Per layer, Augur's overhead-free method: one forward pass supplies every layer's real inputs, then each
+layer alone is warmed up and run many times between two clock reads (one synchronisation), and the
+fastest round counts. The whole model is timed as users see it, ``session.run`` end to end, the minimum
+over several runs. The memory peak is what tracemalloc sees numpy allocate during one (warm) run:
+activations and scratch, not the weights or the caller's inputs, which exist before the run starts.
+"""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from hetflow.devices.base import Kernel
+from hetflow.estimate.predict import Estimate, batch_bindings
+from hetflow.estimate.timing import amortised_seconds, replay, threads_held, timed_call
+from hetflow.graph import Node
+from hetflow.runtime.session import InferenceSession
+
+
+def random_feeds(session: InferenceSession, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs of the session's declared shapes, symbolic dimensions set to ``batch``."""
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for value in session.graph.input_values():
+        shape = [d if isinstance(d, int) else batch for d in value.shape or ()]
+        if value.dtype.kind == "f":
+            feeds[value.name] = rng.standard_normal(shape).astype(value.dtype)
+        elif value.dtype.kind in "iu":
+            feeds[value.name] = rng.integers(0, 10, size=shape).astype(value.dtype)
+        else:
+            feeds[value.name] = np.zeros(shape, dtype=value.dtype)
+    return feeds
+
+
+def layer_seconds(
+    session: InferenceSession,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    min_time: float = 0.05,
+    rounds: int = 3,
+) -> dict[str, float]:
+    """Seconds per call of every step of the session's plan for these feeds, each on its real inputs."""
+    bindings = {}
+    for value in session.graph.input_values():
+        for dim, actual in zip(value.shape or (), feeds[value.name].shape):
+            if isinstance(dim, str):
+                bindings[dim] = int(actual)
+    plan = session.plan_for(bindings)
+    device = {step.node.name: step.device for step in plan.steps}
+    measured: dict[str, float] = {}
+
+    def visit(index: int, node: Node, kernel: Kernel, inputs: list[np.ndarray | None]) -> Sequence | None:
+        sync = device[node.name].synchronize
+        outputs, first = timed_call(lambda: kernel.fn(node, inputs), sync)
+        measured[node.name] = amortised_seconds(lambda: kernel.fn(node, inputs), min_time=min_time,
+                                                rounds=rounds, synchronize=sync, first_seconds=first)
+        return outputs  # type: ignore[return-value]
+
+    # NOTE: the session's thread count (what its runs hold BLAS at); InferenceSession has no public
+    # accessor for it yet.
+    with threads_held(getattr(session, "_threads", None)):
+        replay(plan.graph, [(step.node, step.kernel) for step in plan.steps], feeds, visit)
+    return measured
+
+
+def model_seconds(
+    session: InferenceSession, feeds: Mapping[str, np.ndarray], *, min_runs: int = 3, budget: float = 1.0,
+    max_runs: int = 50,
+) -> float:
+    """The fastest of several ``session.run`` calls after one warm-up (at least ``min_runs``, and more
+    while the total stays under ``budget`` seconds)."""
+    session.run(None, dict(feeds))
+    best = float("inf")
+    spent = 0.0
+    runs = 0
+    while runs < min_runs or (spent < budget and runs < max_runs):
+        started = time.perf_counter()
+        session.run(None, dict(feeds))
+        elapsed = time.perf_counter() - started
+        best = min(best, elapsed)
+        spent += elapsed
+        runs += 1
+    return best
+
+
+def peak_run_bytes(session: InferenceSession, feeds: Mapping[str, np.ndarray]) -> int:
+    """Bytes allocated at the peak of one warm ``session.run`` (tracemalloc: numpy reports to it)."""
+    session.run(None, dict(feeds))  # warm: lazily built per-session state is not part of a run
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        outputs = session.run(None, dict(feeds))
+        peak = tracemalloc.get_traced_memory()[1]
+        del outputs
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+    return max(0, peak - before)
+
+
+def validate(
+    result: Estimate,
+    session: InferenceSession,
+    *,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    min_time: float = 0.05,
+    rounds: int = 3,
+    memory: bool = True,
+) -> Estimate:
+    """Fill ``result`` with measurements on the session's device: every layer's ``measured_ms``, the
+    whole model's ``measured_ms`` and the measured memory peak. Returns ``result``."""
+    feeds = dict(feeds) if feeds is not None else random_feeds(session, result.batch)
+    _check_batch(session, feeds, result.batch)
+    if memory:
+        result.memory.measured_peak_bytes = peak_run_bytes(session, feeds)
+    result.measured_ms = model_seconds(session, feeds) * 1e3
+    measured = layer_seconds(session, feeds, min_time=min_time, rounds=rounds)
+    for layer in result.layers:
+        seconds = measured.get(layer.name)
+        layer.measured_ms = None if seconds is None else seconds * 1e3
+    return result
+
+
+def _check_batch(session: InferenceSession, feeds: Mapping[str, np.ndarray], batch: int) -> None:
+    expected = batch_bindings(session.graph, batch)
+    for value in session.graph.input_values():
+        for dim, actual in zip(value.shape or (), feeds[value.name].shape):
+            if isinstance(dim, str) and expected.get(dim) != actual:
+                raise ValueError(f"feed '{value.name}' sets '{dim}' to {actual}; the estimate is for batch {batch}")

@@ -1,0 +1,102 @@
+"""Counting is exact: params, MACs, im2col GEMM dims and bytes per layer against independent counts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from hetflow.estimate.predict import estimate
+from tests.helpers import make_model
+
+
+def _alexnet_conv1(batch: int | str = "N"):
+    """AlexNet's conv1 as Caffe declares it: 227x227x3 input, 96 kernels of 11x11x3, stride 4, then ReLU."""
+    rng = np.random.default_rng(0)
+    return make_model(
+        [helper.make_node("Conv", ["data", "w", "b"], ["conv1"], name="conv1", kernel_shape=[11, 11],
+                          strides=[4, 4]),
+         helper.make_node("Relu", ["conv1"], ["relu1"], name="relu1")],
+        [("data", TensorProto.FLOAT, [batch, 3, 227, 227])],
+        [("relu1", TensorProto.FLOAT, None)],
+        {"w": rng.standard_normal((96, 3, 11, 11)).astype(np.float32), "b": np.zeros(96, np.float32)},
+    )
+
+
+def test_augur_worked_example_alexnet_conv1(quick_profile):
+    # Augur section 2.1: [3025 x 363] x [363 x 96] for AlexNet's first layer on 227x227x3.
+    report = estimate(_alexnet_conv1(), quick_profile, batch=1)
+    conv = next(layer for layer in report.layers if layer.op == "Conv")
+    assert (conv.gemm.n, conv.gemm.m, conv.gemm.k) == (96, 55 * 55, 11 * 11 * 3)
+    assert (conv.gemm.n, conv.gemm.m, conv.gemm.k) == (96, 3025, 363)
+    assert conv.output_shape == [1, 96, 55, 55]
+    assert conv.params == 96 * 3 * 11 * 11 + 96
+    assert conv.macs == 3025 * 363 * 96
+    assert report.to_dict()["layers"][0]["gemm"] == {"n": 96, "m": 3025, "k": 363}
+
+
+def test_batch_multiplies_macs_and_gemm_count_not_dims(quick_profile):
+    one = estimate(_alexnet_conv1(), quick_profile, batch=1).layers[0]
+    many = estimate(_alexnet_conv1(), quick_profile, batch=16).layers[0]
+    assert many.macs == 16 * one.macs
+    assert (many.gemm.n, many.gemm.m, many.gemm.k) == (one.gemm.n, one.gemm.m, one.gemm.k)
+    assert many.gemm.count == 16
+    assert many.params == one.params
+
+
+def _small_net():
+    """conv 3->8 3x3 pad 1 on 10x10, grouped conv 8->6 (2 groups) 3x3 stride 2, max pool 2, flatten, FC 54->10."""
+    rng = np.random.default_rng(1)
+
+    def weights(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="c1", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["c1", "w2"], ["c2"], name="c2", kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1, 1, 1, 1], group=2),
+        helper.make_node("MaxPool", ["c2"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2],
+                         pads=[0, 0, 1, 1]),
+        helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+        helper.make_node("Gemm", ["f", "w3", "b3"], ["y"], name="fc", transB=1),
+    ]
+    inits = {"w1": weights(8, 3, 3, 3), "b1": weights(8), "w2": weights(6, 4, 3, 3),
+             "w3": weights(10, 54), "b3": weights(10)}
+    return make_model(nodes, [("x", TensorProto.FLOAT, ["N", 3, 10, 10])], [("y", TensorProto.FLOAT, None)], inits)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_small_net_counts_match_hand_counts(quick_profile, batch):
+    report = estimate(_small_net(), quick_profile, batch=batch)
+    layers = {layer.name: layer for layer in report.layers}
+    c1, c2, pool, fc = layers["c1"], layers["c2"], layers["pool"], layers["fc"]
+    # c1: 8 kernels of 3x3x3 + bias over 10x10 positions.
+    assert c1.params == 8 * 27 + 8
+    assert c1.macs == batch * 8 * 100 * 27
+    assert (c1.gemm.n, c1.gemm.m, c1.gemm.k, c1.gemm.count) == (8, 100, 27, batch)
+    # c2: 2 groups of 3 kernels over 4 channels, stride 2 -> 5x5.
+    assert c2.output_shape == [batch, 6, 5, 5]
+    assert c2.params == 6 * 4 * 9
+    assert c2.macs == batch * 6 * 25 * 4 * 9
+    assert (c2.gemm.n, c2.gemm.m, c2.gemm.k, c2.gemm.count) == (3, 25, 36, 2 * batch)
+    # pool: 5x5 padded to 6x6 -> 3x3; no parameters or MACs.
+    assert pool.output_shape == [batch, 6, 3, 3] and pool.params == 0 and pool.macs == 0
+    assert fc.params == 54 * 10 + 10
+    assert fc.macs == batch * 54 * 10
+    assert (fc.gemm.n, fc.gemm.m, fc.gemm.k) == (10, batch, 54)
+    # Bytes: every input read once, the output written once (float32).
+    assert c1.bytes == 4 * (batch * 300 + 8 * 27 + 8 + batch * 800)
+    totals = report.totals()
+    assert totals["params"] == 8 * 27 + 8 + 6 * 36 + 550
+    assert totals["macs"] == sum(layer.macs for layer in report.layers)
+    assert totals["weights_bytes"] == 4 * totals["params"]
+
+
+def test_augur_memory_accounting_counts_every_blob_and_im2col_buffer(quick_profile):
+    report = estimate(_small_net(), quick_profile, batch=2)
+    blobs = [2 * 3 * 100, 2 * 8 * 100, 2 * 6 * 25, 2 * 6 * 9, 2 * 54, 2 * 10]  # input, c1, c2, pool, flat, fc
+    assert report.memory.data_bytes == 4 * sum(blobs)
+    im2col = [layer.workspace_bytes for layer in report.layers if layer.op == "Conv"]
+    assert report.memory.workspace_bytes == sum(layer.workspace_bytes for layer in report.layers)
+    assert report.layers[0].workspace_bytes == 4 * 2 * 27 * 100  # c1's im2col buffer [N, C*9, P]
+    assert len(im2col) == 2

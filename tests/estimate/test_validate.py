@@ -1,0 +1,73 @@
+"""Validation: measured time for every layer and the whole model; predicted memory vs tracemalloc."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetflow.estimate.predict import estimate, open_session
+from hetflow.estimate.report import dominant_layers, format_table, layer_accuracy
+from hetflow.estimate.validate import layer_seconds, model_seconds, peak_run_bytes, random_feeds, validate
+
+
+@pytest.fixture(scope="module")
+def lenet(zoo_home):
+    return open_session("zoo:lenet", "cpu")
+
+
+def test_validate_lenet_measures_every_layer(lenet, quick_profile):
+    result = estimate(lenet, quick_profile, batch=2, validate=True)
+    assert result.validated and result.measured_ms > 0
+    assert len(result.layers) == len(lenet.plan_for({"N": 2}).steps)
+    for layer in result.layers:
+        assert layer.measured_ms is not None and layer.measured_ms > 0, layer.name
+        assert layer.error() is not None
+    assert result.memory.measured_peak_bytes and result.memory.measured_peak_bytes > 0
+    share, count = layer_accuracy(result)
+    assert 0.0 <= share <= 1.0 and 1 <= count <= len(result.layers)
+    text = format_table(result)
+    assert "meas ms" in text and "measured" in text and "measured run peak" in text
+
+
+def test_dominant_layers_cover_ninety_percent(lenet, quick_profile):
+    result = estimate(lenet, quick_profile, validate=True)
+    chosen = dominant_layers(result.layers)
+    total = sum(layer.measured_ms for layer in result.layers)
+    assert sum(layer.measured_ms for layer in chosen) >= 0.9 * total
+    # Minimal: without its last (fastest) layer the chosen set covers less than 90%.
+    assert sum(layer.measured_ms for layer in chosen[:-1]) < 0.9 * total
+
+
+def test_layer_timing_follows_the_plan_for_the_batch(lenet):
+    feeds = random_feeds(lenet, 3)
+    assert feeds["data"].shape == (3, 1, 28, 28)
+    seconds = layer_seconds(lenet, feeds, min_time=0.001, rounds=1)
+    assert set(seconds) == {step.node.name for step in lenet.plan_for({"N": 3}).steps}
+    assert all(s > 0 for s in seconds.values())
+    assert model_seconds(lenet, feeds, min_runs=2, budget=0.0) > 0
+
+
+def test_validate_refuses_feeds_of_another_batch(lenet, quick_profile):
+    result = estimate(lenet, quick_profile, batch=2)
+    with pytest.raises(ValueError, match="batch 2"):
+        validate(result, lenet, feeds=random_feeds(lenet, 3))
+
+
+@pytest.mark.parametrize(("model", "batch"), [("mentee", 4), ("cifar10-quick", 8), ("googlenet", 1)])
+def test_memory_peak_prediction_within_5_percent(zoo_home, quick_profile, model, batch):
+    session = open_session(f"zoo:{model}", "cpu")
+    result = estimate(session, quick_profile, batch=batch)
+    measured = peak_run_bytes(session, random_feeds(session, batch))
+    assert abs(result.memory.peak_bytes - measured) <= 0.05 * measured, (result.memory.peak_bytes, measured)
+
+
+def test_planned_peak_replays_release_points(zoo_home, quick_profile):
+    session = open_session("zoo:mentee", "cpu")
+    one = estimate(session, quick_profile, batch=1).memory
+    four = estimate(session, quick_profile, batch=4).memory
+    # Activations scale with the batch; weights do not; every blob at once is more than the live peak.
+    assert four.peak_bytes == pytest.approx(4 * one.peak_bytes, rel=0.02)
+    assert four.weights_bytes == one.weights_bytes
+    assert one.data_bytes + one.workspace_bytes > one.peak_bytes
+    assert one.weights_bytes == sum(int(a.nbytes) for a in session.graph.initializers.values())
+    assert np.isfinite(one.augur_total_bytes)
