@@ -9,13 +9,23 @@ from hetflow.errors import UnsupportedNode, UnsupportedOpsError
 from hetflow.graph import Graph, Node
 from hetflow.graph.shapes import is_static
 from hetflow.ops.base import TensorInfo
+from hetflow.runtime.placement import NodeCosts, PlacementRules, candidate_devices, cheapest
 from hetflow.runtime.plan import Plan, Step
 from hetflow.tuning.select import Tuner
 
 
-def make_plan(graph: Graph, devices: Sequence[Device], tuner: Tuner | None = None) -> Plan:
-    """Assign each node to the first device (in priority order) that has a kernel for it, and pick the
-    kernel.
+def make_plan(
+    graph: Graph,
+    devices: Sequence[Device],
+    tuner: Tuner | None = None,
+    rules: PlacementRules | None = None,
+    costs: NodeCosts | None = None,
+) -> Plan:
+    """Assign each node to a device that has a kernel for it, and pick the kernel.
+
+    The device is the one ``rules`` pins the node to, else the measured-fastest per ``costs``, else the
+    first in priority order (``hetflow.runtime.placement``); host-side shape arithmetic stays on the
+    CPU.
 
     Where a node's input shapes are concrete (bind the batch first: ``passes.bind_batch``) and its
     device has several kernels for it (Conv's algorithms), ``tuner`` chooses one: a measurement from
@@ -29,22 +39,33 @@ def make_plan(graph: Graph, devices: Sequence[Device], tuner: Tuner | None = Non
     tuner = tuner or Tuner(use_cache=False)
     steps: list[Step] = []
     missing: list[UnsupportedNode] = []
+    rules = rules or PlacementRules()
     for node in graph.nodes:
         inputs = input_infos(graph, node)
-        for device in devices:
-            kernel = device.kernels.lookup(node, inputs)
-            if kernel is not None:
-                choice = tuner.choose(device, node, inputs) if inputs is not None else None
-                steps.append(Step(node, choice.kernel if choice else kernel, device))
-                break
-        else:
-            reasons = "; ".join(
-                f"{d.id}: {d.kernels.reason_unsupported(node, inputs)}" for d in devices
-            )
+        allowed = candidate_devices(node, devices, rules)
+        usable = [d for d in allowed if d.kernels.lookup(node, inputs) is not None]
+        if not usable:
+            reasons = _reasons(node, inputs, allowed, rules)
             missing.append(UnsupportedNode(node.name, node.op_type, node.domain, reasons))
+            continue
+        device = cheapest(node, usable, costs)
+        kernel = device.kernels.lookup(node, inputs)
+        assert kernel is not None
+        choice = tuner.choose(device, node, inputs) if inputs is not None else None
+        steps.append(Step(node, choice.kernel if choice else kernel, device))
     if missing:
         raise UnsupportedOpsError(missing)
     return Plan(graph, steps, _release_points(graph, steps))
+
+
+def _reasons(
+    node: Node, inputs: list[TensorInfo | None] | None, allowed: Sequence[Device], rules: PlacementRules
+) -> str:
+    pinned = rules.rule_for(node)
+    if pinned is not None and not allowed:
+        return f"placed on '{pinned}' by a placement rule, but the session has no such device"
+    reasons = "; ".join(f"{d.id}: {d.kernels.reason_unsupported(node, inputs)}" for d in allowed)
+    return f"placed on '{pinned}' by a placement rule; {reasons}" if pinned is not None else reasons
 
 
 def input_infos(graph: Graph, node: Node) -> list[TensorInfo | None] | None:

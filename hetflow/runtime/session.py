@@ -9,15 +9,17 @@ from typing import Any
 
 import numpy as np
 
-from hetflow.devices.registry import resolve_devices
+from hetflow.devices.base import Device
+from hetflow.devices.registry import get_device, resolve_devices
 from hetflow.errors import FeedError, InvalidModelError
 from hetflow.frontends import ModelSource, load_model
 from hetflow.graph import Graph, Value
 from hetflow.graph.dtypes import onnx_name
-from hetflow.graph.shapes import Dim, format_shape
+from hetflow.graph.shapes import Dim, format_shape, is_static
 from hetflow.passes import bind_batch
 from hetflow.passes.manager import optimize as optimize_graph
 from hetflow.runtime.executor import ExecutionMode, Observer, check_mode, check_threads, execute
+from hetflow.runtime.placement import PlacementRules, measure_costs
 from hetflow.runtime.plan import Plan
 from hetflow.runtime.planner import make_plan
 from hetflow.tuning.select import Tuner
@@ -42,7 +44,12 @@ class InferenceSession:
 
     Args:
         model: a path (``.onnx``), ``"zoo:NAME"``, serialized bytes, an ``onnx.ModelProto`` or a Graph.
-        device: ``"cpu"`` or ``"auto"`` (the devices this build has, best first).
+        device: ``"cpu"``, ``"opencl:N"``, or ``"auto"``: every device that starts here, accelerators
+            first, the CPU last; with more than one, each node goes to the device where a profiled run
+            measured it fastest (once per batch size, on the first ``run`` at that size).
+        placement: pins by node name or op type, e.g. ``{"conv1": "cpu"}`` or
+            ``{"Conv": "cpu", "Gemm": "opencl:0"}`` (RSTensorFlow's "MatMul only"); a device named here is
+            started even when ``device`` does not include it.
         optimize: apply the graph optimisation passes (``hetflow.passes.manager``).
         tune: measure the algorithms of layers the tuning cache lacks when a plan is made (once per
             batch size) and record them; by default the cache or the cost model decides, without
@@ -68,6 +75,7 @@ class InferenceSession:
         tune: bool = False,
         threads: int | None = None,
         execution_mode: ExecutionMode = "sequential",
+        placement: Mapping[str, str] | None = None,
         **options: Any,
     ):
         unknown = sorted(set(options) - _ACCEPTED_OPTIONS)
@@ -75,11 +83,15 @@ class InferenceSession:
             raise TypeError(f"unknown session option(s) {unknown}; accepted: {sorted(_ACCEPTED_OPTIONS)}")
         self._source_graph = load_model(model)
         self._graph = optimize_graph(self._source_graph) if optimize else self._source_graph
-        self._devices = resolve_devices(device)
+        self._rules = PlacementRules.parse(placement, self._graph)
+        self._devices = _session_devices(resolve_devices(device), self._rules)
+        # NOTE: "auto" measures where each node is fastest; a named device is the user's choice (the CPU
+        # only takes what it lacks).
+        self._measure_placement = device == "auto" and len(self._devices) > 1
         self._tuner = Tuner(tune=tune)
         # The plan for the graph as declared; one more per concrete binding of its symbolic dimensions
         # (the batch), made on first use, so that algorithms are chosen for concrete shapes.
-        self._plan = make_plan(self._graph, self._devices, self._tuner)
+        self._plan = self._make_plan(self._graph)
         self._bound_plans: dict[tuple[tuple[str, int], ...], Plan] = {}
         self._inputs = self._graph.input_values()
         self._outputs = self._graph.output_values()
@@ -116,9 +128,15 @@ class InferenceSession:
                     # NOTE: shapes that do not fit the graph fail in a kernel, with the node's name.
                     plan = self._plan
                 else:
-                    plan = make_plan(bound, self._devices, self._tuner)
+                    plan = self._make_plan(bound)
                 self._bound_plans[key] = plan
         return plan
+
+    def _make_plan(self, graph: Graph) -> Plan:
+        costs = None
+        if self._measure_placement and _is_concrete(graph):
+            costs = measure_costs(graph, self._devices)
+        return make_plan(graph, self._devices, self._tuner, self._rules, costs)
 
     def get_inputs(self) -> list[NodeArg]:
         """The feeds ``run`` expects."""
@@ -131,9 +149,12 @@ class InferenceSession:
     def get_providers(self) -> list[str]:
         return [d.id for d in self._devices]
 
-    def placement(self) -> dict[str, str]:
-        """Node name -> device id where it runs."""
-        return self._plan.placement()
+    def placement(self, batch: int | None = None) -> dict[str, str]:
+        """Node name -> device id where it runs (at ``batch`` for a model with a symbolic batch)."""
+        if batch is None:
+            return self._plan.placement()
+        symbols = {d for v in self._inputs for d in (v.shape or ()) if isinstance(d, str)}
+        return self.plan_for(dict.fromkeys(symbols, batch)).placement()
 
     def run(
         self,
@@ -186,6 +207,19 @@ class InferenceSession:
 
 
 _ACCEPTED_OPTIONS = frozenset({"sess_options", "providers", "provider_options"})
+
+
+def _session_devices(devices: list[Device], rules: PlacementRules) -> list[Device]:
+    """``devices``, plus any device a placement rule names (started now; raises if it cannot start),
+    plus the CPU last: as in ONNX Runtime, the CPU runs whatever the chosen devices have no kernel for."""
+    wanted = rules.device_ids() | {"cpu"}
+    extra = [get_device(device_id) for device_id in sorted(wanted - {d.id for d in devices})]
+    # Accelerators before the CPU, so an unpinned node still prefers them in priority order.
+    return sorted([*devices, *extra], key=lambda d: d.kind == "cpu")
+
+
+def _is_concrete(graph: Graph) -> bool:
+    return all(v.shape is not None and is_static(v.shape) for v in graph.input_values())
 
 
 def _bindings(inputs: Sequence[Value], feeds: Mapping[str, np.ndarray]) -> dict[str, int]:
