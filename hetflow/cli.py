@@ -50,7 +50,7 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="input tensor(s) as .npy; random data of the declared shape when omitted")
     run.add_argument("--batch", type=int, default=1, help="batch size for symbolic batch dimensions (1)")
     run.add_argument("--repeat", type=int, default=10, help="timed runs after one warm-up (10)")
-    run.add_argument("--device", default="cpu", help="cpu | auto (cpu)")
+    run.add_argument("--device", default="cpu", help="cpu | opencl:N | auto (cpu)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random input (0)")
     run.add_argument("--threads", type=int, help="BLAS threads (every core this process may use)")
     run.add_argument("--execution-mode", choices=["sequential", "parallel"], default="sequential",
@@ -70,6 +70,7 @@ def _build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--device", default="cpu", help="cpu (cpu)")
     tune.set_defaults(handler=_cmd_tune)
 
+    _add_profile_parser(commands)
     _add_estimate_parsers(commands)
     _add_devices_parser(commands)
 
@@ -190,6 +191,61 @@ def _looks_like_class_scores(array: np.ndarray) -> bool:
 
 def _bar(share: float, width: int = 30) -> str:
     return "#" * max(1, round(share * width)) if share > 0 else ""
+
+
+# -- profile -----------------------------------------------------------------------------------------
+def _add_profile_parser(commands: argparse._SubParsersAction) -> None:
+    profile = commands.add_parser(
+        "profile", help="where each node ran, its time and the bytes copied to and from devices"
+    )
+    profile.add_argument("model", help="model path or zoo:NAME")
+    profile.add_argument("--batch", type=int, default=1, help="batch size for symbolic batch dimensions (1)")
+    profile.add_argument("--device", default="cpu", help="cpu | opencl:N | auto (cpu)")
+    profile.add_argument("--placement", action="append", default=[], metavar="NODE_OR_OP=DEVICE",
+                         help="pin a node or an op type to a device, e.g. Conv=cpu (repeatable)")
+    profile.add_argument("--repeat", type=int, default=5, help="profiled runs after one warm-up (5)")
+    profile.add_argument("--top", type=int, metavar="K", help="show only the K slowest nodes")
+    profile.add_argument("--json", action="store_true", help="print the per-node records as JSON")
+    profile.set_defaults(handler=_cmd_profile)
+
+
+def _parse_placement(specs: list[str]) -> dict[str, str]:
+    rules = {}
+    for spec in specs:
+        key, sep, device = spec.partition("=")
+        if not sep or not key or not device:
+            raise HetflowError(f"--placement {spec!r}: expected NODE_OR_OP=DEVICE, e.g. Conv=cpu")
+        rules[key] = device
+    return rules
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    session = InferenceSession(args.model, device=args.device, placement=_parse_placement(args.placement))
+    feeds = _make_feeds(session, [], args.batch, seed=0)
+    session.run(None, feeds)  # warm-up: plans, kernel builds, caches
+    profiler = Profiler(devices=session.devices)
+    for _ in range(max(args.repeat, 1)):
+        session.run(None, feeds, observer=profiler.observe)
+    runs = max(args.repeat, 1)
+    records = sorted(profiler.nodes.values(), key=lambda r: -r.seconds)
+    if args.json:
+        print(json.dumps({"model": args.model, "batch": args.batch, "runs": runs,
+                          "nodes": [asdict(r) for r in records]}, indent=2))
+        return 0
+    print(f"model   {args.model}  batch {args.batch}, {runs} profiled runs, devices {', '.join(session.get_providers())}")
+    print(f"{'node':<28} {'op':<18} {'device':<10} {'algorithm':<13} {'ms/run':>9} {'copied KiB':>11} {'mapped KiB':>11}")
+    for record in records[: args.top] if args.top else records:
+        print(f"{record.name[:28]:<28} {record.op_type:<18} {record.device:<10} {record.algorithm:<13} "
+              f"{record.seconds / runs * 1e3:9.3f} {record.copied_bytes / runs / 1024:11.1f} "
+              f"{record.mapped_bytes / runs / 1024:11.1f}")
+    print("per device:")
+    for device, count, seconds, copied, mapped in profiler.device_totals():
+        print(f"  {device:<10} {count:4d} nodes {seconds / runs * 1e3:10.3f} ms/run  copied "
+              f"{copied / runs / 2**20:8.2f} MiB/run  mapped (zero-copy) {mapped / runs / 2**20:8.2f} MiB/run")
+    return 0
 
 
 # -- info --------------------------------------------------------------------------------------------

@@ -65,3 +65,23 @@ def test_info_reports_inputs_ops_and_parameters(classifier_path, capsys):
 def test_missing_model_is_an_error_exit(tmp_path, capsys):
     assert main(["info", str(tmp_path / "missing.onnx")]) == 1
     assert "not found" in capsys.readouterr().err
+
+
+def test_profile_lists_every_node_with_its_device_and_time(classifier_path, capsys):
+    import json
+
+    assert main(["profile", str(classifier_path), "--batch", "2", "--repeat", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["runs"] == 2 and report["batch"] == 2
+    nodes = {r["op_type"]: r for r in report["nodes"]}
+    assert set(nodes) == {"MatMul", "Softmax"}
+    assert all(r["device"] == "cpu" and r["calls"] == 2 and r["seconds"] > 0 for r in nodes.values())
+    assert all(r["copied_bytes"] == 0 for r in nodes.values())  # the CPU copies nothing
+
+
+def test_profile_table_and_bad_placement_spec(classifier_path, capsys):
+    assert main(["profile", str(classifier_path), "--placement", "MatMul=cpu", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "per device:" in out and "MatMul" in out
+    assert main(["profile", str(classifier_path), "--placement", "MatMul"]) == 1
+    assert "NODE_OR_OP=DEVICE" in capsys.readouterr().err

@@ -4,31 +4,97 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from hetflow.devices.base import Device
 from hetflow.runtime.plan import Step
 
 
 @dataclass
-class Profiler:
-    """Accumulates wall time per node and per op type over one or more runs.
+class NodeRecord:
+    """What one node cost over the observed runs.
 
-    Pass ``profiler.observe`` as the ``observer`` of ``InferenceSession.run``.
+    Attributes:
+        name: node name.
+        op_type: its op.
+        device: the device id that ran it.
+        algorithm: the kernel's algorithm.
+        seconds: wall time summed over the observed runs.
+        calls: how many times it ran.
+        copied_bytes: host<->device bytes copied while it ran (OpenCL devices; 0 on the CPU).
+        mapped_bytes: bytes that a host-unified-memory device mapped instead of copying.
     """
 
+    name: str
+    op_type: str
+    device: str
+    algorithm: str
+    seconds: float = 0.0
+    calls: int = 0
+    copied_bytes: int = 0
+    mapped_bytes: int = 0
+
+
+@dataclass
+class Profiler:
+    """Accumulates wall time (and transfer bytes) per node and per op type over one or more runs.
+
+    Pass ``profiler.observe`` as the ``observer`` of ``InferenceSession.run``. With ``devices`` given,
+    each node is also charged the bytes those devices copied or mapped while it ran (read from their
+    ``transfers`` counters, so only a sequential observed run attributes them exactly).
+    """
+
+    devices: Sequence[Device] = ()
     node_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     op_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     node_op: dict[str, str] = field(default_factory=dict)
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    _last_transfers: tuple[int, int] = (0, 0)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    def __post_init__(self) -> None:
+        self._last_transfers = self._transfer_totals()
+
     def observe(self, step: Step, seconds: float) -> None:
+        node = step.node
         with self._lock:
-            self.node_seconds[step.node.name] += seconds
-            self.op_seconds[step.node.op_type] += seconds
-            self.node_op[step.node.name] = step.node.op_type
+            self.node_seconds[node.name] += seconds
+            self.op_seconds[node.op_type] += seconds
+            self.node_op[node.name] = node.op_type
+            record = self.nodes.get(node.name)
+            if record is None:
+                record = NodeRecord(node.name, node.op_type, step.device.id, step.kernel.algorithm)
+                self.nodes[node.name] = record
+            record.seconds += seconds
+            record.calls += 1
+            copied, mapped = self._transfer_totals()
+            record.copied_bytes += copied - self._last_transfers[0]
+            record.mapped_bytes += mapped - self._last_transfers[1]
+            self._last_transfers = (copied, mapped)
+
+    def _transfer_totals(self) -> tuple[int, int]:
+        copied = mapped = 0
+        for device in self.devices:
+            stats = getattr(device, "transfers", None)
+            if stats is not None:
+                copied += stats.copied_in + stats.copied_out
+                mapped += stats.mapped
+        return copied, mapped
 
     def op_type_shares(self) -> list[tuple[str, float, float]]:
         """(op type, seconds, share of the total) sorted by time, largest first."""
         total = sum(self.op_seconds.values()) or 1.0
         rows = sorted(self.op_seconds.items(), key=lambda item: -item[1])
         return [(op, seconds, seconds / total) for op, seconds in rows]
+
+    def device_totals(self) -> list[tuple[str, int, float, int, int]]:
+        """Per device: (id, nodes, seconds, copied bytes, mapped bytes), in first-use order."""
+        totals: dict[str, list[float]] = {}
+        for record in self.nodes.values():
+            row = totals.setdefault(record.device, [0, 0.0, 0, 0])
+            row[0] += 1
+            row[1] += record.seconds
+            row[2] += record.copied_bytes
+            row[3] += record.mapped_bytes
+        return [(device, int(r[0]), r[1], int(r[2]), int(r[3])) for device, r in totals.items()]

@@ -146,6 +146,11 @@ class InferenceSession:
         """The outputs ``run`` can return."""
         return [_node_arg(v) for v in self._outputs]
 
+    @property
+    def devices(self) -> list[Device]:
+        """The devices this session may place nodes on, in priority order (the CPU last)."""
+        return list(self._devices)
+
     def get_providers(self) -> list[str]:
         return [d.id for d in self._devices]
 
