@@ -14,7 +14,7 @@ import numpy as np
 
 from hetflow.graph import Node
 from hetflow.graph.shapes import check_broadcasts_to, format_shape
-from hetflow.ops.base import Cost, OpDef, TensorInfo, nbytes, numel
+from hetflow.ops.base import Cost, Grads, OpDef, TensorInfo, nbytes, numel, reduce_to_shape, wants
 from hetflow.ops.registry import register_op
 
 
@@ -76,9 +76,30 @@ class UnaryOp(OpDef):
 
 
 class Activation(UnaryOp):
-    """An activation a producer's epilogue can apply (its parameter inputs travel with it)."""
+    """An activation a producer's epilogue can apply (its parameter inputs travel with it).
+
+    Subclasses with a backward rule implement ``input_grad``: dX from X, Y and dY (parameters, when the
+    op has any, get their own rule by overriding ``backward``).
+    """
 
     traits = frozenset({"elementwise", "fusable"})
+
+    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
+        return (0,)
+
+    def input_grad(self, node: Node, x: np.ndarray, y: np.ndarray, dy: np.ndarray, params: Sequence) -> np.ndarray:
+        raise NotImplementedError(f"{self.op_type} has no backward rule")
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        x, y, dy = inputs[0], outputs[0], grad_outputs[0]
+        grads: Grads = [None] * len(inputs)
+        if dy is not None and wants(wanted, 0):
+            grads[0] = self.input_grad(node, x, y, dy, inputs[1:]).astype(x.dtype, copy=False)
+        return grads
+
+    @property
+    def has_backward(self) -> bool:
+        return type(self).input_grad is not Activation.input_grad or super().has_backward
 
 
 @register_op
@@ -86,6 +107,9 @@ class Relu(Activation):
     """``max(x, 0)``."""
 
     op_type = "Relu"
+
+    def input_grad(self, node, x, y, dy, params):
+        return dy * (x > 0)
 
 
 @dataclass(frozen=True)
@@ -106,6 +130,9 @@ class LeakyRelu(Activation):
     op_type = "LeakyRelu"
     Attrs = LeakyReluAttrs
     flops_per_element = 2  # compare/select + multiply
+
+    def input_grad(self, node, x, y, dy, params):
+        return dy * np.where(x >= 0, 1.0, node.attrs.alpha).astype(dy.dtype)
 
 
 @register_op
@@ -128,6 +155,22 @@ class PRelu(Activation):
         assert slope is not None
         check_broadcasts_to(slope.shape, x.shape, "slope")
 
+    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
+        return (0, 1)
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        x, slope = inputs[0], inputs[1]
+        dy = grad_outputs[0]
+        grads: Grads = [None, None]
+        if dy is None:
+            return grads
+        negative = x < 0
+        if wants(wanted, 0):
+            grads[0] = np.where(negative, dy * slope, dy).astype(x.dtype, copy=False)
+        if wants(wanted, 1):
+            grads[1] = reduce_to_shape(np.where(negative, dy * x, 0), slope.shape).astype(slope.dtype)
+        return grads
+
 
 @register_op
 class Sigmoid(Activation):
@@ -136,12 +179,18 @@ class Sigmoid(Activation):
     op_type = "Sigmoid"
     flops_per_element = 3  # exp, add, divide
 
+    def input_grad(self, node, x, y, dy, params):
+        return dy * y * (1 - y)
+
 
 @register_op
 class Tanh(Activation):
     """Hyperbolic tangent."""
 
     op_type = "Tanh"
+
+    def input_grad(self, node, x, y, dy, params):
+        return dy * (1 - y * y)
 
 
 @register_op
@@ -170,4 +219,18 @@ class Clip(Activation):
 
     def element_flops(self, node: Node, inputs: Sequence[TensorInfo | None]) -> int:
         return sum(1 for bound in inputs[1:] if bound is not None)
+
+    def input_grad(self, node, x, y, dy, params):
+        # NOTE: the bounds are constants; the gradient passes where x lies inside them (inclusive, as in
+        # PyTorch's clamp), and nowhere when min > max (every output is max).
+        inside = np.ones(x.shape, dtype=bool)
+        low = params[0] if len(params) > 0 else None
+        high = params[1] if len(params) > 1 else None
+        if low is not None:
+            inside &= x >= np.asarray(low).reshape(())
+        if high is not None:
+            inside &= x <= np.asarray(high).reshape(())
+        if low is not None and high is not None and np.asarray(low) > np.asarray(high):
+            inside[...] = False
+        return dy * inside
 

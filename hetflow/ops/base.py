@@ -68,6 +68,31 @@ def numel(info: TensorInfo | None) -> int:
     return int(np.prod(info.shape, dtype=np.int64))
 
 
+#: One gradient per input of a node; ``None`` where an input is omitted, not differentiable, or unwanted.
+Grads = list[np.ndarray | None]
+
+
+def reduce_to_shape(grad: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """Sum ``grad`` over the axes that broadcasting expanded, so that it has ``shape``.
+
+    The gradient of a broadcast operand is the sum of the output gradient over every position that
+    read the same input element: leading axes the operand lacks, and axes where it had length 1.
+    """
+    shape = tuple(shape)
+    extra = grad.ndim - len(shape)
+    if extra:
+        grad = grad.sum(axis=tuple(range(extra)))
+    stretched = tuple(axis for axis, dim in enumerate(shape) if dim == 1 and grad.shape[axis] != 1)
+    if stretched:
+        grad = grad.sum(axis=stretched, keepdims=True)
+    return grad.reshape(shape)
+
+
+def wants(wanted: Sequence[bool] | None, index: int) -> bool:
+    """Whether a backward rule should compute the gradient of input ``index`` (see ``OpDef.backward``)."""
+    return wanted is None or (index < len(wanted) and bool(wanted[index]))
+
+
 def present_outputs_bytes(node: Node, outputs: Sequence[TensorInfo]) -> int:
     """Bytes of the outputs ``node`` actually has (an optional output it omits costs nothing)."""
     return sum(nbytes(info) for name, info in zip(node.outputs, outputs) if name)
@@ -113,6 +138,42 @@ class OpDef:
             ValueError: with a readable reason when the inputs are inconsistent.
         """
         raise NotImplementedError(f"{self.op_type} has no shape inference")
+
+    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
+        """Positions of the inputs a gradient can flow into (default: every input).
+
+        Ops override this to exclude shape vectors, indices, statistics and bounds, so that the trainer
+        knows which initializers are learnable parameters without knowing the op.
+        """
+        return tuple(range(len(node.inputs)))
+
+    @property
+    def has_backward(self) -> bool:
+        """Whether this op defines a backward rule (the trainer refuses graphs with ops that lack one)."""
+        return type(self).backward is not OpDef.backward
+
+    def backward(
+        self,
+        node: Node,
+        inputs: Sequence[np.ndarray | None],
+        outputs: Sequence[np.ndarray | None],
+        grad_outputs: Sequence[np.ndarray | None],
+        wanted: Sequence[bool] | None = None,
+    ) -> Grads:
+        """Gradients of a scalar loss with respect to each input, from those of the outputs.
+
+        Args:
+            node: the node (read ``node.attrs``).
+            inputs: the forward inputs (``None`` for omitted optional ones).
+            outputs: the forward outputs, as the forward kernel returned them.
+            grad_outputs: d(loss)/d(output) per output; ``None`` for an output the loss does not reach.
+            wanted: per input, whether its gradient is needed (None: every differentiable one); rules
+                skip the work for unwanted ones (the first layer's input, frozen weights).
+
+        Returns:
+            One entry per input: an array of the input's shape and dtype, or None.
+        """
+        raise NotImplementedError(f"{self.op_type} has no backward rule")
 
     def cost(
         self, node: Node, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo]

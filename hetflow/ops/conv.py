@@ -11,9 +11,9 @@ import numpy as np
 from hetflow.graph import Node
 from hetflow.graph.shapes import Dim, Shape, format_shape, is_static
 from hetflow.ops.activation import FusedActivation
-from hetflow.ops.base import Cost, GemmDims, OpDef, TensorInfo, nbytes, present_outputs_bytes
+from hetflow.ops.base import Cost, GemmDims, Grads, OpDef, TensorInfo, nbytes, present_outputs_bytes, wants
 from hetflow.ops.registry import register_op
-from hetflow.ops.spatial import WindowSpec, output_dims, window_spec
+from hetflow.ops.spatial import Geometry, WindowSpec, geometry, output_dims, window_spec
 
 #: How a convolution is computed; the cost model and the CPU kernel agree through ``conv_algorithm``.
 POINTWISE = "pointwise"  # 1x1, stride 1, no padding: a plain GEMM over the input, no im2col
@@ -226,6 +226,60 @@ class Conv(OpDef):
             gemm=gemm,
             workspace_bytes=workspace,
         )
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """dX, dW and dB of ``Y = W * X + B`` through the same im2col GEMM as the forward pass.
+
+        dW is one GEMM per group over every image and position (``dY @ cols^T``); dX is the transposed
+        GEMM (``W^T @ dY``) into column form followed by col2im: one strided add per window tap into
+        the padded input, so the Python loop runs over the kernel's taps, never over pixels.
+        """
+        x, w = inputs[0], inputs[1]
+        dy = grad_outputs[0]
+        assert x is not None and w is not None
+        grads: Grads = [None] * len(inputs)
+        if node.attrs.fused is not None:
+            raise ValueError(f"Conv '{node.name}' has a fused activation; train the unoptimised graph")
+        if dy is None:
+            return grads
+        if len(inputs) > 2 and inputs[2] is not None and wants(wanted, 2):
+            grads[2] = dy.sum(axis=(0, *range(2, dy.ndim))).astype(inputs[2].dtype, copy=False)
+        want_x, want_w = wants(wanted, 0), wants(wanted, 1)
+        if not (want_x or want_w):
+            return grads
+        group = node.attrs.group
+        geom = geometry(conv_window(node.attrs, w.shape), x.shape[2:])
+        batch, channels = x.shape[:2]
+        kernels = w.shape[0]
+        positions = int(np.prod(geom.out, dtype=np.int64))
+        per_group = channels // group * int(np.prod(geom.kernel, dtype=np.int64))
+        dy_groups = dy.reshape(batch, group, kernels // group, positions)
+        w_groups = w.reshape(group, kernels // group, per_group)
+        if want_w:
+            cols = geom.windows(geom.pad(x)).reshape(batch, group, per_group, positions)
+            # [G, K/G, N*P] @ [G, N*P, C/G*taps]: one GEMM per group over the whole batch.
+            left = dy_groups.transpose(1, 2, 0, 3).reshape(group, kernels // group, batch * positions)
+            right = cols.transpose(1, 0, 3, 2).reshape(group, batch * positions, per_group)
+            grads[1] = np.matmul(left, right).reshape(w.shape).astype(w.dtype, copy=False)
+        if want_x:
+            dcols = np.matmul(w_groups.transpose(0, 2, 1)[None], dy_groups)  # [N, G, C/G*taps, P]
+            dcols = dcols.reshape(batch, channels, *geom.kernel, *geom.out)
+            grads[0] = col2im(dcols, geom, x.shape).astype(x.dtype, copy=False)
+        return grads
+
+
+def col2im(dcols: np.ndarray, geom: Geometry, x_shape: Sequence[int]) -> np.ndarray:
+    """The adjoint of the im2col view: sum window columns ``[N, C, *kernel, *out]`` back into ``x_shape``.
+
+    Each tap's columns land on a strided slice of the padded input (the slice the forward pass read);
+    the padding is cropped at the end.
+    """
+    padded_shape = tuple(x_shape[:2]) + tuple(a.padded for a in geom.axes)
+    dx = np.zeros(padded_shape, dcols.dtype)
+    for tap in geom.taps():
+        dx[(slice(None), slice(None), *geom.tap_slices(tap))] += dcols[(slice(None), slice(None), *tap)]
+    interior = tuple(slice(a.pad_begin, a.pad_begin + a.size) for a in geom.axes)
+    return dx[(slice(None), slice(None), *interior)]
 
 
 def _known_differ(a: Dim, b: Dim) -> bool:

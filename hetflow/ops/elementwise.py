@@ -8,7 +8,7 @@ import numpy as np
 
 from hetflow.graph import Node
 from hetflow.graph.shapes import broadcast
-from hetflow.ops.base import OpDef, TensorInfo
+from hetflow.ops.base import Grads, OpDef, TensorInfo, reduce_to_shape, wants
 from hetflow.ops.registry import register_op
 
 
@@ -30,6 +30,18 @@ class BroadcastOp(OpDef):
         return [TensorInfo(broadcast(*(i.shape for i in present)), present[0].dtype)]
 
 
+def _broadcast_grads(inputs, dy, wanted, local) -> Grads:
+    """Per input, ``local(index, dy)`` (the gradient at the broadcast shape) summed back to the input's
+    shape; None for omitted or unwanted inputs."""
+    grads: Grads = [None] * len(inputs)
+    if dy is None:
+        return grads
+    for index, x in enumerate(inputs):
+        if x is not None and wants(wanted, index):
+            grads[index] = reduce_to_shape(local(index, dy), x.shape).astype(x.dtype, copy=False)
+    return grads
+
+
 class BinaryOp(BroadcastOp):
     num_inputs = (2, 2)
 
@@ -40,12 +52,18 @@ class Add(BinaryOp):
 
     op_type = "Add"
 
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        return _broadcast_grads(inputs, grad_outputs[0], wanted, lambda i, dy: dy)
+
 
 @register_op
 class Sub(BinaryOp):
     """``A - B`` with broadcasting."""
 
     op_type = "Sub"
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        return _broadcast_grads(inputs, grad_outputs[0], wanted, lambda i, dy: dy if i == 0 else -dy)
 
 
 @register_op
@@ -54,12 +72,24 @@ class Mul(BinaryOp):
 
     op_type = "Mul"
 
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        a, b = inputs
+        return _broadcast_grads(inputs, grad_outputs[0], wanted, lambda i, dy: dy * (b if i == 0 else a))
+
 
 @register_op
 class Div(BinaryOp):
     """``A / B`` with broadcasting; integer division truncates toward zero as in ONNX."""
 
     op_type = "Div"
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        a, b = inputs
+        if a is not None and a.dtype.kind != "f":
+            return [None, None]
+        return _broadcast_grads(
+            inputs, grad_outputs[0], wanted, lambda i, dy: dy / b if i == 0 else -dy * a / (b * b)
+        )
 
 
 class VariadicOp(BroadcastOp):
@@ -71,6 +101,9 @@ class Sum(VariadicOp):
     """Sum of any number of inputs, with broadcasting."""
 
     op_type = "Sum"
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        return _broadcast_grads(inputs, grad_outputs[0], wanted, lambda i, dy: dy)
 
 
 @register_op

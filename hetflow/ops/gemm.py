@@ -10,7 +10,7 @@ import numpy as np
 from hetflow.graph import Node
 from hetflow.graph.shapes import Dim, Shape, broadcast, check_broadcasts_to, format_shape, is_static
 from hetflow.ops.activation import FusedActivation
-from hetflow.ops.base import Cost, GemmDims, OpDef, TensorInfo, nbytes, numel
+from hetflow.ops.base import Cost, GemmDims, Grads, OpDef, TensorInfo, nbytes, numel, reduce_to_shape, wants
 from hetflow.ops.registry import register_op
 
 
@@ -123,6 +123,33 @@ class Gemm(OpDef):
         )
         return _matmul_cost(dims, inputs, outputs, flops=per_element * numel(outputs[0]))
 
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """``dA' = alpha dY B'^T``, ``dB' = alpha A'^T dY`` (transposed back), ``dC = beta dY`` summed over
+        the axes C was broadcast along."""
+        a, b = inputs[0], inputs[1]
+        c = inputs[2] if len(inputs) > 2 else None
+        dy = grad_outputs[0]
+        assert a is not None and b is not None
+        attrs = node.attrs
+        if attrs.fused is not None:
+            raise ValueError(f"Gemm '{node.name}' has a fused activation; train the unoptimised graph")
+        grads: Grads = [None] * len(inputs)
+        if dy is None:
+            return grads
+        a2 = a.T if attrs.transA else a
+        b2 = b.T if attrs.transB else b
+        scaled = dy * attrs.alpha if attrs.alpha != 1 else dy
+        if wants(wanted, 0):
+            # NOTE: computed directly in A's layout: (dY B'^T)^T = B' dY^T.
+            da = b2 @ scaled.T if attrs.transA else scaled @ b2.T
+            grads[0] = da.astype(a.dtype, copy=False)
+        if wants(wanted, 1):
+            db = scaled.T @ a2 if attrs.transB else a2.T @ scaled
+            grads[1] = db.astype(b.dtype, copy=False)
+        if c is not None and wants(wanted, 2):
+            grads[2] = reduce_to_shape(dy * attrs.beta, c.shape).astype(c.dtype, copy=False)
+        return grads
+
 
 @register_op
 class MatMul(OpDef):
@@ -157,6 +184,30 @@ class MatMul(OpDef):
         a, b = inputs
         assert a is not None and b is not None
         return _matmul_cost(matmul_gemm_dims(a.shape, b.shape), inputs, outputs, flops=0)
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """``dA = dY B^T`` and ``dB = A^T dY`` on the operands promoted to matrices, summed over broadcast
+        batch axes and reshaped back (1-D operands included)."""
+        a, b = inputs
+        dy = grad_outputs[0]
+        assert a is not None and b is not None
+        grads: Grads = [None, None]
+        if dy is None:
+            return grads
+        a2 = a[None, :] if a.ndim == 1 else a
+        b2 = b[:, None] if b.ndim == 1 else b
+        dy2 = dy
+        if a.ndim == 1:
+            dy2 = np.expand_dims(dy2, -2 if b.ndim > 1 else -1)
+        if b.ndim == 1:
+            dy2 = np.expand_dims(dy2, -1)
+        if wants(wanted, 0):
+            da = np.matmul(dy2, np.swapaxes(b2, -1, -2))
+            grads[0] = reduce_to_shape(da, a2.shape).reshape(a.shape).astype(a.dtype, copy=False)
+        if wants(wanted, 1):
+            db = np.matmul(np.swapaxes(a2, -1, -2), dy2)
+            grads[1] = reduce_to_shape(db, b2.shape).reshape(b.shape).astype(b.dtype, copy=False)
+        return grads
 
 
 def _as_matrices(a: Shape, b: Shape) -> tuple[Shape, Shape]:

@@ -10,7 +10,7 @@ import numpy as np
 from hetflow.graph import Node
 from hetflow.graph.shapes import Dim, Shape, format_shape
 from hetflow.ops.attrs import required
-from hetflow.ops.base import Cost, OpDef, TensorInfo, nbytes, numel, present_outputs_bytes
+from hetflow.ops.base import Cost, Grads, OpDef, TensorInfo, nbytes, numel, present_outputs_bytes, wants
 from hetflow.ops.registry import register_op
 
 
@@ -27,6 +27,18 @@ class LRNAttrs:
 def lrn_window(size: int) -> tuple[int, int]:
     """Channels before and after ``c`` in LRN's window: ``floor((size-1)/2)`` and ``ceil((size-1)/2)``."""
     return (size - 1) // 2, size // 2
+
+
+def channel_window_sum(values: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """``out[:, c] = sum(values[:, c + lo : c + hi + 1])`` along axis 1, the window clipped to the channels
+    (one cumulative sum, whatever the window's size)."""
+    channels = values.shape[1]
+    zero = np.zeros((values.shape[0], 1, *values.shape[2:]), values.dtype)
+    totals = np.concatenate([zero, np.cumsum(values, axis=1)], axis=1)
+    index = np.arange(channels)
+    upper = np.clip(index + hi + 1, 0, channels)
+    lower = np.clip(index + lo, 0, channels)
+    return totals[:, upper] - totals[:, lower]
 
 
 @register_op
@@ -65,6 +77,23 @@ class LRN(OpDef):
             bytes_read=sum(nbytes(i) for i in inputs),
             bytes_written=present_outputs_bytes(node, outputs),
         )
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """With ``d = bias + alpha/size * S`` (S the window's sum of squares) and ``y = x d^-beta``:
+        ``dx_j = dy_j d_j^-beta - 2 beta alpha/size x_j sum_c dy_c x_c d_c^(-beta-1)`` over the channels
+        c whose window holds j (the window mirrored)."""
+        x, dy = inputs[0], grad_outputs[0]
+        assert x is not None
+        if dy is None or not wants(wanted, 0):
+            return [None]
+        attrs = node.attrs
+        before, after = lrn_window(attrs.size)
+        coefficient = attrs.alpha / attrs.size
+        denominator = attrs.bias + coefficient * channel_window_sum(x * x, -before, after)
+        scale = denominator ** -attrs.beta
+        spread = channel_window_sum(dy * x * scale / denominator, -after, before)
+        dx = dy * scale - 2 * attrs.beta * coefficient * x * spread
+        return [dx.astype(x.dtype, copy=False)]
 
 
 @dataclass(frozen=True)
@@ -152,3 +181,42 @@ class BatchNormalization(OpDef):
             bytes_read=sum(nbytes(i) for i in inputs),
             bytes_written=present_outputs_bytes(node, outputs),
         )
+
+    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
+        # NOTE: mean and var are statistics (running averages in training), never learned.
+        return (0, 1, 2)
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """dX, dscale and dB. Training mode differentiates through the batch statistics:
+        ``dx = (dxhat - mean(dxhat) - xhat mean(dxhat xhat)) / sqrt(var + eps)`` with ``dxhat = dy scale``;
+        inference mode treats mean and var as constants. The running-statistics outputs carry no gradient.
+        """
+        x, scale, bias, mean, var = inputs
+        dy = grad_outputs[0]
+        assert x is not None and scale is not None and bias is not None
+        assert mean is not None and var is not None
+        grads: Grads = [None] * 5
+        if dy is None:
+            return grads
+        attrs = node.attrs
+        axes = batchnorm_reduce_axes(x.ndim, attrs.spatial)
+        shape = (1, *scale.shape) + (1,) * (x.ndim - 1 - scale.ndim)
+        if attrs.training_mode:
+            mean = x.mean(axis=axes)
+            var = x.var(axis=axes)
+        inv_std = 1.0 / np.sqrt(var.reshape(shape) + attrs.epsilon)
+        xhat = (x - mean.reshape(shape)) * inv_std
+        if wants(wanted, 1):
+            grads[1] = (dy * xhat).sum(axis=axes).reshape(scale.shape).astype(scale.dtype, copy=False)
+        if wants(wanted, 2):
+            grads[2] = dy.sum(axis=axes).reshape(bias.shape).astype(bias.dtype, copy=False)
+        if wants(wanted, 0):
+            dxhat = dy * scale.reshape(shape)
+            if attrs.training_mode:
+                dxhat = (
+                    dxhat
+                    - dxhat.mean(axis=axes, keepdims=True)
+                    - xhat * (dxhat * xhat).mean(axis=axes, keepdims=True)
+                )
+            grads[0] = (dxhat * inv_std).astype(x.dtype, copy=False)
+        return grads

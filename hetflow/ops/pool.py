@@ -12,9 +12,9 @@ import numpy as np
 from hetflow.graph import Node
 from hetflow.graph.shapes import format_shape, is_static
 from hetflow.ops.attrs import required
-from hetflow.ops.base import Cost, OpDef, TensorInfo, nbytes, numel, present_outputs_bytes
+from hetflow.ops.base import Cost, Grads, OpDef, TensorInfo, nbytes, numel, present_outputs_bytes, wants
 from hetflow.ops.registry import register_op
-from hetflow.ops.spatial import WindowSpec, output_dims, window_spec
+from hetflow.ops.spatial import Geometry, WindowSpec, geometry, output_dims, window_spec
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,16 @@ class WindowPool(OpDef):
         )
 
 
+def _scatter_taps(geom: Geometry, x_shape: Sequence[int], per_tap, dtype: np.dtype) -> np.ndarray:
+    """Sum, over the window taps, ``per_tap(index, tap)`` (an ``[N, C, *out]`` array) into the padded
+    input at the slice that tap read, and crop the padding: the adjoint of reading windows."""
+    padded = np.zeros(tuple(x_shape[:2]) + tuple(a.padded for a in geom.axes), dtype)
+    for index, tap in enumerate(geom.taps()):
+        padded[(slice(None), slice(None), *geom.tap_slices(tap))] += per_tap(index, tap)
+    interior = tuple(slice(a.pad_begin, a.pad_begin + a.size) for a in geom.axes)
+    return padded[(slice(None), slice(None), *interior)]
+
+
 @register_op
 class MaxPool(WindowPool):
     """Maximum over each window; padding never wins. N-d (1-D, 2-D, 3-D...).
@@ -116,6 +126,21 @@ class MaxPool(WindowPool):
         (y,) = super().infer(node, inputs, consts)
         return [y, TensorInfo(y.shape, np.dtype(np.int64))]
 
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """dY goes to the first maximum of each window (row-major tap order, as the forward picks it),
+        found again from X through the windows view: one vectorised pass per tap."""
+        x, dy = inputs[0], grad_outputs[0]
+        assert x is not None
+        if dy is None or not wants(wanted, 0):
+            return [None]
+        geom = geometry(pool_window(node.attrs), x.shape[2:])
+        lowest = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
+        windows = geom.windows(geom.pad(x, lowest))
+        taps = int(np.prod(geom.kernel, dtype=np.int64))
+        winner = windows.reshape(*x.shape[:2], taps, *geom.out).argmax(axis=2)
+        dx = _scatter_taps(geom, x.shape, lambda index, tap: np.where(winner == index, dy, 0), dy.dtype)
+        return [dx.astype(x.dtype, copy=False)]
+
 
 @register_op
 class AveragePool(WindowPool):
@@ -128,6 +153,17 @@ class AveragePool(WindowPool):
 
     op_type = "AveragePool"
     Attrs = AveragePoolAttrs
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """Each window's dY divided by its divisor, spread over the window's taps (padding dropped)."""
+        x, dy = inputs[0], grad_outputs[0]
+        assert x is not None
+        if dy is None or not wants(wanted, 0):
+            return [None]
+        geom = geometry(pool_window(node.attrs), x.shape[2:])
+        share = dy / geom.window_counts(bool(node.attrs.count_include_pad))
+        dx = _scatter_taps(geom, x.shape, lambda index, tap: share, dy.dtype)
+        return [dx.astype(x.dtype, copy=False)]
 
 
 class GlobalPool(OpDef):
@@ -162,9 +198,28 @@ class GlobalAveragePool(GlobalPool):
 
     op_type = "GlobalAveragePool"
 
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        x, dy = inputs[0], grad_outputs[0]
+        assert x is not None
+        if dy is None or not wants(wanted, 0):
+            return [None]
+        positions = int(np.prod(x.shape[2:], dtype=np.int64))
+        return [np.broadcast_to(dy / positions, x.shape).astype(x.dtype)]
+
 
 @register_op
 class GlobalMaxPool(GlobalPool):
     """Maximum over all spatial positions of each channel."""
 
     op_type = "GlobalMaxPool"
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """dY goes to the first maximum of each channel."""
+        x, dy = inputs[0], grad_outputs[0]
+        assert x is not None
+        if dy is None or not wants(wanted, 0):
+            return [None]
+        flat = x.reshape(*x.shape[:2], -1)
+        dx = np.zeros(flat.shape, x.dtype)
+        np.put_along_axis(dx, flat.argmax(axis=2)[..., None], dy.reshape(*x.shape[:2], 1), axis=2)
+        return [dx.reshape(x.shape)]

@@ -10,7 +10,7 @@ import numpy as np
 
 from hetflow.graph import Node
 from hetflow.graph.shapes import Shape, normalize_axis
-from hetflow.ops.base import Cost, OpDef, TensorInfo, nbytes, numel
+from hetflow.ops.base import Cost, Grads, OpDef, TensorInfo, nbytes, numel, wants
 from hetflow.ops.registry import register_op
 
 
@@ -89,6 +89,14 @@ class Softmax(SoftmaxFamily):
 
     op_type = "Softmax"
 
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """``dx = y (dy - sum(dy y))`` over each normalised row."""
+        y, dy = outputs[0], grad_outputs[0]
+        if dy is None or not wants(wanted, 0):
+            return [None]
+        axes = normalised_axes(y.shape, node.attrs)
+        return [y * (dy - np.sum(dy * y, axis=axes, keepdims=True))]
+
 
 @register_op
 class LogSoftmax(SoftmaxFamily):
@@ -100,3 +108,11 @@ class LogSoftmax(SoftmaxFamily):
 
     op_type = "LogSoftmax"
     flops_per_row = 1
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """``dx = dy - softmax(x) sum(dy)`` over each normalised row (softmax is ``exp(y)``)."""
+        y, dy = outputs[0], grad_outputs[0]
+        if dy is None or not wants(wanted, 0):
+            return [None]
+        axes = normalised_axes(y.shape, node.attrs)
+        return [dy - np.exp(y) * np.sum(dy, axis=axes, keepdims=True)]

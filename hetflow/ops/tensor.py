@@ -19,7 +19,7 @@ from hetflow.graph import Node, dtypes
 from hetflow.graph.shapes import Dim, Monomial, is_static, normalize_axis
 from hetflow.graph.shapes import Shape as Dims
 from hetflow.ops.attrs import required
-from hetflow.ops.base import Cost, OpDef, TensorInfo, nbytes
+from hetflow.ops.base import Cost, Grads, OpDef, TensorInfo, nbytes, wants
 from hetflow.ops.registry import register_op
 
 #: ONNX's "to the end" sentinels for Slice.
@@ -173,9 +173,22 @@ def cast_dtype(to: int) -> np.dtype:
 
 # -- family bases ---------------------------------------------------------------------------------
 class ViewOp(OpDef):
-    """Family base: ops that only reinterpret the shape (the CPU kernels return numpy views)."""
+    """Family base: ops that only reinterpret the shape (the CPU kernels return numpy views).
+
+    Backward: the output gradient reshaped to the input's shape; shape-carrying inputs get none.
+    """
 
     traits = frozenset({"view"})
+
+    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
+        return (0,)
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        x, dy = inputs[0], grad_outputs[0]
+        grads: Grads = [None] * len(inputs)
+        if x is not None and dy is not None and wants(wanted, 0):
+            grads[0] = dy.reshape(x.shape)
+        return grads
 
     def cost(self, node: Node, inputs: Inputs, outputs: Sequence[TensorInfo]) -> Cost:
         # NOTE: a view moves no data; a copy happens only when the input is not contiguous.
@@ -214,6 +227,23 @@ class Concat(OpDef):
         lengths = [i.shape[axis] for i in present_inputs]
         dims[axis] = sum(lengths) if is_static(lengths) else _symbolic_sum(lengths, fresh_dim(node, axis))
         return [TensorInfo(tuple(dims), first.dtype)]
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """dY cut back into the inputs' pieces along the axis."""
+        dy = grad_outputs[0]
+        grads: Grads = [None] * len(inputs)
+        if dy is None:
+            return grads
+        axis = normalize_axis(node.attrs.axis, dy.ndim)
+        start = 0
+        for index, x in enumerate(inputs):
+            if x is None:
+                continue
+            stop = start + x.shape[axis]
+            if wants(wanted, index):
+                grads[index] = np.take(dy, np.arange(start, stop), axis=axis)
+            start = stop
+        return grads
 
 
 def _symbolic_sum(lengths: Sequence[Dim], fallback: str) -> Dim:
@@ -274,6 +304,20 @@ class Split(OpDef):
             sizes = [dim] if count == 1 else [fresh_dim(node, i) for i in range(count)]
         return [TensorInfo(tuple(x.shape[:axis]) + (s,) + tuple(x.shape[axis + 1 :]), x.dtype) for s in sizes]
 
+    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
+        return (0,)
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """The outputs' gradients joined along the axis (zeros for outputs the loss does not reach)."""
+        x = inputs[0]
+        grads: Grads = [None] * len(inputs)
+        if x is None or not wants(wanted, 0) or all(g is None for g in grad_outputs):
+            return grads
+        axis = normalize_axis(node.attrs.axis, x.ndim)
+        pieces = [g if g is not None else np.zeros_like(y) for g, y in zip(grad_outputs, outputs)]
+        grads[0] = np.concatenate(pieces, axis=axis).astype(x.dtype, copy=False)
+        return grads
+
 
 @register_op
 class Slice(OpDef):
@@ -308,6 +352,26 @@ class Slice(OpDef):
         for axis, (start, end, step) in slices.items():
             dims[axis] = _sliced_dim(x.shape[axis], start, end, step, fresh_dim(node, axis))
         return [TensorInfo(tuple(dims), x.dtype)]
+
+    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
+        return (0,)
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """dY written into zeros of X's shape at the sliced positions."""
+        x, dy = inputs[0], grad_outputs[0]
+        grads: Grads = [None] * len(inputs)
+        if x is None or dy is None or not wants(wanted, 0):
+            return grads
+        ints = [None if a is None else [int(v) for v in np.asarray(a).reshape(-1)] for a in inputs[1:5]]
+        ints += [None] * (4 - len(ints))
+        specs = slice_specs(x.ndim, ints[0] or [], ints[1] or [], ints[2], ints[3])
+        index = [slice(None)] * x.ndim
+        for axis, (start, end, step) in specs.items():
+            index[axis] = slice(start, end, step)
+        dx = np.zeros_like(x)
+        dx[tuple(index)] = dy
+        grads[0] = dx
+        return grads
 
 
 def slice_specs(
@@ -421,6 +485,14 @@ class Transpose(OpDef):
         assert x is not None
         perm = transpose_perm(node.attrs.perm, len(x.shape))
         return [TensorInfo(tuple(x.shape[p] for p in perm), x.dtype)]
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """dY with the inverse permutation."""
+        x, dy = inputs[0], grad_outputs[0]
+        if x is None or dy is None or not wants(wanted, 0):
+            return [None]
+        perm = transpose_perm(node.attrs.perm, x.ndim)
+        return [np.ascontiguousarray(np.transpose(dy, np.argsort(perm)))]
 
 
 def transpose_perm(perm: Sequence[int] | None, rank: int) -> tuple[int, ...]:
@@ -556,6 +628,27 @@ class Dropout(OpDef):
             raise ValueError(f"ratio {float(np.asarray(ratio).reshape(-1)[0])} is outside [0, 1)")
         return [TensorInfo(x.shape, x.dtype), TensorInfo(x.shape, np.dtype(bool))]
 
+    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
+        return (0,)
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """In training mode ``dx = dy * mask / (1 - ratio)`` with the mask the forward pass drew (its
+        second output, which a training graph must name); otherwise the identity."""
+        x, dy = inputs[0], grad_outputs[0]
+        grads: Grads = [None] * len(inputs)
+        if x is None or dy is None or not wants(wanted, 0):
+            return grads
+        ratio = float(np.asarray(inputs[1]).reshape(-1)[0]) if len(inputs) > 1 and inputs[1] is not None else 0.5
+        training = len(inputs) > 2 and inputs[2] is not None and bool(np.asarray(inputs[2]).reshape(-1)[0])
+        if not training or ratio == 0.0:
+            grads[0] = dy
+            return grads
+        mask = outputs[1] if len(outputs) > 1 else None
+        if mask is None:
+            raise ValueError(f"Dropout '{node.name}' in training mode needs its mask output for backward")
+        grads[0] = (dy * mask / (1.0 - ratio)).astype(x.dtype, copy=False)
+        return grads
+
 
 @register_op
 class Identity(OpDef):
@@ -563,6 +656,9 @@ class Identity(OpDef):
 
     op_type = "Identity"
     traits = frozenset({"noop"})
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        return [grad_outputs[0] if wants(wanted, 0) else None]
 
     def infer(self, node: Node, inputs: Inputs, consts: Consts) -> list[TensorInfo]:
         x = inputs[0]
