@@ -151,6 +151,11 @@ class OpenCLDevice(Device):
         self._kernel_cache: dict[tuple[str, str, tuple[str, ...]], Any] = {}
         self.kernels = KernelTable()
         from hetflow.devices.opencl.kernels import register_all
+        from hetflow.devices.opencl.resident import Resident
+        from hetflow.devices.opencl.tuning import GemmTuning
+
+        self.gemm_tuning = GemmTuning(self)
+        self.resident = Resident()
 
         register_all(self)
 
@@ -226,6 +231,11 @@ class OpenCLDevice(Device):
             kernel.set_args(*args)
             cl.enqueue_nd_range_kernel(self.queue, kernel, global_size, local_size)
 
+    def gemm_config(self, m: int, n: int, k: int, batch: int = 1) -> Any:
+        """The GEMM configuration for an ``M x K @ K x N`` product (``batch`` of them): the tuned one of
+        its shape class from the tuning cache, else the default (see ``tuning.py``)."""
+        return self.gemm_tuning.config(m, n, k, batch)
+
     # -- memory ---------------------------------------------------------------------------------------
 
     def to_device(self, array: np.ndarray) -> DeviceArray:
@@ -255,6 +265,17 @@ class OpenCLDevice(Device):
             buffer = cl.Buffer(self.context, flags | cl.mem_flags.USE_HOST_PTR, hostbuf=host)
             return DeviceArray(buffer, tuple(shape), dtype, host)
         return DeviceArray(cl.Buffer(self.context, flags, count * dtype.itemsize), tuple(shape), dtype)
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> DeviceArray:
+        """A device tensor filled with zeros."""
+        import pyopencl as cl
+
+        out = self.empty(shape, dtype)
+        if out.host is not None:
+            out.host[...] = 0
+        else:
+            cl.enqueue_fill_buffer(self.queue, out.buffer, np.zeros(1, out.dtype), 0, out.buffer.size)
+        return out
 
     def to_host(self, buffer: object) -> np.ndarray:
         """The tensor's values as a host array (waits for the queue).

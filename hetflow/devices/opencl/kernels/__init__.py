@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 def register_all(device: OpenCLDevice) -> None:
     """Register every OpenCL kernel family into ``device.kernels``."""
-    from hetflow.devices.opencl.kernels import elementwise, gemm, softmax
+    from hetflow.devices.opencl.kernels import conv, elementwise, gemm, softmax
 
-    for module in (gemm, elementwise, softmax):
+    for module in (gemm, conv, elementwise, softmax):
         module.register(device)

@@ -1,10 +1,17 @@
 // Tiled, register-blocked GEMM with a fused epilogue:
 //   Y[z] = act(alpha * op(A[z]) @ op(B[z]) + beta * C)
 //
-// The launcher packs op(A) transposed as At[z] (Kp x Mp) and op(B) as B[z] (Kp x Np), zero-padded so
-// that Mp, Np and Kp are multiples of the tile sizes: the main loop has no bounds checks. Only the
-// epilogue checks bounds; it writes the exact M x N result. With LOCAL=0 both are packed in panels
-// instead: At as [Mp / RM][Kp][RM] and B as [Np / (RN * VW)][Kp][RN * VW].
+// Both operands come packed in zero-padded *panels*: A as [Mp / AW][Kp][AW] and B as [Np / BW][Kp][BW],
+// so that Mp, Np and Kp are multiples of the tile sizes and the main loop has no bounds checks. With
+// LOCAL=0 the panels are one work-item's rows and columns (AW = RM, BW = RN * VW), read as sequential
+// streams; with LOCAL=1 a single panel each (AW = Mp, BW = Np), i.e. At (Kp x Mp) and B (Kp x Np), from
+// which work-groups stage tiles in local memory. Only the epilogue checks bounds; it writes the exact
+// M x N result. Producers on the device (im2col, Winograd's input transform, the LSTM cell) write their
+// output straight into this layout.
+//
+// Batches: matrix z reads A panel set (z % a_mod), B panel set (z % b_mod) and bias rows (z % c_mod), so
+// one launch covers shared weights (a_mod = 1), grouped convolutions (a_mod = c_mod = groups) and plain
+// batched products (mods = batch).
 //
 // Compile-time knobs (-D), searched by the tuner:
 //   RM     rows per work-item            RN   vectors per work-item along N
@@ -52,15 +59,17 @@ inline float activate(float x, float act_a, float act_b) {
 
 __kernel __attribute__((reqd_work_group_size(WGN, WGM, 1)))
 void gemm(const int M, const int N, const int Kp, const int Mp, const int Np,
-          __global const float* restrict At, const long at_batch,
-          __global const float* restrict B, const long b_batch,
+          __global const float* restrict At, const long at_batch, const int a_mod,
+          __global const float* restrict B, const long b_batch, const int b_mod,
           __global float* restrict Y,
-          __global const float* restrict C, const int c_sm, const int c_sn, const int has_c,
+          __global const float* restrict C, const int c_sm, const int c_sn, const long c_batch,
+          const int c_mod, const int has_c,
           const float alpha, const float beta, const float act_a, const float act_b)
 {
     const int z = get_global_id(2);
-    At += z * at_batch;
-    B += z * b_batch;
+    At += (z % a_mod) * at_batch;
+    B += (z % b_mod) * b_batch;
+    C += (z % c_mod) * c_batch;
     Y += (long)z * M * N;
 
     vec_t acc[RM][RN];

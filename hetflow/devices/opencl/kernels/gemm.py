@@ -23,6 +23,7 @@ from hetflow.devices.base import InputInfos
 from hetflow.devices.opencl import DeviceArray, aligned_empty
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
+from hetflow.ops.base import TensorInfo
 
 if TYPE_CHECKING:
     from hetflow.devices.opencl import OpenCLDevice
@@ -107,36 +108,64 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def _pack(matrices: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """``[batch, r, c]`` float32 into a zero-padded contiguous ``[batch, rows, cols]``."""
-    packed = aligned_empty((matrices.shape[0], rows, cols), np.float32)
-    packed[:, : matrices.shape[1], : matrices.shape[2]] = matrices
-    # Only the padding is zeroed: the body is overwritten anyway.
-    packed[:, matrices.shape[1] :, :] = 0
-    packed[:, : matrices.shape[1], matrices.shape[2] :] = 0
-    return packed
+@dataclass(frozen=True)
+class GemmLayout:
+    """Padded sizes and panel widths of one ``M x K @ K x N`` product under one configuration.
+
+    A is packed as ``[Mp / a_width][Kp][a_width]`` and B as ``[Np / b_width][Kp][b_width]`` (see gemm.cl):
+    one work-item's rows / columns per panel without local memory, one panel each with it.
+    """
+
+    m: int
+    n: int
+    k: int
+    mp: int
+    np_: int
+    kp: int
+    a_width: int
+    b_width: int
+
+    @classmethod
+    def of(cls, config: GemmConfig, m: int, n: int, k: int) -> GemmLayout:
+        mp, np_ = _round_up(max(m, 1), config.tile_m), _round_up(max(n, 1), config.tile_n)
+        kp = _round_up(max(k, 1), config.kt)
+        if config.local:
+            return cls(m, n, k, mp, np_, kp, mp, np_)
+        return cls(m, n, k, mp, np_, kp, config.rm, config.rn * config.vw)
+
+    @property
+    def a_elements(self) -> int:
+        """Floats of one packed A matrix."""
+        return self.mp * self.kp
+
+    @property
+    def b_elements(self) -> int:
+        """Floats of one packed B matrix."""
+        return self.np_ * self.kp
 
 
-def _a_panels(a: np.ndarray, rm: int, mp: int, kp: int) -> np.ndarray:
-    """``a`` ``[batch, M, K]`` as zero-padded panels ``[batch, Mp / rm, Kp, rm]`` in one copy: panel
-    ``p`` holds rows ``p * rm ...`` of A, one k-slice of ``rm`` values after the other."""
+def pack_a(a: np.ndarray, layout: GemmLayout) -> np.ndarray:
+    """``a`` ``[batch, M, K]`` as zero-padded panels ``[batch, Mp / w, Kp, w]`` in one copy: panel ``p``
+    holds rows ``p * w ...`` of A, one k-slice of ``w`` values after the other."""
     batch, m, k = a.shape
-    panels = aligned_empty((batch, mp // rm, kp, rm), np.float32)
+    width, mp, kp = layout.a_width, layout.mp, layout.kp
+    panels = aligned_empty((batch, mp // width, kp, width), np.float32)
     panels[...] = 0  # NOTE: a memset; cheaper than tracking which parts the copies below leave out
-    rows = panels.transpose(0, 1, 3, 2)  # [batch, Mp / rm, rm, Kp], a view
-    full = m // rm
-    rows[:, :full, :, :k] = a[:, : full * rm].reshape(batch, full, rm, k)
-    if m % rm:
-        rows[:, full, : m % rm, :k] = a[:, full * rm :]
+    rows = panels.transpose(0, 1, 3, 2)  # [batch, Mp / w, w, Kp], a view
+    full = m // width
+    rows[:, :full, :, :k] = a[:, : full * width].reshape(batch, full, width, k)
+    if m % width:
+        rows[:, full, : m % width, :k] = a[:, full * width :]
     return panels
 
 
-def _b_panels(b: np.ndarray, width: int, np_: int, kp: int) -> np.ndarray:
-    """``b`` ``[batch, K, N]`` as zero-padded panels ``[batch, Np / width, Kp, width]`` in one copy."""
+def pack_b(b: np.ndarray, layout: GemmLayout) -> np.ndarray:
+    """``b`` ``[batch, K, N]`` as zero-padded panels ``[batch, Np / w, Kp, w]`` in one copy."""
     batch, k, n = b.shape
+    width, np_, kp = layout.b_width, layout.np_, layout.kp
     panels = aligned_empty((batch, np_ // width, kp, width), np.float32)
     panels[...] = 0
-    cols = panels.transpose(0, 2, 1, 3)  # [batch, Kp, Np / width, width], a view
+    cols = panels.transpose(0, 2, 1, 3)  # [batch, Kp, Np / w, w], a view
     full = n // width
     cols[:, :k, :full, :] = b[:, :, : full * width].reshape(batch, k, full, width)
     if n % width:
@@ -144,9 +173,21 @@ def _b_panels(b: np.ndarray, width: int, np_: int, kp: int) -> np.ndarray:
     return panels
 
 
+@dataclass(frozen=True)
+class Bias:
+    """The epilogue's ``C`` on the device: element ``(i, j)`` of matrix ``z`` is
+    ``C[(z % mod) * batch_stride + i * sm + j * sn]``."""
+
+    buffer: DeviceArray
+    sm: int
+    sn: int
+    batch_stride: int = 0
+    mod: int = 1
+
+
 @dataclass
 class GemmLaunch:
-    """A GEMM ready to run: operands packed into device buffers, kernel arguments set.
+    """A GEMM ready to run: operands in device buffers, kernel arguments set.
 
     ``enqueue`` may be called repeatedly (benchmarks, the tuner time the kernel alone this way).
     """
@@ -167,6 +208,58 @@ class GemmLaunch:
         return self.device.to_host(self.out)
 
 
+def launch_packed(
+    device: OpenCLDevice,
+    config: GemmConfig,
+    layout: GemmLayout,
+    batch: int,
+    a_panels: DeviceArray,
+    b_panels: DeviceArray,
+    *,
+    a_mod: int = 1,
+    b_mod: int = 1,
+    bias: Bias | None = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    fused: FusedActivation | None = None,
+    out: DeviceArray | None = None,
+) -> GemmLaunch:
+    """A launch of ``batch`` products on operands already packed on the device (``pack_a``/``pack_b``
+    layouts, or written in them by another kernel); matrix ``z`` reads A set ``z % a_mod`` and B set
+    ``z % b_mod``. The result ``[batch, M, N]`` goes to ``out`` (allocated when None)."""
+    activation = fused.op_type if fused is not None else None
+    kernel = device.kernel("gemm", SOURCE, config.options(activation))
+    if out is None:
+        out = device.empty((batch, layout.m, layout.n), np.float32)
+    c_buf = bias.buffer if bias is not None else a_panels  # never read without a bias: has_c is 0
+    act_a = fused.alpha if fused is not None else 0.0
+    act_b = fused.beta if fused is not None else 0.0
+    args = (
+        np.int32(layout.m), np.int32(layout.n), np.int32(layout.kp), np.int32(layout.mp),
+        np.int32(layout.np_),
+        a_panels.buffer, np.int64(layout.a_elements), np.int32(a_mod),
+        b_panels.buffer, np.int64(layout.b_elements), np.int32(b_mod),
+        out.buffer,
+        c_buf.buffer, np.int32(bias.sm if bias else 0), np.int32(bias.sn if bias else 0),
+        np.int64(bias.batch_stride if bias else 0), np.int32(bias.mod if bias else 1),
+        np.int32(bias is not None),
+        np.float32(alpha), np.float32(beta), np.float32(act_a), np.float32(act_b),
+    )  # fmt: skip
+    global_size = (layout.np_ // (config.rn * config.vw), layout.mp // config.rm, batch)
+    local_size = (config.wgn, config.wgm, 1)
+    operands = (a_panels, b_panels) + ((bias.buffer,) if bias else ())
+    return GemmLaunch(device, kernel, global_size, local_size, out, args, operands)
+
+
+def matrix_bias(device: OpenCLDevice, c: np.ndarray) -> Bias:
+    """``c`` broadcastable to ``[M, N]`` as an epilogue bias: a ``[rows, cols]`` matrix with rows in
+    (1, M) and cols in (1, N), read through strides that are 0 along broadcast axes."""
+    c2 = np.asarray(c, np.float32).reshape((1,) * (2 - c.ndim) + c.shape)
+    c_sm = c2.shape[1] if c2.shape[0] != 1 else 0
+    c_sn = 1 if c2.shape[1] != 1 else 0
+    return Bias(device.to_device(c2), c_sm, c_sn)
+
+
 def prepare_gemm(
     device: OpenCLDevice,
     a: np.ndarray,
@@ -176,7 +269,7 @@ def prepare_gemm(
     alpha: float = 1.0,
     beta: float = 1.0,
     fused: FusedActivation | None = None,
-    config: GemmConfig = DEFAULT_CONFIG,
+    config: GemmConfig | None = None,
 ) -> GemmLaunch:
     """Pack the operands of ``act(alpha * a @ b + beta * c)`` and set the kernel's arguments.
 
@@ -184,44 +277,20 @@ def prepare_gemm(
         a: ``[batch, M, K]`` (already transposed as the op asks), with ``batch, M, N >= 1``.
         b: ``[batch, K, N]`` or ``[1, K, N]`` (shared by every batch element).
         c: optional, broadcastable to ``[M, N]``.
-        config: the kernel's knobs.
+        config: the kernel's knobs; None: the device's choice for this shape (tuned, else default).
     """
     batch, m, k = a.shape
     n = b.shape[2]
-    mp, np_, kp = _round_up(m, config.tile_m), _round_up(n, config.tile_n), _round_up(max(k, 1), config.kt)
-    if config.local:
-        at = _pack(np.swapaxes(a, 1, 2), kp, mp)
-        bp = _pack(b, kp, np_)
-    else:
-        at = _a_panels(a, config.rm, mp, kp)
-        bp = _b_panels(b, config.rn * config.vw, np_, kp)
-    activation = fused.op_type if fused is not None else None
-    kernel = device.kernel("gemm", SOURCE, config.options(activation))
-    at_buf, b_buf = device.to_device(at), device.to_device(bp)
-    out = device.empty((batch, m, n), np.float32)
-    if c is not None:
-        # C broadcasts to [M, N]: as a [rows, cols] matrix with rows in (1, M), cols in (1, N), read
-        # through strides that are 0 along broadcast axes.
-        c2 = np.asarray(c, np.float32).reshape((1,) * (2 - c.ndim) + c.shape)
-        c_sm = c2.shape[1] if c2.shape[0] != 1 else 0
-        c_sn = 1 if c2.shape[1] != 1 else 0
-        c_buf = device.to_device(c2)
-    else:
-        c_sm = c_sn = 0
-        c_buf = at_buf  # never read: has_c is 0
-    act_a = fused.alpha if fused is not None else 0.0
-    act_b = fused.beta if fused is not None else 0.0
-    args = (
-        np.int32(m), np.int32(n), np.int32(kp), np.int32(mp), np.int32(np_),
-        at_buf.buffer, np.int64(kp * mp),
-        b_buf.buffer, np.int64(kp * np_ if b.shape[0] > 1 else 0),
-        out.buffer,
-        c_buf.buffer, np.int32(c_sm), np.int32(c_sn), np.int32(c is not None),
-        np.float32(alpha), np.float32(beta), np.float32(act_a), np.float32(act_b),
+    if config is None:
+        config = device.gemm_config(m, n, k, batch)
+    layout = GemmLayout.of(config, m, n, k)
+    a_buf = device.to_device(pack_a(np.asarray(a, np.float32), layout))
+    b_buf = device.to_device(pack_b(np.asarray(b, np.float32), layout))
+    bias = matrix_bias(device, c) if c is not None else None
+    return launch_packed(
+        device, config, layout, batch, a_buf, b_buf, a_mod=batch, b_mod=b.shape[0], bias=bias,
+        alpha=alpha, beta=beta, fused=fused,
     )  # fmt: skip
-    global_size = (np_ // (config.rn * config.vw), mp // config.rm, batch)
-    local_size = (config.wgn, config.wgm, 1)
-    return GemmLaunch(device, kernel, global_size, local_size, out, args, (at_buf, b_buf, c_buf))
 
 
 def run_gemm(
@@ -233,7 +302,7 @@ def run_gemm(
     alpha: float = 1.0,
     beta: float = 1.0,
     fused: FusedActivation | None = None,
-    config: GemmConfig = DEFAULT_CONFIG,
+    config: GemmConfig | None = None,
 ) -> np.ndarray:
     """``act(alpha * a @ b + beta * c)`` on the device for stacks of matrices: ``[batch, M, N]`` float32
     (see ``prepare_gemm`` for the arguments)."""
@@ -253,6 +322,23 @@ def _float32_only(node: Node, inputs: InputInfos) -> str | None:
         if info is not None and info.dtype != np.float32:
             return f"OpenCL {node.op_type} runs float32 only, got {info.dtype}"
     return None
+
+
+def gemm_products(node: Node, inputs: Sequence[TensorInfo | None]) -> list[tuple[int, int, int, int]]:
+    """The ``(M, N, K, batch)`` product a Gemm or MatMul node runs (for tuning)."""
+    a, b = inputs[0], inputs[1]
+    assert a is not None and b is not None
+    if node.op_type == "Gemm":
+        m, k = (a.shape[1], a.shape[0]) if node.attrs.transA else (a.shape[0], a.shape[1])
+        n = b.shape[0] if node.attrs.transB else b.shape[1]
+        return [(int(m), int(n), int(k), 1)]
+    a_shape = (1, *a.shape) if len(a.shape) == 1 else tuple(a.shape)
+    b_shape = (*b.shape, 1) if len(b.shape) == 1 else tuple(b.shape)
+    m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
+    if len(b_shape) == 2:
+        return [(int(np.prod(a_shape[:-1], dtype=np.int64)), int(n), int(k), 1)]
+    batch = int(np.prod(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]), dtype=np.int64))
+    return [(int(m), int(n), int(k), batch)]
 
 
 def register(device: OpenCLDevice) -> None:

@@ -1,0 +1,53 @@
+"""Device copies of host arrays that do not change between runs (weights and what is derived from them:
+packed GEMM panels, Winograd-transformed kernels), kept for as long as the host array lives.
+
+Kernels take numpy arrays, so a layer's weights arrive as the same initializer array on every run: keyed
+by the array's identity (and what was derived from it), the packed copy is made once per session. A
+weak reference drops the entry when the array goes away. Like the CPU's Winograd weight cache, this
+assumes weights are not modified in place between runs (training replaces arrays rather than edit them).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+
+
+class Resident:
+    """``get(array, key, make)``: ``make()``'s result for ``(array, key)``, made once while ``array``
+    lives."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[int, Hashable], tuple[weakref.ref, Any]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, array: np.ndarray, key: Hashable, make: Callable[[], Any]) -> Any:
+        slot = (id(array), key)
+        with self._lock:
+            entry = self._entries.get(slot)
+        if entry is not None and entry[0]() is array:
+            return entry[1]
+        value = make()
+        entries = self._entries
+
+        def forget(_ref: weakref.ref, slot: tuple[int, Hashable] = slot) -> None:
+            entries.pop(slot, None)
+
+        try:
+            ref = weakref.ref(array, forget)
+        except TypeError:  # an object that cannot be weakly referenced is simply not cached
+            return value
+        with self._lock:
+            self._entries[slot] = (ref, value)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
