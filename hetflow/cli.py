@@ -71,6 +71,7 @@ def _build_parser() -> argparse.ArgumentParser:
     tune.set_defaults(handler=_cmd_tune)
 
     _add_profile_parser(commands)
+    _add_bench_parser(commands)
     _add_estimate_parsers(commands)
     _add_devices_parser(commands)
 
@@ -245,6 +246,40 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     for device, count, seconds, copied, mapped in profiler.device_totals():
         print(f"  {device:<10} {count:4d} nodes {seconds / runs * 1e3:10.3f} ms/run  copied "
               f"{copied / runs / 2**20:8.2f} MiB/run  mapped (zero-copy) {mapped / runs / 2**20:8.2f} MiB/run")
+    return 0
+
+
+# -- bench -------------------------------------------------------------------------------------------
+def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
+    bench = commands.add_parser("bench", help="reproduce the seed papers' experiments (tables and plots)")
+    bench.add_argument("targets", nargs="*", metavar="TARGET",
+                       help="matmul, conv, placements, lstm, cnndroid, or all (default: list them)")
+    bench.add_argument("--out", type=Path, default=Path("bench-results"),
+                       help="folder for TARGET.md, TARGET.json and the plot (bench-results)")
+    bench.add_argument("--repeat", type=int, default=10, help="timed calls per configuration (10)")
+    bench.add_argument("--threads", type=int, help="BLAS threads (every core this process may use)")
+    bench.add_argument("--quick", action="store_true", help="a reduced sweep, for a smoke test")
+    bench.set_defaults(handler=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from hetflow.bench import TARGETS, Options, run_target
+
+    if not args.targets:
+        for target in TARGETS.values():
+            print(f"{target.name:<12} {target.reproduces:<22} {target.description}")
+        return 0
+    names = list(TARGETS) if args.targets == ["all"] else args.targets
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown:
+        raise HetflowError(f"unknown bench target(s) {unknown}; targets: {', '.join(TARGETS)}")
+    options = Options(repeat=args.repeat, quick=args.quick, threads=args.threads)
+    for name in names:
+        print(f"# {name} ({TARGETS[name].reproduces})", file=sys.stderr, flush=True)
+        result = run_target(name, options)
+        written = result.write(args.out)
+        print(result.markdown())
+        print(f"written: {', '.join(str(p) for p in written)}\n", flush=True)
     return 0
 
 
