@@ -9,10 +9,10 @@ the batch made static, f32 precision, CPU pinning off (on 2 cores pinning makes 
 and then). lstm-gesture runs at batch 64 where the others run at 16. The runtime ``hetflow-parallel`` is
 hetflow with ``execution_mode="parallel"`` (``hetflow`` is the default, sequential).
 
-Timing protocol (see NOTES.md): runtimes are interleaved per repetition; before each timed call the
-runtime about to be timed runs untimed for >= 100 ms (or, when one call is longer than that, the previous
-runtime's worker threads get 150 ms to stop spinning), so none pays for another's spinning threads.
-Minimums are the stable statistic; medians are reported too. The effective rate is 2 * MACs / minimum
+Timing protocol (``hetflow.bench.timing.side_by_side``, after NOTES.md): runtimes are interleaved per
+repetition; before each timed call the runtime about to be timed runs untimed for >= 100 ms (or, when one
+call is longer than that, the previous runtime's worker threads get 150 ms to stop spinning), so none pays
+for another's spinning threads. Minimums are the stable statistic; medians are reported too. The effective rate is 2 * MACs / minimum
 time, set against the sgemm roofline (numpy float32 2048^3 matmul, best of 5) measured in the same run.
 """
 
@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hetflow  # noqa: E402
 from hetflow import zoo  # noqa: E402
+from hetflow.bench.timing import side_by_side  # noqa: E402
 from hetflow.devices.cpu.threads import BLAS  # noqa: E402
 from hetflow.ops.cost import total_macs  # noqa: E402
 from hetflow.passes import bind_batch  # noqa: E402
@@ -154,16 +155,6 @@ def _timed(call: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def _settle(runner: Runner, last_seconds: float) -> None:
-    """Let the previous runtime's spinning workers stop, and warm the next one's caches and pools."""
-    if last_seconds > 0.1:
-        time.sleep(0.15)
-        return
-    deadline = time.perf_counter() + 0.1
-    while time.perf_counter() < deadline:
-        runner.run()
-
-
 def _feed(path: Path, batch: int) -> tuple[dict[str, np.ndarray], float]:
     """A seeded input of the model's shape at ``batch``, and the model's GFLOP at that batch."""
     session = hetflow.InferenceSession(path)
@@ -178,16 +169,9 @@ def measure(name: str, batch: int, args: argparse.Namespace, roofline: float) ->
     path = zoo.model_path(name)
     feed, gflop = _feed(path, batch)
     runners = {key: RUNNER_TYPES[key](path, feed, args.threads) for key in args.runtimes}
-    times: dict[str, list[float]] = {key: [] for key in runners}
-    last = {key: 0.0 for key in runners}
-    for _ in range(args.repeat):
-        for key, runner in runners.items():
-            _settle(runner, last[key])
-            last[key] = _timed(runner.run)
-            times[key].append(last[key])
-    ms = {key: np.array(values) * 1e3 for key, values in times.items()}
-    return Row(name, batch, gflop, {k: float(v.min()) for k, v in ms.items()},
-               {k: float(np.median(v)) for k, v in ms.items()}, roofline)
+    timings = side_by_side({key: runner.run for key, runner in runners.items()}, args.repeat)
+    return Row(name, batch, gflop, {k: t.min_ms for k, t in timings.items()},
+               {k: t.median_ms for k, t in timings.items()}, roofline)
 
 
 # -- reporting ---------------------------------------------------------------------------------
