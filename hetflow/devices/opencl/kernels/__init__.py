@@ -11,7 +11,16 @@ if TYPE_CHECKING:
 
 def register_all(device: OpenCLDevice) -> None:
     """Register every OpenCL kernel family into ``device.kernels``."""
-    from hetflow.devices.opencl.kernels import conv, elementwise, gemm, softmax
+    from hetflow.devices.opencl.kernels import (
+        conv,
+        elementwise,
+        gemm,
+        lstm,
+        norm,
+        pool,
+        softmax,
+        tensor,
+    )
 
-    for module in (gemm, conv, elementwise, softmax):
+    for module in (gemm, conv, elementwise, softmax, pool, norm, tensor, lstm):
         module.register(device)

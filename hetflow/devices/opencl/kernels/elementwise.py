@@ -78,6 +78,15 @@ def _float32_up_to_max_rank(node: Node, inputs: InputInfos) -> str | None:
     return None
 
 
+def _float32_all_up_to_max_rank(node: Node, inputs: InputInfos) -> str | None:
+    if inputs is None:
+        return None
+    for info in inputs:
+        if info is not None and (info.dtype != np.float32 or len(info.shape) > MAX_RANK):
+            return f"OpenCL {node.op_type} runs float32 up to rank {MAX_RANK}"
+    return None
+
+
 def run_binary(device: OpenCLDevice, op_type: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a <op> b`` with broadcasting on the device."""
     a = np.asarray(a, np.float32)
@@ -129,6 +138,17 @@ def register(device: OpenCLDevice) -> None:
         device.kernels.register(op_type, supports=_float32_up_to_max_rank)(_binary_kernel(device, op_type))
     for op_type in UNARY_OPS:
         device.kernels.register(op_type, supports=_float32_up_to_max_rank)(_unary_kernel(device, op_type))
+
+    @device.kernels.register("Sum", supports=_float32_all_up_to_max_rank)
+    def sum_(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        """Sum of any number of inputs with broadcasting: one Add launch per extra input."""
+        arrays = [a for a in inputs if a is not None]
+        total = np.asarray(arrays[0], np.float32)
+        if len(arrays) == 1:
+            return [total.copy()]
+        for other in arrays[1:]:
+            total = run_binary(device, "Add", total, other)
+        return [total]
 
 
 def _binary_kernel(device: OpenCLDevice, op_type: str):  # noqa: ANN202  (a KernelFn)
