@@ -1,0 +1,307 @@
+"""The training loop: ``Trainer(model, loss=..., optimizer=...).fit(x, y, epochs, batch_size)``."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hetflow.errors import BudgetError
+from hetflow.frontends import ModelSource, load_model
+from hetflow.frontends.onnx_export import save_model
+from hetflow.graph import Graph
+from hetflow.ops.loss import READS_LOGITS, LossResult, get_loss
+from hetflow.train.autograd import Tape, TrainingError
+from hetflow.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from hetflow.train.graph import parameter_names, set_dropout_seed, training_graph
+from hetflow.train.optim import Adam, Optimizer
+
+LossFn = Callable[[np.ndarray, np.ndarray], LossResult]
+
+
+@dataclass
+class EpochStats:
+    """One epoch's summary: mean training loss and accuracy, validation metrics when given."""
+
+    epoch: int
+    train_loss: float
+    train_accuracy: float | None
+    seconds: float
+    val_loss: float | None = None
+    val_accuracy: float | None = None
+
+
+@dataclass
+class History:
+    """Everything ``fit`` measured, epoch by epoch."""
+
+    epochs: list[EpochStats] = field(default_factory=list)
+
+    @property
+    def last(self) -> EpochStats:
+        return self.epochs[-1]
+
+
+class Trainer:
+    """Train a model's weights on the CPU with the ops' backward rules, then export it as ONNX.
+
+    Args:
+        model: anything ``hetflow.load_model`` accepts (path, ``"zoo:NAME"``, ModelProto, Graph).
+        loss: ``"cross_entropy"`` (reads the scores before a final Softmax / LogSoftmax, fused and
+            numerically stable; integer labels or target probabilities) or ``"mse"``, or a function
+            ``(scores, targets) -> LossResult``.
+        optimizer: an ``Optimizer`` (default ``Adam(lr=1e-3)``).
+        device: ``"cpu"`` (the only device with training kernels so far).
+        memory_budget: bytes (or ``"64MB"``) the step's kept activations and gradients may use; a step
+            that would need more raises BudgetError before running (see ``memory_report``).
+        freeze: glob patterns of parameter or node names whose parameters stay fixed.
+        seed: seed of the shuffling and of Dropout's masks.
+
+    Example::
+
+        trainer = Trainer("zoo:lenet", optimizer=Adam(lr=1e-3))
+        trainer.fit(x_train, y_train, epochs=5, batch_size=64, validation=(x_test, y_test))
+        trainer.export("lenet-trained.onnx")
+    """
+
+    def __init__(
+        self,
+        model: ModelSource | Graph,
+        loss: str | LossFn = "cross_entropy",
+        optimizer: Optimizer | None = None,
+        device: str = "cpu",
+        memory_budget: int | str | None = None,
+        freeze: Sequence[str] = (),
+        seed: int = 0,
+    ):
+        if device != "cpu":
+            raise TrainingError(f"training runs on the CPU only so far; got device={device!r}")
+        self.graph = load_model(model)
+        if isinstance(loss, str):
+            self.loss_name = loss
+            self._loss = get_loss(loss)
+            reads_logits = loss in READS_LOGITS
+        else:
+            self.loss_name = getattr(loss, "__name__", "custom")
+            self._loss = loss
+            reads_logits = False
+        self._train = training_graph(self.graph, reads_logits)
+        self.optimizer = optimizer or Adam(lr=1e-3)
+        self.memory_budget = _parse_budget(memory_budget)
+        self._rng = np.random.default_rng(seed)
+        self._seed = seed
+        # The trainer owns its weights: copies, so that the loaded graph's arrays are never written.
+        self.params = {name: np.array(self.graph.initializers[name]) for name in parameter_names(self._train.graph)}
+        self.buffers = {name: np.array(self.graph.initializers[name]) for name in self._train.running.values()}
+        for name, array in {**self.params, **self.buffers}.items():
+            self._train.graph.initializers[name] = array
+        self._frozen: set[str] = set()
+        self.freeze(*freeze)
+        self.input_name = self.graph.input_values()[0].name
+        self.steps = 0
+
+    # -- parameters ----------------------------------------------------------------------------
+    def freeze(self, *patterns: str) -> list[str]:
+        """Keep the parameters matching ``patterns`` (parameter or node names, glob) fixed; returns them."""
+        matched = self._match(patterns)
+        self._frozen.update(matched)
+        self._tape = None  # re-planned on the next step
+        return matched
+
+    def unfreeze(self, *patterns: str) -> list[str]:
+        """Train the parameters matching ``patterns`` again (every one when none is given)."""
+        matched = self._match(patterns) if patterns else sorted(self._frozen)
+        self._frozen.difference_update(matched)
+        self._tape = None
+        return matched
+
+    def train_only_head(self, layers: int = 1) -> list[str]:
+        """Freeze everything but the parameters of the last ``layers`` layers that have any (fine-tuning an
+        imported model: on-device personalisation). Returns the trainable parameter names."""
+        owners: list[list[str]] = []
+        for node in self._train.graph.nodes:
+            owned = [name for name in node.inputs if name in self.params]
+            if owned:
+                owners.append(owned)
+        head = {name for owned in owners[-layers:] for name in owned}
+        self._frozen = set(self.params) - head
+        self._tape = None
+        return sorted(head)
+
+    @property
+    def trainable(self) -> list[str]:
+        """Names of the parameters the next step updates."""
+        return [name for name in self.params if name not in self._frozen]
+
+    def _match(self, patterns: Iterable[str]) -> list[str]:
+        matched = []
+        for node in self._train.graph.nodes:
+            for name in node.inputs:
+                if name in self.params and any(
+                    fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(node.name, p) for p in patterns
+                ):
+                    matched.append(name)
+        return sorted(set(matched))
+
+    @property
+    def tape(self) -> Tape:
+        if self._tape is None:
+            self._tape = Tape(self._train.graph, self.trainable)
+        return self._tape
+
+    # -- steps ---------------------------------------------------------------------------------
+    def train_step(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
+        """One optimisation step on a batch; returns (loss, correctly classified examples)."""
+        tape = self.tape
+        set_dropout_seed(self._train, self._seed * 100003 + self.steps)
+        forward = tape.forward({self.input_name: x}, outputs=self._train.running)
+        scores = forward.values[self._train.scores]
+        result = self._loss(scores, y)
+        grads = tape.backward(forward, {self._train.scores: result.grad})
+        if self.memory_budget is not None and tape.peak_bytes > self.memory_budget:
+            raise BudgetError(
+                f"a training step at batch {len(x)} kept {tape.peak_bytes} bytes of activations and "
+                f"gradients; the budget is {self.memory_budget} (use a smaller batch)"
+            )
+        self.optimizer.step(self.params, grads)
+        for output, initializer in self._train.running.items():
+            self.buffers[initializer][...] = forward.values[output]
+        self.steps += 1
+        return result.value, _correct(scores, y)
+
+    def fit(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        epochs: int = 1,
+        batch_size: int = 32,
+        validation: tuple[np.ndarray, np.ndarray] | None = None,
+        shuffle: bool = True,
+        progress: bool | None = None,
+        on_epoch: Callable[[EpochStats], None] | None = None,
+        augment: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
+    ) -> History:
+        """Train for ``epochs`` passes over ``(x, y)`` in batches of ``batch_size``.
+
+        Args:
+            validation: ``(x, y)`` evaluated (inference form) after every epoch.
+            shuffle: visit the examples in a new seeded order every epoch.
+            progress: show a tqdm bar with loss and accuracy on stderr (default: when it is a terminal).
+            on_epoch: called with each epoch's statistics.
+            augment: maps each training batch (with the trainer's seeded generator) before the step.
+        """
+        from tqdm import tqdm
+
+        x = np.asarray(x, dtype=self.graph.values[self.input_name].dtype)
+        y = np.asarray(y)
+        if len(x) != len(y):
+            raise ValueError(f"x has {len(x)} examples but y has {len(y)}")
+        show = sys.stderr.isatty() if progress is None else progress
+        history = History()
+        batches = -(-len(x) // batch_size)
+        for epoch in range(epochs):
+            started = time.perf_counter()
+            order = self._rng.permutation(len(x)) if shuffle else np.arange(len(x))
+            total_loss, total_correct, seen = 0.0, 0, 0
+            bar = tqdm(range(batches), desc=f"epoch {epoch + 1}/{epochs}", unit="batch", disable=not show,
+                       leave=False, file=sys.stderr)
+            for batch in bar:
+                index = order[batch * batch_size:(batch + 1) * batch_size]
+                inputs = x[index] if augment is None else augment(x[index], self._rng)
+                loss, correct = self.train_step(inputs, y[index])
+                total_loss += loss * len(index)
+                total_correct += correct
+                seen += len(index)
+                bar.set_postfix(loss=f"{total_loss / seen:.4f}", acc=f"{total_correct / seen:.3f}")
+            bar.close()
+            stats = EpochStats(epoch + 1, total_loss / seen, total_correct / seen if y.ndim == 1 else None,
+                               time.perf_counter() - started)
+            if validation is not None:
+                metrics = self.evaluate(*validation)
+                stats.val_loss, stats.val_accuracy = metrics["loss"], metrics.get("accuracy")
+            history.epochs.append(stats)
+            if on_epoch is not None:
+                on_epoch(stats)
+        return history
+
+    # -- inference -----------------------------------------------------------------------------
+    def _inference_graph(self) -> Graph:
+        graph = self.graph.copy()
+        graph.initializers.update({name: array.copy() for name, array in {**self.params, **self.buffers}.items()})
+        return graph
+
+    def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
+        """The model's output (inference form: BatchNormalization with running statistics, no Dropout)."""
+        return self._run_inference(x, batch_size, self.graph.outputs[0])
+
+    def _run_inference(self, x: np.ndarray, batch_size: int, output: str) -> np.ndarray:
+        graph = self.graph.copy()
+        graph.initializers.update({**self.params, **self.buffers})
+        tape = Tape(graph, ())
+        x = np.asarray(x, dtype=self.graph.values[self.input_name].dtype)
+        pieces = [
+            tape.forward({self.input_name: x[i:i + batch_size]}, outputs=[output]).values[output]
+            for i in range(0, len(x), batch_size)
+        ]
+        return np.concatenate(pieces)
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
+        """Loss and (for class labels) accuracy of the inference form on ``(x, y)``."""
+        scores = self._run_inference(x, batch_size, self._train.scores)
+        y = np.asarray(y)
+        metrics = {"loss": self._loss(scores, y).value}
+        if y.ndim == 1:
+            metrics["accuracy"] = _correct(scores, y) / len(y)
+        return metrics
+
+    # -- persistence ---------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Write a checkpoint (weights, running statistics, optimizer state) without pickle."""
+        meta: dict[str, Any] = {"steps": self.steps, "optimizer_steps": self.optimizer.steps,
+                                "loss": self.loss_name, "optimizer": type(self.optimizer).__name__}
+        save_checkpoint(path, Checkpoint(self.params, self.buffers, self.optimizer.state_arrays(), meta))
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Restore a checkpoint written by ``save`` for this model."""
+        checkpoint = load_checkpoint(path)
+        for target, source in ((self.params, checkpoint.params), (self.buffers, checkpoint.buffers)):
+            unknown = set(source) - set(target)
+            if unknown:
+                raise ValueError(f"checkpoint has tensors this model lacks: {sorted(unknown)[:5]}")
+            for name, array in source.items():
+                if target[name].shape != array.shape:
+                    raise ValueError(f"checkpoint tensor '{name}' has shape {array.shape}; "
+                                     f"the model's is {target[name].shape}")
+                target[name][...] = array
+        self.optimizer.load_state_arrays(checkpoint.optimizer)
+        self.steps = int(checkpoint.meta.get("steps", 0))
+
+    def export(self, path: str | os.PathLike) -> Graph:
+        """Write the trained model as ONNX (the inference graph with the trained weights) and return it."""
+        graph = self._inference_graph()
+        save_model(graph, path)
+        return graph
+
+    def inference_graph(self) -> Graph:
+        """The inference graph with the current weights (what ``export`` writes)."""
+        return self._inference_graph()
+
+
+def _correct(scores: np.ndarray, y: np.ndarray) -> int:
+    if y.ndim != 1 or scores.ndim != 2:
+        return 0
+    return int(np.sum(scores.argmax(axis=1) == y))
+
+
+def _parse_budget(budget: int | str | None) -> int | None:
+    if budget is None:
+        return None
+    from hetflow.estimate.predict import parse_bytes
+
+    return parse_bytes(budget)
