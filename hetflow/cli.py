@@ -446,6 +446,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"  memory {max(profile.memory.bandwidth_gbs):.1f} GB/s in cache, {min(profile.memory.bandwidth_gbs):.1f} "
           f"GB/s from DRAM; executor {profile.dispatch_s * 1e6:.1f} us per node, "
           f"{profile.run_overhead_s * 1e6:.1f} us per run")
+    if profile.transfer.to_device_gbs > 0:
+        print(f"  transfers {profile.transfer.to_device_gbs:.1f} GB/s to the device, "
+              f"{profile.transfer.to_host_gbs:.1f} GB/s back, {profile.transfer.latency_s * 1e6:.1f} us latency")
     for key, model in sorted(profile.ops.items()):
         print(f"  {key:<32} {model.samples:3d} samples, fit error {model.fit_mape * 100:5.1f}%")
     print(f"wrote {path}")

@@ -6,7 +6,8 @@ What is measured (each with many iterations per synchronisation, the minimum of 
 2. matrix multiplication over an (n, m, k) grid of CNN-typical sizes, fitted as a peak rate times a
    per-dimension efficiency (piecewise linear in log n, log m, log k) plus the grid's residuals — the
    small-matrix inefficiency a linear-in-FLOPs model misses;
-3. the executor's cost per node and per ``run`` call;
+3. the executor's cost per node and per ``run`` call, and host<->device copies (latency and bandwidth,
+   through the device's own ``to_device`` / ``to_host``; nothing to measure on the CPU);
 4. every kernel the device offers for every node of the representative layers in
    ``hetflow.estimate.probes`` (each Conv algorithm, pools, LRN, BN, elementwise, softmax, Gemm,
    LSTM ...), each on its real inputs; one linear model per (op type, algorithm) is fitted over
@@ -31,7 +32,7 @@ from hetflow.devices.registry import get_device
 from hetflow.estimate import probes as probe_catalogue
 from hetflow.estimate.models import FALLBACK_COEF, features, fit_relative, gemm_base_seconds, mape, nnls
 from hetflow.estimate.predict import kernel_cost, layer_key, memory_terms, window_strided
-from hetflow.estimate.profile import DeviceProfile, GemmModel, MemoryModel, OpModel, now_iso
+from hetflow.estimate.profile import DeviceProfile, GemmModel, MemoryModel, OpModel, TransferModel, now_iso
 from hetflow.estimate.timing import amortised_seconds, replay, threads_held, timed_call
 from hetflow.frontends import load_model
 from hetflow.graph import Graph, Node
@@ -127,6 +128,7 @@ def _calibrate(device: str, quick: bool, progress: bool | None) -> DeviceProfile
     with tqdm(total=total, desc=f"calibrating {hardware.id}", unit="bench", disable=not show, leave=False) as bar:
         memory = _calibrate_memory(settings, hardware, bar.update)
         dispatch, run_overhead = _calibrate_dispatch(settings, hardware)
+        transfer = _calibrate_transfer(settings, hardware)
         bar.update(1)
         gemm = _calibrate_gemm(settings, grid, hardware, bar.update)
         measured: list[list[Sample]] = []
@@ -149,6 +151,7 @@ def _calibrate(device: str, quick: bool, progress: bool | None) -> DeviceProfile
         memory=memory,
         dispatch_s=dispatch,
         run_overhead_s=run_overhead,
+        transfer=transfer,
         ops=fit_op_models(samples),
     )
 
@@ -174,6 +177,35 @@ def _calibrate_memory(settings: Settings, device: Device, step: Callable[[int], 
     step(1)
     return MemoryModel(working_set_bytes=sizes, bandwidth_gbs=[float(r) for r in rates],
                        elementwise_gflops=float(a.size / seconds / 1e9))
+
+
+# -- host <-> device copies -----------------------------------------------------------------------
+#: Bytes of the small and the large transfer; latency and bandwidth are the line through the two.
+TRANSFER_SIZES = (4 << 10, 16 << 20)
+
+
+def _calibrate_transfer(settings: Settings, device: Device) -> TransferModel:
+    """Latency and bandwidth of ``to_device`` and ``to_host`` (a host device moves nothing)."""
+    if device.kind == "cpu":
+        return TransferModel()
+    up, down = [], []
+    for size in TRANSFER_SIZES:
+        host = np.ones(size // 4, dtype=np.float32)
+        buffer = device.to_device(host)
+        up.append(amortised_seconds(lambda h=host: device.to_device(h), min_time=settings.min_time,
+                                    rounds=settings.rounds, synchronize=device.synchronize))
+        down.append(amortised_seconds(lambda b=buffer: device.to_host(b), min_time=settings.min_time,
+                                      rounds=settings.rounds, synchronize=device.synchronize))
+    span = TRANSFER_SIZES[1] - TRANSFER_SIZES[0]
+
+    def bandwidth(times: list[float]) -> float:
+        # NOTE: noise can make the big copy look no slower than the small one; then the big one's
+        # average rate is the honest lower bound.
+        slope = (times[1] - times[0]) / span
+        return 1 / slope / 1e9 if slope > 0 else TRANSFER_SIZES[1] / times[1] / 1e9
+
+    latency = max(0.0, min(up[0], down[0]) - TRANSFER_SIZES[0] / (bandwidth(up) * 1e9))
+    return TransferModel(latency_s=latency, to_device_gbs=bandwidth(up), to_host_gbs=bandwidth(down))
 
 
 # -- dispatch overhead -----------------------------------------------------------------------------

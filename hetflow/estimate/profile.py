@@ -8,6 +8,8 @@ A profile holds four groups of fitted terms:
 * ``memory``: copy bandwidth as a function of the working set (cache levels, then DRAM), and the rate of
   simple elementwise arithmetic;
 * ``dispatch_s`` / ``run_overhead_s``: the executor's cost per node and per ``run`` call;
+* ``transfer``: host-to-device and device-to-host copies as latency plus bytes over bandwidth (zero on
+  the CPU; on host-unified-memory devices a map, which is what the bandwidth then measures);
 * ``ops``: one linear model per (op type, algorithm) over physical features (GEMM seconds, bytes over
   bandwidth, elementwise work, a fixed overhead) and the kernel's transient memory.
 
@@ -71,6 +73,28 @@ class MemoryModel:
 
 
 @dataclass
+class TransferModel:
+    """Seconds to move ``b`` bytes each way: ``latency_s + b / (gbs * 1e9)``.
+
+    A bandwidth of 0 means nothing is copied that way (the host's own memory): the time is 0.
+    """
+
+    latency_s: float = 0.0
+    to_device_gbs: float = 0.0
+    to_host_gbs: float = 0.0
+
+    def to_device_seconds(self, nbytes: int) -> float:
+        return _transfer_seconds(self.latency_s, self.to_device_gbs, nbytes)
+
+    def to_host_seconds(self, nbytes: int) -> float:
+        return _transfer_seconds(self.latency_s, self.to_host_gbs, nbytes)
+
+
+def _transfer_seconds(latency_s: float, gbs: float, nbytes: int) -> float:
+    return 0.0 if gbs <= 0 or nbytes <= 0 else latency_s + nbytes / (gbs * 1e9)
+
+
+@dataclass
 class OpModel:
     """Time and transient memory of one (op type, algorithm) as linear models over features.
 
@@ -114,6 +138,7 @@ class DeviceProfile:
     memory: MemoryModel = field(default_factory=MemoryModel)
     dispatch_s: float = 5e-6
     run_overhead_s: float = 2e-5
+    transfer: TransferModel = field(default_factory=TransferModel)
     ops: dict[str, OpModel] = field(default_factory=dict)
 
     # -- JSON ------------------------------------------------------------------------------------
@@ -144,6 +169,8 @@ class DeviceProfile:
                 memory=MemoryModel(**data["memory"]),
                 dispatch_s=float(data.get("dispatch_s", 5e-6)),
                 run_overhead_s=float(data.get("run_overhead_s", 2e-5)),
+                # NOTE: profiles written before the transfer model existed are host profiles: no copies.
+                transfer=TransferModel(**data.get("transfer", {})),
                 ops={key: OpModel(**value) for key, value in data.get("ops", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as error:

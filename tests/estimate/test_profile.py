@@ -141,3 +141,27 @@ def test_estimate_without_a_profile_calibrates_a_quick_one(tmp_path, monkeypatch
     assert json.loads(captured.out)["layers"][0]["op"] == "Conv"
     device = CPUDevice()
     assert default_profile_path(device.id, device.fingerprint()).exists()
+
+
+def test_transfer_model_is_zero_on_the_host_and_linear_elsewhere(quick_profile, tmp_path):
+    from hetflow.estimate.profile import TransferModel
+
+    assert quick_profile.transfer.to_device_seconds(1 << 20) == 0.0  # the CPU copies nothing
+    model = TransferModel(latency_s=1e-5, to_device_gbs=2.0, to_host_gbs=4.0)
+    assert model.to_device_seconds(2_000_000_000) == pytest.approx(1.0 + 1e-5)
+    assert model.to_host_seconds(2_000_000_000) == pytest.approx(0.5 + 1e-5)
+    assert model.to_host_seconds(0) == 0.0
+    edited = dataclasses.replace(quick_profile, transfer=model)
+    path = edited.save(tmp_path / "p.json")
+    assert DeviceProfile.load(path).transfer == model
+
+
+def test_opencl_transfers_are_measured_through_the_device():
+    from hetflow.devices.opencl import OpenCLDevice, get_opencl_device
+    from hetflow.estimate.calibrate import QUICK, _calibrate_transfer
+
+    reason = OpenCLDevice.is_available()
+    if reason is not None:
+        pytest.skip(f"no OpenCL device: {reason}")
+    model = _calibrate_transfer(QUICK, get_opencl_device(0))
+    assert model.to_device_gbs > 0 and model.to_host_gbs > 0 and model.latency_s >= 0
