@@ -13,13 +13,16 @@ from hetflow.ops.base import TensorInfo
 
 #: A kernel computes a node's outputs from its inputs (``None`` for omitted optional inputs) and
 #: returns one array per output the op defines (``None`` allowed for an output the node omits).
-KernelFn = Callable[[Node, Sequence[np.ndarray | None]], Sequence[np.ndarray | None]]
+#: Kernels that declare ``writes_out`` also accept ``(node, inputs, out, workspace)``: see ``Kernel``.
+KernelFn = Callable[..., Sequence[np.ndarray | None]]
 #: What is known of a node's inputs: one TensorInfo per input (None for an omitted one), or None as a
 #: whole when the shapes are not known yet (e.g. a graph whose batch is still symbolic).
 InputInfos = Sequence[TensorInfo | None] | None
 #: ``supports(node, inputs)`` returns None when the kernel can run ``node``, else the reason it cannot.
 #: A kernel whose constraints depend on shapes answers with a reason when ``inputs`` is None.
 SupportsFn = Callable[[Node, InputInfos], str | None]
+#: ``workspace(node, inputs)``: scratch bytes the kernel wants for concrete input shapes.
+WorkspaceFn = Callable[[Node, Sequence[TensorInfo | None]], int]
 
 
 @dataclass(frozen=True)
@@ -31,12 +34,28 @@ class Kernel:
         fn: the computation.
         algorithm: name of the method (``"default"``, ``"im2col"``, ``"winograd"`` ...).
         supports: optional constraint check; None means "every node of this op".
+        writes_out: the kernel can write into buffers the runtime provides. It is then called as
+            ``fn(node, inputs, out, workspace)`` (both arguments optional, so ``fn(node, inputs)`` still
+            works): ``out`` holds one array or None per node output, ``workspace`` a 1-D uint8 array
+            of ``workspace(node, inputs)`` bytes, or None. An ``out`` entry may be a strided view (a
+            slice of a Concat's output); the kernel writes its result there when the entry's shape and
+            dtype are the output's, otherwise allocates. It returns its outputs either way, and never
+            returns a view of an input (the runtime reuses input memory once the step has run).
+        inplace: with ``writes_out``: an ``out`` entry may be the very memory of an input of the same
+            shape and dtype (elementwise kernels), so the planner may hand it a dying input's buffer.
+        workspace: scratch bytes the kernel carves from ``workspace`` (None: it needs none).
+
+    Kernels without ``writes_out`` are called as ``fn(node, inputs)``; the runtime assumes their
+    outputs may alias their inputs (Reshape, Slice and the other view kernels return views).
     """
 
     op_type: str
     fn: KernelFn
     algorithm: str = "default"
     supports: SupportsFn | None = None
+    writes_out: bool = False
+    inplace: bool = False
+    workspace: WorkspaceFn | None = None
 
     def reason_unsupported(self, node: Node, inputs: InputInfos = None) -> str | None:
         return None if self.supports is None else self.supports(node, inputs)
@@ -49,13 +68,20 @@ class KernelTable:
     kernels: dict[str, list[Kernel]] = field(default_factory=dict)
 
     def register(
-        self, *op_types: str, algorithm: str = "default", supports: SupportsFn | None = None
+        self,
+        *op_types: str,
+        algorithm: str = "default",
+        supports: SupportsFn | None = None,
+        writes_out: bool = False,
+        inplace: bool = False,
+        workspace: WorkspaceFn | None = None,
     ) -> Callable[[KernelFn], KernelFn]:
-        """Decorator: register ``fn`` as the kernel for each of ``op_types``."""
+        """Decorator: register ``fn`` as the kernel for each of ``op_types`` (see ``Kernel``)."""
 
         def decorate(fn: KernelFn) -> KernelFn:
             for op_type in op_types:
-                self.kernels.setdefault(op_type, []).append(Kernel(op_type, fn, algorithm, supports))
+                kernel = Kernel(op_type, fn, algorithm, supports, writes_out, inplace, workspace)
+                self.kernels.setdefault(op_type, []).append(kernel)
             return fn
 
         return decorate

@@ -5,6 +5,12 @@ list, every step its input, output and release slots, and the initializers sit i
 run copies (a list copy, not a dict rebuild). The per-node cost of the sequential loop is then a list
 comprehension, the kernel call and a few list stores.
 
+Activations live in an arena laid out once per compiled program (``hetflow.runtime.memory``): kernels
+that declared ``writes_out`` get views into it, so a steady-state run allocates no large arrays. Every
+concurrently running call takes its own arena from a pool (two threads never share one), and the values
+returned to the caller never live in an arena (they are allocated per run, or copied out when they may
+alias it).
+
 Two execution modes:
 
 - ``"sequential"``: the steps run one after the other on the calling thread. BLAS (and the kernels that
@@ -27,6 +33,7 @@ import numpy as np
 
 from hetflow.devices.cpu.threads import BLAS, available_cores
 from hetflow.errors import HetflowError
+from hetflow.runtime.memory import MemoryPlan, Order, plan_memory
 from hetflow.runtime.plan import Plan, Step
 
 ExecutionMode = Literal["sequential", "parallel"]
@@ -99,6 +106,12 @@ def execute(
     return {name: env[slot] for name, slot in zip(wanted, program.output_slots)}
 
 
+def memory_plan(plan: Plan, outputs: Sequence[str] | None = None, order: Order = "sequential") -> MemoryPlan | None:
+    """The arena layout ``execute`` uses for ``plan`` (None when no value has arena memory)."""
+    wanted = tuple(plan.graph.outputs) if outputs is None else tuple(outputs)
+    return compiled(plan, wanted).memory(order)
+
+
 # -- compilation ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Op:
@@ -138,8 +151,34 @@ class Program:
         self.waiting = tuple(_producer_counts(self.ops))
         self.roots = tuple(i for i, count in enumerate(self.waiting) if count == 0)
         self.branches = _has_branches(self.ops, self.waiting)
-        # Tuples the hot loop unpacks without attribute lookups.
-        self._hot = tuple((op.step.kernel.fn, op.step.node, op.inputs, op.outputs, op.release) for op in self.ops)
+        self._plan = plan
+        self._wanted = tuple(wanted)
+        self._memory: dict[Order, MemoryPlan | None] = {"sequential": self._plan_memory("sequential")}
+        self._arenas: dict[Order, list[_Arena]] = {"sequential": [], "parallel": []}
+        self._memory_lock = threading.Lock()
+
+    def _plan_memory(self, order: Order) -> MemoryPlan | None:
+        memory = plan_memory(self._plan, self._wanted, order=order)
+        return memory if memory.placements or memory.workspaces else None
+
+    def memory(self, order: Order) -> MemoryPlan | None:
+        """The arena layout for ``order`` (planned on first use)."""
+        if order not in self._memory:
+            with self._memory_lock:
+                if order not in self._memory:
+                    self._memory[order] = self._plan_memory(order)
+        return self._memory[order]
+
+    def _acquire(self, order: Order) -> _Arena:
+        # NOTE: list.pop and list.append are atomic, so concurrent runs each get their own arena;
+        # the pool grows to the number of calls that ever ran at once.
+        try:
+            return self._arenas[order].pop()
+        except IndexError:
+            return _Arena(self, self.memory(order))
+
+    def _release(self, order: Order, arena: _Arena) -> None:
+        self._arenas[order].append(arena)
 
     def _slot(self, name: str) -> int:
         return self.slots.setdefault(name, len(self.slots))
@@ -156,40 +195,101 @@ class Program:
     # -- sequential ------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray | None]:
         env = self.environment(feeds)
+        arena = self._acquire("sequential")
         node = None
         try:
-            for fn, node, inputs, outputs, release in self._hot:
-                results = fn(node, [env[slot] for slot in inputs])
+            for fn, node, inputs, outputs, release, out, workspace in arena.hot:
+                if out is None:
+                    results = fn(node, [env[slot] for slot in inputs])
+                else:
+                    results = fn(node, [env[slot] for slot in inputs], out, workspace)
                 for slot, array in zip(outputs, results):
                     env[slot] = array
                 for slot in release:
                     env[slot] = None
+            arena.copy_out(env)
         except HetflowError:
             raise
         except Exception as error:  # noqa: BLE001  (re-raised with the node's context)
             op = next(op for op in self.ops if op.step.node is node)
             raise _kernel_error(op, env, error) from error
+        finally:
+            self._release("sequential", arena)
         return env
 
     def run_observed(self, feeds: Mapping[str, np.ndarray], observer: Observer) -> list[np.ndarray | None]:
         """The sequential loop with one observer call per step (profiling)."""
         env = self.environment(feeds)
-        for op in self.ops:
-            started = time.perf_counter()
-            _run_op(op, env)
-            observer(op.step, time.perf_counter() - started)
-            for slot in op.release:
-                env[slot] = None
+        arena = self._acquire("sequential")
+        try:
+            for index, op in enumerate(self.ops):
+                started = time.perf_counter()
+                _run_op(op, env, arena.buffers[index])
+                observer(op.step, time.perf_counter() - started)
+                for slot in op.release:
+                    env[slot] = None
+            arena.copy_out(env)
+        finally:
+            self._release("sequential", arena)
         return env
 
     # -- parallel --------------------------------------------------------------------------------
     def run_parallel(self, feeds: Mapping[str, np.ndarray], threads: int) -> list[np.ndarray | None]:
-        run = _ParallelRun(self, self.environment(feeds))
-        pool = _branch_pool()
-        for _ in range(threads - 1):
-            pool.submit(run.work)
-        run.work()
-        return run.finish()
+        arena = self._acquire("parallel")
+        try:
+            run = _ParallelRun(self, self.environment(feeds), arena)
+            pool = _branch_pool()
+            for _ in range(threads - 1):
+                pool.submit(run.work)
+            run.work()
+            env = run.finish()
+            arena.copy_out(env)
+        finally:
+            # NOTE: finish() waits for every running step, so no helper still writes into the arena.
+            self._release("parallel", arena)
+        return env
+
+
+#: Per step: the ``out`` views and the workspace a ``writes_out`` kernel gets (``out`` None: called
+#: with the inputs only).
+_Buffers = tuple[list[np.ndarray | None] | None, np.ndarray | None]
+
+
+class _Arena:
+    """One arena of a program's memory plan, with every step's views into it made once."""
+
+    def __init__(self, program: Program, memory: MemoryPlan | None):
+        self.memory = memory
+        self.array = memory.new_arena() if memory is not None else None
+        views = memory.views(self.array) if memory is not None else {}
+        self.buffers: list[_Buffers] = []
+        for index, op in enumerate(program.ops):
+            kernel, node = op.step.kernel, op.step.node
+            out: list[np.ndarray | None] | None = None
+            workspace = None
+            if kernel.writes_out and memory is not None:
+                workspace = memory.workspace(self.array, index)  # type: ignore[arg-type]
+                out = [views.get(name) if name else None for name in node.outputs]
+                if any(memory.concat_parts.get(name) in node.outputs for name in node.inputs):
+                    # NOTE: inputs placed inside this step's output (Concat): the kernel skips them.
+                    out += [views[name] if name in memory.concat_parts else None for name in node.inputs]
+                if workspace is None and all(view is None for view in out):
+                    out = None
+            self.buffers.append((out, workspace))
+        # Tuples the hot loop unpacks without attribute lookups.
+        self.hot = tuple(
+            (op.step.kernel.fn, op.step.node, op.inputs, op.outputs, op.release, out, workspace)
+            for op, (out, workspace) in zip(program.ops, self.buffers)
+        )
+        copy = memory.copy_out if memory is not None else frozenset()
+        self.copy_slots = tuple(program.slots[name] for name in copy if name in program.slots)
+
+    def copy_out(self, env: list[np.ndarray | None]) -> None:
+        """Replace returned values that may alias the arena by copies (a later run reuses it)."""
+        for slot in self.copy_slots:
+            value = env[slot]
+            if value is not None and np.may_share_memory(value, self.array):
+                env[slot] = value.copy()
 
 
 def _compile_steps(plan: Plan, slots: dict[str, int], pinned: set[int]) -> list[_Op]:
@@ -258,11 +358,15 @@ def _has_branches(ops: Sequence[_Op], waiting: Sequence[int]) -> bool:
     return False
 
 
-def _run_op(op: _Op, env: list[np.ndarray | None]) -> None:
+def _run_op(op: _Op, env: list[np.ndarray | None], buffers: _Buffers) -> None:
     node = op.step.node
     inputs = [env[slot] for slot in op.inputs]
+    out, workspace = buffers
     try:
-        results = op.step.kernel.fn(node, inputs)
+        if out is None:
+            results = op.step.kernel.fn(node, inputs)
+        else:
+            results = op.step.kernel.fn(node, inputs, out, workspace)
     except HetflowError:
         raise
     except Exception as error:  # noqa: BLE001  (re-raised with the node's context)
@@ -288,8 +392,9 @@ class _ParallelRun:
     (depth first keeps fewer values alive than breadth first). Kernels run outside the lock.
     """
 
-    def __init__(self, program: Program, env: list[np.ndarray | None]):
+    def __init__(self, program: Program, env: list[np.ndarray | None], arena: _Arena):
         self.ops = program.ops
+        self.buffers = arena.buffers
         self.env = env
         self.waiting = list(program.waiting)
         self.readers = list(program.reader_counts)
@@ -307,10 +412,11 @@ class _ParallelRun:
                     cond.wait()
                 if not self.ready or self.error is not None:
                     return
-                op = self.ops[self.ready.pop()]
+                index = self.ready.pop()
+                op = self.ops[index]
                 self.running += 1
             try:
-                _run_op(op, self.env)
+                _run_op(op, self.env, self.buffers[index])
             except BaseException as error:  # noqa: BLE001  (re-raised by finish on the caller's thread)
                 with cond:
                     self.error = self.error or error

@@ -18,6 +18,11 @@ which layers it can compute:
 Every method writes Y as ``[N, group, K/group, P]``, which *is* NCHW-contiguous ``[N, K, *out]``, and ends
 with the shared epilogue (bias, fused activation). float32 and float64 are computed in their own
 precision; float16 is computed in float32 (numpy has no float16 BLAS) and rounded back.
+
+Memory: every kernel writes Y into the ``out`` view the runtime provides (``writes_out``), which may be
+one image-strided slice of a Concat's output (each image's ``[K, *out]`` block contiguous, the images
+apart), and takes its temporaries (padded input, im2col columns, Winograd tiles) from its workspace, in
+the order and sizes its ``*_scratch`` function declares.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hetflow.devices.base import InputInfos
+from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, scratch_bytes
 from hetflow.devices.cpu.kernels.epilogue import finish_channels
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
+from hetflow.ops.base import TensorInfo
 from hetflow.ops.conv import (
     AUTO,
     DEPTHWISE,
@@ -43,44 +50,123 @@ from hetflow.ops.conv import (
 )
 from hetflow.ops.spatial import Geometry, WindowSpec, geometry
 
-#: An algorithm's core: (node, X, W) in the compute dtype -> Y ``[N, K, *out]`` before the epilogue.
-ConvBody = Callable[[Node, np.ndarray, np.ndarray], np.ndarray]
+#: An algorithm's core: (node, X, W, Y or None, scratch) in the compute dtype -> Y ``[N, K, *out]``
+#: before the epilogue. It writes into the given Y when there is one.
+ConvBody = Callable[[Node, np.ndarray, np.ndarray, "np.ndarray | None", Scratch], np.ndarray]
+#: An algorithm's temporaries in the order it takes them: (node, X shape, W shape, compute dtype) ->
+#: [(shape, dtype)].
+ScratchFn = Callable[[Node, tuple[int, ...], tuple[int, ...], np.dtype], list[tuple[tuple[int, ...], np.dtype]]]
 
 #: Algorithm name -> its body, for the ``auto`` dispatcher (winograd.py adds its own).
 BODIES: dict[str, ConvBody] = {}
+#: Algorithm name -> the workspace bytes it takes.
+WORKSPACES: dict[str, Callable[[Node, tuple[int, ...], tuple[int, ...], np.dtype], int]] = {}
 
 
 def conv_kernel(
-    algorithm: str, supports: Callable[[Node, InputInfos], str | None] | None
+    algorithm: str,
+    supports: Callable[[Node, InputInfos], str | None] | None,
+    workspace: Callable[[Node, tuple[int, ...], tuple[int, ...], np.dtype], int] | None = None,
 ) -> Callable[[ConvBody], ConvBody]:
-    """Register ``body`` as the CPU Conv kernel ``algorithm``, wrapped in the shared prologue/epilogue."""
+    """Register ``body`` as the CPU Conv kernel ``algorithm``, wrapped in the shared prologue/epilogue.
+
+    ``workspace(node, x_shape, w_shape, compute_dtype)`` gives the scratch bytes the body takes.
+    """
 
     def decorate(body: ConvBody) -> ConvBody:
-        def kernel(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-            return [run_conv(body, node, inputs)]
+        def kernel(
+            node: Node, inputs: Sequence[np.ndarray | None], out: Out = None, workspace: np.ndarray | None = None
+        ) -> list[np.ndarray]:
+            return [run_conv(body, node, inputs, out, workspace)]
+
+        def workspace_bytes(node: Node, inputs: Sequence[TensorInfo | None]) -> int:
+            x, w = inputs[0], inputs[1]
+            if workspace is None or x is None or w is None:
+                return 0
+            return workspace(node, tuple(x.shape), tuple(w.shape), compute_dtype(x.dtype))
 
         functools.update_wrapper(kernel, body)  # __wrapped__ lets tuning hash the body's source
-        cpu_kernel("Conv", algorithm=algorithm, supports=supports)(kernel)
+        cpu_kernel("Conv", algorithm=algorithm, supports=supports, writes_out=True, workspace=workspace_bytes)(
+            kernel
+        )
         BODIES[algorithm] = body
+        WORKSPACES[algorithm] = workspace or (lambda *_: 0)
         return body
 
     return decorate
 
 
-def run_conv(body: ConvBody, node: Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a Conv computes in: float16 in float32 (numpy has no float16 BLAS), else its own."""
+    return np.dtype(np.float32) if dtype == np.float16 else np.dtype(dtype)
+
+
+def run_conv(
+    body: ConvBody,
+    node: Node,
+    inputs: Sequence[np.ndarray | None],
+    out: Out = None,
+    workspace: np.ndarray | None = None,
+) -> np.ndarray:
     """Convert X and W to the compute dtype, run ``body``, apply bias + fused activation, cast back."""
     x, w = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     assert x is not None and w is not None
     dtype = x.dtype
-    compute = np.float32 if dtype == np.float16 else dtype
+    compute = compute_dtype(dtype)
     # NOTE: for float32/float64 these return the arrays themselves, so W keeps its identity (Winograd
     # caches its transformed weights per W array).
     x = np.ascontiguousarray(x, dtype=compute)
     w = np.ascontiguousarray(w, dtype=compute)
-    y = body(node, x, w)
+    target = out[0] if out is not None else None
+    if target is not None and (target.dtype != compute or not image_contiguous(target)):
+        target = None
+    y = body(node, x, w, target, Scratch(workspace))
     finish_channels(y, bias, node.attrs.fused)
-    return y.astype(dtype, copy=False)
+    if y.dtype != dtype:
+        return deliver(out, 0, y.astype(dtype))
+    return deliver(out, 0, y)
+
+
+def image_contiguous(y: np.ndarray) -> bool:
+    """Whether each image ``y[n]`` is C-contiguous (the images may lie apart: a Concat slice)."""
+    step = y.itemsize
+    for size, stride in zip(reversed(y.shape[1:]), reversed(y.strides[1:])):
+        if size != 1 and stride != step:
+            return False
+        step *= size
+    return True
+
+
+def target_y(y: np.ndarray | None, shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
+    """The body's output: the provided ``y`` when it has ``shape``, else a new array."""
+    if y is not None and y.shape == tuple(shape):
+        return y
+    return np.empty(shape, dtype)
+
+
+def as_view(y: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """``y`` reshaped without a copy (raises if that is impossible: a write would be lost)."""
+    return np.reshape(y, shape, copy=False)
+
+
+def pad_into(geo: Geometry, x: np.ndarray, scratch: Scratch, value: float | int = 0) -> np.ndarray:
+    """``geo.pad(x, value)`` with the padded copy taken from ``scratch`` (``x`` when none is needed)."""
+    if not geo.needs_padding:
+        return x
+    padded = scratch.take(padded_shape(geo, x.shape), x.dtype)
+    padded.fill(value)
+    padded[(..., *(slice(a.pad_begin, a.pad_begin + a.size) for a in geo.axes))] = x
+    return padded
+
+
+def padded_shape(geo: Geometry, x_shape: Sequence[int]) -> tuple[int, ...]:
+    return (int(x_shape[0]), int(x_shape[1]), *(a.padded for a in geo.axes))
+
+
+def padding_scratch(geo: Geometry, x_shape: Sequence[int], dtype: np.dtype) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """The padded copy ``pad_into`` takes, if any."""
+    return [(padded_shape(geo, x_shape), dtype)] if geo.needs_padding else []
 
 
 # -- what each algorithm supports --------------------------------------------------------------------
@@ -114,30 +200,52 @@ def _supports_depthwise(node: Node, inputs: InputInfos) -> str | None:
 
 
 # -- the algorithms ----------------------------------------------------------------------------------
-@conv_kernel(AUTO, supports=None)
-def _auto(node: Node, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+def _auto_algorithm(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]) -> str:
+    spec = conv_window(node.attrs, w_shape)
+    return heuristic_conv_algorithm(spec, x_shape, int(w_shape[0]), node.attrs.group)
+
+
+def _auto_workspace(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype) -> int:
+    return WORKSPACES[_auto_algorithm(node, x_shape, w_shape)](node, x_shape, w_shape, dtype)
+
+
+@conv_kernel(AUTO, supports=None, workspace=_auto_workspace)
+def _auto(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """Any Conv: the cost model's algorithm for the concrete shapes, chosen at run time."""
-    spec = conv_window(node.attrs, w.shape)
-    return BODIES[heuristic_conv_algorithm(spec, x.shape, w.shape[0], node.attrs.group)](node, x, w)
+    return BODIES[_auto_algorithm(node, x.shape, w.shape)](node, x, w, y, scratch)
 
 
 @conv_kernel(POINTWISE, supports=_supports_pointwise)
-def pointwise(node: Node, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+def pointwise(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """1x1 stride-1 unpadded Conv (any group) as one GEMM on X as it lies: no im2col."""
     group = node.attrs.group
     batch, channels, *spatial = x.shape
     kernels = w.shape[0]
     positions = int(np.prod(spatial, dtype=np.int64))
+    y = target_y(y, (batch, kernels, *spatial), x.dtype)
     if group == 1:
-        y = np.matmul(w.reshape(kernels, channels), x.reshape(batch, channels, positions))
+        np.matmul(w.reshape(kernels, channels), x.reshape(batch, channels, positions),
+                  out=as_view(y, (batch, kernels, positions)))
     else:
         weights = w.reshape(group, kernels // group, channels // group)
-        y = np.matmul(weights, x.reshape(batch, group, channels // group, positions))
-    return y.reshape(batch, kernels, *spatial)
+        np.matmul(weights, x.reshape(batch, group, channels // group, positions),
+                  out=as_view(y, (batch, group, kernels // group, positions)))
+    return y
 
 
-@conv_kernel(IM2COL, supports=None)
-def im2col(node: Node, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+def _im2col_scratch(
+    node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype
+) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """The padded input (when padded) and the columns ``[N, C*taps, P]``."""
+    geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
+    taps = int(np.prod(geo.kernel, dtype=np.int64))
+    positions = int(np.prod(geo.out, dtype=np.int64))
+    columns = ((int(x_shape[0]), int(x_shape[1]) * taps, positions), dtype)
+    return [*padding_scratch(geo, x_shape, dtype), columns]
+
+
+@conv_kernel(IM2COL, supports=None, workspace=lambda *a: scratch_bytes(_im2col_scratch(*a)))
+def im2col(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """Any Conv (N-d, strides, dilations, groups): im2col buffer + one batched GEMM."""
     group = node.attrs.group
     geo = geometry(conv_window(node.attrs, w.shape), x.shape[2:])
@@ -145,48 +253,79 @@ def im2col(node: Node, x: np.ndarray, w: np.ndarray) -> np.ndarray:
     kernels = w.shape[0]
     taps = int(np.prod(geo.kernel, dtype=np.int64))
     positions = int(np.prod(geo.out, dtype=np.int64))
-    windows = geo.windows(geo.pad(x))  # [N, C, *kernel, *out], a view
+    windows = geo.windows(pad_into(geo, x, scratch))  # [N, C, *kernel, *out], a view
     reduction = channels // group * taps
+    # The im2col copy; rows ordered (c, taps...) like W's flattening.
+    columns = scratch.take((batch, channels * taps, positions), x.dtype)
+    np.copyto(columns.reshape(windows.shape), windows)
+    y = target_y(y, (batch, kernels, *geo.out), x.dtype)
     if group == 1:
-        # NOTE: this reshape is the im2col copy; rows ordered (c, taps...) like W's flattening.
-        columns = windows.reshape(batch, reduction, positions)
-        y = np.matmul(w.reshape(kernels, reduction), columns)
+        np.matmul(w.reshape(kernels, reduction), columns, out=as_view(y, (batch, kernels, positions)))
     else:
-        columns = windows.reshape(batch, group, reduction, positions)
-        y = np.matmul(w.reshape(group, kernels // group, reduction), columns)
-    return y.reshape(batch, kernels, *geo.out)
+        np.matmul(
+            w.reshape(group, kernels // group, reduction),
+            columns.reshape(batch, group, reduction, positions),
+            out=as_view(y, (batch, group, kernels // group, positions)),
+        )
+    return y
 
 
-@conv_kernel(DEPTHWISE, supports=_supports_depthwise)
-def depthwise(node: Node, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+def _depthwise_scratch(
+    node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype
+) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """Stride 1: the padded input (one extra slab), the wide result when cropped, the products.
+    Strided: the padded input and the products."""
+    geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
+    batch, channels = int(x_shape[0]), int(x_shape[1])
+    multiplier = int(w_shape[0]) // channels
+    if not all(a.stride == 1 for a in geo.axes):
+        products = ((batch, channels, multiplier, *geo.out), dtype)
+        return [*padding_scratch(geo, x_shape, dtype), products]
+    first, rest = geo.axes[0], geo.axes[1:]
+    inner = tuple(a.padded for a in rest)
+    length = first.out * int(np.prod(inner, dtype=np.int64))
+    wide = ((batch, channels, multiplier, length), dtype)
+    padded = ((batch, channels, first.padded + 1, *inner), dtype)
+    cropped = [wide] if _flat_crops(geo) else []
+    return [padded, *cropped, wide]
+
+
+def _flat_crops(geo: Geometry) -> bool:
+    """Whether the stride-1 flat method computes columns past the output (so its result is cropped)."""
+    return any(a.padded != a.out for a in geo.axes[1:])
+
+
+@conv_kernel(DEPTHWISE, supports=_supports_depthwise, workspace=lambda *a: scratch_bytes(_depthwise_scratch(*a)))
+def depthwise(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """Depthwise Conv (group == C, any channel multiplier): direct accumulation over the kernel taps."""
     geo = geometry(conv_window(node.attrs, w.shape), x.shape[2:])
     batch, channels = x.shape[:2]
     multiplier = w.shape[0] // channels  # output channels per input channel
     # Weights per tap as [C, multiplier, 1, ...] so they broadcast over the output positions.
     taps = w.reshape(channels, multiplier, -1)
+    y = target_y(y, (batch, channels * multiplier, *geo.out), x.dtype)
     if all(a.stride == 1 for a in geo.axes):
-        y = _accumulate_taps_flat(x, taps, geo)
+        _accumulate_taps_flat(x, taps, geo, y, scratch)
     else:
-        y = _accumulate_taps_strided(x, taps, geo)
-    return y.reshape(batch, channels * multiplier, *geo.out)
-
-
-def _accumulate_taps_strided(x: np.ndarray, taps: np.ndarray, geo: Geometry) -> np.ndarray:
-    """Depthwise accumulation with every tap a strided slice ``[N, C, 1, *out]`` of the padded input."""
-    batch, channels, multiplier = x.shape[0], taps.shape[0], taps.shape[1]
-    padded = geo.pad(x)[:, :, None]
-    ones = (1,) * len(geo.out)
-    y = np.empty((batch, channels, multiplier, *geo.out), dtype=x.dtype)
-    scratch = np.empty_like(y)
-    for index, tap in enumerate(geo.taps()):
-        source = padded[(..., *geo.tap_slices(tap))]
-        weight = taps[:, :, index].reshape(channels, multiplier, *ones)
-        _multiply_accumulate(y, source, weight, scratch, first=index == 0)
+        _accumulate_taps_strided(x, taps, geo, y, scratch)
     return y
 
 
-def _accumulate_taps_flat(x: np.ndarray, taps: np.ndarray, geo: Geometry) -> np.ndarray:
+def _accumulate_taps_strided(x: np.ndarray, taps: np.ndarray, geo: Geometry, y: np.ndarray, scratch: Scratch) -> None:
+    """Depthwise accumulation with every tap a strided slice ``[N, C, 1, *out]`` of the padded input."""
+    batch, channels, multiplier = x.shape[0], taps.shape[0], taps.shape[1]
+    padded = pad_into(geo, x, scratch)[:, :, None]
+    ones = (1,) * len(geo.out)
+    shape = (batch, channels, multiplier, *geo.out)
+    acc = as_view(y, shape)
+    products = scratch.take(shape, x.dtype)
+    for index, tap in enumerate(geo.taps()):
+        source = padded[(..., *geo.tap_slices(tap))]
+        weight = taps[:, :, index].reshape(channels, multiplier, *ones)
+        _multiply_accumulate(acc, source, weight, products, first=index == 0)
+
+
+def _accumulate_taps_flat(x: np.ndarray, taps: np.ndarray, geo: Geometry, y: np.ndarray, scratch: Scratch) -> None:
     """Stride-1 depthwise accumulation on the flattened padded input.
 
     Output row r and tap (i, j) read padded row r + i from column j: in the flattened padded image that
@@ -198,20 +337,24 @@ def _accumulate_taps_flat(x: np.ndarray, taps: np.ndarray, geo: Geometry) -> np.
     first, rest = geo.axes[0], geo.axes[1:]
     inner = tuple(a.padded for a in rest)
     # One extra slab along the first axis keeps the last taps' runs inside the buffer.
-    padded = np.zeros((batch, channels, first.padded + 1, *inner), dtype=x.dtype)
+    padded = scratch.take((batch, channels, first.padded + 1, *inner), x.dtype)
+    padded.fill(0)
     padded[(..., *(slice(a.pad_begin, a.pad_begin + a.size) for a in geo.axes))] = x
     flat = padded.reshape(batch, channels, 1, -1)
     length = first.out * int(np.prod(inner, dtype=np.int64))
-    y = np.empty((batch, channels, multiplier, length), dtype=x.dtype)
-    scratch = np.empty_like(y)
+    shape = (batch, channels, multiplier, length)
+    crops = _flat_crops(geo)
+    acc = scratch.take(shape, x.dtype) if crops else as_view(y, shape)
+    products = scratch.take(shape, x.dtype)
     buffer_shape = (first.padded + 1, *inner)
     for index, tap in enumerate(geo.taps()):
         start = tuple(t * a.dilation for t, a in zip(tap, geo.axes))
         offset = int(np.ravel_multi_index(start, buffer_shape))
         source = flat[..., offset : offset + length]
-        _multiply_accumulate(y, source, taps[:, :, index, None], scratch, first=index == 0)
-    wide = y.reshape(batch, channels, multiplier, first.out, *inner)
-    return np.ascontiguousarray(wide[(..., *(slice(0, a.out) for a in rest))])
+        _multiply_accumulate(acc, source, taps[:, :, index, None], products, first=index == 0)
+    if crops:
+        wide = acc.reshape(batch, channels, multiplier, first.out, *inner)
+        np.copyto(as_view(y, (batch, channels, multiplier, *geo.out)), wide[(..., *(slice(0, a.out) for a in rest))])
 
 
 def _multiply_accumulate(

@@ -2,61 +2,90 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import numpy as np
 
+from hetflow.devices.cpu.kernels.buffers import Out, deliver
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
 
+Inputs = Sequence[np.ndarray | None]
+Workspace = np.ndarray | None
 
-@cpu_kernel("Add")
-def add(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+
+def _binary(ufunc: np.ufunc, a: np.ndarray | None, b: np.ndarray | None, out: Out) -> np.ndarray:
+    """``ufunc(a, b)`` written into ``out[0]`` when given (it may be ``a``'s or ``b``'s own memory)."""
+    target = out[0] if out is not None else None
+    if target is not None:
+        try:
+            return ufunc(a, b, out=target)
+        except (ValueError, TypeError):
+            # NOTE: the planned buffer does not fit the broadcast result (or the dtype): allocate.
+            pass
+    return ufunc(a, b)
+
+
+@cpu_kernel("Add", writes_out=True, inplace=True)
+def add(node: Node, inputs: Inputs, out: Out = None, workspace: Workspace = None) -> list[np.ndarray]:
+    """Broadcasting ``a + b``; may run in place (the residual Add writes into a dying input)."""
     a, b = inputs
-    return [np.add(a, b)]
+    return [_binary(np.add, a, b, out)]
 
 
-@cpu_kernel("Sub")
-def sub(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+@cpu_kernel("Sub", writes_out=True, inplace=True)
+def sub(node: Node, inputs: Inputs, out: Out = None, workspace: Workspace = None) -> list[np.ndarray]:
     a, b = inputs
-    return [np.subtract(a, b)]
+    return [_binary(np.subtract, a, b, out)]
 
 
-@cpu_kernel("Mul")
-def mul(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+@cpu_kernel("Mul", writes_out=True, inplace=True)
+def mul(node: Node, inputs: Inputs, out: Out = None, workspace: Workspace = None) -> list[np.ndarray]:
     a, b = inputs
-    return [np.multiply(a, b)]
+    return [_binary(np.multiply, a, b, out)]
 
 
-@cpu_kernel("Div")
-def div(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+@cpu_kernel("Div", writes_out=True, inplace=True)
+def div(node: Node, inputs: Inputs, out: Out = None, workspace: Workspace = None) -> list[np.ndarray]:
     a, b = inputs
     assert a is not None and b is not None
     if a.dtype.kind in "iu":
         # ONNX integer division truncates toward zero; numpy's // floors.
         with np.errstate(divide="ignore", invalid="ignore"):
-            return [np.trunc(np.true_divide(a, b)).astype(a.dtype)]
-    return [np.divide(a, b)]
+            return [deliver(out, 0, np.trunc(np.true_divide(a, b)).astype(a.dtype))]
+    return [_binary(np.divide, a, b, out)]
 
 
-def _reduce_variadic(ufunc: np.ufunc, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+def _reduce_variadic(ufunc: np.ufunc, inputs: Inputs, out: Out) -> list[np.ndarray]:
     arrays = [x for x in inputs if x is not None]
-    result = functools.reduce(ufunc, arrays[1:], arrays[0])
-    # A single input is returned as a copy so that callers never alias the feed.
-    return [np.array(result, copy=True) if len(arrays) == 1 else result]
+    if len(arrays) == 1:
+        # A copy, so that callers never alias the feed.
+        return [deliver(out, 0, np.array(arrays[0], copy=True))]
+    target = out[0] if out is not None else None
+    if target is not None:
+        # NOTE: in place, the target is one of the inputs: it must be consumed by the first operation
+        # (the ufuncs here are commutative, so the order is free).
+        arrays.sort(key=lambda x: not np.may_share_memory(x, target))
+    result = _binary(ufunc, arrays[0], arrays[1], out)
+    for x in arrays[2:]:
+        if result.shape == np.broadcast_shapes(result.shape, x.shape):
+            ufunc(result, x, out=result)
+        else:
+            result = ufunc(result, x)
+    return [deliver(out, 0, result)]
 
 
-@cpu_kernel("Sum")
-def sum_(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-    return _reduce_variadic(np.add, inputs)
+@cpu_kernel("Sum", writes_out=True, inplace=True)
+def sum_(node: Node, inputs: Inputs, out: Out = None, workspace: Workspace = None) -> list[np.ndarray]:
+    """Variadic broadcasting sum; may run in place."""
+    return _reduce_variadic(np.add, inputs, out)
 
 
-@cpu_kernel("Max")
-def max_(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-    return _reduce_variadic(np.maximum, inputs)
+@cpu_kernel("Max", writes_out=True, inplace=True)
+def max_(node: Node, inputs: Inputs, out: Out = None, workspace: Workspace = None) -> list[np.ndarray]:
+    return _reduce_variadic(np.maximum, inputs, out)
 
 
-@cpu_kernel("Min")
-def min_(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-    return _reduce_variadic(np.minimum, inputs)
+@cpu_kernel("Min", writes_out=True, inplace=True)
+def min_(node: Node, inputs: Inputs, out: Out = None, workspace: Workspace = None) -> list[np.ndarray]:
+    return _reduce_variadic(np.minimum, inputs, out)

@@ -15,7 +15,8 @@ def add_channel_bias(y: np.ndarray, bias: np.ndarray | None) -> None:
     """``y[:, c, ...] += bias[c]`` in place, for NC... layouts."""
     if bias is None:
         return
-    flat = y.reshape(y.shape[0], y.shape[1], -1)
+    # NOTE: copy=False: y may be a slice of a Concat's output, and a reshaped copy would lose the add.
+    flat = np.reshape(y, (y.shape[0], y.shape[1], -1), copy=False)
     flat += bias.astype(y.dtype, copy=False)[:, None]
 
 

@@ -6,13 +6,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hetflow.devices.cpu.kernels.buffers import Out, deliver, output
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
 
 
-@cpu_kernel("Gemm")
-def gemm(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+@cpu_kernel("Gemm", writes_out=True)
+def gemm(
+    node: Node, inputs: Sequence[np.ndarray | None], out: Out = None, workspace: np.ndarray | None = None
+) -> list[np.ndarray]:
     """``alpha * A' @ B' + beta * C``, then the fused activation; float and integer types, dtype preserved.
 
     Transposes are views (BLAS reads them with its transpose flags, no copy). With the default
@@ -23,7 +26,10 @@ def gemm(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     c = inputs[2] if len(inputs) > 2 else None
     assert a is not None and b is not None
     attrs = node.attrs
-    y = np.matmul(a.T if attrs.transA else a, b.T if attrs.transB else b)
+    a = a.T if attrs.transA else a
+    b = b.T if attrs.transB else b
+    y = output(out, 0, (a.shape[0], b.shape[1]), np.result_type(a, b))
+    np.matmul(a, b, out=y)
     if attrs.alpha != 1:
         y = _scaled(y, attrs.alpha, out=y)
     if c is not None and attrs.beta != 0:
@@ -40,8 +46,10 @@ def _scaled(x: np.ndarray, factor: float, out: np.ndarray | None = None) -> np.n
     return (x * factor).astype(x.dtype)
 
 
-@cpu_kernel("MatMul")
-def matmul(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+@cpu_kernel("MatMul", writes_out=True)
+def matmul(
+    node: Node, inputs: Sequence[np.ndarray | None], out: Out = None, workspace: np.ndarray | None = None
+) -> list[np.ndarray]:
     """numpy ``matmul`` (batched, broadcasting, 1-D operands); float and integer types.
 
     A stack of matrices times a single matrix is folded into one large GEMM, which BLAS runs far
@@ -49,7 +57,15 @@ def matmul(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     """
     a, b = inputs
     assert a is not None and b is not None
+    dtype = np.result_type(a, b)
     if a.ndim > 2 and b.ndim == 2 and a.size:
-        rows = np.matmul(a.reshape(-1, a.shape[-1]), b)
-        return [rows.reshape(*a.shape[:-1], b.shape[-1])]
-    return [np.asarray(np.matmul(a, b))]
+        y = output(out, 0, (*a.shape[:-1], b.shape[-1]), dtype)
+        if not y.flags.c_contiguous:
+            # NOTE: a strided slice cannot be seen as one matrix of rows: compute, then copy in.
+            rows = np.matmul(a.reshape(-1, a.shape[-1]), b)
+            return [deliver(out, 0, rows.reshape(y.shape))]
+        np.matmul(a.reshape(-1, a.shape[-1]), b, out=y.reshape(-1, b.shape[-1]))
+        return [y]
+    if a.ndim == 2 and b.ndim == 2:
+        return [np.matmul(a, b, out=output(out, 0, (a.shape[0], b.shape[1]), dtype))]
+    return [deliver(out, 0, np.asarray(np.matmul(a, b)))]

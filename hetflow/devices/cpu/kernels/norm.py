@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from hetflow.devices.cpu.kernels.buffers import Out, deliver, output
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.devices.cpu.threads import parallel_for
 from hetflow.graph import Node
@@ -29,8 +30,10 @@ _LRN_BLOCK_BYTES = 1 << 20
 _LRN_PARALLEL_BYTES = 4 << 20
 
 
-@cpu_kernel("LRN")
-def lrn(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+@cpu_kernel("LRN", writes_out=True)
+def lrn(
+    node: Node, inputs: Sequence[np.ndarray | None], out: Out = None, workspace: np.ndarray | None = None
+) -> list[np.ndarray]:
     """LRN over axis 1 of ``[N, C, ...]``, in cache-sized blocks of (images, channels) spread over the
     session's threads.
 
@@ -43,12 +46,15 @@ def lrn(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
     assert x is not None
     compute = _compute_dtype(x.dtype)
     source = x.astype(compute, copy=False).reshape(x.shape[0], x.shape[1], math.prod(x.shape[2:]))
-    out = np.empty(source.shape, compute)
+    y = output(out, 0, x.shape, compute)
+    if not y.flags.c_contiguous:
+        y = np.empty(x.shape, compute)
+    result = y.reshape(source.shape)
     params = _LrnParams.of(node.attrs, compute)
     blocks = _lrn_blocks(source.shape, source.itemsize)
     threads = None if source.nbytes >= _LRN_PARALLEL_BYTES else 1
-    parallel_for(lambda i: _lrn_block(source, out, blocks[i], params), len(blocks), threads)
-    return [out.reshape(x.shape).astype(x.dtype, copy=False)]
+    parallel_for(lambda i: _lrn_block(source, result, blocks[i], params), len(blocks), threads)
+    return [deliver(out, 0, y.astype(x.dtype, copy=False))]
 
 
 @dataclass(frozen=True)
@@ -113,9 +119,13 @@ def _power(values: np.ndarray, beta: float, scratch: np.ndarray) -> None:
         np.power(values, values.dtype.type(beta), out=values)
 
 
-@cpu_kernel("BatchNormalization")
-def batch_normalization(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
-    """BatchNormalization on ``[N, C, ...]``: inference form, or training form with running statistics."""
+@cpu_kernel("BatchNormalization", writes_out=True, inplace=True)
+def batch_normalization(
+    node: Node, inputs: Sequence[np.ndarray | None], out: Out = None, workspace: np.ndarray | None = None
+) -> list[np.ndarray | None]:
+    """BatchNormalization on ``[N, C, ...]``: inference form, or training form with running statistics.
+
+    May run in place (the statistics are read before Y is written)."""
     x, scale, bias, mean, var = inputs
     assert x is not None and scale is not None and bias is not None and mean is not None and var is not None
     attrs = node.attrs
@@ -135,6 +145,11 @@ def batch_normalization(node: Node, inputs: Sequence[np.ndarray | None]) -> list
     shape = scale.shape + (1,) * (x.ndim - 1 - scale.ndim)
     factor = scale.astype(compute) / np.sqrt(var.astype(compute) + compute.type(attrs.epsilon))
     shift = bias.astype(compute) - mean.astype(compute) * factor
-    y = np.multiply(x, factor.reshape(shape), dtype=compute)
+    if compute != x.dtype:
+        y = np.multiply(x, factor.reshape(shape), dtype=compute)
+        y += shift.reshape(shape)
+        return [deliver(out, 0, y.astype(x.dtype)), *running]
+    y = output(out, 0, x.shape, x.dtype)
+    np.multiply(x, factor.reshape(shape), out=y)
     y += shift.reshape(shape)
-    return [y.astype(x.dtype, copy=False), *running]
+    return [y, *running]

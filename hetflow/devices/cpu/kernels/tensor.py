@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 
+from hetflow.devices.cpu.kernels.buffers import Out, output
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
 from hetflow.ops.tensor import (
@@ -47,10 +48,34 @@ def _scalar(array: np.ndarray | None, default: Any) -> Any:
     return np.asarray(array).reshape(-1)[0]
 
 
-@cpu_kernel("Concat")
-def concat(node: Node, inputs: Inputs) -> list[np.ndarray]:
+@cpu_kernel("Concat", writes_out=True)
+def concat(node: Node, inputs: Inputs, out: Out = None, workspace: np.ndarray | None = None) -> list[np.ndarray]:
+    """Concatenation along ``axis``, into ``out[0]`` when given.
+
+    The memory planner may have placed inputs in their slices of the output already (their producers
+    wrote there): ``out[1 + i]`` is then the very array input ``i`` should be, and that input is not
+    copied.
+    """
     arrays = [x for x in inputs if x is not None]
-    return [np.concatenate(arrays, axis=node.attrs.axis)]
+    target = out[0] if out is not None else None
+    if target is None or target.dtype == object:
+        return [np.concatenate(arrays, axis=node.attrs.axis)]
+    axis = node.attrs.axis % target.ndim
+    shape = list(arrays[0].shape)
+    shape[axis] = sum(x.shape[axis] for x in arrays)
+    if tuple(shape) != target.shape or any(x.dtype != target.dtype for x in arrays):
+        return [np.concatenate(arrays, axis=axis)]
+    assert out is not None
+    placed = out[1:]
+    start = 0
+    for index, x in enumerate(inputs):
+        if x is None:
+            continue
+        stop = start + x.shape[axis]
+        if index >= len(placed) or x is not placed[index]:
+            target[(slice(None),) * axis + (slice(start, stop),)] = x
+        start = stop
+    return [target]
 
 
 @cpu_kernel("Split")
@@ -99,12 +124,15 @@ def flatten(node: Node, inputs: Inputs) -> list[np.ndarray]:
     return [x.reshape(outer, inner)]
 
 
-@cpu_kernel("Transpose")
-def transpose(node: Node, inputs: Inputs) -> list[np.ndarray]:
+@cpu_kernel("Transpose", writes_out=True)
+def transpose(node: Node, inputs: Inputs, out: Out = None, workspace: np.ndarray | None = None) -> list[np.ndarray]:
     (x,) = inputs
     assert x is not None
     # A physical transpose: later kernels (BLAS, convolutions) want contiguous inputs.
-    return [np.transpose(x, transpose_perm(node.attrs.perm, x.ndim)).copy(order="C")]
+    view = np.transpose(x, transpose_perm(node.attrs.perm, x.ndim))
+    y = output(out, 0, view.shape, x.dtype)
+    np.copyto(y, view)
+    return [y]
 
 
 @cpu_kernel("Squeeze")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
@@ -35,7 +36,8 @@ from functools import cache
 import numpy as np
 
 from hetflow.devices.base import InputInfos
-from hetflow.devices.cpu.kernels.conv import conv_kernel, window_of
+from hetflow.devices.cpu.kernels.buffers import Scratch, aligned
+from hetflow.devices.cpu.kernels.conv import as_view, conv_kernel, target_y, window_of
 from hetflow.graph import Node
 from hetflow.ops.conv import WINOGRAD_F23, WINOGRAD_F43, WINOGRAD_TILE, conv_window, winograd_unsupported
 from hetflow.ops.spatial import geometry
@@ -184,7 +186,36 @@ def _supports_winograd(node: Node, inputs: InputInfos) -> str | None:
     return winograd_unsupported(spec, node.attrs.group)
 
 
-def winograd(node: Node, x: np.ndarray, w: np.ndarray, m: int) -> np.ndarray:
+def _winograd_scratch(
+    node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype, m: int
+) -> tuple[int, int]:
+    """Bytes of the two regions the temporaries take turns in.
+
+    Region 1: the padded input, then the transformed tiles V ``[a*a, C, T]``, then the output tiles
+    ``[m*m, K*T]``. Region 2: the gathered tiles ``[a*a, C*T]``, then the products ``[a*a, K, T]``, then
+    the uncropped output when the output is not a whole number of tiles. Each temporary is dead before
+    the next one in its region is written.
+    """
+    geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
+    rows, cols = geo.axes
+    batch, channels, kernels = int(x_shape[0]), int(x_shape[1]), int(w_shape[0])
+    alpha = m + 2
+    tiles_h, tiles_w = -(-rows.out // m), -(-cols.out // m)
+    tiles = batch * tiles_h * tiles_w
+    itemsize = np.dtype(dtype).itemsize
+    padded = batch * channels * (tiles_h * m + 2) * (tiles_w * m + 2)
+    crop = tiles_h * m != rows.out or tiles_w * m != cols.out
+    wide = batch * kernels * tiles_h * m * tiles_w * m if crop else 0
+    first = max(padded, alpha * alpha * channels * tiles, m * m * kernels * tiles)
+    second = max(alpha * alpha * channels * tiles, alpha * alpha * kernels * tiles, wide)
+    return aligned(first * itemsize), aligned(second * itemsize)
+
+
+def winograd_workspace(m: int) -> Callable[[Node, tuple[int, ...], tuple[int, ...], np.dtype], int]:
+    return lambda node, x_shape, w_shape, dtype: sum(_winograd_scratch(node, x_shape, w_shape, dtype, m))
+
+
+def winograd(node: Node, x: np.ndarray, w: np.ndarray, m: int, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """3x3 stride-1 Conv by Winograd F(m x m, 3 x 3); any H, W, padding and batch; x's dtype."""
     geo = geometry(conv_window(node.attrs, w.shape), x.shape[2:])
     rows, cols = geo.axes
@@ -192,8 +223,11 @@ def winograd(node: Node, x: np.ndarray, w: np.ndarray, m: int) -> np.ndarray:
     kernels = w.shape[0]
     alpha = m + 2
     tiles_h, tiles_w = -(-rows.out // m), -(-cols.out // m)
+    first_bytes, second_bytes = _winograd_scratch(node, x.shape, w.shape, x.dtype, m)
+    first, second = scratch.region(first_bytes), scratch.region(second_bytes)
     # Zero-padded to whole tiles: the last tiles read zeros past the end padding, cropped at the end.
-    padded = np.zeros((batch, channels, tiles_h * m + 2, tiles_w * m + 2), x.dtype)
+    padded = first.take((batch, channels, tiles_h * m + 2, tiles_w * m + 2), x.dtype)
+    padded.fill(0)
     padded[:, :, rows.pad_begin : rows.pad_begin + rows.size, cols.pad_begin : cols.pad_begin + cols.size] = x
     s_n, s_c, s_h, s_w = padded.strides
     tiles = np.lib.stride_tricks.as_strided(
@@ -202,26 +236,37 @@ def winograd(node: Node, x: np.ndarray, w: np.ndarray, m: int) -> np.ndarray:
         (s_h, s_w, s_c, s_n, m * s_h, m * s_w),
         writeable=False,
     )
-    gathered = np.ascontiguousarray(tiles).reshape(alpha * alpha, -1)  # the one gather copy
-    v = np.matmul(_kron("bt", m, x.dtype), gathered).reshape(alpha * alpha, channels, -1)
-    products = np.matmul(TRANSFORMED_WEIGHTS.get(w, m), v)  # [a*a, K, T]
-    out_tiles = np.matmul(_kron("at", m, x.dtype), products.reshape(alpha * alpha, -1))
-    out_tiles = out_tiles.reshape(m, m, kernels, batch, tiles_h, tiles_w)
-    y = np.empty((batch, kernels, tiles_h, m, tiles_w, m), x.dtype)
-    np.copyto(y, out_tiles.transpose(3, 2, 4, 0, 5, 1))
-    y = y.reshape(batch, kernels, tiles_h * m, tiles_w * m)
-    if tiles_h * m != rows.out or tiles_w * m != cols.out:
-        y = np.ascontiguousarray(y[:, :, : rows.out, : cols.out])
+    count = batch * tiles_h * tiles_w
+    gathered = second.take((alpha * alpha, channels * count), x.dtype)
+    np.copyto(gathered.reshape(tiles.shape), tiles)  # the one gather copy
+    first.reset()
+    v = first.take((alpha * alpha, channels, count), x.dtype)
+    np.matmul(_kron("bt", m, x.dtype), gathered, out=v.reshape(alpha * alpha, -1))
+    second.reset()
+    products = second.take((alpha * alpha, kernels, count), x.dtype)
+    np.matmul(TRANSFORMED_WEIGHTS.get(w, m), v, out=products)
+    first.reset()
+    out_tiles = first.take((m * m, kernels * count), x.dtype)
+    np.matmul(_kron("at", m, x.dtype), products.reshape(alpha * alpha, -1), out=out_tiles)
+    scattered = out_tiles.reshape(m, m, kernels, batch, tiles_h, tiles_w).transpose(3, 2, 4, 0, 5, 1)
+    y = target_y(y, (batch, kernels, rows.out, cols.out), x.dtype)
+    if tiles_h * m == rows.out and tiles_w * m == cols.out:
+        np.copyto(as_view(y, (batch, kernels, tiles_h, m, tiles_w, m)), scattered)
+    else:
+        second.reset()
+        wide = second.take((batch, kernels, tiles_h, m, tiles_w, m), x.dtype)
+        np.copyto(wide, scattered)
+        np.copyto(y, wide.reshape(batch, kernels, tiles_h * m, tiles_w * m)[:, :, : rows.out, : cols.out])
     return y
 
 
-@conv_kernel(WINOGRAD_F23, supports=_supports_winograd)
-def winograd_f23(node: Node, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+@conv_kernel(WINOGRAD_F23, supports=_supports_winograd, workspace=winograd_workspace(WINOGRAD_TILE[WINOGRAD_F23]))
+def winograd_f23(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """3x3 stride-1 Conv by Winograd F(2x2, 3x3): 16 GEMMs, 2.25x fewer multiplications."""
-    return winograd(node, x, w, WINOGRAD_TILE[WINOGRAD_F23])
+    return winograd(node, x, w, WINOGRAD_TILE[WINOGRAD_F23], y, scratch)
 
 
-@conv_kernel(WINOGRAD_F43, supports=_supports_winograd)
-def winograd_f43(node: Node, x: np.ndarray, w: np.ndarray) -> np.ndarray:
+@conv_kernel(WINOGRAD_F43, supports=_supports_winograd, workspace=winograd_workspace(WINOGRAD_TILE[WINOGRAD_F43]))
+def winograd_f43(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """3x3 stride-1 Conv by Winograd F(4x4, 3x3): 36 GEMMs, 4x fewer multiplications."""
-    return winograd(node, x, w, WINOGRAD_TILE[WINOGRAD_F43])
+    return winograd(node, x, w, WINOGRAD_TILE[WINOGRAD_F43], y, scratch)
