@@ -60,20 +60,25 @@ def _build_parser() -> argparse.ArgumentParser:
 
     info = commands.add_parser("info", help="inputs, outputs, op counts, parameters, weight bytes")
     info.add_argument("model", help="model path or zoo:NAME")
+    info.add_argument("--memory", action="store_true",
+                      help="also the memory plan: weights, planned activation peak (arena) and workspace")
+    info.add_argument("--batch", type=int, default=1, help="batch size of the memory plan (1)")
     info.set_defaults(handler=_cmd_info)
 
     tune = commands.add_parser("tune", help="measure every Conv layer's algorithms into the tuning cache")
     tune.add_argument("model", help="model path or zoo:NAME")
     tune.add_argument("--batch", type=int, default=1, help="batch size the layers are measured at (1)")
-    tune.add_argument("--effort", choices=("fast", "full"), default="fast",
-                      help="fast: >= 3 timed rounds, >= 30 ms per candidate; full: >= 10, >= 0.2 s (fast)")
-    tune.add_argument("--device", default="cpu", help="cpu (cpu)")
+    tune.add_argument("--effort", choices=("none", "fast", "full"), default="fast",
+                      help="none: measure nothing, report the cache; fast: >= 3 timed rounds, >= 30 ms per "
+                           "candidate; full: >= 10, >= 0.2 s, and OpenCL GEMMs search the whole space (fast)")
+    tune.add_argument("--device", default="cpu", help="cpu | opencl:N (cpu)")
     tune.set_defaults(handler=_cmd_tune)
 
     _add_profile_parser(commands)
     _add_bench_parser(commands)
     _add_estimate_parsers(commands)
     _add_devices_parser(commands)
+    _add_train_parser(commands)
 
     zoo = commands.add_parser("zoo", help="built-in models with seeded weights")
     zoo_commands = zoo.add_subparsers(title="zoo commands", metavar="ZOO_COMMAND")
@@ -298,7 +303,20 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print("op counts:")
     for op_type, count in Counter(n.op_type for n in graph.nodes).most_common():
         print(f"  {op_type:<22} {count}")
+    if args.memory:
+        _print_memory(session, args.batch)
     return 0
+
+
+def _print_memory(session: InferenceSession, batch: int) -> None:
+    report = session.memory_report(batch)
+    mib = 2**20
+    print(f"memory  (batch {report.batch if report.batch is not None else 'fixed'})")
+    print(f"  weights              {report.weights_bytes / mib:10.2f} MiB")
+    print(f"  arena                {report.arena_bytes / mib:10.2f} MiB  (activations + workspace, by liveness)")
+    print(f"  activation peak      {report.activation_bytes / mib:10.2f} MiB")
+    print(f"  largest workspace    {report.workspace_bytes / mib:10.2f} MiB")
+    print(f"  without reuse        {report.naive_bytes / mib:10.2f} MiB")
 
 
 def _weights(graph: Graph) -> tuple[int, int]:
@@ -321,10 +339,18 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     symbols = {d for v in graph.input_values() for d in (v.shape or ()) if isinstance(d, str)}
     bound = bind_batch(graph, {name: args.batch for name in symbols})
     device = resolve_devices(args.device)[0]
-    tuner = Tuner(tune=True, options=EFFORTS[args.effort])
+    tuner = Tuner(tune=True, options=EFFORTS.get(args.effort, EFFORTS["fast"]))
 
     def progress(items: list) -> tqdm:
         return tqdm(items, desc="tuning", unit="shape", file=sys.stderr, disable=not sys.stderr.isatty())
+
+    if device.kind == "opencl":
+        from hetflow.devices.opencl.tuning import report_gemm_tuning
+
+        report_gemm_tuning(bound, device, args.effort, progress)  # type: ignore[arg-type]
+    if args.effort == "none":
+        print("effort none: nothing else measured")
+        return 0
 
     layers = tune_graph(bound, device, tuner, progress)
     print(f"model   {args.model}  (batch {args.batch}, effort {args.effort}, device {device.id})")
@@ -536,6 +562,49 @@ def _device_cell(key: str, value: object) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     return str(value)
+
+
+# -- train -------------------------------------------------------------------------------------------
+def _add_train_parser(commands: argparse._SubParsersAction) -> None:
+    train = commands.add_parser("train", help="train a model on a real data set and export it as .onnx")
+    train.add_argument("model", help="model path or zoo:NAME (trained from its current weights)")
+    train.add_argument("--data", default="digits", choices=["digits"],
+                       help="data set: digits = scikit-learn's handwritten digits at 1x28x28 (digits)")
+    train.add_argument("--epochs", type=int, default=8, help="passes over the training split (8)")
+    train.add_argument("--batch-size", type=int, default=32, help="examples per step (32)")
+    train.add_argument("--lr", type=float, default=2e-3, help="Adam's learning rate, cosine-decayed (0.002)")
+    train.add_argument("--seed", type=int, default=0, help="seed of the split, shuffling and augmentation (0)")
+    train.add_argument("--out", type=Path, help="write the trained model here (.onnx)")
+    train.add_argument("--json", action="store_true",
+                       help='end with one JSON line {"epochs", "seconds", "train_loss", "test_accuracy"}')
+    train.set_defaults(handler=_cmd_train)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    import json
+
+    from hetflow.train.recipes import train_classifier
+
+    def report(stats) -> None:
+        line = f"epoch {stats.epoch}/{args.epochs}  loss {stats.train_loss:.4f}  accuracy {stats.train_accuracy:.4f}"
+        print(f"{line}  ({stats.seconds:.1f} s)", flush=True)
+
+    try:
+        result = train_classifier(args.model, data=args.data, epochs=args.epochs, batch_size=args.batch_size,
+                                  lr=args.lr, seed=args.seed, on_epoch=report)
+    except ImportError as error:
+        print(f"hetflow: error: {error}", file=sys.stderr)
+        return 1
+    print(f"trained {args.model} on {args.data} in {result.seconds:.1f} s: "
+          f"test accuracy {result.test_accuracy:.4f} on {len(result.dataset.y_test)} held-out examples")
+    if args.out is not None:
+        result.trainer.export(args.out)
+        print(f"wrote {args.out}")
+    if args.json:
+        print(json.dumps({"epochs": args.epochs, "seconds": round(result.seconds, 3),
+                          "train_loss": result.history.last.train_loss,
+                          "test_accuracy": result.test_accuracy}))
+    return 0
 
 
 if __name__ == "__main__":

@@ -256,11 +256,14 @@ class Conv(OpDef):
         dy_groups = dy.reshape(batch, group, kernels // group, positions)
         w_groups = w.reshape(group, kernels // group, per_group)
         if want_w:
-            cols = geom.windows(geom.pad(x)).reshape(batch, group, per_group, positions)
-            # [G, K/G, N*P] @ [G, N*P, C/G*taps]: one GEMM per group over the whole batch.
+            # The im2col buffer laid out [G, C/G*taps, N*P] (its one copy), so that dW is one GEMM per
+            # group over the whole batch: [G, K/G, N*P] @ [G, N*P, C/G*taps] (the transpose is a BLAS flag).
+            windows = geom.windows(geom.pad(x))
+            rank = len(geom.axes)
+            order = (1, *range(2, 2 + rank), 0, *range(2 + rank, 2 + 2 * rank))
+            cols = windows.transpose(order).reshape(group, per_group, batch * positions)
             left = dy_groups.transpose(1, 2, 0, 3).reshape(group, kernels // group, batch * positions)
-            right = cols.transpose(1, 0, 3, 2).reshape(group, batch * positions, per_group)
-            grads[1] = np.matmul(left, right).reshape(w.shape).astype(w.dtype, copy=False)
+            grads[1] = np.matmul(left, cols.transpose(0, 2, 1)).reshape(w.shape).astype(w.dtype, copy=False)
         if want_x:
             dcols = np.matmul(w_groups.transpose(0, 2, 1)[None], dy_groups)  # [N, G, C/G*taps, P]
             dcols = dcols.reshape(batch, channels, *geom.kernel, *geom.out)

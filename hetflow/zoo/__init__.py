@@ -26,7 +26,7 @@ import onnx
 
 from hetflow.errors import ModelLoadError
 from hetflow.options import home_dir
-from hetflow.zoo import nets
+from hetflow.zoo import demos, nets
 from hetflow.zoo.calibrate import calibrate_batchnorm
 from hetflow.zoo.light import from_light_model
 
@@ -105,12 +105,24 @@ _ENTRIES = (
     ZooEntry("mobilenetv2", "MobileNetV2 1.0: 17 inverted residual blocks, BN, ReLU6, FC 1000, softmax",
              "built with onnx.helper", "mobile CNN (no seed experiment)", _IMAGENET, 1000, nets.mobilenetv2),
 )
-_BY_NAME = {entry.name: entry for entry in _ENTRIES}
+#: Demos: trained weights (built by training on real data on first use), kept apart from the seeded
+#: benchmark models above (see ``hetflow.zoo.demos``).
+_DEMOS = (
+    ZooEntry("lenet-digits", "Caffe LeNet trained by hetflow on scikit-learn's digits (~98% test accuracy)",
+             "zoo lenet trained with hetflow.train", "TensorFlow+ (on-device training)", ("N", 1, 28, 28), 10,
+             demos.lenet_digits),
+)
+_BY_NAME = {entry.name: entry for entry in _ENTRIES + _DEMOS}
 
 
 def list_models() -> list[ZooEntry]:
     """Every zoo model, in a stable order (the light ImageNet models first)."""
     return list(_ENTRIES)
+
+
+def list_demos() -> list[ZooEntry]:
+    """The trained demo models (``zoo:lenet-digits``): built by training once, then cached."""
+    return list(_DEMOS)
 
 
 def entry(name: str) -> ZooEntry:
@@ -180,4 +192,4 @@ def model_path(name: str, seed: int = 0) -> Path:
     return path
 
 
-__all__ = ["ZOO_VERSION", "ZooEntry", "build", "cache_dir", "entry", "list_models", "model_path"]
+__all__ = ["ZOO_VERSION", "ZooEntry", "build", "cache_dir", "entry", "list_demos", "list_models", "model_path"]
