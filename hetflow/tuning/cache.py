@@ -42,7 +42,8 @@ def cache_path() -> Path:
 
 
 def kernels_hash(kernels: Iterable[Kernel]) -> str:
-    """A short hash of the source files defining ``kernels`` (wrapped bodies included).
+    """A short hash of the source files defining ``kernels`` (wrapped bodies and the device sources a
+    kernel lists in its ``kernel_sources`` attribute included).
 
     A record measured with other kernel code is stale: editing a kernel invalidates its timings.
     """
@@ -58,6 +59,8 @@ def _source_hash(kernels: tuple[Kernel, ...]) -> str:
             source = inspect.getsourcefile(fn)
             if source:
                 files.add(source)
+            # Device kernels compiled from other files (OpenCL's .cl sources) name them here.
+            files.update(getattr(fn, "kernel_sources", ()))
             fn = getattr(fn, "__wrapped__", None)
     digest = hashlib.sha256()
     for path in sorted(files):

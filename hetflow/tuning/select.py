@@ -64,6 +64,8 @@ class Tuner:
     use_cache: bool = True
     options: MeasureOptions = field(default_factory=MeasureOptions)
     path: Path | None = None
+    #: Tuning cache lookups of per-layer algorithm choices: ``hits``, ``misses``, ``measured``.
+    stats: dict[str, int] = field(default_factory=lambda: {"hits": 0, "misses": 0, "measured": 0})
     _caches: dict[str, TuningCache] = field(default_factory=dict, repr=False)
 
     def cache(self, device: Device) -> TuningCache:
@@ -75,7 +77,15 @@ class Tuner:
         return found
 
     def choose(self, device: Device, node: Node, inputs: Sequence[TensorInfo | None]) -> Choice | None:
-        """The kernel for ``node`` on ``device``; None when the node has nothing to choose from."""
+        """The kernel for ``node`` on ``device``; None when the node has nothing to choose from.
+
+        A device with tunable kernel *parameters* (OpenCL's GEMM configurations) gets the node first
+        through its ``prepare_node(node, inputs, tuner)``: with ``tune`` it searches what its cache
+        lacks, so the algorithms below are then measured with tuned kernels.
+        """
+        prepare = getattr(device, "prepare_node", None)
+        if prepare is not None:
+            prepare(node, inputs, self)
         workload = workload_of(node, inputs)
         if workload is None:
             return None
@@ -88,8 +98,10 @@ class Tuner:
         if self.use_cache or self.tune:
             version = kernels_hash(candidates)
             record = self.cache(device).lookup(workload, version) if self.use_cache else None
+            self.stats["hits" if record is not None else "misses"] += 1
             if record is None and self.tune:
                 record = self.measure(device, node, inputs, candidates)
+                self.stats["measured"] += 1
                 return Choice(by_algorithm[record.chosen], "measured", record)
             if record is not None:
                 timed = {a: t for a, t in record.candidates.items() if a in by_algorithm}

@@ -236,6 +236,20 @@ class OpenCLDevice(Device):
         its shape class from the tuning cache, else the default (see ``tuning.py``)."""
         return self.gemm_tuning.config(m, n, k, batch)
 
+    def prepare_node(self, node: Any, inputs: Any, tuner: Any) -> None:
+        """The planner's hook (``hetflow.tuning.select.Tuner.choose``): with ``tuner.tune``, search the
+        GEMM configurations this node's kernels need and the tuning cache lacks; otherwise nothing
+        (configurations are looked up when the kernels run)."""
+        if not getattr(tuner, "tune", False) or inputs is None:
+            return
+        from hetflow.devices.opencl.tuning import effort_of, tune_node
+
+        tune_node(self, node, inputs, effort_of(tuner))
+
+    def tuning_stats(self) -> dict[str, int]:
+        """GEMM shape classes found in the tuning cache (hits), not found (misses), searched (tuned)."""
+        return self.gemm_tuning.stats.as_dict()
+
     # -- memory ---------------------------------------------------------------------------------------
 
     def to_device(self, array: np.ndarray) -> DeviceArray:

@@ -374,6 +374,14 @@ def tune_gemms(
     return rows
 
 
+def effort_of(tuner: Any) -> str:
+    """The GEMM search effort matching a ``Tuner``'s measurement options (``full`` for the full
+    protocol, else ``fast``)."""
+    from hetflow.tuning.measure import EFFORTS as MEASURE_EFFORTS
+
+    return "full" if getattr(tuner, "options", None) == MEASURE_EFFORTS["full"] else "fast"
+
+
 def tune_node(device: OpenCLDevice, node: Node, inputs: Sequence[TensorInfo | None], effort: str) -> None:
     """Make sure every GEMM class ``node`` runs has a configuration (a session's ``tune=True``)."""
     for shape in node_gemms(node, inputs):
@@ -381,3 +389,38 @@ def tune_node(device: OpenCLDevice, node: Node, inputs: Sequence[TensorInfo | No
             device.gemm_tuning.ensure(*shape, effort=effort)
         except ValueError as error:
             warnings.warn(f"GEMM tuning of node '{node.name}' failed ({error}); default kept", stacklevel=2)
+
+
+def report_gemm_tuning(
+    graph: Graph,
+    device: OpenCLDevice,
+    effort: str,
+    progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+    out: Callable[[str], None] = print,
+) -> list[GemmTuningRow]:
+    """``tune_gemms`` and a table of its rows: each GEMM class, where its configuration came from, and
+    (where the record has them) the tuned and default configurations' GFLOP/s on the measured shape."""
+    rows = tune_gemms(graph, device, effort, progress)
+    out(f"GEMM configurations on {device.id} ({device.name()}), effort {effort}: {len(rows)} shape class(es)")
+    if not rows:
+        return rows
+    default = config_label(DEFAULT_CONFIG)
+    out(f"{'M x N x K (batch)':<26} {'source':<8} {'tuned GFLOP/s':>13} {'default GFLOP/s':>15} {'gain':>6}  config")
+    for row in rows:
+        m, n, k, batch = row.shape
+        shape = f"{m} x {n} x {k} ({batch})"
+        tuned = default_rate = "-"
+        gain = ""
+        if row.record is not None:
+            measured = row.record.protocol.get("shape", [m, n, k, batch])
+            flops = 2.0 * float(np.prod(measured, dtype=np.float64))
+            best = row.record.candidates[row.record.chosen]
+            tuned = f"{flops / best / 1e9:.1f}"
+            if default in row.record.candidates:
+                base = row.record.candidates[default]
+                default_rate = f"{flops / base / 1e9:.1f}"
+                gain = f"{base / best:.2f}x"
+        out(f"{shape:<26} {row.source:<8} {tuned:>13} {default_rate:>15} {gain:>6}  {config_label(row.config)}")
+    stats = device.tuning_stats()
+    out(f"cache: {stats['hits']} hit(s), {stats['misses']} miss(es), {stats['tuned']} searched now")
+    return rows

@@ -1,0 +1,177 @@
+"""OpenCL GEMM tuning: the declared space, shape classes, labels, the cache round trip (a new device
+object reads what a search wrote; another driver or another kernel source does not), the session and
+planner hook, and which products a node runs. No timing is asserted."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hetflow
+from hetflow.devices.opencl.kernels.gemm import DEFAULT_CONFIG, GEMM_SPACE
+from hetflow.devices.opencl.tuning import (
+    EFFORTS,
+    FAST_CONFIGS,
+    GEMM_OP,
+    GEMM_SOURCE_HASH,
+    GemmTuning,
+    candidates,
+    config_label,
+    gemm_workload,
+    node_gemms,
+    parse_label,
+    search,
+    shape_class,
+    tune_gemms,
+)
+from hetflow.graph import Node
+from hetflow.ops.base import TensorInfo
+from hetflow.ops.conv import ConvAttrs
+from hetflow.passes import bind_batch
+from hetflow.tuning.cache import TuningCache
+
+
+@pytest.fixture(scope="module")
+def opencl():
+    from hetflow.devices.opencl import OpenCLDevice, get_opencl_device
+
+    reason = OpenCLDevice.is_available()
+    if reason is not None:
+        pytest.skip(f"no OpenCL platform: {reason}")
+    return get_opencl_device(0)
+
+
+@pytest.fixture
+def tuning(opencl, tmp_path: Path):
+    """The device's GEMM tuning pointed at a private cache file, restored afterwards."""
+    opencl.gemm_tuning.reset(tmp_path / "records.jsonl")
+    yield opencl.gemm_tuning
+    opencl.gemm_tuning.reset()
+
+
+def test_fast_list_lies_in_the_declared_space():
+    space = {knob.name: set(knob.values) for knob in GEMM_SPACE}
+    for config in FAST_CONFIGS:
+        for name, value in dataclasses.asdict(config).items():
+            assert value in space[name], (config, name)
+    assert FAST_CONFIGS[0] == DEFAULT_CONFIG
+
+
+def test_full_effort_extends_the_fast_list_within_the_work_group_limit():
+    fast = candidates("fast", max_work_group=64)
+    full = candidates("full", max_work_group=64)
+    assert full[: len(fast)] == fast and len(full) > len(fast)
+    assert all(c.wgm * c.wgn <= 64 for c in full)
+    assert len(set(full)) == len(full)
+    assert EFFORTS["full"].budget_seconds > EFFORTS["fast"].budget_seconds
+
+
+def test_labels_round_trip():
+    for config in FAST_CONFIGS:
+        assert parse_label(config_label(config)) == config
+    with pytest.raises(ValueError):
+        parse_label("rm=4,bogus=1")
+
+
+def test_shape_classes_round_up_to_powers_of_two():
+    assert shape_class(61, 3025, 363) == {"m": 64, "n": 4096, "k": 512, "batched": 0}
+    assert shape_class(64, 4096, 512, batch=2)["batched"] == 1
+    assert gemm_workload(61, 3025, 363) == gemm_workload(64, 4096, 512)
+    assert gemm_workload(1, 1, 1).op == GEMM_OP
+
+
+def test_search_records_every_candidate_and_a_new_device_object_reads_it(opencl, tuning, tmp_path):
+    record = search(opencl, 19, 40, 23, 1, "fast", budget_seconds=0.0)
+    # A zero budget still measures the first candidate (the default).
+    assert record.chosen in record.candidates and config_label(DEFAULT_CONFIG) in record.candidates
+    assert record.kernels == GEMM_SOURCE_HASH
+    assert record.fingerprint == opencl.fingerprint()
+    assert {"platform", "device", "driver"} <= set(record.fingerprint)
+    tuning.cache().add(record)
+    line = json.loads((tmp_path / "records.jsonl").read_text().splitlines()[0])
+    assert line["op"] == GEMM_OP and line["workload"] == shape_class(19, 40, 23)
+    assert line["protocol"]["shape"] == [19, 40, 23, 1]
+
+    fresh = GemmTuning(opencl, tmp_path / "records.jsonl")
+    assert fresh.config(30, 33, 20) == parse_label(record.chosen)  # same class
+    assert fresh.stats.hits == 1 and fresh.stats.misses == 0
+    assert fresh.config(300, 33, 20) == DEFAULT_CONFIG  # another class: the default
+    assert fresh.stats.misses == 1
+
+
+def test_records_of_another_driver_or_kernel_source_are_ignored(opencl, tuning, tmp_path):
+    path = tmp_path / "records.jsonl"
+    record = search(opencl, 9, 9, 9, 1, "fast", budget_seconds=0.0)
+    other_driver = dataclasses.replace(record, fingerprint={**record.fingerprint, "driver": "0.0-other"})
+    other_source = dataclasses.replace(record, kernels="0123456789abcdef")
+    TuningCache(path, other_driver.fingerprint).add(other_driver)
+    TuningCache(path, record.fingerprint).add(other_source)
+    fresh = GemmTuning(opencl, path)
+    assert fresh.cached(gemm_workload(9, 9, 9)) is None
+    assert fresh.config(9, 9, 9) == DEFAULT_CONFIG and fresh.stats.misses == 1
+
+
+def test_ensure_searches_once_then_hits(opencl, tuning, monkeypatch):
+    calls = []
+
+    def fake_search(device, m, n, k, batch, effort):
+        calls.append((m, n, k, batch, effort))
+        return search(device, m, n, k, batch, effort, budget_seconds=0.0)
+
+    monkeypatch.setattr("hetflow.devices.opencl.tuning.search", fake_search)
+    assert tuning.ensure(5, 6, 7, 1, "none") == DEFAULT_CONFIG and not calls
+    tuning.ensure(5, 6, 7, 1, "fast")
+    tuning.ensure(5, 6, 7, 1, "fast")
+    assert calls == [(5, 6, 7, 1, "fast")]
+    assert tuning.stats.tuned == 1 and tuning.cached(gemm_workload(5, 6, 7)) is not None
+
+
+def _info(*shape: int) -> TensorInfo:
+    return TensorInfo(shape, np.dtype(np.float32))
+
+
+def test_node_gemms_of_conv_gemm_and_lstm():
+    conv = Node("Conv", "c", ["x", "w"], ["y"], attrs=ConvAttrs(pads=(1, 1, 1, 1)))
+    products = node_gemms(conv, [_info(2, 8, 10, 12), _info(16, 8, 3, 3)])
+    assert (16, 120, 72, 2) in products  # im2col: K x P x C*9, one per image
+    assert (16, 2 * 5 * 6, 8, 16) in products  # Winograd F(2,3): 16 products over the tiles
+    grouped = Node("Conv", "g", ["x", "w"], ["y"], attrs=ConvAttrs(group=2))
+    assert node_gemms(grouped, [_info(1, 8, 5, 5), _info(6, 4, 1, 1)]) == [(3, 25, 4, 2)]
+    from hetflow.ops.gemm import GemmAttrs
+
+    fc = Node("Gemm", "fc", ["a", "b"], ["y"], attrs=GemmAttrs(transB=1))
+    assert node_gemms(fc, [_info(3, 20), _info(7, 20)]) == [(3, 7, 20, 1)]
+    from hetflow.ops.rnn import LSTMAttrs
+
+    lstm = Node("LSTM", "l", ["x", "w", "r"], ["y"], attrs=LSTMAttrs(hidden_size=4))
+    assert node_gemms(lstm, [_info(6, 2, 3), _info(1, 16, 3), _info(1, 16, 4)]) == [(12, 16, 3, 1), (2, 16, 4, 1)]
+
+
+def test_tune_gemms_with_no_effort_measures_nothing(opencl, tuning, zoo_home):
+    session = hetflow.InferenceSession("zoo:lenet", device="opencl:0")
+    bound = bind_batch(session.graph, {"N": 1})
+    rows = tune_gemms(bound, opencl, "none")
+    assert rows and all(row.source == "default" and row.record is None for row in rows)
+    assert not (tuning.path).exists()
+    with pytest.raises(ValueError):
+        tune_gemms(bound, opencl, "thorough")
+
+
+def test_session_with_tune_searches_missing_classes_through_the_planner(opencl, tuning, zoo_home, monkeypatch):
+    searched = []
+
+    def quick(device, m, n, k, batch, effort):
+        searched.append((m, n, k, batch))
+        return search(device, m, n, k, batch, effort, budget_seconds=0.0)
+
+    monkeypatch.setattr("hetflow.devices.opencl.tuning.search", quick)
+    session = hetflow.InferenceSession("zoo:lenet", device="opencl:0", tune=True)
+    session.run(None, {session.get_inputs()[0].name: np.zeros((1, 1, 28, 28), np.float32)})
+    assert searched
+    assert opencl.tuning_stats()["tuned"] == len(searched)
+    records = TuningCache(tuning.path, opencl.fingerprint()).records()
+    assert {r.workload.op for r in records} == {GEMM_OP}
