@@ -21,7 +21,7 @@ import numpy as np
 
 from hetflow.graph import Node
 from hetflow.graph.shapes import Dim, Shape, format_shape, is_static
-from hetflow.ops.base import Cost, GemmDims, OpDef, TensorInfo, nbytes
+from hetflow.ops.base import Cost, GemmDims, Grads, OpDef, TensorInfo, nbytes
 from hetflow.ops.registry import register_op
 
 # Input positions shared by the three ops (LSTM adds INITIAL_C and P).
@@ -357,6 +357,15 @@ class LSTM(RecurrentOp):
         if attrs.input_forget not in (0, 1):
             raise ValueError(f"input_forget must be 0 or 1, got {attrs.input_forget}")
 
+    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
+        return (X, W, R, B, INITIAL_H, INITIAL_C, P)
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """Backpropagation through time (``hetflow.ops.rnn_backward``)."""
+        from hetflow.ops.rnn_backward import recurrent_backward
+
+        return recurrent_backward(node, inputs, grad_outputs, wanted, gates=4)
+
 
 @dataclass(frozen=True)
 class GRUAttrs:
@@ -402,6 +411,15 @@ class GRU(RecurrentOp):
         super().check_attrs(attrs)
         if attrs.linear_before_reset not in (0, 1):
             raise ValueError(f"linear_before_reset must be 0 or 1, got {attrs.linear_before_reset}")
+
+    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
+        return (X, W, R, B, INITIAL_H)
+
+    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+        """Backpropagation through time (``hetflow.ops.rnn_backward``)."""
+        from hetflow.ops.rnn_backward import recurrent_backward
+
+        return recurrent_backward(node, inputs, grad_outputs, wanted, gates=3)
 
 
 @dataclass(frozen=True)
