@@ -87,6 +87,10 @@ class Activation(UnaryOp):
     def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
         return (0,)
 
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        # NOTE: X and the parameters; Sigmoid and Tanh read their output instead.
+        return None, ()
+
     def input_grad(self, node: Node, x: np.ndarray, y: np.ndarray, dy: np.ndarray, params: Sequence) -> np.ndarray:
         raise NotImplementedError(f"{self.op_type} has no backward rule")
 
@@ -179,6 +183,9 @@ class Sigmoid(Activation):
     op_type = "Sigmoid"
     flops_per_element = 3  # exp, add, divide
 
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (), (0,)
+
     def input_grad(self, node, x, y, dy, params):
         return dy * y * (1 - y)
 
@@ -188,6 +195,9 @@ class Tanh(Activation):
     """Hyperbolic tangent."""
 
     op_type = "Tanh"
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (), (0,)
 
     def input_grad(self, node, x, y, dy, params):
         return dy * (1 - y * y)

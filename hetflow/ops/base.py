@@ -88,6 +88,12 @@ def reduce_to_shape(grad: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     return grad.reshape(shape)
 
 
+def shape_only(shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
+    """A read-only array of ``shape`` and ``dtype`` that occupies no memory (zeros broadcast from one
+    element): what a backward rule gets for a value it declared it does not read."""
+    return np.broadcast_to(np.zeros((), dtype), tuple(shape))
+
+
 def wants(wanted: Sequence[bool] | None, index: int) -> bool:
     """Whether a backward rule should compute the gradient of input ``index`` (see ``OpDef.backward``)."""
     return wanted is None or (index < len(wanted) and bool(wanted[index]))
@@ -146,6 +152,15 @@ class OpDef:
         knows which initializers are learnable parameters without knowing the op.
         """
         return tuple(range(len(node.inputs)))
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        """Which forward values ``backward`` reads: (input positions, output positions); None means all.
+
+        The trainer keeps only these for the backward pass (liveness, like inference's memory plan);
+        every other input and output reaches the rule as a zero-memory stand-in of the right shape and
+        dtype (``np.broadcast_to``), enough for rules that only need shapes (Add, Reshape, pooling).
+        """
+        return None, None
 
     @property
     def has_backward(self) -> bool:

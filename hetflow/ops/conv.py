@@ -227,6 +227,9 @@ class Conv(OpDef):
             workspace_bytes=workspace,
         )
 
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (0, 1), ()
+
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         """dX, dW and dB of ``Y = W * X + B`` through the same im2col GEMM as the forward pass.
 

@@ -52,6 +52,9 @@ class Add(BinaryOp):
 
     op_type = "Add"
 
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (), ()
+
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         return _broadcast_grads(inputs, grad_outputs[0], wanted, lambda i, dy: dy)
 
@@ -61,6 +64,9 @@ class Sub(BinaryOp):
     """``A - B`` with broadcasting."""
 
     op_type = "Sub"
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (), ()
 
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         return _broadcast_grads(inputs, grad_outputs[0], wanted, lambda i, dy: dy if i == 0 else -dy)
@@ -101,6 +107,9 @@ class Sum(VariadicOp):
     """Sum of any number of inputs, with broadcasting."""
 
     op_type = "Sum"
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (), ()
 
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         return _broadcast_grads(inputs, grad_outputs[0], wanted, lambda i, dy: dy)

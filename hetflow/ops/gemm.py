@@ -123,6 +123,9 @@ class Gemm(OpDef):
         )
         return _matmul_cost(dims, inputs, outputs, flops=per_element * numel(outputs[0]))
 
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (0, 1), ()
+
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         """``dA' = alpha dY B'^T``, ``dB' = alpha A'^T dY`` (transposed back), ``dC = beta dY`` summed over
         the axes C was broadcast along."""
@@ -184,6 +187,9 @@ class MatMul(OpDef):
         a, b = inputs
         assert a is not None and b is not None
         return _matmul_cost(matmul_gemm_dims(a.shape, b.shape), inputs, outputs, flops=0)
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (0, 1), ()
 
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         """``dA = dY B^T`` and ``dB = A^T dY`` on the operands promoted to matrices, summed over broadcast

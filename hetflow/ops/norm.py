@@ -78,6 +78,9 @@ class LRN(OpDef):
             bytes_written=present_outputs_bytes(node, outputs),
         )
 
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (0,), ()
+
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         """With ``d = bias + alpha/size * S`` (S the window's sum of squares) and ``y = x d^-beta``:
         ``dx_j = dy_j d_j^-beta - 2 beta alpha/size x_j sum_c dy_c x_c d_c^(-beta-1)`` over the channels
@@ -185,6 +188,9 @@ class BatchNormalization(OpDef):
     def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
         # NOTE: mean and var are statistics (running averages in training), never learned.
         return (0, 1, 2)
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return None, ()
 
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         """dX, dscale and dB. Training mode differentiates through the batch statistics:

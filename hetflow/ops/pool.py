@@ -126,6 +126,9 @@ class MaxPool(WindowPool):
         (y,) = super().infer(node, inputs, consts)
         return [y, TensorInfo(y.shape, np.dtype(np.int64))]
 
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (0,), ()
+
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         """dY goes to the first maximum of each window (row-major tap order, as the forward picks it),
         found again from X through the windows view: one vectorised pass per tap."""
@@ -153,6 +156,9 @@ class AveragePool(WindowPool):
 
     op_type = "AveragePool"
     Attrs = AveragePoolAttrs
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (), ()
 
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         """Each window's dY divided by its divisor, spread over the window's taps (padding dropped)."""
@@ -198,6 +204,9 @@ class GlobalAveragePool(GlobalPool):
 
     op_type = "GlobalAveragePool"
 
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (), ()
+
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         x, dy = inputs[0], grad_outputs[0]
         assert x is not None
@@ -212,6 +221,9 @@ class GlobalMaxPool(GlobalPool):
     """Maximum over all spatial positions of each channel."""
 
     op_type = "GlobalMaxPool"
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (0,), ()
 
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         """dY goes to the first maximum of each channel."""

@@ -360,6 +360,9 @@ class LSTM(RecurrentOp):
     def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
         return (X, W, R, B, INITIAL_H, INITIAL_C, P)
 
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return None, ()
+
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         """Backpropagation through time (``hetflow.ops.rnn_backward``)."""
         from hetflow.ops.rnn_backward import recurrent_backward
@@ -414,6 +417,9 @@ class GRU(RecurrentOp):
 
     def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
         return (X, W, R, B, INITIAL_H)
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return None, ()
 
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         """Backpropagation through time (``hetflow.ops.rnn_backward``)."""

@@ -43,6 +43,9 @@ def normalised_axes(shape: Shape, attrs: SoftmaxAttrs) -> tuple[int, ...]:
 class SoftmaxFamily(OpDef):
     """Family base: output has the input's shape and dtype; one implementation for both ops."""
 
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (), (0,)
+
     Attrs = SoftmaxAttrs
     #: ``max`` compare, subtract, exp, sum and a final divide/subtract per element.
     flops_per_element: ClassVar[int] = 5

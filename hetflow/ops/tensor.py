@@ -183,6 +183,9 @@ class ViewOp(OpDef):
     def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
         return (0,)
 
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (), ()
+
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         x, dy = inputs[0], grad_outputs[0]
         grads: Grads = [None] * len(inputs)
@@ -227,6 +230,9 @@ class Concat(OpDef):
         lengths = [i.shape[axis] for i in present_inputs]
         dims[axis] = sum(lengths) if is_static(lengths) else _symbolic_sum(lengths, fresh_dim(node, axis))
         return [TensorInfo(tuple(dims), first.dtype)]
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (), ()
 
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         """dY cut back into the inputs' pieces along the axis."""
@@ -307,6 +313,9 @@ class Split(OpDef):
     def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
         return (0,)
 
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (), ()
+
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         """The outputs' gradients joined along the axis (zeros for outputs the loss does not reach)."""
         x = inputs[0]
@@ -355,6 +364,9 @@ class Slice(OpDef):
 
     def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
         return (0,)
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (1, 2, 3, 4), ()
 
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         """dY written into zeros of X's shape at the sliced positions."""
@@ -485,6 +497,9 @@ class Transpose(OpDef):
         assert x is not None
         perm = transpose_perm(node.attrs.perm, len(x.shape))
         return [TensorInfo(tuple(x.shape[p] for p in perm), x.dtype)]
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (), ()
 
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         """dY with the inverse permutation."""
@@ -631,6 +646,9 @@ class Dropout(OpDef):
     def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
         return (0,)
 
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (1, 2), (1,)
+
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         """In training mode ``dx = dy * mask / (1 - ratio)`` with the mask the forward pass drew (its
         second output, which a training graph must name); otherwise the identity."""
@@ -656,6 +674,9 @@ class Identity(OpDef):
 
     op_type = "Identity"
     traits = frozenset({"noop"})
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (), ()
 
     def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
         return [grad_outputs[0] if wants(wanted, 0) else None]

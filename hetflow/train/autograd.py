@@ -5,13 +5,17 @@ The tape never derives a gradient itself: it asks each node's ``OpDef.backward``
 passing which inputs need one, so frozen weights and inputs that lead to no parameter cost nothing.
 Forward values are computed by the CPU device's kernels, the same ones inference runs.
 
-Memory: activations are kept only while some backward rule still needs them (liveness over the
-reverse order), and the peak of kept bytes is recorded per step (``Tape.peak_bytes``).
+Memory, planned by liveness like inference: an activation is kept for the backward pass only when a
+rule declares it reads it (``OpDef.backward_reads``; the others get zero-memory stand-ins), it is freed
+after the last rule that reads it has run, and gradients are freed once passed on. Under a budget,
+``plan_recompute`` picks cheap activations (outputs of elementwise and view ops) to drop after the
+forward pass and recompute from their inputs when the backward pass reaches them (checkpointing).
+``Tape.peak_bytes`` is the measured peak of activations plus gradients of the last step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,8 +23,12 @@ import numpy as np
 from hetflow.devices.base import Kernel
 from hetflow.devices.cpu.table import CPU_KERNELS
 from hetflow.errors import HetflowError
-from hetflow.graph import Graph
+from hetflow.graph import Graph, Node
 from hetflow.ops import registry
+from hetflow.ops.base import shape_only
+
+#: Traits of ops whose outputs are cheap enough to recompute instead of keeping (checkpointing).
+CHEAP_TRAITS = frozenset({"elementwise", "view"})
 
 
 class TrainingError(HetflowError):
@@ -33,13 +41,14 @@ class ForwardPass:
 
     Attributes:
         values: value name -> array (feeds, initializers and kept activations).
-        release_after: node index -> value names no backward rule reads after that node's.
+        shapes: value name -> (shape, dtype) of every value the pass produced (for stand-ins).
         live_bytes: bytes of activations held when the forward pass ended.
     """
 
     values: dict[str, np.ndarray]
-    release_after: dict[int, list[str]] = field(default_factory=dict)
+    shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = field(default_factory=dict)
     live_bytes: int = 0
+    requested: frozenset[str] = frozenset()
 
 
 class Tape:
@@ -48,13 +57,15 @@ class Tape:
     Args:
         graph: a shape-inferred Graph (training form: see ``hetflow.train.graph``).
         parameters: initializer names to compute gradients for (the trainable ones).
+        recompute: activations to drop after the forward pass and recompute in the backward pass
+            (see ``plan_recompute``); each must be produced by a node with a CHEAP_TRAITS trait.
 
     Raises:
         TrainingError: a node on the gradient path has no backward rule or no CPU kernel; every such
             node is listed.
     """
 
-    def __init__(self, graph: Graph, parameters: Iterable[str]):
+    def __init__(self, graph: Graph, parameters: Iterable[str], recompute: Iterable[str] = ()):
         self.graph = graph
         self.parameters = set(parameters)
         self._kernels: list[Kernel] = []
@@ -67,7 +78,10 @@ class Tape:
                 self._kernels.append(kernel)
         if missing_kernels:
             raise TrainingError(f"no CPU kernel for node(s) {', '.join(missing_kernels)}")
+        self._producer = {name: i for i, node in enumerate(graph.nodes) for name in node.present_outputs()}
         self._wanted = self._plan_gradients()
+        self._reads = {index: self._read_names(graph.nodes[index]) for index in self._wanted}
+        self.recompute = set(recompute)
         self.peak_bytes = 0
 
     # -- planning ------------------------------------------------------------------------------
@@ -94,30 +108,55 @@ class Tape:
             )
         return wanted
 
+    def _read_names(self, node: Node) -> list[str]:
+        read_inputs, read_outputs = registry.get(node.op_type, node.domain).backward_reads(node)
+        names = [n for i, n in enumerate(node.inputs) if n and (read_inputs is None or i in read_inputs)]
+        names += [n for i, n in enumerate(node.outputs) if n and (read_outputs is None or i in read_outputs)]
+        return names
+
     def kept_values(self) -> set[str]:
-        """Names of the values the backward pass reads (inputs and outputs of nodes on the path)."""
-        kept: set[str] = set()
-        for index in self._wanted:
+        """Activations the backward pass reads (initializers are always at hand and not counted)."""
+        return {name for names in self._reads.values() for name in names} - set(self.graph.initializers)
+
+    def recompute_candidates(self) -> list[str]:
+        """Kept activations a cheap node produces from values that stay available: checkpointing's
+        candidates, in graph order."""
+        kept = self.kept_values()
+        candidates = []
+        for name in sorted(kept, key=lambda n: self._producer.get(n, -1)):
+            index = self._producer.get(name)
+            if index is None:
+                continue  # a feed
             node = self.graph.nodes[index]
-            kept.update(node.present_inputs())
-            kept.update(node.present_outputs())
-        return kept
+            opdef = registry.get(node.op_type, node.domain)
+            inputs_available = all(
+                not i or i in self.graph.initializers or i not in self._producer or i in kept
+                for i in node.inputs
+            )
+            if opdef.traits & CHEAP_TRAITS and inputs_available:
+                candidates.append(name)
+        return candidates
 
     # -- passes --------------------------------------------------------------------------------
     def forward(self, feeds: Mapping[str, np.ndarray], outputs: Iterable[str] = ()) -> ForwardPass:
         """Run every node; keep what the backward pass reads plus ``outputs`` (and the graph outputs)."""
         values: dict[str, np.ndarray] = dict(self.graph.initializers)
         values.update(feeds)
-        keep = self.kept_values() | set(outputs) | set(self.graph.outputs)
+        requested = frozenset(outputs) | frozenset(self.graph.outputs)
+        keep = (self.kept_values() - self.recompute) | requested
         last_read = self._last_forward_reads()
-        live = 0
-        peak = 0
+        shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {
+            name: (array.shape, array.dtype) for name, array in feeds.items()
+        }
+        live = sum(array.nbytes for name, array in feeds.items() if name in keep)
+        peak = live
         for index, (node, kernel) in enumerate(zip(self.graph.nodes, self._kernels)):
             arguments = [values[name] if name else None for name in node.inputs]
             results = kernel.fn(node, arguments)
             for name, array in zip(node.outputs, results):
                 if name and array is not None:
                     values[name] = array
+                    shapes[name] = (array.shape, array.dtype)
                     live += array.nbytes
             peak = max(peak, live)
             # Activations neither the backward pass nor a later node reads are dropped at once.
@@ -125,10 +164,7 @@ class Tape:
                 if name not in keep and name in values and name not in self.graph.initializers:
                     live -= values.pop(name).nbytes
         self.peak_bytes = peak
-        requested = set(outputs) | set(self.graph.outputs)
-        release = {index: [name for name in names if name not in requested]
-                   for index, names in self._release_plan().items()}
-        return ForwardPass(values, release, live)
+        return ForwardPass(values, shapes, live, requested)
 
     def _last_forward_reads(self) -> dict[int, list[str]]:
         last: dict[str, int] = {}
@@ -142,35 +178,50 @@ class Tape:
             plan.setdefault(index, []).append(name)
         return plan
 
-    def _release_plan(self) -> dict[int, list[str]]:
-        """Node index -> values whose last backward reader is that node (reverse order: the earliest)."""
+    def _release_plan(self, requested: frozenset[str]) -> dict[int, list[str]]:
+        """Node index -> activations whose last backward reader is that node (the earliest reader, since
+        the backward pass runs in reverse)."""
         first_reader: dict[str, int] = {}
-        for index in self._wanted:  # ascending: the first index seen is the earliest node
-            node = self.graph.nodes[index]
-            for name in (*node.present_inputs(), *node.present_outputs()):
+        for index in sorted(self._reads):
+            for name in self._reads[index]:
                 first_reader.setdefault(name, index)
         plan: dict[int, list[str]] = {}
         for name, index in first_reader.items():
-            if name not in self.graph.initializers:
+            if name not in self.graph.initializers and name not in requested:
                 plan.setdefault(index, []).append(name)
         return plan
+
+    def _materialise(self, name: str, values: dict[str, np.ndarray]) -> np.ndarray:
+        """Recompute a dropped activation from its producer's inputs (checkpointing)."""
+        index = self._producer[name]
+        node = self.graph.nodes[index]
+        arguments = [values[i] if i else None for i in node.inputs]
+        results = self._kernels[index].fn(node, arguments)
+        return results[node.outputs.index(name)]
 
     def backward(self, forward: ForwardPass, seeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Gradients of the parameters from the gradients ``seeds`` of some values (the loss's inputs).
 
-        Activations are released as soon as the last rule reading them has run.
+        Activations are released as soon as the last rule reading them has run; recomputed ones are
+        rebuilt just before the first rule (in reverse order) that reads them.
         """
         values = forward.values
+        release = self._release_plan(forward.requested)
         grads: dict[str, np.ndarray] = {name: np.asarray(g) for name, g in seeds.items()}
         live = forward.live_bytes + sum(g.nbytes for g in grads.values())
         peak = max(self.peak_bytes, live)
         for index in sorted(self._wanted, reverse=True):
             node = self.graph.nodes[index]
+            for name in self._reads[index]:
+                if name not in values:
+                    values[name] = self._materialise(name, values)
+                    live += values[name].nbytes
+            peak = max(peak, live)
             grad_outputs = [grads.pop(name, None) if name else None for name in node.outputs]
             if any(g is not None for g in grad_outputs):
                 opdef = registry.get(node.op_type, node.domain)
-                inputs = [values.get(name) if name else None for name in node.inputs]
-                outputs = [values.get(name) if name else None for name in node.outputs]
+                inputs = [self._given(name, values, forward) for name in node.inputs]
+                outputs = [self._given(name, values, forward) for name in node.outputs]
                 input_grads = opdef.backward(node, inputs, outputs, grad_outputs, self._wanted[index])
                 for name, grad, want in zip(node.inputs, input_grads, self._wanted[index]):
                     if not want or grad is None:
@@ -182,9 +233,105 @@ class Tape:
                         live += grad.nbytes
                 peak = max(peak, live)
             live -= sum(g.nbytes for g in grad_outputs if g is not None)
-            for name in forward.release_after.get(index, ()):
+            for name in release.get(index, ()):
                 array = values.pop(name, None)
                 if array is not None:
                     live -= array.nbytes
         self.peak_bytes = peak
         return {name: grads[name] for name in self.parameters if name in grads}
+
+    @staticmethod
+    def _given(name: str, values: Mapping[str, np.ndarray], forward: ForwardPass) -> np.ndarray | None:
+        if not name:
+            return None
+        found = values.get(name)
+        if found is not None:
+            return found
+        shape, dtype = forward.shapes[name]
+        return shape_only(shape, dtype)
+
+    # -- memory planning -----------------------------------------------------------------------
+    def simulate_peak(self, sizes: Mapping[str, int], requested: Iterable[str] = (),
+                      recompute: Iterable[str] | None = None) -> int:
+        """The peak ``forward`` + ``backward`` would measure, from value sizes in bytes (same rules).
+
+        Gradients are assumed to have their value's size; ``recompute`` defaults to the tape's own.
+        """
+        recomputed = self.recompute if recompute is None else set(recompute)
+        requested_set = frozenset(requested) | frozenset(self.graph.outputs)
+        keep = (self.kept_values() - recomputed) | requested_set
+        present = {name for name in self.graph.inputs if name not in self.graph.initializers}
+        live = sum(sizes[name] for name in present if name in keep)
+        peak = live
+        last_read = self._last_forward_reads()
+        for index, node in enumerate(self.graph.nodes):
+            for name in node.present_outputs():
+                present.add(name)
+                live += sizes[name]
+            peak = max(peak, live)
+            for name in last_read.get(index, ()):
+                if name not in keep and name in present and name not in self.graph.initializers:
+                    present.discard(name)
+                    live -= sizes[name]
+        release = self._release_plan(requested_set)
+        grads: set[str] = set(self.graph.outputs)
+        live += sum(sizes[name] for name in grads)
+        peak = max(peak, live)
+        for index in sorted(self._wanted, reverse=True):
+            node = self.graph.nodes[index]
+            for name in self._reads[index]:
+                if name not in present and name not in self.graph.initializers:
+                    present.add(name)
+                    live += sizes[name]
+            peak = max(peak, live)
+            outgoing = [name for name in node.outputs if name in grads]
+            if outgoing:
+                for name, want in zip(node.inputs, self._wanted[index]):
+                    if want and name not in grads:
+                        grads.add(name)
+                        live += sizes[name]
+                peak = max(peak, live)
+            for name in outgoing:
+                grads.discard(name)
+                live -= sizes[name]
+            for name in release.get(index, ()):
+                if name in present:
+                    present.discard(name)
+                    live -= sizes[name]
+        return peak
+
+    def plan_recompute(self, sizes: Mapping[str, int], budget: int, requested: Iterable[str] = ()) -> int:
+        """Choose the activations to recompute so that the simulated peak fits ``budget``: the largest
+        candidates first, stopping as soon as it fits. Sets ``self.recompute``; returns the peak.
+
+        Raises:
+            BudgetError: even recomputing every candidate does not fit.
+        """
+        from hetflow.errors import BudgetError
+
+        chosen: set[str] = set()
+        peak = self.simulate_peak(sizes, requested, chosen)
+        for name in sorted(self.recompute_candidates(), key=lambda n: -sizes[n]):
+            if peak <= budget:
+                break
+            # NOTE: a recomputed value is rebuilt from kept inputs only: never chain two recomputations.
+            sources = set(self.graph.nodes[self._producer[name]].present_inputs())
+            if sources & chosen or any(name in self.graph.nodes[self._producer[c]].inputs for c in chosen):
+                continue
+            trial = chosen | {name}
+            trial_peak = self.simulate_peak(sizes, requested, trial)
+            if trial_peak < peak:
+                chosen, peak = trial, trial_peak
+        if peak > budget:
+            raise BudgetError(
+                f"a training step needs at least {peak} bytes of activations and gradients (recomputing "
+                f"{len(chosen)} cheap activations); the budget leaves {budget}: use a smaller batch"
+            )
+        self.recompute = chosen
+        return peak
+
+
+def value_sizes(graph: Graph, bytes_of: Mapping[str, tuple[Sequence[int], np.dtype]]) -> dict[str, int]:
+    """Bytes of each value from known shapes (e.g. a bound graph's ``values``)."""
+    return {name: int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            for name, (shape, dtype) in bytes_of.items()}

@@ -79,6 +79,11 @@ class Optimizer:
         self.steps = 0
         self.state: dict[str, dict[str, np.ndarray]] = {}
 
+    #: Arrays of a parameter's size the optimizer keeps per parameter (momentum, moments).
+    @property
+    def state_slots(self) -> int:
+        return 0
+
     @property
     def current_lr(self) -> float:
         """The learning rate the next step uses."""
@@ -127,6 +132,10 @@ class SGD(Optimizer):
         self.momentum = momentum
         self.nesterov = nesterov
 
+    @property
+    def state_slots(self) -> int:
+        return 1 if self.momentum else 0
+
     def update(self, name, param, grad, lr, state) -> None:
         if self.weight_decay:
             grad = grad + self.weight_decay * param
@@ -151,6 +160,10 @@ class Adam(Optimizer):
         super().__init__(lr, **options)
         self.betas = betas
         self.eps = eps
+
+    @property
+    def state_slots(self) -> int:
+        return 2
 
     def update(self, name, param, grad, lr, state) -> None:
         beta1, beta2 = self.betas

@@ -12,6 +12,7 @@ from hetflow.devices.cpu.table import CPU_KERNELS
 from hetflow.graph import Node
 from hetflow.ops import registry
 from hetflow.ops.attrs import parse_attrs
+from hetflow.ops.base import shape_only
 
 #: Central-difference step: float64 round-off (1e-16 / h) and truncation (h^2) both stay near 1e-10.
 STEP = 1e-6
@@ -105,7 +106,18 @@ def check_gradients(case: Case, seed: int = 0) -> dict[int, float]:
     if checked is None:
         checked = [i for i, spec in enumerate(case.inputs) if spec is not None and not isinstance(spec, np.ndarray)]
     wanted = [i in checked for i in range(len(inputs))]
-    grads = opdef.backward(node, inputs, outputs, weights, wanted)
+    # Values the rule says it does not read are passed as zero-memory stand-ins, as the trainer does,
+    # so a wrong ``backward_reads`` declaration fails here.
+    read_inputs, read_outputs = opdef.backward_reads(node)
+    given_inputs = [
+        x if x is None or read_inputs is None or i in read_inputs else shape_only(x.shape, x.dtype)
+        for i, x in enumerate(inputs)
+    ]
+    given_outputs = [
+        y if y is None or read_outputs is None or i in read_outputs else shape_only(y.shape, y.dtype)
+        for i, y in enumerate(outputs)
+    ]
+    grads = opdef.backward(node, given_inputs, given_outputs, weights, wanted)
     assert len(grads) == len(inputs)
     errors: dict[int, float] = {}
     for index in checked:

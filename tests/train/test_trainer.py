@@ -42,6 +42,17 @@ def small_cnn(seed: int = 0, dropout: bool = True) -> onnx.ModelProto:
     return b.model([b.softmax(x)])
 
 
+def deep_cnn(seed: int = 0) -> onnx.ModelProto:
+    """Four conv 3x3 + ReLU layers of one size, GAP, FC: the activations kept for backward peak at the
+    end of the forward pass, where recomputing the ReLUs from the conv outputs pays."""
+    b = LayerBuilder("deep_cnn", seed)
+    x = b.input("data", (3, 9, 9))
+    for _ in range(4):
+        x = b.relu(b.conv(x, 6, 3, pad=1))
+    x = b.fc(b.flatten(b.global_avg_pool(x)), 4, gain=1.0)
+    return b.model([b.softmax(x)])
+
+
 def as_float64(model: onnx.ModelProto):
     graph = load_model(model)
     graph.initializers = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in graph.initializers.items()}
@@ -238,10 +249,44 @@ def test_dropout_masks_are_seeded_and_change_per_step() -> None:
         np.testing.assert_array_equal(first.params[name], second.params[name])
 
 
-def test_memory_budget_is_enforced() -> None:
+def test_memory_plan_matches_what_the_step_measures() -> None:
     x, y = separable_data()
-    trainer = Trainer(small_cnn(), memory_budget=1000)
+    trainer = Trainer(small_cnn(), optimizer=Adam(0.01))
+    report = trainer.memory_report(16)
+    trainer.train_step(x[:16], y[:16])
+    assert trainer.tape.peak_bytes == report["step_peak_bytes"]
+    # Only what the rules read is kept: GlobalAveragePool's and Flatten's rules need shapes, not values.
+    graph = trainer._train.graph
+    kept = trainer.tape.kept_values()
+    for op_type in ("LRN", "GlobalAveragePool"):
+        (node,) = [n for n in graph.nodes if n.op_type == op_type]
+        assert node.outputs[0] not in kept, op_type
+    assert all(name in kept for name in graph.nodes[0].inputs if name not in graph.initializers)
+
+
+def test_memory_budget_recomputes_cheap_activations_and_is_never_exceeded() -> None:
+    x, y = separable_data()
+    free = Trainer(deep_cnn(), optimizer=SGD(0.1), seed=2)
+    report = free.memory_report(16)
+    budget = report["fixed_bytes"] + report["step_peak_bytes"] - 1  # just below what liveness alone needs
+    bounded = Trainer(deep_cnn(), optimizer=SGD(0.1), seed=2, memory_budget=budget)
+    for step in range(3):
+        batch = slice(16 * step, 16 * (step + 1))
+        assert free.train_step(x[batch], y[batch]) == pytest.approx(bounded.train_step(x[batch], y[batch]))
+        assert bounded.tape.recompute, "the budget should force recomputation"
+        assert bounded.tape.peak_bytes + bounded.fixed_bytes() <= budget
+        assert free.tape.peak_bytes + free.fixed_bytes() > budget
+    for name in free.params:
+        np.testing.assert_array_equal(bounded.params[name], free.params[name])
+
+
+def test_a_budget_that_cannot_fit_fails_before_the_step() -> None:
     from hetflow.errors import BudgetError
 
-    with pytest.raises(BudgetError, match="budget"):
+    x, y = separable_data()
+    trainer = Trainer(small_cnn(), memory_budget="20KB")
+    before = {name: array.copy() for name, array in trainer.params.items()}
+    with pytest.raises(BudgetError, match="smaller batch"):
         trainer.train_step(x[:16], y[:16])
+    for name, array in before.items():
+        np.testing.assert_array_equal(trainer.params[name], array)
