@@ -403,6 +403,10 @@ def _add_estimate_parsers(commands: argparse._SubParsersAction) -> None:
     estimate.add_argument("--plot", type=Path, metavar="FILE",
                           help="write a plot: .svg, .html (inline SVG) or .png (needs matplotlib)")
     estimate.add_argument("--top", type=int, metavar="K", help="show only the K slowest layers in the table")
+    estimate.add_argument("--train", action="store_true",
+                          help="training memory instead: weights, gradients, optimizer state, activations")
+    estimate.add_argument("--optimizer", default="adam", choices=["sgd", "momentum", "adam", "adamw"],
+                          help="optimizer whose state --train counts (adam)")
     estimate.set_defaults(handler=_cmd_estimate)
 
     calibrate = commands.add_parser(
@@ -416,6 +420,8 @@ def _add_estimate_parsers(commands: argparse._SubParsersAction) -> None:
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
+    if args.train:
+        return _cmd_estimate_train(args)
     from hetflow.estimate import parse_bytes
     from hetflow.estimate.predict import estimate
     from hetflow.estimate.report import format_table, to_csv, to_json, write_plot
@@ -604,6 +610,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(json.dumps({"epochs": args.epochs, "seconds": round(result.seconds, 3),
                           "train_loss": result.history.last.train_loss,
                           "test_accuracy": result.test_accuracy}))
+    return 0
+
+
+
+def _cmd_estimate_train(args: argparse.Namespace) -> int:
+    from hetflow.estimate.training import training_memory
+
+    try:
+        report = training_memory(args.model, args.batch, args.optimizer)
+    except ValueError as error:
+        raise HetflowError(str(error)) from error
+    print(report.to_json() if args.json else report.table(), end="\n" if args.json else "")
     return 0
 
 

@@ -51,6 +51,30 @@ class ForwardPass:
     requested: frozenset[str] = frozenset()
 
 
+@dataclass
+class StepMemory:
+    """Live bytes of one training step: the peak, and how it splits into kept activations and gradients."""
+
+    peak: int = 0
+    activations_at_peak: int = 0
+    gradients_at_peak: int = 0
+    _activations: int = 0
+    _gradients: int = 0
+
+    def add_activations(self, delta: int) -> None:
+        self._activations += delta
+        self._note()
+
+    def add_gradients(self, delta: int) -> None:
+        self._gradients += delta
+        self._note()
+
+    def _note(self) -> None:
+        if self._activations + self._gradients > self.peak:
+            self.peak = self._activations + self._gradients
+            self.activations_at_peak, self.gradients_at_peak = self._activations, self._gradients
+
+
 class Tape:
     """Differentiates ``graph``'s outputs with respect to the initializers named in ``parameters``.
 
@@ -257,48 +281,49 @@ class Tape:
 
         Gradients are assumed to have their value's size; ``recompute`` defaults to the tape's own.
         """
+        return self.simulate(sizes, requested, recompute).peak
+
+    def simulate(self, sizes: Mapping[str, int], requested: Iterable[str] = (),
+                 recompute: Iterable[str] | None = None) -> StepMemory:
+        """``simulate_peak`` with the split of the peak into activations and gradients."""
         recomputed = self.recompute if recompute is None else set(recompute)
         requested_set = frozenset(requested) | frozenset(self.graph.outputs)
         keep = (self.kept_values() - recomputed) | requested_set
         present = {name for name in self.graph.inputs if name not in self.graph.initializers}
-        live = sum(sizes[name] for name in present if name in keep)
-        peak = live
+        usage = StepMemory()
+        usage.add_activations(sum(sizes[name] for name in present if name in keep))
         last_read = self._last_forward_reads()
         for index, node in enumerate(self.graph.nodes):
             for name in node.present_outputs():
                 present.add(name)
-                live += sizes[name]
-            peak = max(peak, live)
+                usage.add_activations(sizes[name])
             for name in last_read.get(index, ()):
                 if name not in keep and name in present and name not in self.graph.initializers:
                     present.discard(name)
-                    live -= sizes[name]
+                    usage.add_activations(-sizes[name])
         release = self._release_plan(requested_set)
         grads: set[str] = set(self.graph.outputs)
-        live += sum(sizes[name] for name in grads)
-        peak = max(peak, live)
+        usage.add_gradients(sum(sizes[name] for name in grads))
         for index in sorted(self._wanted, reverse=True):
             node = self.graph.nodes[index]
             for name in self._reads[index]:
                 if name not in present and name not in self.graph.initializers:
                     present.add(name)
-                    live += sizes[name]
-            peak = max(peak, live)
+                    usage.add_activations(sizes[name])
             outgoing = [name for name in node.outputs if name in grads]
             if outgoing:
                 for name, want in zip(node.inputs, self._wanted[index]):
                     if want and name not in grads:
                         grads.add(name)
-                        live += sizes[name]
-                peak = max(peak, live)
+                        usage.add_gradients(sizes[name])
             for name in outgoing:
                 grads.discard(name)
-                live -= sizes[name]
+                usage.add_gradients(-sizes[name])
             for name in release.get(index, ()):
                 if name in present:
                     present.discard(name)
-                    live -= sizes[name]
-        return peak
+                    usage.add_activations(-sizes[name])
+        return usage
 
     def plan_recompute(self, sizes: Mapping[str, int], budget: int, requested: Iterable[str] = ()) -> int:
         """Choose the activations to recompute so that the simulated peak fits ``budget``: the largest
