@@ -89,7 +89,9 @@ def model_seconds(
 
 
 def peak_run_bytes(session: InferenceSession, feeds: Mapping[str, np.ndarray]) -> int:
-    """Bytes allocated at the peak of one warm ``session.run`` (tracemalloc: numpy reports to it)."""
+    """Bytes allocated at the peak of one warm ``session.run`` (tracemalloc: numpy reports to it), plus
+    the arena its activations and scratch live in (allocated once per session, so not seen by a warm
+    run)."""
     session.run(None, dict(feeds))  # warm: lazily built per-session state is not part of a run
     was_tracing = tracemalloc.is_tracing()
     if not was_tracing:
@@ -103,7 +105,7 @@ def peak_run_bytes(session: InferenceSession, feeds: Mapping[str, np.ndarray]) -
     finally:
         if not was_tracing:
             tracemalloc.stop()
-    return max(0, peak - before)
+    return max(0, peak - before) + session.arena_bytes(feeds)
 
 
 def validate(

@@ -121,6 +121,27 @@ class MemoryPlan:
         return arena[region.offset : region.offset + region.nbytes]
 
 
+@dataclass(frozen=True)
+class MemoryReport:
+    """What a session needs in memory at one batch size (``hetflow info --memory``).
+
+    Attributes:
+        batch: the batch size (None for a model without a symbolic batch).
+        weights_bytes: initializers (weights and constants).
+        arena_bytes: the planned arena: activations and workspace, laid out by liveness.
+        activation_bytes: the activations alone, laid out by liveness (the planned activation peak).
+        workspace_bytes: the largest single step's workspace (im2col columns, Winograd tiles).
+        naive_bytes: every activation and workspace side by side, as without a plan.
+    """
+
+    batch: int | None
+    weights_bytes: int
+    arena_bytes: int
+    activation_bytes: int
+    workspace_bytes: int
+    naive_bytes: int
+
+
 @dataclass
 class _Buffer:
     """A block to place: its size and the steps that write it and that touch it at all."""

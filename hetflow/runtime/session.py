@@ -18,7 +18,8 @@ from hetflow.graph.dtypes import onnx_name
 from hetflow.graph.shapes import Dim, format_shape, is_static
 from hetflow.passes import bind_batch
 from hetflow.passes.manager import optimize as optimize_graph
-from hetflow.runtime.executor import ExecutionMode, Observer, check_mode, check_threads, execute
+from hetflow.runtime.executor import ExecutionMode, Observer, check_mode, check_threads, execute, memory_plan
+from hetflow.runtime.memory import MemoryReport
 from hetflow.runtime.placement import PlacementRules, measure_costs
 from hetflow.runtime.plan import Plan
 from hetflow.runtime.planner import make_plan
@@ -98,6 +99,8 @@ class InferenceSession:
         self._lock = threading.Lock()
         self._threads = check_threads(threads)
         self._mode = check_mode(execution_mode)
+        if _is_concrete(self._graph):
+            memory_plan(self._plan, [v.name for v in self._outputs])
 
     @property
     def graph(self) -> Graph:
@@ -129,8 +132,34 @@ class InferenceSession:
                     plan = self._plan
                 else:
                     plan = self._make_plan(bound)
+                    # The memory plan is made with the plan, not on the first run.
+                    memory_plan(plan, [v.name for v in self._outputs])
                 self._bound_plans[key] = plan
         return plan
+
+    def arena_bytes(self, input_feed: Mapping[str, Any]) -> int:
+        """Bytes of the arena a run on ``input_feed`` works in (allocated once, reused by later runs)."""
+        feeds = self._check_feeds(input_feed)
+        plan = self.plan_for(_bindings(self._inputs, feeds))
+        memory = memory_plan(plan, [v.name for v in self._outputs])
+        return 0 if memory is None else memory.arena_bytes
+
+    def memory_report(self, batch: int | None = None) -> MemoryReport:
+        """Weights, planned arena, activation peak and workspace at ``batch`` (for a symbolic batch)."""
+        symbols = {d for v in self._inputs for d in (v.shape or ()) if isinstance(d, str)}
+        plan = self.plan_for(dict.fromkeys(symbols, batch or 1))
+        memory = memory_plan(plan, [v.name for v in self._outputs])
+        weights = sum(int(a.nbytes) for a in self._graph.initializers.values())
+        if memory is None:
+            return MemoryReport(batch if symbols else None, weights, 0, 0, 0, 0)
+        return MemoryReport(
+            batch=(batch or 1) if symbols else None,
+            weights_bytes=weights,
+            arena_bytes=memory.arena_bytes,
+            activation_bytes=memory.activation_bytes,
+            workspace_bytes=memory.workspace_bytes,
+            naive_bytes=memory.naive_bytes,
+        )
 
     def _make_plan(self, graph: Graph) -> Plan:
         costs = None

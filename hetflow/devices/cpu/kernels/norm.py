@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from hetflow.devices.cpu.kernels.buffers import Out, deliver, output
+from hetflow.devices.cpu.kernels.buffers import Out, Scratch, aligned, deliver, output
 from hetflow.devices.cpu.table import cpu_kernel
-from hetflow.devices.cpu.threads import parallel_for
+from hetflow.devices.cpu.threads import available_cores, parallel_for
 from hetflow.graph import Node
+from hetflow.ops.base import TensorInfo
 from hetflow.ops.norm import batchnorm_reduce_axes, lrn_window
 
 
@@ -30,7 +31,28 @@ _LRN_BLOCK_BYTES = 1 << 20
 _LRN_PARALLEL_BYTES = 4 << 20
 
 
-@cpu_kernel("LRN", writes_out=True)
+def _lrn_block_bytes(shape: tuple[int, int, int], itemsize: int, before: int, after: int) -> int:
+    """Scratch of the largest block: its scaled squares (with the window's halo) and its window sums."""
+    largest = 0
+    channels = shape[1]
+    for n0, n1, c0, c1 in _lrn_blocks(shape, itemsize):
+        halo = min(c1 + after, channels) - max(c0 - before, 0)
+        squares = aligned((n1 - n0) * halo * shape[2] * itemsize)
+        largest = max(largest, squares + aligned((n1 - n0) * (c1 - c0) * shape[2] * itemsize))
+    return largest
+
+
+def _lrn_workspace(node: Node, inputs: Sequence[TensorInfo | None]) -> int:
+    """One block's scratch per thread that may run LRN blocks at once."""
+    x = inputs[0]
+    if x is None:
+        return 0
+    shape = (int(x.shape[0]), int(x.shape[1]), math.prod(int(d) for d in x.shape[2:]))
+    before, after = lrn_window(node.attrs.size)
+    return _lrn_block_bytes(shape, _compute_dtype(x.dtype).itemsize, before, after) * available_cores()
+
+
+@cpu_kernel("LRN", writes_out=True, workspace=_lrn_workspace)
 def lrn(
     node: Node, inputs: Sequence[np.ndarray | None], out: Out = None, workspace: np.ndarray | None = None
 ) -> list[np.ndarray]:
@@ -53,8 +75,29 @@ def lrn(
     params = _LrnParams.of(node.attrs, compute)
     blocks = _lrn_blocks(source.shape, source.itemsize)
     threads = None if source.nbytes >= _LRN_PARALLEL_BYTES else 1
-    parallel_for(lambda i: _lrn_block(source, result, blocks[i], params), len(blocks), threads)
+    free = _scratch_slots(workspace, _lrn_block_bytes(source.shape, source.itemsize, params.before, params.after))
+
+    def run_block(index: int) -> None:
+        # NOTE: list.pop/append are atomic: each running block holds its own slot of the workspace.
+        try:
+            slot = free.pop()
+        except IndexError:
+            slot = Scratch(None)
+        try:
+            _lrn_block(source, result, blocks[index], params, slot)
+        finally:
+            slot.reset()
+            free.append(slot)
+
+    parallel_for(run_block, len(blocks), threads)
     return [deliver(out, 0, y.astype(x.dtype, copy=False))]
+
+
+def _scratch_slots(workspace: np.ndarray | None, nbytes: int) -> list[Scratch]:
+    """``workspace`` cut into as many scratches of ``nbytes`` as fit."""
+    if workspace is None or nbytes == 0:
+        return []
+    return [Scratch(workspace[start : start + nbytes]) for start in range(0, workspace.nbytes - nbytes + 1, nbytes)]
 
 
 @dataclass(frozen=True)
@@ -86,15 +129,19 @@ def _lrn_blocks(shape: tuple[int, ...], itemsize: int) -> list[tuple[int, int, i
     return [(n, n + 1, c, min(c + step, channels)) for n in range(batch) for c in range(0, channels, step)]
 
 
-def _lrn_block(x: np.ndarray, out: np.ndarray, block: tuple[int, int, int, int], p: _LrnParams) -> None:
+def _lrn_block(
+    x: np.ndarray, out: np.ndarray, block: tuple[int, int, int, int], p: _LrnParams, scratch: Scratch
+) -> None:
     n0, n1, c0, c1 = block
     lo, hi = max(c0 - p.before, 0), min(c1 + p.after, x.shape[1])
-    squares = np.multiply(x[n0:n1, lo:hi], p.scale)
+    squares = scratch.take((n1 - n0, hi - lo, x.shape[2]), x.dtype)
+    np.multiply(x[n0:n1, lo:hi], p.scale, out=squares)
     np.square(squares, out=squares)
     if p.negative:
         np.negative(squares, out=squares)
     # window[j] (channel c0 + j) = bias + sum of squares[c0 + j + offset - lo] over the offsets in range.
-    window = np.add(squares[:, c0 - lo : c1 - lo], p.bias)
+    window = scratch.take((n1 - n0, c1 - c0, x.shape[2]), x.dtype)
+    np.add(squares[:, c0 - lo : c1 - lo], p.bias, out=window)
     for offset in range(-p.before, p.after + 1):
         first, last = max(0, lo - c0 - offset), min(c1 - c0, hi - c0 - offset)
         if offset == 0 or last <= first:
