@@ -208,15 +208,25 @@ class Trainer:
         self._planned_batch = batch
 
     # -- steps ---------------------------------------------------------------------------------
-    def train_step(self, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
-        """One optimisation step on a batch; returns (loss, correctly classified examples)."""
+    def train_step(
+        self, x: np.ndarray, y: np.ndarray, timings: dict[str, float] | None = None
+    ) -> tuple[float, int]:
+        """One optimisation step on a batch; returns (loss, correctly classified examples).
+
+        Args:
+            timings: when given, receives the seconds of the step's phases: ``forward`` (with the loss),
+                ``backward`` and ``update`` (benchmarks read it).
+        """
         tape = self.tape
         self._plan_memory(len(x))
         set_dropout_seed(self._train, self._seed * 100003 + self.steps)
+        started = time.perf_counter()
         forward = tape.forward({self.input_name: x}, outputs=self._train.running)
         scores = forward.values[self._train.scores]
         result = self._loss(scores, y)
+        forward_done = time.perf_counter()
         grads = tape.backward(forward, {self._train.scores: result.grad})
+        backward_done = time.perf_counter()
         if self.memory_budget is not None and tape.peak_bytes + self.fixed_bytes() > self.memory_budget:
             # NOTE: the plan simulates exactly what the tape measures; this guards that promise.
             raise BudgetError(
@@ -226,6 +236,9 @@ class Trainer:
         self.optimizer.step(self.params, grads)
         for output, initializer in self._train.running.items():
             self.buffers[initializer][...] = forward.values[output]
+        if timings is not None:
+            timings.update(forward=forward_done - started, backward=backward_done - forward_done,
+                           update=time.perf_counter() - backward_done)
         self.steps += 1
         return result.value, _correct(scores, y)
 
