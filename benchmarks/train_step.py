@@ -49,9 +49,16 @@ def torch_model(graph: Graph, logits: str):
             pads = attrs.pads or (0,) * 4
             if pads[:2] != pads[2:]:
                 raise ValueError(f"{node.name}: asymmetric padding")
-            conv = nn.Conv2d(w.shape[1] * attrs.group, w.shape[0], tuple(w.shape[2:]), stride=attrs.strides or 1,
-                             padding=tuple(pads[:2]), dilation=attrs.dilations or 1, groups=attrs.group,
-                             bias=len(node.inputs) > 2)
+            conv = nn.Conv2d(
+                w.shape[1] * attrs.group,
+                w.shape[0],
+                tuple(w.shape[2:]),
+                stride=attrs.strides or 1,
+                padding=tuple(pads[:2]),
+                dilation=attrs.dilations or 1,
+                groups=attrs.group,
+                bias=len(node.inputs) > 2,
+            )
             conv.weight.data = torch.from_numpy(w.copy())
             if len(node.inputs) > 2:
                 conv.bias.data = torch.from_numpy(graph.initializers[node.inputs[2]].copy())
@@ -60,7 +67,9 @@ def torch_model(graph: Graph, logits: str):
             layers.append(nn.ReLU())
         elif node.op_type in ("MaxPool", "AveragePool"):
             cls = nn.MaxPool2d if node.op_type == "MaxPool" else nn.AvgPool2d
-            layers.append(cls(attrs.kernel_shape, stride=attrs.strides or None, ceil_mode=bool(attrs.ceil_mode)))
+            layers.append(
+                cls(attrs.kernel_shape, stride=attrs.strides or None, ceil_mode=bool(attrs.ceil_mode))
+            )
         elif node.op_type == "Flatten":
             layers.append(nn.Flatten())
         elif node.op_type == "Gemm":
@@ -112,8 +121,11 @@ def main() -> int:
         loss.backward()
         backward_done = time.perf_counter()
         optimizer.step()
-        timings.update(forward=forward_done - started, backward=backward_done - forward_done,
-                       update=time.perf_counter() - backward_done)
+        timings.update(
+            forward=forward_done - started,
+            backward=backward_done - forward_done,
+            update=time.perf_counter() - backward_done,
+        )
         return loss.item()
 
     def hetflow_step(timings: dict[str, float]) -> float:
@@ -140,16 +152,26 @@ def main() -> int:
     print(f"{'phase':<9} {'hetflow min':>12} {'median':>9} {'pytorch min':>12} {'median':>9} {'ratio':>7}")
     for phase in PHASES:
         ours, theirs = samples["hetflow"][phase], samples["pytorch"][phase]
-        row = {"phase": phase, "hetflow_min_s": min(ours), "hetflow_median_s": float(np.median(ours)),
-               "pytorch_min_s": min(theirs), "pytorch_median_s": float(np.median(theirs)),
-               "ratio_of_minimums": min(ours) / min(theirs)}
+        row = {
+            "phase": phase,
+            "hetflow_min_s": min(ours),
+            "hetflow_median_s": float(np.median(ours)),
+            "pytorch_min_s": min(theirs),
+            "pytorch_median_s": float(np.median(theirs)),
+            "ratio_of_minimums": min(ours) / min(theirs),
+        }
         rows.append(row)
-        print(f"{phase:<9} {row['hetflow_min_s'] * 1e3:10.1f}ms {row['hetflow_median_s'] * 1e3:7.1f}ms "
-              f"{row['pytorch_min_s'] * 1e3:10.1f}ms {row['pytorch_median_s'] * 1e3:7.1f}ms "
-              f"{row['ratio_of_minimums']:7.2f}")
+        print(
+            f"{phase:<9} {row['hetflow_min_s'] * 1e3:10.1f}ms {row['hetflow_median_s'] * 1e3:7.1f}ms "
+            f"{row['pytorch_min_s'] * 1e3:10.1f}ms {row['pytorch_median_s'] * 1e3:7.1f}ms "
+            f"{row['ratio_of_minimums']:7.2f}"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"model": args.model, "batch": args.batch, "threads": args.threads,
-                                         "rows": rows}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {"model": args.model, "batch": args.batch, "threads": args.threads, "rows": rows}, indent=2
+            )
+        )
     return 0
 
 

@@ -97,9 +97,16 @@ def training_memory(model: ModelSource | Graph, batch: int, optimizer: str = "ad
     state = OPTIMIZER_SLOTS[optimizer] * parameter_bytes
     name = model if isinstance(model, str) else trainer.graph.name
     return TrainingMemory(
-        model=str(name), batch=batch, optimizer=optimizer,
+        model=str(name),
+        batch=batch,
+        optimizer=optimizer,
         parameters=sum(trainer.params[n].size for n in trainer.trainable),
-        weights=weights, gradients=parameter_bytes, optimizer_state=state,
-        activations=step.activations_at_peak, activation_gradients=step.gradients_at_peak,
-        step_peak=step.peak, total=weights + state + step.peak, recomputed_total=weights + state + least.peak,
+        weights=weights,
+        gradients=parameter_bytes,
+        optimizer_state=state,
+        activations=step.activations_at_peak,
+        activation_gradients=step.gradients_at_peak,
+        step_peak=step.peak,
+        total=weights + state + step.peak,
+        recomputed_total=weights + state + least.peak,
     )

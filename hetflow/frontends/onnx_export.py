@@ -37,13 +37,17 @@ def export_model(graph: Graph, *, producer: str = "hetflow", doc: str = "") -> o
             unoptimised graph; an old-opset Softmax flattening).
     """
     nodes = [_node_proto(node) for node in graph.nodes]
-    initializers = [numpy_helper.from_array(np.asarray(array), name) for name, array in graph.initializers.items()]
+    initializers = [
+        numpy_helper.from_array(np.asarray(array), name) for name, array in graph.initializers.items()
+    ]
     inputs = [_value_info(graph.values[name]) for name in graph.inputs if name not in graph.initializers]
     outputs = [_value_info(graph.values[name]) for name in graph.outputs]
     proto = helper.make_graph(nodes, graph.name or "graph", inputs, outputs, initializers, doc_string=doc)
     opset = max(EXPORT_OPSET, graph.opset)
     model = helper.make_model(
-        proto, producer_name=producer, opset_imports=[helper.make_opsetid("", opset)],
+        proto,
+        producer_name=producer,
+        opset_imports=[helper.make_opsetid("", opset)],
         ir_version=EXPORT_IR_VERSION,
     )
     if graph.metadata:

@@ -14,7 +14,18 @@ import numpy as np
 
 from hetflow.graph import Node
 from hetflow.graph.shapes import check_broadcasts_to, format_shape
-from hetflow.ops.base import Cost, Grads, OpDef, TensorInfo, nbytes, numel, reduce_to_shape, wants
+from hetflow.ops.base import (
+    Arrays,
+    Cost,
+    Grads,
+    OpDef,
+    TensorInfo,
+    Wanted,
+    nbytes,
+    numel,
+    reduce_to_shape,
+    wants,
+)
 from hetflow.ops.registry import register_op
 
 
@@ -91,10 +102,14 @@ class Activation(UnaryOp):
         # NOTE: X and the parameters; Sigmoid and Tanh read their output instead.
         return None, ()
 
-    def input_grad(self, node: Node, x: np.ndarray, y: np.ndarray, dy: np.ndarray, params: Sequence) -> np.ndarray:
+    def input_grad(
+        self, node: Node, x: np.ndarray, y: np.ndarray, dy: np.ndarray, params: Arrays
+    ) -> np.ndarray:
         raise NotImplementedError(f"{self.op_type} has no backward rule")
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         x, y, dy = inputs[0], outputs[0], grad_outputs[0]
         grads: Grads = [None] * len(inputs)
         if dy is not None and wants(wanted, 0):
@@ -112,7 +127,9 @@ class Relu(Activation):
 
     op_type = "Relu"
 
-    def input_grad(self, node, x, y, dy, params):
+    def input_grad(
+        self, node: Node, x: np.ndarray, y: np.ndarray, dy: np.ndarray, params: Arrays
+    ) -> np.ndarray:
         return dy * (x > 0)
 
 
@@ -135,7 +152,9 @@ class LeakyRelu(Activation):
     Attrs = LeakyReluAttrs
     flops_per_element = 2  # compare/select + multiply
 
-    def input_grad(self, node, x, y, dy, params):
+    def input_grad(
+        self, node: Node, x: np.ndarray, y: np.ndarray, dy: np.ndarray, params: Arrays
+    ) -> np.ndarray:
         return dy * np.where(x >= 0, 1.0, node.attrs.alpha).astype(dy.dtype)
 
 
@@ -162,7 +181,9 @@ class PRelu(Activation):
     def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
         return (0, 1)
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         x, slope = inputs[0], inputs[1]
         dy = grad_outputs[0]
         grads: Grads = [None, None]
@@ -186,7 +207,9 @@ class Sigmoid(Activation):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (), (0,)
 
-    def input_grad(self, node, x, y, dy, params):
+    def input_grad(
+        self, node: Node, x: np.ndarray, y: np.ndarray, dy: np.ndarray, params: Arrays
+    ) -> np.ndarray:
         return dy * y * (1 - y)
 
 
@@ -199,7 +222,9 @@ class Tanh(Activation):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (), (0,)
 
-    def input_grad(self, node, x, y, dy, params):
+    def input_grad(
+        self, node: Node, x: np.ndarray, y: np.ndarray, dy: np.ndarray, params: Arrays
+    ) -> np.ndarray:
         return dy * (1 - y * y)
 
 
@@ -230,7 +255,9 @@ class Clip(Activation):
     def element_flops(self, node: Node, inputs: Sequence[TensorInfo | None]) -> int:
         return sum(1 for bound in inputs[1:] if bound is not None)
 
-    def input_grad(self, node, x, y, dy, params):
+    def input_grad(
+        self, node: Node, x: np.ndarray, y: np.ndarray, dy: np.ndarray, params: Arrays
+    ) -> np.ndarray:
         # NOTE: the bounds are constants; the gradient passes where x lies inside them (inclusive, as in
         # PyTorch's clamp), and nowhere when min > max (every output is max).
         inside = np.ones(x.shape, dtype=bool)

@@ -70,6 +70,10 @@ def numel(info: TensorInfo | None) -> int:
 
 #: One gradient per input of a node; ``None`` where an input is omitted, not differentiable, or unwanted.
 Grads = list[np.ndarray | None]
+#: Forward values or output gradients handed to a backward rule (``None`` for absent ones).
+Arrays = Sequence[np.ndarray | None]
+#: Per input, whether a backward rule should compute its gradient (None: every differentiable one).
+Wanted = Sequence[bool] | None
 
 
 def reduce_to_shape(grad: np.ndarray, shape: Sequence[int]) -> np.ndarray:

@@ -11,7 +11,18 @@ import numpy as np
 from hetflow.graph import Node
 from hetflow.graph.shapes import Dim, Shape, format_shape, is_static
 from hetflow.ops.activation import FusedActivation
-from hetflow.ops.base import Cost, GemmDims, Grads, OpDef, TensorInfo, nbytes, present_outputs_bytes, wants
+from hetflow.ops.base import (
+    Arrays,
+    Cost,
+    GemmDims,
+    Grads,
+    OpDef,
+    TensorInfo,
+    Wanted,
+    nbytes,
+    present_outputs_bytes,
+    wants,
+)
 from hetflow.ops.registry import register_op
 from hetflow.ops.spatial import Geometry, WindowSpec, geometry, output_dims, window_spec
 
@@ -230,7 +241,9 @@ class Conv(OpDef):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (0, 1), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """dX, dW and dB of ``Y = W * X + B`` through the same im2col GEMM as the forward pass.
 
         dW is one GEMM per group over every image and position (``dY @ cols^T``); dX is the transposed

@@ -8,7 +8,7 @@ import numpy as np
 
 from hetflow.graph import Node
 from hetflow.graph.shapes import broadcast
-from hetflow.ops.base import Grads, OpDef, TensorInfo, reduce_to_shape, wants
+from hetflow.ops.base import Arrays, Grads, OpDef, TensorInfo, Wanted, reduce_to_shape, wants
 from hetflow.ops.registry import register_op
 
 
@@ -55,7 +55,9 @@ class Add(BinaryOp):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         return _broadcast_grads(inputs, grad_outputs[0], wanted, lambda i, dy: dy)
 
 
@@ -68,7 +70,9 @@ class Sub(BinaryOp):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         return _broadcast_grads(inputs, grad_outputs[0], wanted, lambda i, dy: dy if i == 0 else -dy)
 
 
@@ -78,7 +82,9 @@ class Mul(BinaryOp):
 
     op_type = "Mul"
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         a, b = inputs
         return _broadcast_grads(inputs, grad_outputs[0], wanted, lambda i, dy: dy * (b if i == 0 else a))
 
@@ -89,7 +95,9 @@ class Div(BinaryOp):
 
     op_type = "Div"
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         a, b = inputs
         if a is not None and a.dtype.kind != "f":
             return [None, None]
@@ -111,7 +119,9 @@ class Sum(VariadicOp):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         return _broadcast_grads(inputs, grad_outputs[0], wanted, lambda i, dy: dy)
 
 

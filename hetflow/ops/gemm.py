@@ -10,7 +10,19 @@ import numpy as np
 from hetflow.graph import Node
 from hetflow.graph.shapes import Dim, Shape, broadcast, check_broadcasts_to, format_shape, is_static
 from hetflow.ops.activation import FusedActivation
-from hetflow.ops.base import Cost, GemmDims, Grads, OpDef, TensorInfo, nbytes, numel, reduce_to_shape, wants
+from hetflow.ops.base import (
+    Arrays,
+    Cost,
+    GemmDims,
+    Grads,
+    OpDef,
+    TensorInfo,
+    Wanted,
+    nbytes,
+    numel,
+    reduce_to_shape,
+    wants,
+)
 from hetflow.ops.registry import register_op
 
 
@@ -126,7 +138,9 @@ class Gemm(OpDef):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (0, 1), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """``dA' = alpha dY B'^T``, ``dB' = alpha A'^T dY`` (transposed back), ``dC = beta dY`` summed over
         the axes C was broadcast along."""
         a, b = inputs[0], inputs[1]
@@ -191,7 +205,9 @@ class MatMul(OpDef):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (0, 1), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """``dA = dY B^T`` and ``dB = A^T dY`` on the operands promoted to matrices, summed over broadcast
         batch axes and reshaped back (1-D operands included)."""
         a, b = inputs

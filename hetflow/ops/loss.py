@@ -42,13 +42,17 @@ def softmax_cross_entropy(logits: np.ndarray, targets: np.ndarray) -> LossResult
     if targets.ndim == 1:
         labels = targets.astype(np.int64, copy=False)
         if labels.min(initial=0) < 0 or labels.max(initial=0) >= logits.shape[1]:
-            raise ValueError(f"class labels must lie in [0, {logits.shape[1]}); got {labels.min()}..{labels.max()}")
+            raise ValueError(
+                f"class labels must lie in [0, {logits.shape[1]}); got {labels.min()}..{labels.max()}"
+            )
         value = -float(log_probs[np.arange(batch), labels].mean())
         grad = probs
         grad[np.arange(batch), labels] -= 1.0
     else:
         if targets.shape != logits.shape:
-            raise ValueError(f"target probabilities {list(targets.shape)} must match logits {list(logits.shape)}")
+            raise ValueError(
+                f"target probabilities {list(targets.shape)} must match logits {list(logits.shape)}"
+            )
         value = -float((targets * log_probs).sum(axis=1).mean())
         grad = probs * targets.sum(axis=1, keepdims=True) - targets
     return LossResult(value, (grad / batch).astype(logits.dtype, copy=False))

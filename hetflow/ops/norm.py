@@ -10,7 +10,18 @@ import numpy as np
 from hetflow.graph import Node
 from hetflow.graph.shapes import Dim, Shape, format_shape
 from hetflow.ops.attrs import required
-from hetflow.ops.base import Cost, Grads, OpDef, TensorInfo, nbytes, numel, present_outputs_bytes, wants
+from hetflow.ops.base import (
+    Arrays,
+    Cost,
+    Grads,
+    OpDef,
+    TensorInfo,
+    Wanted,
+    nbytes,
+    numel,
+    present_outputs_bytes,
+    wants,
+)
 from hetflow.ops.registry import register_op
 
 
@@ -81,7 +92,9 @@ class LRN(OpDef):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (0,), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """With ``d = bias + alpha/size * S`` (S the window's sum of squares) and ``y = x d^-beta``:
         ``dx_j = dy_j d_j^-beta - 2 beta alpha/size x_j sum_c dy_c x_c d_c^(-beta-1)`` over the channels
         c whose window holds j (the window mirrored)."""
@@ -192,7 +205,9 @@ class BatchNormalization(OpDef):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return None, ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """dX, dscale and dB. Training mode differentiates through the batch statistics:
         ``dx = (dxhat - mean(dxhat) - xhat mean(dxhat xhat)) / sqrt(var + eps)`` with ``dxhat = dy scale``;
         inference mode treats mean and var as constants. The running-statistics outputs carry no gradient.

@@ -12,7 +12,18 @@ import numpy as np
 from hetflow.graph import Node
 from hetflow.graph.shapes import format_shape, is_static
 from hetflow.ops.attrs import required
-from hetflow.ops.base import Cost, Grads, OpDef, TensorInfo, nbytes, numel, present_outputs_bytes, wants
+from hetflow.ops.base import (
+    Arrays,
+    Cost,
+    Grads,
+    OpDef,
+    TensorInfo,
+    Wanted,
+    nbytes,
+    numel,
+    present_outputs_bytes,
+    wants,
+)
 from hetflow.ops.registry import register_op
 from hetflow.ops.spatial import Geometry, WindowSpec, geometry, output_dims, window_spec
 
@@ -129,7 +140,9 @@ class MaxPool(WindowPool):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (0,), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """dY goes to the first maximum of each window (row-major tap order, as the forward picks it),
         found again from X through the windows view: one vectorised pass per tap."""
         x, dy = inputs[0], grad_outputs[0]
@@ -160,7 +173,9 @@ class AveragePool(WindowPool):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """Each window's dY divided by its divisor, spread over the window's taps (padding dropped)."""
         x, dy = inputs[0], grad_outputs[0]
         assert x is not None
@@ -207,7 +222,9 @@ class GlobalAveragePool(GlobalPool):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         x, dy = inputs[0], grad_outputs[0]
         assert x is not None
         if dy is None or not wants(wanted, 0):
@@ -225,7 +242,9 @@ class GlobalMaxPool(GlobalPool):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (0,), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """dY goes to the first maximum of each channel."""
         x, dy = inputs[0], grad_outputs[0]
         assert x is not None

@@ -21,7 +21,7 @@ import numpy as np
 
 from hetflow.graph import Node
 from hetflow.graph.shapes import Dim, Shape, format_shape, is_static
-from hetflow.ops.base import Cost, GemmDims, Grads, OpDef, TensorInfo, nbytes
+from hetflow.ops.base import Arrays, Cost, GemmDims, Grads, OpDef, TensorInfo, Wanted, nbytes
 from hetflow.ops.registry import register_op
 
 # Input positions shared by the three ops (LSTM adds INITIAL_C and P).
@@ -363,7 +363,9 @@ class LSTM(RecurrentOp):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return None, ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """Backpropagation through time (``hetflow.ops.rnn_backward``)."""
         from hetflow.ops.rnn_backward import recurrent_backward
 
@@ -421,7 +423,9 @@ class GRU(RecurrentOp):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return None, ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """Backpropagation through time (``hetflow.ops.rnn_backward``)."""
         from hetflow.ops.rnn_backward import recurrent_backward
 

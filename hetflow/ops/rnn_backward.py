@@ -25,12 +25,16 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))  # never overflows
 
 
-def _check_supported(node: Node, x_time_major: np.ndarray, inputs: Sequence[np.ndarray | None], gates: int) -> None:
+def _check_supported(
+    node: Node, x_time_major: np.ndarray, inputs: Sequence[np.ndarray | None], gates: int
+) -> None:
     attrs = node.attrs
     defaults = {4: ("sigmoid", "tanh", "tanh"), 3: ("sigmoid", "tanh")}[gates]
     names = tuple(a.lower() for a in attrs.activations)
     if names and names not in (defaults, defaults * 2):
-        raise NotImplementedError(f"{node.op_type} '{node.name}': backward supports the default activations only")
+        raise NotImplementedError(
+            f"{node.op_type} '{node.name}': backward supports the default activations only"
+        )
     if attrs.clip is not None:
         raise NotImplementedError(f"{node.op_type} '{node.name}': backward does not support clip")
     if getattr(attrs, "input_forget", 0):
@@ -104,15 +108,32 @@ def recurrent_backward(
         if gates == 4:
             c0 = initial_c[d] if initial_c is not None else np.zeros((batch, hidden), dtype)
             peep = peepholes[d] if peepholes is not None else None
-            result = _lstm_direction(xs, w[d], r[d], wb + rb, h0, c0, peep, dys,
-                                     None if dy_h is None else dy_h[d], None if dy_c is None else dy_c[d])
+            result = _lstm_direction(
+                xs,
+                w[d],
+                r[d],
+                wb + rb,
+                h0,
+                c0,
+                peep,
+                dys,
+                None if dy_h is None else dy_h[d],
+                None if dy_c is None else dy_c[d],
+            )
             dxw, dr[d], dh0[d], dc0[d], dpeep = result
             if dpeep is not None:
                 dp[d] = dpeep
             db[d, : gates * hidden] = db[d, gates * hidden :] = dxw.sum(axis=(0, 1))
         else:
             dxw, dr[d], dh0[d], drb_h = _gru_direction(
-                xs, w[d], r[d], wb, rb, h0, bool(node.attrs.linear_before_reset), dys,
+                xs,
+                w[d],
+                r[d],
+                wb,
+                rb,
+                h0,
+                bool(node.attrs.linear_before_reset),
+                dys,
                 None if dy_h is None else dy_h[d],
             )
             # Wb of every gate and Rb_z, Rb_r add to the input projection; Rb_h has its own path.
@@ -140,23 +161,31 @@ def recurrent_backward(
 
 
 def _lstm_direction(
-    xs: np.ndarray, w: np.ndarray, r: np.ndarray, bias: np.ndarray, h0: np.ndarray, c0: np.ndarray,
-    peep: np.ndarray | None, dys: np.ndarray | None, dh_last: np.ndarray | None, dc_last: np.ndarray | None,
+    xs: np.ndarray,
+    w: np.ndarray,
+    r: np.ndarray,
+    bias: np.ndarray,
+    h0: np.ndarray,
+    c0: np.ndarray,
+    peep: np.ndarray | None,
+    dys: np.ndarray | None,
+    dh_last: np.ndarray | None,
+    dc_last: np.ndarray | None,
 ) -> tuple[Any, ...]:
     """One direction, steps in processing order. Returns (d pre-activations [T, B, 4H], dR, dh0, dc0, dP)."""
     steps, batch, _ = xs.shape
     n = r.shape[1]
     projected = xs @ w.T + bias
-    p_i, p_o, p_f = (peep[:n], peep[n:2 * n], peep[2 * n:]) if peep is not None else (0.0, 0.0, 0.0)
+    p_i, p_o, p_f = (peep[:n], peep[n : 2 * n], peep[2 * n :]) if peep is not None else (0.0, 0.0, 0.0)
     hs, cs, saved = [h0], [c0], []
     for t in range(steps):
         h, c = hs[-1], cs[-1]
         pre = projected[t] + h @ r.T
         i = _sigmoid(pre[:, :n] + p_i * c)
-        f = _sigmoid(pre[:, 2 * n:3 * n] + p_f * c)
-        g = np.tanh(pre[:, 3 * n:])
+        f = _sigmoid(pre[:, 2 * n : 3 * n] + p_f * c)
+        g = np.tanh(pre[:, 3 * n :])
         c_next = f * c + i * g
-        o = _sigmoid(pre[:, n:2 * n] + p_o * c_next)
+        o = _sigmoid(pre[:, n : 2 * n] + p_o * c_next)
         tc = np.tanh(c_next)
         hs.append(o * tc)
         cs.append(c_next)
@@ -177,20 +206,27 @@ def _lstm_direction(
         d_f = dc * c_prev * f * (1 - f)
         d_g = dc * i * (1 - g * g)
         step = dpre[t]
-        step[:, :n], step[:, n:2 * n], step[:, 2 * n:3 * n], step[:, 3 * n:] = d_i, d_o, d_f, d_g
+        step[:, :n], step[:, n : 2 * n], step[:, 2 * n : 3 * n], step[:, 3 * n :] = d_i, d_o, d_f, d_g
         dr += step.T @ h_prev
         if dpeep is not None:
             dpeep[:n] += (d_i * c_prev).sum(axis=0)
-            dpeep[n:2 * n] += (d_o * c_next).sum(axis=0)
-            dpeep[2 * n:] += (d_f * c_prev).sum(axis=0)
+            dpeep[n : 2 * n] += (d_o * c_next).sum(axis=0)
+            dpeep[2 * n :] += (d_f * c_prev).sum(axis=0)
         dh = step @ r
         dc = dc * f + d_i * p_i + d_f * p_f
     return dpre, dr, dh, dc, dpeep
 
 
 def _gru_direction(
-    xs: np.ndarray, w: np.ndarray, r: np.ndarray, wb: np.ndarray, rb: np.ndarray, h0: np.ndarray,
-    linear_before_reset: bool, dys: np.ndarray | None, dh_last: np.ndarray | None,
+    xs: np.ndarray,
+    w: np.ndarray,
+    r: np.ndarray,
+    wb: np.ndarray,
+    rb: np.ndarray,
+    h0: np.ndarray,
+    linear_before_reset: bool,
+    dys: np.ndarray | None,
+    dh_last: np.ndarray | None,
 ) -> tuple[Any, ...]:
     """One direction, steps in processing order. Returns (d input-side pre-activations [T, B, 3H], dR,
     dh0, dRb_h)."""
@@ -198,7 +234,7 @@ def _gru_direction(
     n = r.shape[1]
     projected = xs @ w.T + wb
     projected[..., : 2 * n] += rb[: 2 * n]
-    r_zr, r_h, rb_h = r[: 2 * n], r[2 * n:], rb[2 * n:]
+    r_zr, r_h, rb_h = r[: 2 * n], r[2 * n :], rb[2 * n :]
     hs, saved = [h0], []
     for t in range(steps):
         h = hs[-1]
@@ -206,10 +242,10 @@ def _gru_direction(
         z, reset = zr[:, :n], zr[:, n:]
         if linear_before_reset:
             linear = h @ r_h.T + rb_h
-            candidate = np.tanh(projected[t, :, 2 * n:] + reset * linear)
+            candidate = np.tanh(projected[t, :, 2 * n :] + reset * linear)
         else:
             linear = reset * h
-            candidate = np.tanh(projected[t, :, 2 * n:] + linear @ r_h.T + rb_h)
+            candidate = np.tanh(projected[t, :, 2 * n :] + linear @ r_h.T + rb_h)
         hs.append((1 - z) * candidate + z * h)
         saved.append((z, reset, candidate, linear))
     dpre = np.zeros((steps, batch, 3 * n), xs.dtype)
@@ -227,18 +263,18 @@ def _gru_direction(
         if linear_before_reset:
             d_reset = d_cand * linear
             d_linear = d_cand * reset
-            dr[2 * n:] += d_linear.T @ h_prev
+            dr[2 * n :] += d_linear.T @ h_prev
             drb_h += d_linear.sum(axis=0)
             dh_prev += d_linear @ r_h
         else:
             d_a = d_cand @ r_h
-            dr[2 * n:] += d_cand.T @ linear
+            dr[2 * n :] += d_cand.T @ linear
             drb_h += d_cand.sum(axis=0)
             d_reset = d_a * h_prev
             dh_prev += d_a * reset
         d_reset = d_reset * reset * (1 - reset)
         step = dpre[t]
-        step[:, :n], step[:, n:2 * n], step[:, 2 * n:] = d_z, d_reset, d_cand
+        step[:, :n], step[:, n : 2 * n], step[:, 2 * n :] = d_z, d_reset, d_cand
         dr[: 2 * n] += step[:, : 2 * n].T @ h_prev
         dh = dh_prev + step[:, : 2 * n] @ r_zr
     return dpre, dr, dh, drb_h

@@ -10,7 +10,7 @@ import numpy as np
 
 from hetflow.graph import Node
 from hetflow.graph.shapes import Shape, normalize_axis
-from hetflow.ops.base import Cost, Grads, OpDef, TensorInfo, nbytes, numel, wants
+from hetflow.ops.base import Arrays, Cost, Grads, OpDef, TensorInfo, Wanted, nbytes, numel, wants
 from hetflow.ops.registry import register_op
 
 
@@ -92,7 +92,9 @@ class Softmax(SoftmaxFamily):
 
     op_type = "Softmax"
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """``dx = y (dy - sum(dy y))`` over each normalised row."""
         y, dy = outputs[0], grad_outputs[0]
         if dy is None or not wants(wanted, 0):
@@ -112,7 +114,9 @@ class LogSoftmax(SoftmaxFamily):
     op_type = "LogSoftmax"
     flops_per_row = 1
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """``dx = dy - softmax(x) sum(dy)`` over each normalised row (softmax is ``exp(y)``)."""
         y, dy = outputs[0], grad_outputs[0]
         if dy is None or not wants(wanted, 0):

@@ -19,7 +19,7 @@ from hetflow.graph import Node, dtypes
 from hetflow.graph.shapes import Dim, Monomial, is_static, normalize_axis
 from hetflow.graph.shapes import Shape as Dims
 from hetflow.ops.attrs import required
-from hetflow.ops.base import Cost, Grads, OpDef, TensorInfo, nbytes, wants
+from hetflow.ops.base import Arrays, Cost, Grads, OpDef, TensorInfo, Wanted, nbytes, wants
 from hetflow.ops.registry import register_op
 
 #: ONNX's "to the end" sentinels for Slice.
@@ -186,7 +186,9 @@ class ViewOp(OpDef):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         x, dy = inputs[0], grad_outputs[0]
         grads: Grads = [None] * len(inputs)
         if x is not None and dy is not None and wants(wanted, 0):
@@ -234,7 +236,9 @@ class Concat(OpDef):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """dY cut back into the inputs' pieces along the axis."""
         dy = grad_outputs[0]
         grads: Grads = [None] * len(inputs)
@@ -316,7 +320,9 @@ class Split(OpDef):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """The outputs' gradients joined along the axis (zeros for outputs the loss does not reach)."""
         x = inputs[0]
         grads: Grads = [None] * len(inputs)
@@ -368,7 +374,9 @@ class Slice(OpDef):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (1, 2, 3, 4), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """dY written into zeros of X's shape at the sliced positions."""
         x, dy = inputs[0], grad_outputs[0]
         grads: Grads = [None] * len(inputs)
@@ -501,7 +509,9 @@ class Transpose(OpDef):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """dY with the inverse permutation."""
         x, dy = inputs[0], grad_outputs[0]
         if x is None or dy is None or not wants(wanted, 0):
@@ -649,14 +659,17 @@ class Dropout(OpDef):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (1, 2), (1,)
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         """In training mode ``dx = dy * mask / (1 - ratio)`` with the mask the forward pass drew (its
         second output, which a training graph must name); otherwise the identity."""
         x, dy = inputs[0], grad_outputs[0]
         grads: Grads = [None] * len(inputs)
         if x is None or dy is None or not wants(wanted, 0):
             return grads
-        ratio = float(np.asarray(inputs[1]).reshape(-1)[0]) if len(inputs) > 1 and inputs[1] is not None else 0.5
+        given_ratio = inputs[1] if len(inputs) > 1 else None
+        ratio = 0.5 if given_ratio is None else float(np.asarray(given_ratio).reshape(-1)[0])
         training = len(inputs) > 2 and inputs[2] is not None and bool(np.asarray(inputs[2]).reshape(-1)[0])
         if not training or ratio == 0.0:
             grads[0] = dy
@@ -678,7 +691,9 @@ class Identity(OpDef):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (), ()
 
-    def backward(self, node, inputs, outputs, grad_outputs, wanted=None) -> Grads:
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
         return [grad_outputs[0] if wants(wanted, 0) else None]
 
     def infer(self, node: Node, inputs: Inputs, consts: Consts) -> list[TensorInfo]:

@@ -24,7 +24,20 @@ from hetflow.train.optim import (
 )
 
 __all__ = [
-    "SGD", "Adam", "AdamW", "Checkpoint", "EpochStats", "History", "Optimizer", "Tape", "Trainer",
-    "TrainingError", "clip_by_global_norm", "cosine", "load_checkpoint", "make_optimizer", "save_checkpoint",
+    "SGD",
+    "Adam",
+    "AdamW",
+    "Checkpoint",
+    "EpochStats",
+    "History",
+    "Optimizer",
+    "Tape",
+    "Trainer",
+    "TrainingError",
+    "clip_by_global_norm",
+    "cosine",
+    "load_checkpoint",
+    "make_optimizer",
+    "save_checkpoint",
     "step_decay",
 ]

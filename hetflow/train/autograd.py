@@ -117,7 +117,9 @@ class Tape:
         for index, node in enumerate(self.graph.nodes):
             opdef = registry.get(node.op_type, node.domain)
             differentiable = set(opdef.differentiable_inputs(node))
-            mask = [bool(name) and name in requires and i in differentiable for i, name in enumerate(node.inputs)]
+            mask = [
+                bool(name) and name in requires and i in differentiable for i, name in enumerate(node.inputs)
+            ]
             if not any(mask):
                 continue
             if not opdef.has_backward:
@@ -275,16 +277,18 @@ class Tape:
         return shape_only(shape, dtype)
 
     # -- memory planning -----------------------------------------------------------------------
-    def simulate_peak(self, sizes: Mapping[str, int], requested: Iterable[str] = (),
-                      recompute: Iterable[str] | None = None) -> int:
+    def simulate_peak(
+        self, sizes: Mapping[str, int], requested: Iterable[str] = (), recompute: Iterable[str] | None = None
+    ) -> int:
         """The peak ``forward`` + ``backward`` would measure, from value sizes in bytes (same rules).
 
         Gradients are assumed to have their value's size; ``recompute`` defaults to the tape's own.
         """
         return self.simulate(sizes, requested, recompute).peak
 
-    def simulate(self, sizes: Mapping[str, int], requested: Iterable[str] = (),
-                 recompute: Iterable[str] | None = None) -> StepMemory:
+    def simulate(
+        self, sizes: Mapping[str, int], requested: Iterable[str] = (), recompute: Iterable[str] | None = None
+    ) -> StepMemory:
         """``simulate_peak`` with the split of the peak into activations and gradients."""
         recomputed = self.recompute if recompute is None else set(recompute)
         requested_set = frozenset(requested) | frozenset(self.graph.outputs)
@@ -358,5 +362,7 @@ class Tape:
 
 def value_sizes(graph: Graph, bytes_of: Mapping[str, tuple[Sequence[int], np.dtype]]) -> dict[str, int]:
     """Bytes of each value from known shapes (e.g. a bound graph's ``values``)."""
-    return {name: int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-            for name, (shape, dtype) in bytes_of.items()}
+    return {
+        name: int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        for name, (shape, dtype) in bytes_of.items()
+    }

@@ -32,8 +32,11 @@ class Checkpoint:
 def save_checkpoint(path: str | os.PathLike, checkpoint: Checkpoint) -> None:
     """Write ``checkpoint`` to ``path`` (an ``.npz``; numpy adds the suffix when it is missing)."""
     arrays: dict[str, np.ndarray] = {}
-    for prefix, group in (("param", checkpoint.params), ("buffer", checkpoint.buffers),
-                          ("optim", checkpoint.optimizer)):
+    for prefix, group in (
+        ("param", checkpoint.params),
+        ("buffer", checkpoint.buffers),
+        ("optim", checkpoint.optimizer),
+    ):
         for name, array in group.items():
             arrays[f"{prefix}/{name}"] = np.asarray(array)
     meta = dict(checkpoint.meta, format_version=FORMAT_VERSION)
@@ -55,5 +58,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
                 raise ValueError(f"{os.fspath(path)}: unexpected entry '{key}' in a checkpoint")
             groups[prefix][name] = archive[key]
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{os.fspath(path)}: checkpoint format {meta.get('format_version')} is not {FORMAT_VERSION}")
+        raise ValueError(
+            f"{os.fspath(path)}: checkpoint format {meta.get('format_version')} is not {FORMAT_VERSION}"
+        )
     return Checkpoint(groups["param"], groups["buffer"], groups["optim"], dict(meta))

@@ -74,6 +74,8 @@ def random_shift(images: np.ndarray, rng: np.random.Generator, pixels: int = 2) 
     height, width = images.shape[-2:]
     offsets = rng.integers(-pixels, pixels + 1, size=(len(images), 2))
     for i, (dy, dx) in enumerate(offsets):
-        source = images[i, ..., max(0, -dy):height - max(0, dy), max(0, -dx):width - max(0, dx)]
-        shifted[i, ..., max(0, dy):max(0, dy) + source.shape[-2], max(0, dx):max(0, dx) + source.shape[-1]] = source
+        source = images[i, ..., max(0, -dy) : height - max(0, dy), max(0, -dx) : width - max(0, dx)]
+        shifted[
+            i, ..., max(0, dy) : max(0, dy) + source.shape[-2], max(0, dx) : max(0, dx) + source.shape[-1]
+        ] = source
     return shifted

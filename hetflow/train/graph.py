@@ -59,7 +59,9 @@ def training_graph(graph: Graph, reads_logits: bool) -> TrainingGraph:
             for slot, initializer in ((3, node.inputs[3]), (4, node.inputs[4])):
                 name = f"{node.name}__running_{'mean' if slot == 3 else 'var'}"
                 outputs.append(name)
-                train.values[name] = Value(name, train.values[initializer].shape, train.values[initializer].dtype)
+                train.values[name] = Value(
+                    name, train.values[initializer].shape, train.values[initializer].dtype
+                )
                 result.running[name] = initializer
             node.outputs = outputs
         elif node.op_type == "Dropout":

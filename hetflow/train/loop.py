@@ -98,8 +98,12 @@ class Trainer:
         self._rng = np.random.default_rng(seed)
         self._seed = seed
         # The trainer owns its weights: copies, so that the loaded graph's arrays are never written.
-        self.params = {name: np.array(self.graph.initializers[name]) for name in parameter_names(self._train.graph)}
-        self.buffers = {name: np.array(self.graph.initializers[name]) for name in self._train.running.values()}
+        self.params = {
+            name: np.array(self.graph.initializers[name]) for name in parameter_names(self._train.graph)
+        }
+        self.buffers = {
+            name: np.array(self.graph.initializers[name]) for name in self._train.running.values()
+        }
         for name, array in {**self.params, **self.buffers}.items():
             self._train.graph.initializers[name] = array
         self._frozen: set[str] = set()
@@ -237,8 +241,11 @@ class Trainer:
         for output, initializer in self._train.running.items():
             self.buffers[initializer][...] = forward.values[output]
         if timings is not None:
-            timings.update(forward=forward_done - started, backward=backward_done - forward_done,
-                           update=time.perf_counter() - backward_done)
+            timings.update(
+                forward=forward_done - started,
+                backward=backward_done - forward_done,
+                update=time.perf_counter() - backward_done,
+            )
         self.steps += 1
         return result.value, _correct(scores, y)
 
@@ -276,10 +283,16 @@ class Trainer:
             started = time.perf_counter()
             order = self._rng.permutation(len(x)) if shuffle else np.arange(len(x))
             total_loss, total_correct, seen = 0.0, 0, 0
-            bar = tqdm(range(batches), desc=f"epoch {epoch + 1}/{epochs}", unit="batch", disable=not show,
-                       leave=False, file=sys.stderr)
+            bar = tqdm(
+                range(batches),
+                desc=f"epoch {epoch + 1}/{epochs}",
+                unit="batch",
+                disable=not show,
+                leave=False,
+                file=sys.stderr,
+            )
             for batch in bar:
-                index = order[batch * batch_size:(batch + 1) * batch_size]
+                index = order[batch * batch_size : (batch + 1) * batch_size]
                 inputs = x[index] if augment is None else augment(x[index], self._rng)
                 loss, correct = self.train_step(inputs, y[index])
                 total_loss += loss * len(index)
@@ -287,8 +300,12 @@ class Trainer:
                 seen += len(index)
                 bar.set_postfix(loss=f"{total_loss / seen:.4f}", acc=f"{total_correct / seen:.3f}")
             bar.close()
-            stats = EpochStats(epoch + 1, total_loss / seen, total_correct / seen if y.ndim == 1 else None,
-                               time.perf_counter() - started)
+            stats = EpochStats(
+                epoch + 1,
+                total_loss / seen,
+                total_correct / seen if y.ndim == 1 else None,
+                time.perf_counter() - started,
+            )
             if validation is not None:
                 metrics = self.evaluate(*validation)
                 stats.val_loss, stats.val_accuracy = metrics["loss"], metrics.get("accuracy")
@@ -300,7 +317,9 @@ class Trainer:
     # -- inference -----------------------------------------------------------------------------
     def _inference_graph(self) -> Graph:
         graph = self.graph.copy()
-        graph.initializers.update({name: array.copy() for name, array in {**self.params, **self.buffers}.items()})
+        graph.initializers.update(
+            {name: array.copy() for name, array in {**self.params, **self.buffers}.items()}
+        )
         return graph
 
     def predict(self, x: np.ndarray, batch_size: int = 256) -> np.ndarray:
@@ -313,7 +332,7 @@ class Trainer:
         tape = Tape(graph, ())
         x = np.asarray(x, dtype=self.graph.values[self.input_name].dtype)
         pieces = [
-            tape.forward({self.input_name: x[i:i + batch_size]}, outputs=[output]).values[output]
+            tape.forward({self.input_name: x[i : i + batch_size]}, outputs=[output]).values[output]
             for i in range(0, len(x), batch_size)
         ]
         return np.concatenate(pieces)
@@ -330,8 +349,12 @@ class Trainer:
     # -- persistence ---------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
         """Write a checkpoint (weights, running statistics, optimizer state) without pickle."""
-        meta: dict[str, Any] = {"steps": self.steps, "optimizer_steps": self.optimizer.steps,
-                                "loss": self.loss_name, "optimizer": type(self.optimizer).__name__}
+        meta: dict[str, Any] = {
+            "steps": self.steps,
+            "optimizer_steps": self.optimizer.steps,
+            "loss": self.loss_name,
+            "optimizer": type(self.optimizer).__name__,
+        }
         save_checkpoint(path, Checkpoint(self.params, self.buffers, self.optimizer.state_arrays(), meta))
 
     def load(self, path: str | os.PathLike) -> None:
@@ -343,8 +366,10 @@ class Trainer:
                 raise ValueError(f"checkpoint has tensors this model lacks: {sorted(unknown)[:5]}")
             for name, array in source.items():
                 if target[name].shape != array.shape:
-                    raise ValueError(f"checkpoint tensor '{name}' has shape {array.shape}; "
-                                     f"the model's is {target[name].shape}")
+                    raise ValueError(
+                        f"checkpoint tensor '{name}' has shape {array.shape}; "
+                        f"the model's is {target[name].shape}"
+                    )
                 target[name][...] = array
         self.optimizer.load_state_arrays(checkpoint.optimizer)
         self.steps = int(checkpoint.meta.get("steps", 0))

@@ -29,7 +29,8 @@ def step_decay(step_size: int, gamma: float = 0.1) -> Schedule:
 
 
 def cosine(total_steps: int, warmup: int = 0, floor: float = 0.0) -> Schedule:
-    """Linear warm-up over ``warmup`` steps, then a half cosine from 1 down to ``floor`` at ``total_steps``."""
+    """Linear warm-up over ``warmup`` steps, then a half cosine from 1 down to ``floor`` at ``total_steps``.
+    """
     if total_steps < 1:
         raise ValueError(f"total_steps must be >= 1; got {total_steps}")
 
@@ -67,7 +68,11 @@ class Optimizer:
     """
 
     def __init__(
-        self, lr: float, *, schedule: Schedule | None = None, clip_norm: float | None = None,
+        self,
+        lr: float,
+        *,
+        schedule: Schedule | None = None,
+        clip_norm: float | None = None,
         weight_decay: float = 0.0,
     ):
         if lr <= 0:
@@ -97,14 +102,20 @@ class Optimizer:
         self.steps += 1
         for name, grad in grads.items():
             param = params[name]
-            self.update(name, param, grad.astype(param.dtype, copy=False), lr, self.state.setdefault(name, {}))
+            self.update(
+                name, param, grad.astype(param.dtype, copy=False), lr, self.state.setdefault(name, {})
+            )
 
-    def update(self, name: str, param: np.ndarray, grad: np.ndarray, lr: float, state: dict[str, np.ndarray]) -> None:
+    def update(
+        self, name: str, param: np.ndarray, grad: np.ndarray, lr: float, state: dict[str, np.ndarray]
+    ) -> None:
         raise NotImplementedError
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         """The state as ``{"<param>/<slot>": array, "__steps__": array}`` (for checkpoints)."""
-        arrays = {f"{name}/{slot}": value for name, slots in self.state.items() for slot, value in slots.items()}
+        arrays = {
+            f"{name}/{slot}": value for name, slots in self.state.items() for slot, value in slots.items()
+        }
         arrays["__steps__"] = np.array(self.steps, np.int64)
         return arrays
 
@@ -155,8 +166,9 @@ class Adam(Optimizer):
 
     decoupled = False
 
-    def __init__(self, lr: float = 1e-3, *, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 **options):
+    def __init__(
+        self, lr: float = 1e-3, *, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, **options
+    ):
         super().__init__(lr, **options)
         self.betas = betas
         self.eps = eps

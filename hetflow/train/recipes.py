@@ -49,8 +49,15 @@ def train_classifier(
     steps = epochs * -(-len(dataset.x_train) // batch_size)
     trainer = Trainer(model, optimizer=Adam(lr, schedule=cosine(steps)), seed=seed)
     started = time.perf_counter()
-    history = trainer.fit(dataset.x_train, dataset.y_train, epochs=epochs, batch_size=batch_size,
-                          progress=progress, on_epoch=on_epoch, augment=random_shift)
+    history = trainer.fit(
+        dataset.x_train,
+        dataset.y_train,
+        epochs=epochs,
+        batch_size=batch_size,
+        progress=progress,
+        on_epoch=on_epoch,
+        augment=random_shift,
+    )
     seconds = time.perf_counter() - started
     accuracy = trainer.evaluate(dataset.x_test, dataset.y_test)["accuracy"]
     return RecipeResult(trainer, history, dataset, seconds, accuracy)

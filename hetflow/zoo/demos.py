@@ -23,8 +23,10 @@ def lenet_digits(seed: int) -> onnx.ModelProto:
 
     result = train_classifier(nets.lenet(seed), data="digits", seed=seed)
     graph = result.trainer.inference_graph()
-    doc = (f"Caffe LeNet trained by hetflow on scikit-learn's digits (8x8 -> 1x28x28), "
-           f"test accuracy {result.test_accuracy:.4f}")
+    doc = (
+        f"Caffe LeNet trained by hetflow on scikit-learn's digits (8x8 -> 1x28x28), "
+        f"test accuracy {result.test_accuracy:.4f}"
+    )
     model = export_model(graph, doc=doc)
     del model.metadata_props[:]
     return model

@@ -104,7 +104,9 @@ def check_gradients(case: Case, seed: int = 0) -> dict[int, float]:
     opdef = registry.get(case.op_type)
     checked = case.check
     if checked is None:
-        checked = [i for i, spec in enumerate(case.inputs) if spec is not None and not isinstance(spec, np.ndarray)]
+        checked = [
+            i for i, spec in enumerate(case.inputs) if spec is not None and not isinstance(spec, np.ndarray)
+        ]
     wanted = [i in checked for i in range(len(inputs))]
     # Values the rule says it does not read are passed as zero-memory stand-ins, as the trainer does,
     # so a wrong ``backward_reads`` declaration fails here.

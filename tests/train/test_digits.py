@@ -36,18 +36,22 @@ def test_trained_model_agrees_with_onnx_runtime(trained_path: Path) -> None:
     data = load_digits()
     ours = hetflow.InferenceSession(trained_path).run(None, {"data": data.x_test})[0]
     theirs = ort.InferenceSession(str(trained_path), providers=["CPUExecutionProvider"]).run(
-        None, {"data": data.x_test})[0]
+        None, {"data": data.x_test}
+    )[0]
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4 * float(np.abs(theirs).max()))
 
 
-def test_run_shows_real_predictions(trained_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_run_shows_real_predictions(
+    trained_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     images, labels = sample_digits(4)
     path = tmp_path / "digits.npy"
     np.save(path, images)
     assert main(["run", "zoo:lenet-digits", "--input", str(path), "--repeat", "1"]) == 0
     printed = capsys.readouterr().out
-    predicted = [int(line.split("(class:score) ")[1].split(":")[0]) for line in printed.splitlines()
-                 if "top-5" in line]
+    predicted = [
+        int(line.split("(class:score) ")[1].split(":")[0]) for line in printed.splitlines() if "top-5" in line
+    ]
     assert len(predicted) == 4
     # NOTE: ~98% accurate, so one miss in four real digits is possible; chance would be 0.4 hits.
     assert sum(p == int(label) for p, label in zip(predicted, labels)) >= 3, (predicted, labels)

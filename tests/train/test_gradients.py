@@ -23,26 +23,46 @@ def ints(*values: int) -> np.ndarray:
 CASES: list[Case] = [
     # -- convolution ------------------------------------------------------------------------------
     Case("Conv", [(2, 3, 7, 6), (4, 3, 3, 3), (4,)], label="3x3"),
-    Case("Conv", [(1, 4, 9, 8), (6, 2, 3, 2), (6,)],
-         {"group": 2, "strides": (2, 1), "pads": (1, 0, 2, 1), "dilations": (1, 2)}, label="group-stride-pad-dilation"),
+    Case(
+        "Conv",
+        [(1, 4, 9, 8), (6, 2, 3, 2), (6,)],
+        {"group": 2, "strides": (2, 1), "pads": (1, 0, 2, 1), "dilations": (1, 2)},
+        label="group-stride-pad-dilation",
+    ),
     Case("Conv", [(2, 3, 5, 5), (3, 1, 3, 3)], {"group": 3, "pads": (1, 1, 1, 1)}, label="depthwise-nobias"),
     Case("Conv", [(2, 4, 5, 3), (5, 4, 1, 1), (5,)], label="pointwise"),
     Case("Conv", [(2, 2, 9), (3, 2, 4)], {"strides": (3,), "auto_pad": "SAME_UPPER"}, label="1d-same"),
     # -- matrix products --------------------------------------------------------------------------
     Case("Gemm", [(3, 5), (5, 4), (4,)], label="bias-row"),
-    Case("Gemm", [(5, 3), (4, 5), (3, 1)], {"transA": 1, "transB": 1, "alpha": 0.7, "beta": 1.3}, label="trans"),
+    Case(
+        "Gemm", [(5, 3), (4, 5), (3, 1)], {"transA": 1, "transB": 1, "alpha": 0.7, "beta": 1.3}, label="trans"
+    ),
     Case("MatMul", [(2, 3, 5), (5, 4)], label="batched-by-matrix"),
     Case("MatMul", [(2, 1, 3, 4), (3, 4, 2)], label="broadcast-batch"),
     Case("MatMul", [(5,), (2, 5, 3)], label="vector-left"),
     Case("MatMul", [(3, 5), (5,)], label="vector-right"),
     # -- pooling ----------------------------------------------------------------------------------
     Case("MaxPool", [(2, 3, 7, 6)], {"kernel_shape": (2, 2), "strides": (2, 2)}, label="2x2"),
-    Case("MaxPool", [(1, 2, 7, 7)], {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1),
-                                      "ceil_mode": 1}, label="3x3-pad-ceil"),
+    Case(
+        "MaxPool",
+        [(1, 2, 7, 7)],
+        {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1), "ceil_mode": 1},
+        label="3x3-pad-ceil",
+    ),
     Case("MaxPool", [(1, 2, 9)], {"kernel_shape": (2,), "dilations": (2,)}, label="1d-dilated"),
     Case("AveragePool", [(2, 3, 7, 6)], {"kernel_shape": (3, 2), "strides": (2, 2)}, label="3x2"),
-    Case("AveragePool", [(1, 2, 7, 7)], {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1),
-                                          "ceil_mode": 1, "count_include_pad": 1}, label="pad-ceil-include"),
+    Case(
+        "AveragePool",
+        [(1, 2, 7, 7)],
+        {
+            "kernel_shape": (3, 3),
+            "strides": (2, 2),
+            "pads": (1, 1, 1, 1),
+            "ceil_mode": 1,
+            "count_include_pad": 1,
+        },
+        label="pad-ceil-include",
+    ),
     Case("AveragePool", [(1, 2, 5, 5)], {"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}, label="pad-exclude"),
     Case("GlobalAveragePool", [(2, 3, 5, 3)]),
     Case("GlobalMaxPool", [(2, 3, 5, 3)]),
@@ -58,12 +78,33 @@ CASES: list[Case] = [
     Case("Softmax", [(2, 3, 4)], {"axis": 1, "coerce_2d": 1}, label="coerce-2d"),
     Case("LogSoftmax", [(3, 5, 2)], {"axis": 1}),
     # -- normalisation ----------------------------------------------------------------------------
-    Case("BatchNormalization", [(4, 3, 3, 2), (3,), (3,), (3,), (3,)], {"training_mode": 1}, outputs=3,
-         check=[0, 1, 2], loss_outputs=[0], prepare=lambda a: [*a[:4], np.abs(a[4]) + 0.5], label="training"),
-    Case("BatchNormalization", [(4, 3, 5), (3,), (3,), (3,), (3,)], check=[0, 1, 2],
-         prepare=lambda a: [*a[:4], np.abs(a[4]) + 0.5], label="inference"),
-    Case("BatchNormalization", [(5, 3, 2), (3, 2), (3, 2), (3, 2), (3, 2)], {"training_mode": 1, "spatial": 0},
-         outputs=3, check=[0, 1, 2], loss_outputs=[0], prepare=lambda a: [*a[:4], np.abs(a[4]) + 0.5], label="per-element"),
+    Case(
+        "BatchNormalization",
+        [(4, 3, 3, 2), (3,), (3,), (3,), (3,)],
+        {"training_mode": 1},
+        outputs=3,
+        check=[0, 1, 2],
+        loss_outputs=[0],
+        prepare=lambda a: [*a[:4], np.abs(a[4]) + 0.5],
+        label="training",
+    ),
+    Case(
+        "BatchNormalization",
+        [(4, 3, 5), (3,), (3,), (3,), (3,)],
+        check=[0, 1, 2],
+        prepare=lambda a: [*a[:4], np.abs(a[4]) + 0.5],
+        label="inference",
+    ),
+    Case(
+        "BatchNormalization",
+        [(5, 3, 2), (3, 2), (3, 2), (3, 2), (3, 2)],
+        {"training_mode": 1, "spatial": 0},
+        outputs=3,
+        check=[0, 1, 2],
+        loss_outputs=[0],
+        prepare=lambda a: [*a[:4], np.abs(a[4]) + 0.5],
+        label="per-element",
+    ),
     Case("LRN", [(2, 7, 3, 2)], {"size": 3, "alpha": 0.5, "beta": 0.75, "bias": 1.5}, label="odd"),
     Case("LRN", [(1, 6, 4)], {"size": 4, "alpha": 0.3, "beta": 0.6, "bias": 2.0}, label="even"),
     # -- data movement ----------------------------------------------------------------------------
@@ -80,19 +121,44 @@ CASES: list[Case] = [
     Case("Transpose", [(2, 3, 4)], {"perm": (2, 0, 1)}),
     Case("Identity", [(3, 2)]),
     # -- recurrent layers (through time) ----------------------------------------------------------
-    Case("LSTM", [(4, 2, 3), (1, 12, 3), (1, 12, 3), (1, 24), None, (1, 2, 3), (1, 2, 3)], {"hidden_size": 3},
-         outputs=3, label="forward-states"),
-    Case("LSTM", [(3, 2, 2), (2, 8, 2), (2, 8, 2), (2, 16), None, None, None, (2, 6)],
-         {"hidden_size": 2, "direction": "bidirectional"}, outputs=3, label="bidirectional-peepholes"),
-    Case("LSTM", [(2, 5, 3), (1, 8, 3), (1, 8, 2)], {"hidden_size": 2, "direction": "reverse", "layout": 1},
-         outputs=2, label="reverse-layout1"),
-    Case("GRU", [(4, 2, 3), (1, 9, 3), (1, 9, 3), (1, 18), None, (1, 2, 3)], {"hidden_size": 3},
-         outputs=2, label="forward"),
-    Case("GRU", [(3, 2, 2), (2, 6, 2), (2, 6, 2), (2, 12), None, (2, 2, 2)],
-         {"hidden_size": 2, "direction": "bidirectional", "linear_before_reset": 1}, outputs=2,
-         label="bidirectional-linear-before-reset"),
-    Case("GRU", [(2, 3, 2), (1, 6, 2), (1, 6, 2)], {"hidden_size": 2, "layout": 1}, outputs=2,
-         label="layout1"),
+    Case(
+        "LSTM",
+        [(4, 2, 3), (1, 12, 3), (1, 12, 3), (1, 24), None, (1, 2, 3), (1, 2, 3)],
+        {"hidden_size": 3},
+        outputs=3,
+        label="forward-states",
+    ),
+    Case(
+        "LSTM",
+        [(3, 2, 2), (2, 8, 2), (2, 8, 2), (2, 16), None, None, None, (2, 6)],
+        {"hidden_size": 2, "direction": "bidirectional"},
+        outputs=3,
+        label="bidirectional-peepholes",
+    ),
+    Case(
+        "LSTM",
+        [(2, 5, 3), (1, 8, 3), (1, 8, 2)],
+        {"hidden_size": 2, "direction": "reverse", "layout": 1},
+        outputs=2,
+        label="reverse-layout1",
+    ),
+    Case(
+        "GRU",
+        [(4, 2, 3), (1, 9, 3), (1, 9, 3), (1, 18), None, (1, 2, 3)],
+        {"hidden_size": 3},
+        outputs=2,
+        label="forward",
+    ),
+    Case(
+        "GRU",
+        [(3, 2, 2), (2, 6, 2), (2, 6, 2), (2, 12), None, (2, 2, 2)],
+        {"hidden_size": 2, "direction": "bidirectional", "linear_before_reset": 1},
+        outputs=2,
+        label="bidirectional-linear-before-reset",
+    ),
+    Case(
+        "GRU", [(2, 3, 2), (1, 6, 2), (1, 6, 2)], {"hidden_size": 2, "layout": 1}, outputs=2, label="layout1"
+    ),
     # -- arithmetic with broadcasting -------------------------------------------------------------
     Case("Add", [(2, 3, 4), (3, 1)]),
     Case("Sub", [(3, 1), (2, 3, 4)]),
@@ -131,7 +197,9 @@ LOSS_INPUTS = {
 LOSS_CASES = [(name, label, make) for name, cases in LOSS_INPUTS.items() for label, make in cases]
 
 
-@pytest.mark.parametrize(("name", "label", "make"), LOSS_CASES, ids=[f"{n}-{lab}" for n, lab, _ in LOSS_CASES])
+@pytest.mark.parametrize(
+    ("name", "label", "make"), LOSS_CASES, ids=[f"{n}-{lab}" for n, lab, _ in LOSS_CASES]
+)
 def test_loss_gradient_matches_finite_differences(name: str, label: str, make) -> None:
     loss = LOSSES[name]
     scores, targets = make(np.random.default_rng(1))

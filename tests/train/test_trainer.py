@@ -55,7 +55,9 @@ def deep_cnn(seed: int = 0) -> onnx.ModelProto:
 
 def as_float64(model: onnx.ModelProto):
     graph = load_model(model)
-    graph.initializers = {k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in graph.initializers.items()}
+    graph.initializers = {
+        k: v.astype(np.float64) if v.dtype == np.float32 else v for k, v in graph.initializers.items()
+    }
     for value in graph.values.values():
         if value.dtype == np.float32:
             value.dtype = np.dtype(np.float64)
@@ -115,7 +117,13 @@ def quadratic_grads(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize(
     "optimizer",
-    [SGD(0.1), SGD(0.05, momentum=0.9), SGD(0.05, momentum=0.9, nesterov=True), Adam(0.1), AdamW(0.1, weight_decay=0.0)],
+    [
+        SGD(0.1),
+        SGD(0.05, momentum=0.9),
+        SGD(0.05, momentum=0.9, nesterov=True),
+        Adam(0.1),
+        AdamW(0.1, weight_decay=0.0),
+    ],
     ids=["sgd", "momentum", "nesterov", "adam", "adamw"],
 )
 def test_optimizers_minimise_a_quadratic(optimizer) -> None:
@@ -127,7 +135,11 @@ def test_optimizers_minimise_a_quadratic(optimizer) -> None:
 
 
 def test_weight_decay_pulls_towards_zero() -> None:
-    for optimizer in (SGD(0.1, weight_decay=1.0), Adam(0.05, weight_decay=1.0), AdamW(0.05, weight_decay=1.0)):
+    for optimizer in (
+        SGD(0.1, weight_decay=1.0),
+        Adam(0.05, weight_decay=1.0),
+        AdamW(0.05, weight_decay=1.0),
+    ):
         params = {"w": np.zeros(3)}
         for _ in range(2000):
             optimizer.step(params, quadratic_grads(params))
@@ -167,7 +179,7 @@ def separable_data(seed: int = 0, count: int = 96) -> tuple[np.ndarray, np.ndarr
     x = rng.standard_normal((count, 3, 9, 9)).astype(np.float32) * 0.3
     for i, label in enumerate(y):
         row, col = divmod(int(label), 2)
-        x[i, :, row * 5:row * 5 + 4, col * 5:col * 5 + 4] += 1.5
+        x[i, :, row * 5 : row * 5 + 4, col * 5 : col * 5 + 4] += 1.5
     return x, y
 
 

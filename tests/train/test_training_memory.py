@@ -28,10 +28,14 @@ def test_prediction_equals_the_measured_step() -> None:
 
 
 def test_estimate_train_command(capsys: pytest.CaptureFixture) -> None:
-    assert main(["estimate", "zoo:lenet", "--train", "--batch", "8", "--optimizer", "momentum", "--json"]) == 0
+    assert (
+        main(["estimate", "zoo:lenet", "--train", "--batch", "8", "--optimizer", "momentum", "--json"]) == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["batch"] == 8 and report["optimizer"] == "momentum"
-    assert report["optimizer_state"] == report["gradients"] == report["weights"]  # LeNet: every initializer learns
+    assert (
+        report["optimizer_state"] == report["gradients"] == report["weights"]
+    )  # LeNet: every initializer learns
     assert report["total"] > report["weights"]
     assert main(["estimate", "zoo:lenet", "--train", "--batch", "8"]) == 0
     assert "activations kept for backward" in capsys.readouterr().out
