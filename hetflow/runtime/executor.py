@@ -33,8 +33,9 @@ import numpy as np
 
 from hetflow.devices.cpu.threads import BLAS, available_cores
 from hetflow.errors import HetflowError
+from hetflow.graph import Node
 from hetflow.runtime.memory import MemoryPlan, Order, plan_memory
-from hetflow.runtime.plan import Plan, Step
+from hetflow.runtime.plan import Plan, Step, StreamedWeight
 
 ExecutionMode = Literal["sequential", "parallel"]
 EXECUTION_MODES: tuple[str, ...] = ("sequential", "parallel")
@@ -118,6 +119,7 @@ class _Op:
     """One step with its value names resolved to slots."""
 
     step: Step
+    fn: Callable[..., Sequence[np.ndarray | None]]  # the kernel, or a wrapper mapping streamed weights
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     release: tuple[int, ...]  # in plan order: slots whose last reader this step is (or unread outputs)
@@ -143,7 +145,8 @@ class Program:
                 self._slot(name)
         self.template: list[np.ndarray | None] = [None] * len(self.slots)
         for name, array in graph.initializers.items():
-            self.template[self.slots[name]] = array
+            # NOTE: streamed weights are mapped by the steps that read them, for the step only.
+            self.template[self.slots[name]] = None if name in plan.streamed else array
         self.output_slots = tuple(self.slots[name] for name in wanted)
         pinned = {self.slots[name] for name in (*graph.initializers, *wanted)} | {_NONE}
         self.ops = _compile_steps(plan, self.slots, pinned)
@@ -278,7 +281,7 @@ class _Arena:
             self.buffers.append((out, workspace))
         # Tuples the hot loop unpacks without attribute lookups.
         self.hot = tuple(
-            (op.step.kernel.fn, op.step.node, op.inputs, op.outputs, op.release, out, workspace)
+            (op.fn, op.step.node, op.inputs, op.outputs, op.release, out, workspace)
             for op, (out, workspace) in zip(program.ops, self.buffers)
         )
         copy = memory.copy_out if memory is not None else frozenset()
@@ -315,6 +318,7 @@ def _compile_steps(plan: Plan, slots: dict[str, int], pinned: set[int]) -> list[
         ops.append(
             _Op(
                 step,
+                fn=_streaming(step.kernel.fn, node, plan.streamed),
                 inputs=tuple(slots[name] for name in node.inputs),
                 outputs=tuple(slots[name] for name in node.outputs),
                 release=tuple(release.get(index, ())),
@@ -324,6 +328,23 @@ def _compile_steps(plan: Plan, slots: dict[str, int], pinned: set[int]) -> list[
             )
         )
     return ops
+
+
+def _streaming(
+    fn: Callable[..., Sequence[np.ndarray | None]], node: Node, streamed: Mapping[str, StreamedWeight]
+) -> Callable[..., Sequence[np.ndarray | None]]:
+    """``fn``, or a wrapper that maps the node's streamed weights for the call (unmapped after it)."""
+    positions = tuple((i, streamed[name]) for i, name in enumerate(node.inputs) if name in streamed)
+    if not positions:
+        return fn
+
+    def mapped(node: Node, inputs: Sequence[np.ndarray | None], *rest: object) -> Sequence[np.ndarray | None]:
+        arrays = list(inputs)
+        for index, weight in positions:
+            arrays[index] = weight.map()
+        return fn(node, arrays, *rest)
+
+    return mapped
 
 
 def _reader_counts(ops: Sequence[_Op], size: int) -> list[int]:
@@ -364,9 +385,9 @@ def _run_op(op: _Op, env: list[np.ndarray | None], buffers: _Buffers) -> None:
     out, workspace = buffers
     try:
         if out is None:
-            results = op.step.kernel.fn(node, inputs)
+            results = op.fn(node, inputs)
         else:
-            results = op.step.kernel.fn(node, inputs, out, workspace)
+            results = op.fn(node, inputs, out, workspace)
     except HetflowError:
         raise
     except Exception as error:  # noqa: BLE001  (re-raised with the node's context)

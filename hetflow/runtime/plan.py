@@ -4,8 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from hetflow.devices.base import Device, Kernel
 from hetflow.graph import Graph, Node
+
+
+@dataclass(frozen=True)
+class StreamedWeight:
+    """A weight that is not kept in memory: where it lies in a raw scratch file."""
+
+    path: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def map(self) -> np.ndarray:
+        """A read-only mapping of the weight (unmapped when the array is collected)."""
+        return np.memmap(self.path, dtype=self.dtype, mode="r", offset=self.offset, shape=self.shape)
 
 
 @dataclass(frozen=True)
@@ -25,11 +41,13 @@ class Plan:
         graph: the graph the steps come from (shapes may still be symbolic).
         steps: in execution order.
         release_after: step index -> value names whose last reader is that step.
+        streamed: initializers read from disk when a step needs them (``hetflow.runtime.budget``).
     """
 
     graph: Graph
     steps: list[Step]
     release_after: dict[int, list[str]] = field(default_factory=dict)
+    streamed: dict[str, StreamedWeight] = field(default_factory=dict)
 
     def placement(self) -> dict[str, str]:
         """Node name -> device id."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,7 @@ from hetflow.graph.dtypes import onnx_name
 from hetflow.graph.shapes import Dim, format_shape, is_static
 from hetflow.passes import bind_batch
 from hetflow.passes.manager import optimize as optimize_graph
+from hetflow.runtime.budget import Residency, WeightStore, fit_plan
 from hetflow.runtime.executor import ExecutionMode, Observer, check_mode, check_threads, execute, memory_plan
 from hetflow.runtime.memory import MemoryReport
 from hetflow.runtime.placement import PlacementRules, measure_costs
@@ -60,6 +61,13 @@ class InferenceSession:
         execution_mode: ``"sequential"`` runs one op at a time (with ``threads=1``: CNNdroid's sequential
             mode, one thread in all); ``"parallel"`` also runs independent branches at the same time on
             ``threads`` threads.
+        memory_budget: bytes (``1_000_000``) or a size (``"512MB"``, ``"1.5GiB"``) the session may hold:
+            weights, the activation arena and workspace, Winograd's transformed weights, and the weights
+            of the layer being read from disk. When the model does not fit, Winograd layers use im2col
+            and weights are streamed from a scratch file, the largest kept resident
+            (``hetflow.runtime.budget``); runs are then sequential and one at a time. Raises
+            ``BudgetError`` when even streaming cannot fit (checked at batch 1 when the session is made,
+            and for each new batch size).
 
     Example::
 
@@ -77,6 +85,7 @@ class InferenceSession:
         threads: int | None = None,
         execution_mode: ExecutionMode = "sequential",
         placement: Mapping[str, str] | None = None,
+        memory_budget: int | str | None = None,
         **options: Any,
     ):
         unknown = sorted(set(options) - _ACCEPTED_OPTIONS)
@@ -99,7 +108,13 @@ class InferenceSession:
         self._lock = threading.Lock()
         self._threads = check_threads(threads)
         self._mode = check_mode(execution_mode)
-        if _is_concrete(self._graph):
+        self._budget = None if memory_budget is None else _parse_budget(memory_budget)
+        self._store: WeightStore | None = None
+        self._residency: dict[int, Residency] = {}
+        self._run_lock = threading.Lock()
+        if self._budget is not None:
+            self._start_budget()
+        elif _is_concrete(self._graph):
             memory_plan(self._plan, [v.name for v in self._outputs])
 
     @property
@@ -131,11 +146,55 @@ class InferenceSession:
                     # NOTE: shapes that do not fit the graph fail in a kernel, with the node's name.
                     plan = self._plan
                 else:
-                    plan = self._make_plan(bound)
+                    plan = self._fit(self._make_plan(bound))
                     # The memory plan is made with the plan, not on the first run.
                     memory_plan(plan, [v.name for v in self._outputs])
                 self._bound_plans[key] = plan
         return plan
+
+    # -- the memory budget -------------------------------------------------------------------------
+    def _start_budget(self) -> None:
+        """Move weights only the source graph holds to disk, and fit the plan for batch 1 at once."""
+        self._store = WeightStore()
+        used = {id(array) for array in self._graph.initializers.values()}
+        source = self._source_graph.initializers
+        for name, array in list(source.items()):
+            if id(array) not in used:
+                # NOTE: never read by a run (e.g. weights before BatchNormalization was folded in).
+                source[name] = self._store.add(f"source/{name}", array).map()
+        if _is_concrete(self._graph):
+            self._plan = self._fit(self._plan)
+            memory_plan(self._plan, [v.name for v in self._outputs])
+        else:
+            symbols = {d for v in self._inputs for d in (v.shape or ()) if isinstance(d, str)}
+            self.plan_for(dict.fromkeys(symbols, 1))
+
+    def _fit(self, plan: Plan) -> Plan:
+        """``plan`` made to fit the budget (itself without one); streamed weights leave every graph."""
+        if self._budget is None:
+            return plan
+        assert self._store is not None
+        before = set(self._store.entries)
+        fitted, residency = fit_plan(plan, self._budget, self._store, [v.name for v in self._outputs])
+        self._residency[id(fitted)] = residency
+        for name in fitted.streamed:
+            mapped = fitted.graph.initializers[name]
+            for graph in (self._graph, self._source_graph):
+                if name in graph.initializers and not isinstance(graph.initializers[name], np.memmap):
+                    graph.initializers[name] = mapped
+        if set(self._store.entries) - before:
+            # Plans made earlier still hold the newly streamed weights: make them again.
+            for key, earlier in list(self._bound_plans.items()):
+                if earlier is not plan and earlier is not self._plan:
+                    self._bound_plans[key] = self._fit(replace(earlier, graph=earlier.graph))
+        return fitted
+
+    def residency(self, batch: int | None = None) -> Residency | None:
+        """How the plan at ``batch`` fits the memory budget (None without a budget)."""
+        if self._budget is None:
+            return None
+        symbols = {d for v in self._inputs for d in (v.shape or ()) if isinstance(d, str)}
+        return self._residency.get(id(self.plan_for(dict.fromkeys(symbols, batch or 1))))
 
     def arena_bytes(self, input_feed: Mapping[str, Any]) -> int:
         """Bytes of the arena a run on ``input_feed`` works in (allocated once, reused by later runs)."""
@@ -206,7 +265,12 @@ class InferenceSession:
         feeds = self._check_feeds(input_feed)
         names = self._check_output_names(output_names)
         plan = self.plan_for(_bindings(self._inputs, feeds))
-        results = execute(plan, feeds, names, observer, threads=self._threads, mode=self._mode)
+        if self._budget is not None:
+            # NOTE: one arena in all, so the budget holds: runs take turns, sequentially.
+            with self._run_lock:
+                results = execute(plan, feeds, names, observer, threads=self._threads, mode="sequential")
+        else:
+            results = execute(plan, feeds, names, observer, threads=self._threads, mode=self._mode)
         return [results[name] for name in names]
 
     # -- validation ----------------------------------------------------------------------------
@@ -250,6 +314,13 @@ def _session_devices(devices: list[Device], rules: PlacementRules) -> list[Devic
     extra = [get_device(device_id) for device_id in sorted(wanted - {d.id for d in devices})]
     # Accelerators before the CPU, so an unpinned node still prefers them in priority order.
     return sorted([*devices, *extra], key=lambda d: d.kind == "cpu")
+
+
+def _parse_budget(budget: int | str) -> int:
+    # NOTE: imported here: hetflow.estimate imports this module.
+    from hetflow.estimate.predict import parse_bytes
+
+    return parse_bytes(budget)
 
 
 def _is_concrete(graph: Graph) -> bool:

@@ -16,6 +16,7 @@ from hetflow.runtime.plan import Plan
 from tests.helpers import make_model, run_onnxruntime
 
 FLOAT = TensorProto.FLOAT
+pytestmark = pytest.mark.usefixtures("zoo_home")
 
 
 def _weights(rng: np.random.Generator, *shape: int) -> np.ndarray:
