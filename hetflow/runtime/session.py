@@ -308,12 +308,16 @@ _ACCEPTED_OPTIONS = frozenset({"sess_options", "providers", "provider_options"})
 
 
 def _session_devices(devices: list[Device], rules: PlacementRules) -> list[Device]:
-    """``devices``, plus any device a placement rule names (started now; raises if it cannot start),
-    plus the CPU last: as in ONNX Runtime, the CPU runs whatever the chosen devices have no kernel for."""
-    wanted = rules.device_ids() | {"cpu"}
-    extra = [get_device(device_id) for device_id in sorted(wanted - {d.id for d in devices})]
-    # Accelerators before the CPU, so an unpinned node still prefers them in priority order.
-    return sorted([*devices, *extra], key=lambda d: d.kind == "cpu")
+    """The devices a session places nodes on, in priority order: ``devices``, then the CPU (as in ONNX
+    Runtime, it runs whatever the chosen devices have no kernel for), then any device only a placement
+    rule names (started now; raises if it cannot start). Such a device comes after the CPU, which has a
+    kernel for everything, so it takes only the nodes pinned to it."""
+    ordered = list(devices)
+    if all(d.kind != "cpu" for d in ordered):
+        ordered.append(get_device("cpu"))
+    known = {d.id for d in ordered}
+    ordered += [get_device(device_id) for device_id in sorted(rules.device_ids() - known)]
+    return ordered
 
 
 def _parse_budget(budget: int | str) -> int:
