@@ -1,11 +1,14 @@
 """OpenCL GEMM vs numpy's sgemm: GFLOP/s of square products, kernel alone and end to end.
 
 Usage: python benchmarks/opencl_gemm.py [--sizes 256,512,1024] [--configs "rm=4,rn=3" ...] [--reps 5]
+       python benchmarks/opencl_gemm.py --sizes 1024,2048 --effort fast   (tuned vs default vs numpy)
 
 Kernel alone: operands packed on the device once, the kernel enqueued and the queue finished per
 repetition. End to end: ``run_gemm`` from numpy inputs to a numpy result (packing, buffers, map), what a
 session pays today. numpy runs interleaved with both, each after an untimed warm-up, and every figure
-is the minimum over the repetitions (the machine may be shared).
+is the minimum over the repetitions (the machine may be shared). With ``--effort`` each size is first
+searched by the GEMM tuner (``hetflow.devices.opencl.tuning.search``, nothing written to the cache) and
+its best configuration is timed beside the default.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="256,512,1024")
     parser.add_argument("--configs", nargs="*", default=[])
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--effort", choices=("fast", "full"), help="also time the tuner's best configuration")
     args = parser.parse_args()
     device = get_opencl_device(0)
     configs = [_parse_config(c) for c in args.configs] or [DEFAULT_CONFIG]
@@ -76,7 +80,14 @@ def main() -> None:
     for n in (int(s) for s in args.sizes.split(",")):
         a = rng.standard_normal((1, n, n)).astype(np.float32)
         b = rng.standard_normal((1, n, n)).astype(np.float32)
-        for config in configs:
+        tuned = []
+        if args.effort:
+            from hetflow.devices.opencl.tuning import parse_label, search
+
+            record = search(device, n, n, n, 1, args.effort)
+            tuned = [parse_label(record.chosen)]
+            print(f"{n:>5} tuner tried {len(record.candidates)} configurations", flush=True)
+        for config in [*configs, *(c for c in tuned if c not in configs)]:
             print(_measure(device, a, b, config, args.reps), flush=True)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import hetflow
-from hetflow.devices.opencl.kernels.gemm import DEFAULT_CONFIG, GEMM_SPACE
+from hetflow.devices.opencl.kernels.gemm import DEFAULT_CONFIG, GEMM_SPACE, GemmConfig
 from hetflow.devices.opencl.tuning import (
     EFFORTS,
     FAST_CONFIGS,
@@ -33,6 +33,9 @@ from hetflow.ops.base import TensorInfo
 from hetflow.ops.conv import ConvAttrs
 from hetflow.passes import bind_batch
 from hetflow.tuning.cache import TuningCache
+
+#: Two configurations instead of the whole fast list: the tests check bookkeeping, not speed.
+QUICK = (DEFAULT_CONFIG, GemmConfig(rm=2, rn=1, vw=4))
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +88,7 @@ def test_shape_classes_round_up_to_powers_of_two():
 
 
 def test_search_records_every_candidate_and_a_new_device_object_reads_it(opencl, tuning, tmp_path):
-    record = search(opencl, 19, 40, 23, 1, "fast", budget_seconds=0.0)
-    # A zero budget still measures the first candidate (the default).
+    record = search(opencl, 19, 40, 23, 1, "fast", configs=QUICK)
     assert record.chosen in record.candidates and config_label(DEFAULT_CONFIG) in record.candidates
     assert record.kernels == GEMM_SOURCE_HASH
     assert record.fingerprint == opencl.fingerprint()
@@ -105,7 +107,7 @@ def test_search_records_every_candidate_and_a_new_device_object_reads_it(opencl,
 
 def test_records_of_another_driver_or_kernel_source_are_ignored(opencl, tuning, tmp_path):
     path = tmp_path / "records.jsonl"
-    record = search(opencl, 9, 9, 9, 1, "fast", budget_seconds=0.0)
+    record = search(opencl, 9, 9, 9, 1, "fast", configs=QUICK)
     other_driver = dataclasses.replace(record, fingerprint={**record.fingerprint, "driver": "0.0-other"})
     other_source = dataclasses.replace(record, kernels="0123456789abcdef")
     TuningCache(path, other_driver.fingerprint).add(other_driver)
@@ -120,7 +122,7 @@ def test_ensure_searches_once_then_hits(opencl, tuning, monkeypatch):
 
     def fake_search(device, m, n, k, batch, effort):
         calls.append((m, n, k, batch, effort))
-        return search(device, m, n, k, batch, effort, budget_seconds=0.0)
+        return search(device, m, n, k, batch, effort, configs=QUICK)
 
     monkeypatch.setattr("hetflow.devices.opencl.tuning.search", fake_search)
     assert tuning.ensure(5, 6, 7, 1, "none") == DEFAULT_CONFIG and not calls
@@ -166,7 +168,7 @@ def test_session_with_tune_searches_missing_classes_through_the_planner(opencl, 
 
     def quick(device, m, n, k, batch, effort):
         searched.append((m, n, k, batch))
-        return search(device, m, n, k, batch, effort, budget_seconds=0.0)
+        return search(device, m, n, k, batch, effort, configs=QUICK)
 
     monkeypatch.setattr("hetflow.devices.opencl.tuning.search", quick)
     session = hetflow.InferenceSession("zoo:lenet", device="opencl:0", tune=True)

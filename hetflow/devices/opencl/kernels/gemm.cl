@@ -18,6 +18,10 @@
 //   VW     vector width (1, 2, 4, 8, 16) KT   K tile (local-memory depth, unroll depth)
 //   WGM    work-group rows               WGN  work-group columns
 //   LOCAL  1: stage tiles in local memory, 0: read packed global memory directly
+//   MB     with LOCAL=0: 0, each work-item computes one RM x (RN * VW) block over all of K; MB > 0,
+//          each work-item walks MB row blocks per KC-deep slice of K, keeping its B micro-panel slice
+//          (KC x RN * VW floats) in L1 while the A panels stream past (partial sums wait in Y)
+//   KC     K slice of the MB > 0 walk
 //   ACT    0 none, 1 Relu, 2 LeakyRelu(act_a), 3 Clip(act_a, act_b), 4 Sigmoid, 5 Tanh
 // Each work-item computes an RM x (RN * VW) block of Y in registers.
 
@@ -36,6 +40,13 @@ typedef CAT(float, VW) vec_t;
 #define VLOAD_G(p) (*(__global const vec_t*)(p))
 #define VLOAD_L(p) (*(__local const vec_t*)(p))
 #define VSTORE(v, p) (*(vec_t*)(p) = (v))
+#endif
+
+#ifndef MB
+#define MB 0
+#endif
+#ifndef KC
+#define KC 256
 #endif
 
 #define TILE_M (WGM * RM)
@@ -110,6 +121,65 @@ void gemm(const int M, const int N, const int Kp, const int Mp, const int Np,
     }
     const int row0 = tile_row + lm * RM;
     const int col0 = tile_col + ln * RN * VW;
+#elif MB > 0
+    const int col0 = get_global_id(0) * RN * VW;
+    __global const float* b_panel = B + (long)get_global_id(0) * Kp * RN * VW;
+    const int rb0 = get_global_id(1) * MB;
+    const int rb1 = min(rb0 + MB, Mp / RM);
+    for (int k0 = 0; k0 < Kp; k0 += KC) {
+        const int k1 = min(k0 + KC, Kp);
+        for (int rb = rb0; rb < rb1; ++rb) {
+            __global const float* a_panel = At + (long)rb * Kp * RM;
+            #pragma unroll
+            for (int r = 0; r < RM; ++r)
+                #pragma unroll
+                for (int c = 0; c < RN; ++c)
+                    acc[r][c] = (vec_t)(0.0f);
+#pragma unroll 4
+            for (int k = k0; k < k1; ++k) {
+                vec_t b[RN];
+                #pragma unroll
+                for (int c = 0; c < RN; ++c)
+                    b[c] = VLOAD_G(b_panel + (k * RN + c) * VW);
+                #pragma unroll
+                for (int r = 0; r < RM; ++r) {
+                    const vec_t a = (vec_t)(a_panel[k * RM + r]);
+                    #pragma unroll
+                    for (int c = 0; c < RN; ++c)
+                        acc[r][c] += a * b[c];
+                }
+            }
+            // Partial sums of earlier slices wait in Y; the last slice applies the epilogue.
+            #pragma unroll
+            for (int r = 0; r < RM; ++r) {
+                const int i = rb * RM + r;
+                if (i >= M)
+                    break;
+                #pragma unroll
+                for (int c = 0; c < RN; ++c) {
+                    float out[VW] __attribute__((aligned(64)));
+                    VSTORE(acc[r][c], out);
+                    #pragma unroll
+                    for (int v = 0; v < VW; ++v) {
+                        const int j = col0 + c * VW + v;
+                        if (j >= N)
+                            break;
+                        float s = out[v];
+                        if (k0 > 0)
+                            s += Y[i * N + j];
+                        if (k1 == Kp) {
+                            s *= alpha;
+                            if (has_c)
+                                s += beta * C[i * c_sm + j * c_sn];
+                            s = activate(s, act_a, act_b);
+                        }
+                        Y[i * N + j] = s;
+                    }
+                }
+            }
+        }
+    }
+    return;
 #else
     const int row0 = get_global_id(1) * RM;
     const int col0 = get_global_id(0) * RN * VW;
@@ -133,6 +203,7 @@ void gemm(const int M, const int N, const int Kp, const int Mp, const int Np,
     }
 #endif
 
+#if LOCAL || MB == 0
     #pragma unroll
     for (int r = 0; r < RM; ++r) {
         const int i = row0 + r;
@@ -154,4 +225,5 @@ void gemm(const int M, const int N, const int Kp, const int Mp, const int Np,
             }
         }
     }
+#endif
 }

@@ -45,6 +45,8 @@ class GemmConfig:
     wgm: int = 1
     wgn: int = 1
     local: int = 0
+    mb: int = 0
+    kc: int = 256
 
     @property
     def tile_m(self) -> int:
@@ -63,6 +65,8 @@ class GemmConfig:
             f"-DWGM={self.wgm}",
             f"-DWGN={self.wgn}",
             f"-DLOCAL={self.local}",
+            f"-DMB={self.mb if not self.local else 0}",
+            f"-DKC={self.kc}",
             f"-DACT={ACTIVATION_CODES[activation]}",
             "-cl-mad-enable",
         )
@@ -85,6 +89,8 @@ GEMM_SPACE: list[Knob] = [
     Knob("wgm", (1, 2, 4, 8)),
     Knob("wgn", (1, 2, 4, 8, 16)),
     Knob("local", (0, 1)),
+    Knob("mb", (0, 4, 16, 64)),
+    Knob("kc", (128, 256, 512)),
 ]
 
 #: The configuration used when nothing is tuned: the fastest of a hand search on PoCL 3.0 (which compiles
@@ -94,13 +100,20 @@ DEFAULT_CONFIG = GemmConfig()
 
 
 def gemm_configs(space: Sequence[Knob] = GEMM_SPACE, max_work_group: int = 256) -> list[GemmConfig]:
-    """Every configuration of ``space`` whose work-group fits ``max_work_group`` work-items."""
+    """Every distinct, valid configuration of ``space`` whose work-group fits ``max_work_group``
+    work-items: MB and KC only apply without local memory, KC only with MB > 0, and the MB walk
+    needs one-row work-groups (its row items are not a multiple of WGM)."""
     names = [k.name for k in space]
     configs = []
     for values in itertools.product(*(k.values for k in space)):
         config = GemmConfig(**dict(zip(names, values)))
-        if config.wgm * config.wgn <= max_work_group:
-            configs.append(config)
+        if config.wgm * config.wgn > max_work_group:
+            continue
+        if (config.local or not config.mb) and (config.mb, config.kc) != (0, GemmConfig.kc):
+            continue
+        if config.mb and config.wgm != 1:
+            continue
+        configs.append(config)
     return configs
 
 
@@ -245,7 +258,10 @@ def launch_packed(
         np.int32(bias is not None),
         np.float32(alpha), np.float32(beta), np.float32(act_a), np.float32(act_b),
     )  # fmt: skip
-    global_size = (layout.np_ // (config.rn * config.vw), layout.mp // config.rm, batch)
+    row_items = layout.mp // config.rm
+    if config.mb and not config.local:
+        row_items = -(-row_items // config.mb)
+    global_size = (layout.np_ // (config.rn * config.vw), row_items, batch)
     local_size = (config.wgn, config.wgm, 1)
     operands = (a_panels, b_panels) + ((bias.buffer,) if bias else ())
     return GemmLaunch(device, kernel, global_size, local_size, out, args, operands)
