@@ -269,21 +269,31 @@ class Conv(OpDef):
         kernels = w.shape[0]
         positions = int(np.prod(geom.out, dtype=np.int64))
         per_group = channels // group * int(np.prod(geom.kernel, dtype=np.int64))
-        dy_groups = dy.reshape(batch, group, kernels // group, positions)
+        # dY laid out [G, K/G, N*P] (one copy): every GEMM below is one 2-D BLAS call per group over the
+        # whole batch (numpy's stacked matmul leaves BLAS for transposed or broadcast operands).
+        dy_flat = dy.reshape(batch, group, kernels // group, positions).transpose(1, 2, 0, 3)
+        dy_flat = dy_flat.reshape(group, kernels // group, batch * positions)
         w_groups = w.reshape(group, kernels // group, per_group)
+        rank = len(geom.axes)
         if want_w:
-            # The im2col buffer laid out [G, C/G*taps, N*P] (its one copy), so that dW is one GEMM per
-            # group over the whole batch: [G, K/G, N*P] @ [G, N*P, C/G*taps] (the transpose is a BLAS flag).
+            # The im2col buffer as [G, C/G*taps, N*P] (its one copy): dW = dY @ cols^T per group.
             windows = geom.windows(geom.pad(x))
-            rank = len(geom.axes)
             order = (1, *range(2, 2 + rank), 0, *range(2 + rank, 2 + 2 * rank))
             cols = windows.transpose(order).reshape(group, per_group, batch * positions)
-            left = dy_groups.transpose(1, 2, 0, 3).reshape(group, kernels // group, batch * positions)
-            grads[1] = np.matmul(left, cols.transpose(0, 2, 1)).reshape(w.shape).astype(w.dtype, copy=False)
+            dw = np.empty((group, kernels // group, per_group), w.dtype)
+            for g in range(group):
+                # NOTE: computed as (cols @ dY^T)^T: OpenBLAS's sgemm with few rows, a long reduction and
+                # a transposed right operand (dY @ cols^T) measured 10-40x slower on these shapes.
+                dw[g] = np.matmul(cols[g], dy_flat[g].T).T
+            grads[1] = dw.reshape(w.shape)
         if want_x:
-            dcols = np.matmul(w_groups.transpose(0, 2, 1)[None], dy_groups)  # [N, G, C/G*taps, P]
-            dcols = dcols.reshape(batch, channels, *geom.kernel, *geom.out)
-            grads[0] = col2im(dcols, geom, x.shape).astype(x.dtype, copy=False)
+            dcols = np.empty((group, per_group, batch * positions), dy.dtype)
+            for g in range(group):
+                np.matmul(w_groups[g].T, dy_flat[g], out=dcols[g])
+            # [C, *kernel, N, *out] viewed as [N, C, *kernel, *out] for col2im (no copy).
+            dcols_view = dcols.reshape(channels, *geom.kernel, batch, *geom.out)
+            dcols_view = np.moveaxis(dcols_view, 1 + rank, 0)
+            grads[0] = col2im(dcols_view, geom, x.shape).astype(x.dtype, copy=False)
         return grads
 
 
