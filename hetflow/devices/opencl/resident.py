@@ -45,6 +45,22 @@ class Resident:
             self._entries[slot] = (ref, value)
         return value
 
+    def device_copy(self, device: Any, array: np.ndarray, key: Hashable = "copy") -> Any:
+        """A private float32 copy of ``array`` on ``device``, made once while ``array`` lives.
+
+        NOTE: never ``device.to_device(array)`` itself here: on unified memory that wraps the array's
+        own memory, the entry would then hold the array and its weak reference would never die.
+        """
+
+        def make() -> Any:
+            from hetflow.devices.opencl import aligned_empty
+
+            private = aligned_empty(array.shape, np.float32)
+            private[...] = array
+            return device.to_device(private)
+
+        return self.get(array, key, make)
+
     def __len__(self) -> int:
         return len(self._entries)
 

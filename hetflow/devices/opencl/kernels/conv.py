@@ -123,9 +123,9 @@ def _supports_winograd(node: Node, inputs: InputInfos) -> str | None:
 def _bias_buffer(device: OpenCLDevice, bias: np.ndarray | None, k: int) -> tuple[object, np.int32]:
     """The bias on the device (resident), and the has-bias flag; a 1-float dummy without one."""
     if bias is None:
-        dummy = device.resident.get(_DUMMY, "dummy", lambda: device.to_device(_DUMMY))
+        dummy = device.resident.device_copy(device, _DUMMY)
         return dummy.buffer, np.int32(0)
-    values = device.resident.get(bias, "bias", lambda: device.to_device(np.ascontiguousarray(bias, np.float32)))
+    values = device.resident.device_copy(device, bias)
     return values.buffer, np.int32(1)
 
 
@@ -137,7 +137,7 @@ def run_direct(device: OpenCLDevice, node: Node, x: np.ndarray, w: np.ndarray, b
     layer = _Layer(node, x.shape, w.shape)
     kernel = device.kernel("conv_direct", SOURCE, act_options(node.attrs.fused))
     x_buf = device.to_device(x)
-    w_buf = device.resident.get(w, "raw", lambda: device.to_device(w))
+    w_buf = device.resident.device_copy(device, w)
     bias_buf, has_bias = _bias_buffer(device, bias, layer.k)
     y = device.empty((layer.n, layer.k, layer.oh, layer.ow))
     args = (
@@ -156,7 +156,7 @@ def run_depthwise(
     layer = _Layer(node, x.shape, w.shape)
     kernel = device.kernel("conv_depthwise", SOURCE, act_options(node.attrs.fused))
     x_buf = device.to_device(x)
-    w_buf = device.resident.get(w, "raw", lambda: device.to_device(w))
+    w_buf = device.resident.device_copy(device, w)
     bias_buf, has_bias = _bias_buffer(device, bias, layer.k)
     y = device.empty((layer.n, layer.k, layer.oh, layer.ow))
     args = (
@@ -172,7 +172,7 @@ def _bias(device: OpenCLDevice, bias: np.ndarray | None, rows: int, groups: int)
     """The bias as a GEMM epilogue operand: one value per output row, group ``z % groups`` offset."""
     if bias is None:
         return None
-    values = device.resident.get(bias, "bias", lambda: device.to_device(np.ascontiguousarray(bias, np.float32)))
+    values = device.resident.device_copy(device, bias)
     return Bias(values, sm=1, sn=0, batch_stride=rows, mod=groups)
 
 
