@@ -93,13 +93,19 @@ def test_im2col_with_another_gemm_configuration(opencl, monkeypatch):
         assert_close(got[0], expected[0])
 
 
-def test_weights_are_packed_once_per_array(opencl):
+def test_read_only_weights_are_packed_once_per_array(opencl):
     inputs = [random(RNG, 1, 3, 6, 6), random(RNG, 4, 3, 3, 3)]
     node = make_node("Conv", inputs, pads=(1, 1, 1, 1))
-    run_both(opencl, node, inputs, IM2COL)
     before = len(opencl.resident)
     run_both(opencl, node, inputs, IM2COL)
-    assert len(opencl.resident) == before
+    assert len(opencl.resident) == before  # writable: packed afresh on every call
+    inputs[1].flags.writeable = False  # as a graph's initializers are
+    got, expected = run_both(opencl, node, inputs, IM2COL)
+    assert len(opencl.resident) == before + 1
+    again, _ = run_both(opencl, node, inputs, IM2COL)
+    assert len(opencl.resident) == before + 1
+    assert_close(got[0], expected[0])
+    assert_close(again[0], expected[0])
 
 
 def test_algorithms_are_registered_like_the_cpu_device(opencl):

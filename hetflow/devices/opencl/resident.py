@@ -3,8 +3,11 @@ packed GEMM panels, Winograd-transformed kernels), kept for as long as the host 
 
 Kernels take numpy arrays, so a layer's weights arrive as the same initializer array on every run: keyed
 by the array's identity (and what was derived from it), the packed copy is made once per session. A
-weak reference drops the entry when the array goes away. Like the CPU's Winograd weight cache, this
-assumes weights are not modified in place between runs (training replaces arrays rather than edit them).
+weak reference drops the entry when the array goes away.
+
+Only read-only arrays are cached: a graph's initializers are (the loader freezes them), while
+activations are writable and may be rewritten in place between runs (the runtime's memory arena hands
+the same memory to later values), so anything writable is derived afresh on every call.
 """
 
 from __future__ import annotations
@@ -18,14 +21,16 @@ import numpy as np
 
 
 class Resident:
-    """``get(array, key, make)``: ``make()``'s result for ``(array, key)``, made once while ``array``
-    lives."""
+    """``get(array, key, make)``: ``make()``'s result for ``(array, key)``, made once while a read-only
+    ``array`` lives (every call for a writable one)."""
 
     def __init__(self) -> None:
         self._entries: dict[tuple[int, Hashable], tuple[weakref.ref, Any]] = {}
         self._lock = threading.Lock()
 
     def get(self, array: np.ndarray, key: Hashable, make: Callable[[], Any]) -> Any:
+        if array.flags.writeable:
+            return make()
         slot = (id(array), key)
         with self._lock:
             entry = self._entries.get(slot)

@@ -270,7 +270,8 @@ def launch_packed(
 def matrix_bias(device: OpenCLDevice, c: np.ndarray) -> Bias:
     """``c`` broadcastable to ``[M, N]`` as an epilogue bias: a ``[rows, cols]`` matrix with rows in
     (1, M) and cols in (1, N), read through strides that are 0 along broadcast axes."""
-    c2 = np.asarray(c, np.float32).reshape((1,) * (2 - c.ndim) + c.shape)
+    # A private copy: wrapping ``c`` itself would tie a resident entry to the array it is keyed by.
+    c2 = np.array(c, np.float32).reshape((1,) * (2 - c.ndim) + c.shape)
     c_sm = c2.shape[1] if c2.shape[0] != 1 else 0
     c_sn = 1 if c2.shape[1] != 1 else 0
     return Bias(device.to_device(c2), c_sm, c_sn)
@@ -369,12 +370,26 @@ def register(device: OpenCLDevice) -> None:
         attrs = node.attrs
         a2 = a.T if attrs.transA else a
         b2 = b.T if attrs.transB else b
+        m, k = a2.shape
+        n = b2.shape[1]
+        if m == 0 or n == 0:
+            return [np.zeros((m, n), np.float32)]
+        config = device.gemm_config(m, n, k, 1)
+        layout = GemmLayout.of(config, m, n, k)
+        # Weights (read-only initializers) are packed once per session; activations on every call.
+        b_panels = device.resident.get(
+            b, ("gemm_b", int(attrs.transB), config),
+            lambda: device.to_device(pack_b(np.asarray(b2, np.float32)[None], layout)),
+        )  # fmt: skip
+        a_panels = device.to_device(pack_a(np.asarray(a2, np.float32)[None], layout))
         use_c = c is not None and attrs.beta != 0
-        y = run_gemm(
-            device, a2[None], b2[None], c if use_c else None,
+        bias = device.resident.get(c, "gemm_c", lambda: matrix_bias(device, c)) if use_c else None
+        launch = launch_packed(
+            device, config, layout, 1, a_panels, b_panels, bias=bias,
             alpha=attrs.alpha, beta=attrs.beta, fused=attrs.fused,
         )  # fmt: skip
-        return [y[0]]
+        launch.enqueue()
+        return [launch.result()[0]]
 
     @device.kernels.register("MatMul", supports=_float32_only)
     def matmul(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
