@@ -32,6 +32,10 @@ def softmax_cross_entropy(logits: np.ndarray, targets: np.ndarray) -> LossResult
         logits: ``[N, K]`` scores.
         targets: ``[N]`` integer class indices, or ``[N, K]`` target probabilities (e.g. one-hot).
     """
+    if logits.ndim > 2 and all(d == 1 for d in logits.shape[2:]):
+        # Classifiers that end in a 1x1 conv + global pool (SqueezeNet, DenseNet) give [N, K, 1, 1].
+        flat = softmax_cross_entropy(logits.reshape(logits.shape[:2]), targets)
+        return LossResult(flat.value, flat.grad.reshape(logits.shape))
     if logits.ndim != 2:
         raise ValueError(f"softmax cross-entropy needs [N, K] logits; got shape {list(logits.shape)}")
     batch = logits.shape[0]

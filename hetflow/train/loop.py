@@ -386,6 +386,8 @@ class Trainer:
 
 
 def _correct(scores: np.ndarray, y: np.ndarray) -> int:
+    if scores.ndim > 2 and all(d == 1 for d in scores.shape[2:]):
+        scores = scores.reshape(scores.shape[:2])
     if y.ndim != 1 or scores.ndim != 2:
         return 0
     return int(np.sum(scores.argmax(axis=1) == y))
