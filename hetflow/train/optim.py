@@ -29,8 +29,7 @@ def step_decay(step_size: int, gamma: float = 0.1) -> Schedule:
 
 
 def cosine(total_steps: int, warmup: int = 0, floor: float = 0.0) -> Schedule:
-    """Linear warm-up over ``warmup`` steps, then a half cosine from 1 down to ``floor`` at ``total_steps``.
-    """
+    """Linear warm-up over ``warmup`` steps, then a half cosine from 1 to ``floor`` at ``total_steps``."""
     if total_steps < 1:
         raise ValueError(f"total_steps must be >= 1; got {total_steps}")
 
