@@ -166,3 +166,19 @@ def test_lstm_with_other_activations_stays_on_the_cpu(opencl):
     inputs = _lstm_inputs(1)[:3]
     node = make_node("LSTM", inputs, hidden_size=HIDDEN, activations=("Relu", "Tanh", "Tanh"))
     assert "default activations" in opencl.kernels.reason_unsupported(node, infos(inputs))
+
+
+@pytest.mark.parametrize("op_type", ["Gemm", "MatMul"])
+def test_read_only_weights_are_packed_once_and_stay_right(opencl, op_type):
+    a, b, c = random(RNG, 5, 19), random(RNG, 19, 13), random(RNG, 13)
+    for array in (b, c):
+        array.flags.writeable = False  # as a graph's initializers are
+    inputs = [a, b, c] if op_type == "Gemm" else [a, b]
+    node = make_node(op_type, inputs)
+    got, expected = run_both(opencl, node, inputs)
+    count = len(opencl.resident)
+    inputs[0] = random(RNG, 5, 19)  # a new activation, the same weights
+    again, expected_again = run_both(opencl, node, inputs)
+    assert len(opencl.resident) == count
+    assert_close(got[0], expected[0])
+    assert_close(again[0], expected_again[0])

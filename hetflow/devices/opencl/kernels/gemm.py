@@ -332,6 +332,39 @@ def run_gemm(
     return launch.result()
 
 
+def run_weights_gemm(
+    device: OpenCLDevice,
+    a: np.ndarray,
+    weights: np.ndarray,
+    b: np.ndarray,
+    key: tuple[object, ...],
+    c: np.ndarray | None = None,
+    *,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    fused: FusedActivation | None = None,
+) -> np.ndarray:
+    """``act(alpha * a @ b + beta * c)`` for 2-D ``a`` and ``b``, where ``b`` is ``weights`` or a view of
+    it (``key`` says which): read-only weights and bias (initializers) are packed once per session,
+    activations on every call."""
+    m, k = a.shape
+    n = b.shape[1]
+    if m == 0 or n == 0:
+        return np.zeros((m, n), np.float32)
+    config = device.gemm_config(m, n, k, 1)
+    layout = GemmLayout.of(config, m, n, k)
+    b_panels = device.resident.get(
+        weights, (*key, config), lambda: device.to_device(pack_b(np.asarray(b, np.float32)[None], layout))
+    )
+    a_panels = device.to_device(pack_a(np.asarray(a, np.float32)[None], layout))
+    bias = device.resident.get(c, "gemm_c", lambda: matrix_bias(device, c)) if c is not None else None
+    launch = launch_packed(
+        device, config, layout, 1, a_panels, b_panels, bias=bias, alpha=alpha, beta=beta, fused=fused
+    )
+    launch.enqueue()
+    return launch.result()[0]
+
+
 def _float32_only(node: Node, inputs: InputInfos) -> str | None:
     if inputs is None:
         return None
@@ -370,26 +403,12 @@ def register(device: OpenCLDevice) -> None:
         attrs = node.attrs
         a2 = a.T if attrs.transA else a
         b2 = b.T if attrs.transB else b
-        m, k = a2.shape
-        n = b2.shape[1]
-        if m == 0 or n == 0:
-            return [np.zeros((m, n), np.float32)]
-        config = device.gemm_config(m, n, k, 1)
-        layout = GemmLayout.of(config, m, n, k)
-        # Weights (read-only initializers) are packed once per session; activations on every call.
-        b_panels = device.resident.get(
-            b, ("gemm_b", int(attrs.transB), config),
-            lambda: device.to_device(pack_b(np.asarray(b2, np.float32)[None], layout)),
-        )  # fmt: skip
-        a_panels = device.to_device(pack_a(np.asarray(a2, np.float32)[None], layout))
         use_c = c is not None and attrs.beta != 0
-        bias = device.resident.get(c, "gemm_c", lambda: matrix_bias(device, c)) if use_c else None
-        launch = launch_packed(
-            device, config, layout, 1, a_panels, b_panels, bias=bias,
+        y = run_weights_gemm(
+            device, a2, b, b2, ("gemm", int(attrs.transB)), c if use_c else None,
             alpha=attrs.alpha, beta=attrs.beta, fused=attrs.fused,
         )  # fmt: skip
-        launch.enqueue()
-        return [launch.result()[0]]
+        return [y]
 
     @device.kernels.register("MatMul", supports=_float32_only)
     def matmul(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
@@ -402,8 +421,8 @@ def register(device: OpenCLDevice) -> None:
         m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
         if b2.ndim == 2:
             # A stack of matrices times one matrix is one tall GEMM.
-            rows = a2.reshape(1, -1, k)
-            y = run_gemm(device, rows, b2[None]).reshape(*batch_shape, m, n)
+            rows = a2.reshape(-1, k)
+            y = run_weights_gemm(device, rows, b, b2, ("matmul",)).reshape(*batch_shape, m, n)
         else:
             a3 = np.broadcast_to(a2, (*batch_shape, m, k)).reshape(-1, m, k)
             b3 = np.broadcast_to(b2, (*batch_shape, k, n)).reshape(-1, k, n)
