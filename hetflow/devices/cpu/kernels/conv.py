@@ -233,40 +233,63 @@ def pointwise(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, sc
     return y
 
 
-def _im2col_scratch(
-    node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype
-) -> list[tuple[tuple[int, ...], np.dtype]]:
-    """The padded input (when padded) and the columns ``[N, C*taps, P]``."""
+#: im2col builds the columns of this many bytes of images at a time (at least one image): at batch 16
+#: whole-batch columns would dominate the arena (118 MiB for GoogLeNet's first layer), and numpy's
+#: batched matmul calls BLAS once per image anyway, so chunking costs no GEMM efficiency.
+IM2COL_CHUNK_BYTES = 8 << 20
+
+
+def _im2col_chunk(node: Node, x_shape: Sequence[int], w_shape: Sequence[int], itemsize: int) -> int:
+    """Images per im2col chunk."""
     geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
     taps = int(np.prod(geo.kernel, dtype=np.int64))
     positions = int(np.prod(geo.out, dtype=np.int64))
-    columns = ((int(x_shape[0]), int(x_shape[1]) * taps, positions), dtype)
-    return [*padding_scratch(geo, x_shape, dtype), columns]
+    image = max(int(x_shape[1]) * taps * positions * itemsize, 1)
+    return max(1, min(int(x_shape[0]), IM2COL_CHUNK_BYTES // image))
+
+
+def _im2col_scratch(
+    node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype
+) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """Per chunk of images: the padded input (when padded) and the columns ``[n, C*taps, P]``."""
+    geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
+    taps = int(np.prod(geo.kernel, dtype=np.int64))
+    positions = int(np.prod(geo.out, dtype=np.int64))
+    chunk = _im2col_chunk(node, x_shape, w_shape, np.dtype(dtype).itemsize)
+    part = (chunk, *x_shape[1:])
+    columns = ((chunk, int(x_shape[1]) * taps, positions), dtype)
+    return [*padding_scratch(geo, part, dtype), columns]
 
 
 @conv_kernel(IM2COL, supports=None, workspace=lambda *a: scratch_bytes(_im2col_scratch(*a)))
 def im2col(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
-    """Any Conv (N-d, strides, dilations, groups): im2col buffer + one batched GEMM."""
+    """Any Conv (N-d, strides, dilations, groups): im2col buffer + one batched GEMM per chunk of images."""
     group = node.attrs.group
     geo = geometry(conv_window(node.attrs, w.shape), x.shape[2:])
     batch, channels = x.shape[:2]
     kernels = w.shape[0]
     taps = int(np.prod(geo.kernel, dtype=np.int64))
     positions = int(np.prod(geo.out, dtype=np.int64))
-    windows = geo.windows(pad_into(geo, x, scratch))  # [N, C, *kernel, *out], a view
     reduction = channels // group * taps
-    # The im2col copy; rows ordered (c, taps...) like W's flattening.
-    columns = scratch.take((batch, channels * taps, positions), x.dtype)
-    np.copyto(columns.reshape(windows.shape), windows)
     y = target_y(y, (batch, kernels, *geo.out), x.dtype)
-    if group == 1:
-        np.matmul(w.reshape(kernels, reduction), columns, out=as_view(y, (batch, kernels, positions)))
-    else:
-        np.matmul(
-            w.reshape(group, kernels // group, reduction),
-            columns.reshape(batch, group, reduction, positions),
-            out=as_view(y, (batch, group, kernels // group, positions)),
-        )
+    chunk = _im2col_chunk(node, x.shape, w.shape, x.itemsize)
+    weights = w.reshape(kernels, reduction) if group == 1 else w.reshape(group, kernels // group, reduction)
+    for start in range(0, batch, chunk):
+        stop = min(start + chunk, batch)
+        count = stop - start
+        scratch.reset()
+        windows = geo.windows(pad_into(geo, x[start:stop], scratch))  # [n, C, *kernel, *out], a view
+        # The im2col copy; rows ordered (c, taps...) like W's flattening.
+        columns = scratch.take((count, channels * taps, positions), x.dtype)
+        np.copyto(columns.reshape(windows.shape), windows)
+        if group == 1:
+            np.matmul(weights, columns, out=as_view(y[start:stop], (count, kernels, positions)))
+        else:
+            np.matmul(
+                weights,
+                columns.reshape(count, group, reduction, positions),
+                out=as_view(y[start:stop], (count, group, kernels // group, positions)),
+            )
     return y
 
 
