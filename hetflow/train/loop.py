@@ -6,6 +6,7 @@ import fnmatch
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +58,8 @@ class Trainer:
             numerically stable; integer labels or target probabilities) or ``"mse"``, or a function
             ``(scores, targets) -> LossResult``.
         optimizer: an ``Optimizer`` (default ``Adam(lr=1e-3)``).
-        device: ``"cpu"`` (the only device with training kernels so far).
+        device: ``"cpu"`` (the only device with training kernels so far); ``"auto"`` falls back to it
+            with one warning, another name raises TrainingError.
         memory_budget: bytes (or ``"64MB"``) a step may hold: initializers, optimizer state, and the
             peak of kept activations plus gradients. Under it the tape recomputes cheap activations
             (checkpointing); a step that cannot fit raises BudgetError before running.
@@ -81,7 +83,10 @@ class Trainer:
         freeze: Sequence[str] = (),
         seed: int = 0,
     ):
-        if device != "cpu":
+        if device == "auto":
+            # NOTE: only the CPU has training kernels so far; "auto" means "the best this build has".
+            warnings.warn("training runs on the CPU (no other device has backward kernels yet)", stacklevel=2)
+        elif device != "cpu":
             raise TrainingError(f"training runs on the CPU only so far; got device={device!r}")
         self.graph = load_model(model)
         if isinstance(loss, str):

@@ -302,3 +302,10 @@ def test_a_budget_that_cannot_fit_fails_before_the_step() -> None:
         trainer.train_step(x[:16], y[:16])
     for name, array in before.items():
         np.testing.assert_array_equal(trainer.params[name], array)
+
+
+def test_devices_other_than_the_cpu() -> None:
+    with pytest.warns(UserWarning, match="CPU"):
+        Trainer(small_cnn(), device="auto")
+    with pytest.raises(TrainingError, match="CPU only"):
+        Trainer(small_cnn(), device="opencl:0")
