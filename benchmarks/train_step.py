@@ -102,7 +102,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     threadpool_limits(args.threads)
     trainer = Trainer(f"zoo:{args.model}", optimizer=SGD(0.01, momentum=0.9))
-    logits = trainer._train.scores
+    logits = trainer.training.scores
     net = torch_model(trainer.graph, logits)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()

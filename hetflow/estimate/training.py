@@ -89,11 +89,11 @@ def training_memory(model: ModelSource | Graph, batch: int, optimizer: str = "ad
     trainer = Trainer(model, optimizer=chosen)
     tape = trainer.tape
     sizes = trainer.value_sizes(batch)
-    running = list(trainer._train.running)
+    running = list(trainer.training.running)
     step = tape.simulate(sizes, running, recompute=())
     least = tape.simulate(sizes, running, recompute=tape.recompute_candidates())
     parameter_bytes = sum(trainer.params[name].nbytes for name in trainer.trainable)
-    weights = sum(array.nbytes for array in trainer._train.graph.initializers.values())
+    weights = sum(array.nbytes for array in trainer.training.graph.initializers.values())
     state = OPTIMIZER_SLOTS[optimizer] * parameter_bytes
     name = model if isinstance(model, str) else trainer.graph.name
     return TrainingMemory(

@@ -20,7 +20,7 @@ from hetflow.graph import Graph
 from hetflow.ops.loss import READS_LOGITS, LossResult, get_loss
 from hetflow.train.autograd import Tape, TrainingError
 from hetflow.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from hetflow.train.graph import parameter_names, set_dropout_seed, training_graph
+from hetflow.train.graph import TrainingGraph, parameter_names, set_dropout_seed, training_graph
 from hetflow.train.optim import Adam, Optimizer
 
 LossFn = Callable[[np.ndarray, np.ndarray], LossResult]
@@ -145,6 +145,11 @@ class Trainer:
         self._frozen = set(self.params) - head
         self._tape = None
         return sorted(head)
+
+    @property
+    def training(self) -> TrainingGraph:
+        """The training form of the model (its graph, the value the loss reads, running statistics)."""
+        return self._train
 
     @property
     def trainable(self) -> list[str]:

@@ -268,7 +268,7 @@ def test_memory_plan_matches_what_the_step_measures() -> None:
     trainer.train_step(x[:16], y[:16])
     assert trainer.tape.peak_bytes == report["step_peak_bytes"]
     # Only what the rules read is kept: GlobalAveragePool's and Flatten's rules need shapes, not values.
-    graph = trainer._train.graph
+    graph = trainer.training.graph
     kept = trainer.tape.kept_values()
     for op_type in ("LRN", "GlobalAveragePool"):
         (node,) = [n for n in graph.nodes if n.op_type == op_type]
