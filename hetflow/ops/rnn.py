@@ -461,3 +461,17 @@ class RNN(RecurrentOp):
     default_activations = ("Tanh",)
     # the bias add and the activation.
     cell_flops = 2
+
+    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
+        return (X, W, R, B, INITIAL_H)
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return None, ()
+
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
+        """Backpropagation through time (``hetflow.ops.rnn_backward``)."""
+        from hetflow.ops.rnn_backward import recurrent_backward
+
+        return recurrent_backward(node, inputs, grad_outputs, wanted, gates=1)

@@ -1,4 +1,4 @@
-"""Backpropagation through time for LSTM and GRU (the backward rules ``hetflow.ops.rnn`` declares).
+"""Backpropagation through time for LSTM, GRU and RNN (the backward rules ``hetflow.ops.rnn`` declares).
 
 Each rule recomputes its direction's forward pass keeping the gate activations (the forward kernel
 keeps none), then walks the steps back: one recurrent GEMM per step for dh, and after the loop one GEMM
@@ -29,7 +29,7 @@ def _check_supported(
     node: Node, x_time_major: np.ndarray, inputs: Sequence[np.ndarray | None], gates: int
 ) -> None:
     attrs = node.attrs
-    defaults = {4: ("sigmoid", "tanh", "tanh"), 3: ("sigmoid", "tanh")}[gates]
+    defaults = {4: ("sigmoid", "tanh", "tanh"), 3: ("sigmoid", "tanh"), 1: ("tanh",)}[gates]
     names = tuple(a.lower() for a in attrs.activations)
     if names and names not in (defaults, defaults * 2):
         raise NotImplementedError(
@@ -74,7 +74,7 @@ def recurrent_backward(
     wanted: Sequence[bool] | None,
     gates: int,
 ) -> Grads:
-    """Gradients of every differentiable input of an LSTM (``gates=4``) or GRU (``gates=3``) node."""
+    """Gradients of every differentiable input of an LSTM (``gates=4``), GRU (3) or RNN (1) node."""
     x = _time_major(node, inputs[X], "x")
     w, r = inputs[W], inputs[R]
     assert x is not None and w is not None and r is not None
@@ -124,6 +124,11 @@ def recurrent_backward(
             if dpeep is not None:
                 dp[d] = dpeep
             db[d, : gates * hidden] = db[d, gates * hidden :] = dxw.sum(axis=(0, 1))
+        elif gates == 1:
+            dxw, dr[d], dh0[d] = _rnn_direction(
+                xs, w[d], r[d], wb + rb, h0, dys, None if dy_h is None else dy_h[d]
+            )
+            db[d, :hidden] = db[d, hidden:] = dxw.sum(axis=(0, 1))
         else:
             dxw, dr[d], dh0[d], drb_h = _gru_direction(
                 xs,
@@ -278,3 +283,31 @@ def _gru_direction(
         dr[: 2 * n] += step[:, : 2 * n].T @ h_prev
         dh = dh_prev + step[:, : 2 * n] @ r_zr
     return dpre, dr, dh, drb_h
+
+
+def _rnn_direction(
+    xs: np.ndarray,
+    w: np.ndarray,
+    r: np.ndarray,
+    bias: np.ndarray,
+    h0: np.ndarray,
+    dys: np.ndarray | None,
+    dh_last: np.ndarray | None,
+) -> tuple[Any, ...]:
+    """One direction of ``h' = tanh(x W^T + h R^T + Wb + Rb)``, steps in processing order. Returns
+    (d pre-activations [T, B, H], dR, dh0)."""
+    steps = xs.shape[0]
+    projected = xs @ w.T + bias
+    hs = [h0]
+    for t in range(steps):
+        hs.append(np.tanh(projected[t] + hs[-1] @ r.T))
+    dpre = np.zeros_like(projected)
+    dr = np.zeros_like(r)
+    dh = np.zeros_like(h0) if dh_last is None else dh_last.copy()
+    for t in range(steps - 1, -1, -1):
+        if dys is not None:
+            dh = dh + dys[t]
+        dpre[t] = dh * (1 - hs[t + 1] * hs[t + 1])
+        dr += dpre[t].T @ hs[t]
+        dh = dpre[t] @ r
+    return dpre, dr, dh

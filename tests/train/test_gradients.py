@@ -159,6 +159,20 @@ CASES: list[Case] = [
     Case(
         "GRU", [(2, 3, 2), (1, 6, 2), (1, 6, 2)], {"hidden_size": 2, "layout": 1}, outputs=2, label="layout1"
     ),
+    Case(
+        "RNN",
+        [(4, 2, 3), (1, 3, 3), (1, 3, 3), (1, 6), None, (1, 2, 3)],
+        {"hidden_size": 3},
+        outputs=2,
+        label="forward",
+    ),
+    Case(
+        "RNN",
+        [(2, 3, 2), (2, 2, 2), (2, 2, 2), (2, 4)],
+        {"hidden_size": 2, "direction": "bidirectional", "layout": 1},
+        outputs=2,
+        label="bidirectional-layout1",
+    ),
     # -- arithmetic with broadcasting -------------------------------------------------------------
     Case("Add", [(2, 3, 4), (3, 1)]),
     Case("Sub", [(3, 1), (2, 3, 4)]),
