@@ -132,6 +132,7 @@ class MemoryReport:
         activation_bytes: the activations alone, laid out by liveness (the planned activation peak).
         workspace_bytes: the largest single step's workspace (im2col columns, Winograd tiles).
         naive_bytes: every activation and workspace side by side, as without a plan.
+        transformed_bytes: Winograd's transformed weights, kept beside the weights after the first run.
     """
 
     batch: int | None
@@ -140,6 +141,7 @@ class MemoryReport:
     activation_bytes: int
     workspace_bytes: int
     naive_bytes: int
+    transformed_bytes: int = 0
 
 
 @dataclass

@@ -18,7 +18,7 @@ from hetflow.graph.dtypes import onnx_name
 from hetflow.graph.shapes import Dim, format_shape, is_static
 from hetflow.passes import bind_batch
 from hetflow.passes.manager import optimize as optimize_graph
-from hetflow.runtime.budget import Residency, WeightStore, fit_plan
+from hetflow.runtime.budget import Residency, WeightStore, fit_plan, transformed_weight_bytes
 from hetflow.runtime.executor import ExecutionMode, Observer, check_mode, check_threads, execute, memory_plan
 from hetflow.runtime.memory import MemoryReport
 from hetflow.runtime.placement import PlacementRules, measure_costs
@@ -209,8 +209,9 @@ class InferenceSession:
         plan = self.plan_for(dict.fromkeys(symbols, batch or 1))
         memory = memory_plan(plan, [v.name for v in self._outputs])
         weights = sum(int(a.nbytes) for a in self._graph.initializers.values())
+        transformed = transformed_weight_bytes(plan)
         if memory is None:
-            return MemoryReport(batch if symbols else None, weights, 0, 0, 0, 0)
+            return MemoryReport(batch if symbols else None, weights, 0, 0, 0, 0, transformed)
         return MemoryReport(
             batch=(batch or 1) if symbols else None,
             weights_bytes=weights,
@@ -218,6 +219,7 @@ class InferenceSession:
             activation_bytes=memory.activation_bytes,
             workspace_bytes=memory.workspace_bytes,
             naive_bytes=memory.naive_bytes,
+            transformed_bytes=transformed,
         )
 
     def _make_plan(self, graph: Graph) -> Plan:
