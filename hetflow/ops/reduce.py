@@ -10,7 +10,7 @@ import numpy as np
 
 from hetflow.graph import Node
 from hetflow.graph.shapes import Dim, Shape, format_shape, normalize_axis
-from hetflow.ops.base import Cost, OpDef, TensorInfo, nbytes, numel
+from hetflow.ops.base import Arrays, Cost, Grads, OpDef, TensorInfo, Wanted, nbytes, numel, wants
 from hetflow.ops.registry import register_op
 
 
@@ -137,3 +137,28 @@ class ReduceMean(ReduceOp):
 
     op_type = "ReduceMean"
     flops_per_output = 1
+
+    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
+        return (0,)
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (1,), ()
+
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
+        """dY spread evenly over the elements each mean averaged (reduced axes restored first)."""
+        data, dy = inputs[0], grad_outputs[0]
+        grads: Grads = [None] * len(inputs)
+        if data is None or dy is None or not wants(wanted, 0) or data.dtype.kind != "f":
+            return grads
+        given = inputs[1] if len(inputs) > 1 else None
+        given_axes = None if given is None else np.asarray(given)
+        axes = resolve_axes(data.ndim, given_axes, node.attrs.noop_with_empty_axes)
+        if axes is None:
+            grads[0] = dy
+            return grads
+        count = int(np.prod([data.shape[a] for a in axes], dtype=np.int64))
+        kept = dy.reshape(reduced_shape(data.shape, axes, keepdims=1))
+        grads[0] = np.broadcast_to(kept / count, data.shape).astype(data.dtype)
+        return grads

@@ -173,6 +173,8 @@ CASES: list[Case] = [
         outputs=2,
         label="bidirectional-layout1",
     ),
+    Case("ReduceMean", [(2, 3, 4), ints(1, -1)], {"keepdims": 0}, label="axes"),
+    Case("ReduceMean", [(3, 5)], label="all-keepdims"),
     # -- arithmetic with broadcasting -------------------------------------------------------------
     Case("Add", [(2, 3, 4), (3, 1)]),
     Case("Sub", [(3, 1), (2, 3, 4)]),
