@@ -205,7 +205,15 @@ def test_softmax_coerced_2d(opencl):
     _close(got, expected)
 
 
-def test_softmax_on_an_inner_axis_is_left_to_the_cpu(opencl):
-    node = _node("Softmax", SoftmaxAttrs(axis=1), 1)
-    reason = opencl.kernels.reason_unsupported(node, [TensorInfo((2, 3, 4), np.dtype(np.float32))])
-    assert reason is not None and "last axis" in reason
+@pytest.mark.parametrize("op_type", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("shape, axis", [((2, 3, 4), 1), ((3, 5), 0), ((2, 3, 7), -1), ((4,), 0)])
+def test_softmax_on_any_axis(opencl, op_type, shape, axis):
+    x = _random(*shape) * 5
+    got, expected = _both(opencl, _node(op_type, SoftmaxAttrs(axis=axis), 1), [x])
+    _close(got, expected)
+
+
+def test_log_softmax_coerced_2d(opencl):
+    x = _random(2, 3, 5)
+    got, expected = _both(opencl, _node("LogSoftmax", SoftmaxAttrs(axis=1, coerce_2d=1), 1), [x])
+    _close(got, expected)

@@ -1,7 +1,9 @@
-"""OpenCL Softmax over the last axis (or, for opset < 13 models, over the trailing axes viewed as one)."""
+"""OpenCL Softmax and LogSoftmax along any axis (or, for opset < 13 models, over the trailing axes
+viewed as one): the input viewed as ``[outer, cols, inner]``, one work-item per row."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,40 +20,48 @@ SOURCE = Path(__file__).with_name("softmax.cl").read_text(encoding="utf-8")
 
 
 def _supports(node: Node, inputs: InputInfos) -> str | None:
-    axis, coerce_2d = node.attrs.axis, node.attrs.coerce_2d
-    if inputs is None:
-        return None if axis == -1 or coerce_2d else "OpenCL Softmax needs the input's rank to check axis"
-    x = inputs[0]
-    assert x is not None
-    if x.dtype != np.float32:
-        return f"OpenCL Softmax runs float32 only, got {x.dtype}"
-    rank = len(x.shape)
-    if not coerce_2d and axis % max(rank, 1) != rank - 1:
-        return f"OpenCL Softmax normalises the last axis only, got axis {axis} of rank {rank}"
+    if inputs is None or inputs[0] is None:
+        return None
+    if inputs[0].dtype != np.float32:
+        return f"OpenCL {node.op_type} runs float32 only, got {inputs[0].dtype}"
     return None
 
 
-def run_softmax(device: OpenCLDevice, x: np.ndarray, rows: int, cols: int) -> np.ndarray:
-    """Softmax of ``x`` viewed as ``[rows, cols]`` along its columns; the result has ``x``'s shape."""
+def softmax_view(shape: Sequence[int], axis: int, coerce_2d: bool) -> tuple[int, int, int]:
+    """``(outer, cols, inner)``: the input viewed so that rows run along ``cols``."""
+    rank = len(shape)
+    if rank == 0:
+        return 1, 1, 1
+    axis = axis % rank
+    if coerce_2d:
+        return math.prod(shape[:axis]), math.prod(shape[axis:]), 1
+    return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
+
+
+def run_softmax(
+    device: OpenCLDevice, x: np.ndarray, view: tuple[int, int, int], log: bool = False
+) -> np.ndarray:
+    """(Log)Softmax of ``x`` viewed as ``view`` = (outer, cols, inner) along cols; ``x``'s shape."""
     x = np.asarray(x, np.float32)
     if x.size == 0:
         return np.empty(x.shape, np.float32)
-    kernel = device.kernel("softmax", SOURCE)
+    outer, cols, inner = view
+    rows = outer * inner
+    kernel = device.kernel("softmax", SOURCE, (f"-DLOG={int(log)}",))
     x_buf = device.to_device(x)
-    out = device.empty(x.shape, np.float32)
-    device.enqueue(kernel, (rows,), None, (np.int32(rows), np.int32(cols), x_buf.buffer, out.buffer))
+    out = device.empty(x.shape)
+    args = (np.int32(rows), np.int32(cols), np.int32(inner), x_buf.buffer, out.buffer)
+    device.enqueue(kernel, (rows,), None, args)
     return device.to_host(out)
 
 
 def register(device: OpenCLDevice) -> None:
-    """Add Softmax to ``device``'s kernel table."""
+    """Add Softmax and LogSoftmax to ``device``'s kernel table."""
 
-    @device.kernels.register("Softmax", supports=_supports)
+    @device.kernels.register("Softmax", "LogSoftmax", supports=_supports)
     def softmax(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-        """Softmax, one work-item per row."""
+        """(Log)Softmax, one work-item per row."""
         x = inputs[0]
         assert x is not None
-        axis = node.attrs.axis % max(x.ndim, 1) if x.ndim else 0
-        cols = int(np.prod(x.shape[axis:], dtype=np.int64)) if node.attrs.coerce_2d else x.shape[-1]
-        rows = x.size // cols if cols else 0
-        return [run_softmax(device, x, rows, cols)]
+        view = softmax_view(x.shape, node.attrs.axis, bool(node.attrs.coerce_2d))
+        return [run_softmax(device, x, view, log=node.op_type == "LogSoftmax")]
