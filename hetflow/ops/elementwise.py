@@ -125,15 +125,36 @@ class Sum(VariadicOp):
         return _broadcast_grads(inputs, grad_outputs[0], wanted, lambda i, dy: dy)
 
 
+class ExtremumOp(VariadicOp):
+    """Family base of Max and Min: dY goes to the first input holding the winning value."""
+
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
+        y, dy = outputs[0], grad_outputs[0]
+        grads: Grads = [None] * len(inputs)
+        if dy is None or y is None:
+            return grads
+        taken = np.zeros(y.shape, dtype=bool)
+        for index, x in enumerate(inputs):
+            if x is None:
+                continue
+            hit = (np.broadcast_to(x, y.shape) == y) & ~taken
+            taken |= hit
+            if wants(wanted, index):
+                grads[index] = reduce_to_shape(np.where(hit, dy, 0), x.shape).astype(x.dtype, copy=False)
+        return grads
+
+
 @register_op
-class Max(VariadicOp):
+class Max(ExtremumOp):
     """Elementwise maximum of any number of inputs (NaN propagates)."""
 
     op_type = "Max"
 
 
 @register_op
-class Min(VariadicOp):
+class Min(ExtremumOp):
     """Elementwise minimum of any number of inputs (NaN propagates)."""
 
     op_type = "Min"

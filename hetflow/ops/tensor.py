@@ -623,6 +623,37 @@ class Pad(OpDef):
                 dims.append(fresh_dim(node, axis))
         return [TensorInfo(tuple(dims), x.dtype)]
 
+    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
+        return (0,)
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (1, 3), ()
+
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
+        """Constant mode: dY cropped back to X (zeros where negative pads cropped X away). The other
+        modes copy input elements into the border and have no rule yet."""
+        x, dy = inputs[0], grad_outputs[0]
+        grads: Grads = [None] * len(inputs)
+        if x is None or dy is None or not wants(wanted, 0):
+            return grads
+        if node.attrs.mode != "constant":
+            raise NotImplementedError(f"Pad '{node.name}': backward supports mode='constant' only")
+        pads = [int(v) for v in np.asarray(inputs[1]).reshape(-1)]
+        given_axes = inputs[3] if len(inputs) > 3 else None
+        axes = None if given_axes is None else [int(a) for a in np.asarray(given_axes).reshape(-1)]
+        widths = pad_widths(x.ndim, pads, axes)
+        dx = np.zeros(x.shape, dy.dtype)
+        source, target = [], []
+        for size, (begin, end) in zip(x.shape, widths):
+            first, last = max(0, -begin), size - max(0, -end)
+            target.append(slice(first, last))
+            source.append(slice(max(0, begin), max(0, begin) + max(0, last - first)))
+        dx[tuple(target)] = dy[tuple(source)]
+        grads[0] = dx.astype(x.dtype, copy=False)
+        return grads
+
 
 @register_op
 class Dropout(OpDef):
@@ -758,6 +789,27 @@ class Gather(OpDef):
             raise ValueError(f"indices {list(values)} are out of range for axis {axis} of length {dim}")
         shape = tuple(data.shape[:axis]) + tuple(indices.shape) + tuple(data.shape[axis + 1 :])
         return [TensorInfo(shape, data.dtype)]
+
+    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
+        return (0,)
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return (1,), ()
+
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
+        """dY added back at the gathered positions (repeated indices accumulate)."""
+        data, indices = inputs
+        dy = grad_outputs[0]
+        if data is None or indices is None or dy is None or not wants(wanted, 0) or data.dtype.kind != "f":
+            return [None, None]
+        axis = normalize_axis(node.attrs.axis, data.ndim)
+        positions = np.where(indices < 0, indices + data.shape[axis], indices).reshape(-1)
+        flat = dy.reshape(*data.shape[:axis], positions.size, *data.shape[axis + 1 :])
+        dx = np.zeros(data.shape, dy.dtype)
+        np.add.at(dx, (slice(None),) * axis + (positions,), flat)
+        return [dx.astype(data.dtype, copy=False), None]
 
 
 @register_op

@@ -119,6 +119,10 @@ CASES: list[Case] = [
     Case("Squeeze", [(2, 1, 3), ints(1)]),
     Case("Unsqueeze", [(2, 3), ints(0, 3)]),
     Case("Transpose", [(2, 3, 4)], {"perm": (2, 0, 1)}),
+    Case("Pad", [(2, 3, 4), ints(1, 0, -1, 2, 1, 1)], label="grow-and-crop"),
+    Case("Pad", [(3, 5), ints(2, -1), None, ints(1)], label="axes"),
+    Case("Gather", [(5, 3), np.array([[0, 4], [-1, 0]], dtype=I64)], {"axis": 0}, label="repeated"),
+    Case("Gather", [(2, 4, 3), ints(3, 1)], {"axis": 1}),
     Case("Identity", [(3, 2)]),
     # -- recurrent layers (through time) ----------------------------------------------------------
     Case(
@@ -181,6 +185,8 @@ CASES: list[Case] = [
     Case("Mul", [(2, 1, 4), (3, 1)]),
     Case("Div", [(2, 3), (3,)], prepare=lambda a: [a[0], np.abs(a[1]) + 0.5]),
     Case("Sum", [(2, 3), (3,), (1, 1)]),
+    Case("Max", [(2, 3), (3,), (2, 1)]),
+    Case("Min", [(3, 4), (4,)]),
 ]
 
 
