@@ -245,6 +245,13 @@ class _Planner:
             return 0
         return int(np.prod(value.shape, dtype=np.int64)) * value.dtype.itemsize
 
+    def _static_dim(self, name: str, axis: int) -> int | None:
+        value = self.graph.values.get(name) if name else None
+        if value is None or value.shape is None or len(value.shape) <= axis:
+            return None
+        dim = value.shape[axis]
+        return dim if isinstance(dim, int) else None
+
     def _new_buffer(self, nbytes: int, step: int, workspace: bool = False) -> int:
         self.buffers.append(_Buffer(aligned(nbytes), {step}, {step}, workspace))
         self.parent.append(len(self.parent))
@@ -265,9 +272,12 @@ class _Planner:
                 continue
             out = self.graph.values[node.outputs[0]]
             axis = node.attrs.axis % len(out.shape)
+            sizes = [self._static_dim(name, axis) for name in node.inputs]
+            if any(size is None for size in sizes):
+                continue
             start = 0
-            for name in node.inputs:
-                size = int(self.graph.values[name].shape[axis])
+            for name, size in zip(node.inputs, sizes):
+                assert size is not None
                 # NOTE: a Concat output that holds parts of its own stays whole (no nesting), and a
                 # value read twice by the same Concat can only sit in one of its slices.
                 if (

@@ -376,3 +376,28 @@ def test_info_memory_reports_weights_arena_and_workspace(capsys):
     report = hetflow.InferenceSession("zoo:squeezenet").memory_report(2)
     assert f"{report.arena_bytes / 2**20:10.2f} MiB" in out
     assert 0 < report.activation_bytes <= report.arena_bytes < report.naive_bytes
+
+
+def test_concat_copies_what_it_cannot_place():
+    """A feed and a weight cannot be produced into the Concat's slices: they are copied, the rest is not."""
+    rng = np.random.default_rng(3)
+    nodes = [
+        _conv("c", "x", "a", "w", pads=[1, 1, 1, 1]),
+        helper.make_node("Concat", ["x", "a", "k", "a2"], ["cat"], name="cat", axis=1),
+        _conv("c2", "x", "a2", "w2"),
+        _conv("head", "cat", "y", "w3"),
+    ]
+    nodes = [nodes[0], nodes[2], nodes[1], nodes[3]]
+    weights = {
+        "w": _weights(rng, 4, 3, 3, 3),
+        "w2": _weights(rng, 2, 3, 1, 1),
+        "k": _weights(rng, 1, 1, 5, 5),
+        "w3": _weights(rng, 3, 10, 1, 1),
+    }
+    model = make_model(nodes, [("x", FLOAT, [1, 3, 5, 5])], [("y", FLOAT, None)], weights)
+    session = hetflow.InferenceSession(model, optimize=False)
+    memory = memory_plan(session.plan)
+    assert memory is not None
+    assert set(memory.concat_parts) == {"a", "a2"}
+    feed = {"x": rng.standard_normal((1, 3, 5, 5)).astype(np.float32)}
+    np.testing.assert_allclose(session.run(None, feed)[0], run_onnxruntime(model, feed)[0], rtol=1e-4, atol=1e-5)
