@@ -177,3 +177,12 @@ def test_session_with_tune_searches_missing_classes_through_the_planner(opencl, 
     assert opencl.tuning_stats()["tuned"] == len(searched)
     records = TuningCache(tuning.path, opencl.fingerprint()).records()
     assert {r.workload.op for r in records} == {GEMM_OP}
+
+
+def test_cli_tune_with_no_effort_reports_the_gemm_classes(opencl, tuning, zoo_home, capsys):
+    from hetflow.cli import main
+
+    assert main(["tune", "zoo:lenet", "--device", "opencl:0", "--effort", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "GEMM configurations on opencl:0" in out and "effort none" in out
+    assert "miss(es)" in out and "0 searched now" in out
