@@ -50,6 +50,10 @@ def scratch_bytes(requests: Sequence[tuple[Sequence[int], np.dtype]]) -> int:
     return sum(aligned(math.prod(shape) * np.dtype(dtype).itemsize) for shape, dtype in requests)
 
 
+#: How often a kernel outgrew the workspace it declared (and allocated instead): tests keep it at 0.
+OVERFLOWS = [0]
+
+
 class Scratch:
     """Temporaries carved in order from a workspace (or allocated when there is none or it is full)."""
 
@@ -63,6 +67,8 @@ class Scratch:
         nbytes = math.prod(shape) * dtype.itemsize
         start = self.used
         if self.workspace is None or start + nbytes > self.workspace.nbytes:
+            if self.workspace is not None:
+                OVERFLOWS[0] += 1
             return np.empty(shape, dtype)
         self.used = start + aligned(nbytes)
         return self.workspace[start : start + nbytes].view(dtype).reshape(shape)
@@ -71,6 +77,8 @@ class Scratch:
         """A sub-scratch of ``nbytes`` (aligned) whose temporaries can be given back with ``reset``."""
         nbytes = aligned(nbytes)
         if self.workspace is None or self.used + nbytes > self.workspace.nbytes:
+            if self.workspace is not None:
+                OVERFLOWS[0] += 1
             return Scratch(None)
         region = Scratch(self.workspace[self.used : self.used + nbytes])
         self.used += nbytes

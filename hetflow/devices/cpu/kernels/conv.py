@@ -155,7 +155,11 @@ def pad_into(geo: Geometry, x: np.ndarray, scratch: Scratch, value: float | int 
     if not geo.needs_padding:
         return x
     padded = scratch.take(padded_shape(geo, x.shape), x.dtype)
-    padded.fill(value)
+    # NOTE: the workspace holds other steps' data: only the borders need the padding value.
+    for axis, a in enumerate(geo.axes, start=2):
+        lead = (slice(None),) * axis
+        padded[(*lead, slice(0, a.pad_begin))] = value
+        padded[(*lead, slice(a.pad_begin + a.size, None))] = value
     padded[(..., *(slice(a.pad_begin, a.pad_begin + a.size) for a in geo.axes))] = x
     return padded
 

@@ -1,0 +1,116 @@
+"""Kernels that write into provided memory: same results into a dirty workspace, a strided out view
+(a Concat slice) and, where declared, in place over their input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetflow.devices.cpu import CPUDevice
+from hetflow.devices.cpu.kernels import buffers
+from hetflow.graph import Node
+from hetflow.ops.activation import FusedActivation
+from hetflow.ops.base import TensorInfo
+from hetflow.ops.conv import ConvAttrs
+from hetflow.ops.registry import get
+
+CPU = CPUDevice()
+RNG = np.random.default_rng(7)
+
+
+def _node(op_type: str, inputs: int, **attrs: object) -> Node:
+    op = get(op_type)
+    return Node(op_type, op_type.lower(), [f"i{k}" for k in range(inputs)], ["y"], op.Attrs(**attrs))
+
+
+@pytest.fixture(autouse=True)
+def _workspaces_suffice():
+    """Every kernel fits in the workspace it declared (no silent allocation)."""
+    before = buffers.OVERFLOWS[0]
+    yield
+    assert buffers.OVERFLOWS[0] == before
+
+
+def _dirty(nbytes: int) -> np.ndarray:
+    """A workspace full of NaN bytes, as another step may have left it."""
+    return np.full(nbytes, 0xFF, dtype=np.uint8)
+
+
+CONV_CASES = [
+    ("pad1", (2, 6, 9, 7), (8, 6, 3, 3), ConvAttrs(pads=(1, 1, 1, 1))),
+    ("stride2", (2, 3, 11, 10), (5, 3, 5, 5), ConvAttrs(pads=(2, 1, 2, 1), strides=(2, 2))),
+    ("groups", (2, 8, 7, 7), (6, 4, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=2)),
+    ("depthwise", (2, 6, 8, 9), (12, 1, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=6)),
+    ("depthwise_s2", (2, 6, 9, 9), (6, 1, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2), group=6)),
+    ("pointwise", (2, 6, 5, 4), (7, 6, 1, 1), ConvAttrs()),
+    ("fused", (2, 6, 9, 7), (8, 6, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), fused=FusedActivation("Relu"))),
+]
+
+
+@pytest.mark.parametrize(("label", "x_shape", "w_shape", "attrs"), CONV_CASES, ids=[c[0] for c in CONV_CASES])
+def test_every_conv_algorithm_writes_into_a_concat_slice_with_a_dirty_workspace(label, x_shape, w_shape, attrs):
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], attrs)
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    w = RNG.standard_normal(w_shape).astype(np.float32)
+    b = RNG.standard_normal(w_shape[0]).astype(np.float32)
+    infos = [TensorInfo(x_shape, x.dtype), TensorInfo(w_shape, w.dtype), TensorInfo(b.shape, b.dtype)]
+    kernels = CPU.kernels.candidates(node, infos)
+    assert len(kernels) >= 2
+    for kernel in kernels:
+        (expected,) = kernel.fn(node, [x, w, b])
+        concat = np.full((x_shape[0], w_shape[0] + 3, *expected.shape[2:]), np.nan, np.float32)
+        target = concat[:, 2 : 2 + w_shape[0]]
+        workspace = _dirty(kernel.workspace(node, infos)) if kernel.workspace else None
+        (got,) = kernel.fn(node, [x, w, b], [target], workspace)
+        assert got is target, kernel.algorithm
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5, err_msg=kernel.algorithm)
+        assert np.isnan(concat[:, :2]).all() and np.isnan(concat[:, 2 + w_shape[0] :]).all()
+
+
+POOL_CASES = [
+    ("MaxPool", {"kernel_shape": (3, 3), "pads": (1, 1, 1, 1), "strides": (2, 2)}),
+    ("AveragePool", {"kernel_shape": (3, 3), "pads": (1, 0, 1, 0), "count_include_pad": 0}),
+    ("AveragePool", {"kernel_shape": (2, 2), "pads": (1, 1, 1, 1), "count_include_pad": 1}),
+]
+
+
+@pytest.mark.parametrize(("op_type", "attrs"), POOL_CASES)
+def test_pools_pad_into_a_dirty_workspace(op_type, attrs):
+    node = _node(op_type, 1, **attrs)
+    x = RNG.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    infos = [TensorInfo(x.shape, x.dtype)]
+    kernel = CPU.kernels.lookup(node, infos)
+    (expected,) = kernel.fn(node, [x])[:1]
+    out = [np.empty_like(expected)]
+    (got,) = kernel.fn(node, [x], out, _dirty(kernel.workspace(node, infos)))[:1]
+    assert got is out[0]
+    np.testing.assert_array_equal(got, expected)
+
+
+IN_PLACE = [("Relu", 1, {}), ("Add", 2, {}), ("Sum", 3, {}), ("Clip", 1, {}), ("Tanh", 1, {}), ("Softmax", 1, {})]
+
+
+@pytest.mark.parametrize(("op_type", "inputs", "attrs"), IN_PLACE)
+@pytest.mark.parametrize("over", [0, -1])
+def test_in_place_kernels_may_write_over_any_input(op_type, inputs, attrs, over):
+    node = _node(op_type, inputs, **attrs)
+    arrays = [RNG.standard_normal((2, 5, 3)).astype(np.float32) for _ in range(inputs)]
+    kernel = CPU.kernels.lookup(node, [TensorInfo(a.shape, a.dtype) for a in arrays])
+    assert kernel.writes_out and kernel.inplace
+    (expected,) = kernel.fn(node, [a.copy() for a in arrays])
+    target = arrays[over]
+    (got,) = kernel.fn(node, arrays, [target], None)
+    assert got is target
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_lrn_and_sigmoid_use_their_workspace():
+    x = RNG.standard_normal((2, 9, 5, 5)).astype(np.float32)
+    infos = [TensorInfo(x.shape, x.dtype)]
+    for node in (_node("LRN", 1, size=5), _node("Sigmoid", 1)):
+        kernel = CPU.kernels.lookup(node, infos)
+        (expected,) = kernel.fn(node, [x])
+        out = [np.empty_like(x)]
+        (got,) = kernel.fn(node, [x], out, _dirty(kernel.workspace(node, infos)))
+        assert got is out[0]
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
