@@ -27,7 +27,10 @@ class TrainingMemory:
         optimizer_state: the optimizer's per-parameter state (momentum, Adam's moments).
         activations: activations kept for the backward pass, at the step's peak.
         activation_gradients: gradients of activations (and of the parameters done so far) at the peak.
-        step_peak: ``activations + activation_gradients``: the step's transient peak.
+        scratch: the running kernel's or backward rule's temporaries at the peak (im2col columns...).
+        step_peak: ``activations + activation_gradients + scratch``: a bound on the step's transient peak
+            (checked against tracemalloc in the tests).
+        tensors_peak: the peak of the activations and gradients alone, which ``Tape.peak_bytes`` measures.
         total: ``weights + optimizer_state + step_peak``: what a step holds at its peak.
         recomputed_total: ``total`` when every cheap activation is recomputed (checkpointing), the
             least a ``memory_budget`` can force.
@@ -42,7 +45,9 @@ class TrainingMemory:
     optimizer_state: int
     activations: int
     activation_gradients: int
+    scratch: int
     step_peak: int
+    tensors_peak: int
     total: int
     recomputed_total: int
 
@@ -56,6 +61,7 @@ class TrainingMemory:
             (f"optimizer state ({self.optimizer})", self.optimizer_state),
             ("activations kept for backward (at peak)", self.activations),
             ("gradients in flight (at peak)", self.activation_gradients),
+            ("kernel / rule scratch (at peak)", self.scratch),
             ("total at the step's peak", self.total),
             ("total with checkpointing (recompute cheap activations)", self.recomputed_total),
         ]
@@ -90,8 +96,10 @@ def training_memory(model: ModelSource | Graph, batch: int, optimizer: str = "ad
     tape = trainer.tape
     sizes = trainer.value_sizes(batch)
     running = list(trainer.training.running)
-    step = tape.simulate(sizes, running, recompute=())
-    least = tape.simulate(sizes, running, recompute=tape.recompute_candidates())
+    scratch = trainer.scratch_bytes(batch)
+    step = tape.simulate(sizes, running, recompute=(), scratch=scratch)
+    tensors = tape.simulate(sizes, running, recompute=())
+    least = tape.simulate(sizes, running, recompute=tape.recompute_candidates(), scratch=scratch)
     parameter_bytes = sum(trainer.params[name].nbytes for name in trainer.trainable)
     weights = sum(array.nbytes for array in trainer.training.graph.initializers.values())
     state = OPTIMIZER_SLOTS[optimizer] * parameter_bytes
@@ -106,7 +114,9 @@ def training_memory(model: ModelSource | Graph, batch: int, optimizer: str = "ad
         optimizer_state=state,
         activations=step.activations_at_peak,
         activation_gradients=step.gradients_at_peak,
+        scratch=step.scratch_at_peak,
         step_peak=step.peak,
+        tensors_peak=tensors.peak,
         total=weights + state + step.peak,
         recomputed_total=weights + state + least.peak,
     )

@@ -166,6 +166,17 @@ class OpDef:
         """
         return None, None
 
+    def backward_workspace(
+        self, node: Node, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo | None]
+    ) -> int:
+        """Scratch bytes ``backward`` allocates beyond the gradients it returns, for concrete shapes.
+
+        The default, three arrays the size of the largest input or output, covers rules that build a
+        mask, a product and a cast; rules with real workspace (Conv's columns, recurrent layers' saved
+        gates) say so.
+        """
+        return 3 * max((nbytes(info) for info in (*inputs, *outputs)), default=0)
+
     @property
     def has_backward(self) -> bool:
         """Whether this op defines a backward rule (the trainer refuses graphs with ops that lack one)."""

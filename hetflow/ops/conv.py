@@ -241,6 +241,22 @@ class Conv(OpDef):
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (0, 1), ()
 
+    def backward_workspace(
+        self, node: Node, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo | None]
+    ) -> int:
+        """The columns for dW and for dX (each ``N*C*taps*P``), dY's GEMM layout, the padded input twice
+        (the copy im2col reads, col2im's accumulator), and two more arrays of Y's size plus one of X's
+        for numpy's temporaries (tracemalloc measured about one Y beyond the rest)."""
+        x, w, y = inputs[0], inputs[1], outputs[0]
+        assert x is not None and w is not None and y is not None
+        x_shape, w_shape, y_shape = _static(x.shape, "X"), _static(w.shape, "W"), _static(y.shape, "Y")
+        geom = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
+        columns = conv_workspace_bytes(IM2COL, x_shape, w_shape, y_shape, x.dtype.itemsize)
+        padded = int(np.prod(x_shape[:2], dtype=np.int64)) * int(
+            np.prod([a.padded for a in geom.axes], dtype=np.int64)
+        )
+        return 2 * columns + 3 * nbytes(y) + nbytes(x) + 2 * padded * x.dtype.itemsize
+
     def backward(
         self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
     ) -> Grads:

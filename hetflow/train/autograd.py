@@ -10,7 +10,9 @@ rule declares it reads it (``OpDef.backward_reads``; the others get zero-memory 
 after the last rule that reads it has run, and gradients are freed once passed on. Under a budget,
 ``plan_recompute`` picks cheap activations (outputs of elementwise and view ops) to drop after the
 forward pass and recompute from their inputs when the backward pass reaches them (checkpointing).
-``Tape.peak_bytes`` is the measured peak of activations plus gradients of the last step.
+``Tape.peak_bytes`` is the measured peak of activations plus gradients of the last step; ``simulate``
+predicts it exactly from value sizes and, given each node's scratch (kernel workspace,
+``OpDef.backward_workspace``), bounds every byte a step allocates (checked with tracemalloc).
 """
 
 from __future__ import annotations
@@ -58,21 +60,27 @@ class StepMemory:
     peak: int = 0
     activations_at_peak: int = 0
     gradients_at_peak: int = 0
+    scratch_at_peak: int = 0
     _activations: int = 0
     _gradients: int = 0
 
     def add_activations(self, delta: int) -> None:
         self._activations += delta
-        self._note()
+        self._note(0)
 
     def add_gradients(self, delta: int) -> None:
         self._gradients += delta
-        self._note()
+        self._note(0)
 
-    def _note(self) -> None:
-        if self._activations + self._gradients > self.peak:
-            self.peak = self._activations + self._gradients
+    def note_scratch(self, scratch: int) -> None:
+        """A kernel's or rule's temporary bytes, live only while that node runs."""
+        self._note(scratch)
+
+    def _note(self, scratch: int) -> None:
+        if self._activations + self._gradients + scratch > self.peak:
+            self.peak = self._activations + self._gradients + scratch
             self.activations_at_peak, self.gradients_at_peak = self._activations, self._gradients
+            self.scratch_at_peak = scratch
 
 
 class Tape:
@@ -278,16 +286,26 @@ class Tape:
 
     # -- memory planning -----------------------------------------------------------------------
     def simulate_peak(
-        self, sizes: Mapping[str, int], requested: Iterable[str] = (), recompute: Iterable[str] | None = None
+        self,
+        sizes: Mapping[str, int],
+        requested: Iterable[str] = (),
+        recompute: Iterable[str] | None = None,
+        scratch: Mapping[str, tuple[int, int]] | None = None,
     ) -> int:
         """The peak ``forward`` + ``backward`` would measure, from value sizes in bytes (same rules).
 
         Gradients are assumed to have their value's size; ``recompute`` defaults to the tape's own.
+        ``scratch`` (node name -> forward and backward temporary bytes) adds each node's workspace while
+        it runs: the bound a memory budget is checked against.
         """
-        return self.simulate(sizes, requested, recompute).peak
+        return self.simulate(sizes, requested, recompute, scratch).peak
 
     def simulate(
-        self, sizes: Mapping[str, int], requested: Iterable[str] = (), recompute: Iterable[str] | None = None
+        self,
+        sizes: Mapping[str, int],
+        requested: Iterable[str] = (),
+        recompute: Iterable[str] | None = None,
+        scratch: Mapping[str, tuple[int, int]] | None = None,
     ) -> StepMemory:
         """``simulate_peak`` with the split of the peak into activations and gradients."""
         recomputed = self.recompute if recompute is None else set(recompute)
@@ -297,10 +315,12 @@ class Tape:
         usage = StepMemory()
         usage.add_activations(sum(sizes[name] for name in present if name in keep))
         last_read = self._last_forward_reads()
+        workspace = scratch or {}
         for index, node in enumerate(self.graph.nodes):
             for name in node.present_outputs():
                 present.add(name)
                 usage.add_activations(sizes[name])
+            usage.note_scratch(workspace.get(node.name, (0, 0))[0])
             for name in last_read.get(index, ()):
                 if name not in keep and name in present and name not in self.graph.initializers:
                     present.discard(name)
@@ -320,6 +340,7 @@ class Tape:
                     if want and name not in grads:
                         grads.add(name)
                         usage.add_gradients(sizes[name])
+                usage.note_scratch(workspace.get(node.name, (0, 0))[1])
             for name in outgoing:
                 grads.discard(name)
                 usage.add_gradients(-sizes[name])
@@ -329,7 +350,13 @@ class Tape:
                     usage.add_activations(-sizes[name])
         return usage
 
-    def plan_recompute(self, sizes: Mapping[str, int], budget: int, requested: Iterable[str] = ()) -> int:
+    def plan_recompute(
+        self,
+        sizes: Mapping[str, int],
+        budget: int,
+        requested: Iterable[str] = (),
+        scratch: Mapping[str, tuple[int, int]] | None = None,
+    ) -> int:
         """Choose the activations to recompute so that the simulated peak fits ``budget``: the largest
         candidates first, stopping as soon as it fits. Sets ``self.recompute``; returns the peak.
 
@@ -339,7 +366,7 @@ class Tape:
         from hetflow.errors import BudgetError
 
         chosen: set[str] = set()
-        peak = self.simulate_peak(sizes, requested, chosen)
+        peak = self.simulate_peak(sizes, requested, chosen, scratch)
         for name in sorted(self.recompute_candidates(), key=lambda n: -sizes[n]):
             if peak <= budget:
                 break
@@ -348,13 +375,13 @@ class Tape:
             if sources & chosen or any(name in self.graph.nodes[self._producer[c]].inputs for c in chosen):
                 continue
             trial = chosen | {name}
-            trial_peak = self.simulate_peak(sizes, requested, trial)
+            trial_peak = self.simulate_peak(sizes, requested, trial, scratch)
             if trial_peak < peak:
                 chosen, peak = trial, trial_peak
         if peak > budget:
             raise BudgetError(
-                f"a training step needs at least {peak} bytes of activations and gradients (recomputing "
-                f"{len(chosen)} cheap activations); the budget leaves {budget}: use a smaller batch"
+                f"a training step needs at least {peak} bytes of activations, gradients and scratch "
+                f"(recomputing {len(chosen)} cheap activations); the budget leaves {budget}: use a smaller batch"
             )
         self.recompute = chosen
         return peak

@@ -17,6 +17,8 @@ from hetflow.errors import BudgetError
 from hetflow.frontends import ModelSource, load_model
 from hetflow.frontends.onnx_export import save_model
 from hetflow.graph import Graph
+from hetflow.ops import registry
+from hetflow.ops.base import TensorInfo, nbytes
 from hetflow.ops.loss import READS_LOGITS, LossResult, get_loss
 from hetflow.train.autograd import Tape, TrainingError
 from hetflow.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -60,8 +62,9 @@ class Trainer:
         optimizer: an ``Optimizer`` (default ``Adam(lr=1e-3)``).
         device: ``"cpu"`` (the only device with training kernels so far); ``"auto"`` falls back to it
             with one warning, another name raises TrainingError.
-        memory_budget: bytes (or ``"64MB"``) a step may hold: initializers, optimizer state, and the
-            peak of kept activations plus gradients. Under it the tape recomputes cheap activations
+        memory_budget: bytes (or ``"64MB"``) a step may hold: initializers, optimizer state, and a
+            bound on the step's transient peak (kept activations, gradients, and the running kernel's or
+            rule's scratch; see ``memory_report``). Under it the tape recomputes cheap activations
             (checkpointing); a step that cannot fit raises BudgetError before running.
         freeze: glob patterns of parameter or node names whose parameters stay fixed.
         seed: seed of the shuffling and of Dropout's masks.
@@ -114,6 +117,7 @@ class Trainer:
         self._frozen: set[str] = set()
         self._tape: Tape | None = None
         self._planned_batch: int | None = None
+        self._bound_graphs: dict[int, Graph] = {}
         self.freeze(*freeze)
         self.input_name = self.graph.input_values()[0].name
         self.steps = 0
@@ -184,15 +188,40 @@ class Trainer:
 
     def value_sizes(self, batch: int) -> dict[str, int]:
         """Bytes of every value of the training graph at ``batch`` examples."""
+        bound = self._bound(batch)
+        return {name: nbytes(TensorInfo(value.shape, value.dtype)) for name, value in bound.values.items()}
+
+    def scratch_bytes(self, batch: int) -> dict[str, tuple[int, int]]:
+        """Node name -> temporary bytes of its forward kernel and of its backward rule at ``batch``.
+
+        Forward: the op's costed workspace (im2col columns...) plus two arrays the size of its largest
+        input or output (padding copies, epilogues). Backward: ``OpDef.backward_workspace``.
+        """
+        bound = self._bound(batch)
+        scratch = {}
+        for node in bound.nodes:
+            opdef = registry.get(node.op_type, node.domain)
+            inputs = [_info(bound, name) if name else None for name in node.inputs]
+            outputs = [_info(bound, name) if name else None for name in node.outputs]
+            largest = max((nbytes(info) for info in (*inputs, *outputs)), default=0)
+            forward = (
+                opdef.cost(node, inputs, [o for o in outputs if o is not None]).workspace_bytes + largest
+            )
+            backward = opdef.backward_workspace(node, inputs, outputs) if opdef.has_backward else 0
+            scratch[node.name] = (forward, backward)
+        return scratch
+
+    def _bound(self, batch: int) -> Graph:
         from hetflow.passes import bind_batch
 
-        bound = bind_batch(self._train.graph, {self._batch_symbol(): batch})
-        sizes = {}
-        for name, value in bound.values.items():
-            if value.shape is None or not all(isinstance(d, int) for d in value.shape):
-                raise TrainingError(f"value '{name}' has no static shape at batch {batch}")
-            sizes[name] = int(np.prod(value.shape, dtype=np.int64)) * value.dtype.itemsize
-        return sizes
+        cached = self._bound_graphs.get(batch)
+        if cached is None:
+            cached = bind_batch(self._train.graph, {self._batch_symbol(): batch})
+            for name, value in cached.values.items():
+                if value.shape is None or not all(isinstance(d, int) for d in value.shape):
+                    raise TrainingError(f"value '{name}' has no static shape at batch {batch}")
+            self._bound_graphs[batch] = cached
+        return cached
 
     def _batch_symbol(self) -> str:
         shape = self.graph.values[self.input_name].shape or ()
@@ -202,15 +231,22 @@ class Trainer:
         return symbols[0]
 
     def memory_report(self, batch: int) -> dict[str, int]:
-        """Training memory at ``batch``: fixed bytes, and the activations-plus-gradients peak with and
-        without the recomputation the budget asks for."""
+        """Training memory at ``batch``.
+
+        Keys: ``fixed_bytes`` (initializers and optimizer state), ``step_peak_bytes`` (activations and
+        gradients the tape holds at its peak: what ``tape.peak_bytes`` measures), ``step_bound_bytes``
+        (that plus every kernel's and rule's scratch: what a budget is checked against) and
+        ``planned_step_bound_bytes`` (the bound with the recomputation the budget chose).
+        """
         tape = self.tape
         sizes = self.value_sizes(batch)
+        scratch = self.scratch_bytes(batch)
         running = list(self._train.running)
         return {
             "fixed_bytes": self.fixed_bytes(),
             "step_peak_bytes": tape.simulate_peak(sizes, running, recompute=()),
-            "planned_step_peak_bytes": tape.simulate_peak(sizes, running),
+            "step_bound_bytes": tape.simulate_peak(sizes, running, recompute=(), scratch=scratch),
+            "planned_step_bound_bytes": tape.simulate_peak(sizes, running, scratch=scratch),
         }
 
     def _plan_memory(self, batch: int) -> None:
@@ -218,7 +254,8 @@ class Trainer:
         if self.memory_budget is None or self._planned_batch == batch:
             return
         available = self.memory_budget - self.fixed_bytes()
-        self.tape.plan_recompute(self.value_sizes(batch), available, self._train.running)
+        running = list(self._train.running)
+        self.tape.plan_recompute(self.value_sizes(batch), available, running, self.scratch_bytes(batch))
         self._planned_batch = batch
 
     # -- steps ---------------------------------------------------------------------------------
@@ -242,7 +279,7 @@ class Trainer:
         grads = tape.backward(forward, {self._train.scores: result.grad})
         backward_done = time.perf_counter()
         if self.memory_budget is not None and tape.peak_bytes + self.fixed_bytes() > self.memory_budget:
-            # NOTE: the plan simulates exactly what the tape measures; this guards that promise.
+            # NOTE: the plan bounds what the tape measures (plus scratch); this guards that promise.
             raise BudgetError(
                 f"a training step at batch {len(x)} held {tape.peak_bytes + self.fixed_bytes()} bytes; the "
                 f"budget is {self.memory_budget}"
@@ -393,6 +430,11 @@ class Trainer:
     def inference_graph(self) -> Graph:
         """The inference graph with the current weights (what ``export`` writes)."""
         return self._inference_graph()
+
+
+def _info(graph: Graph, name: str) -> TensorInfo:
+    value = graph.values[name]
+    return TensorInfo(value.shape, value.dtype)
 
 
 def _correct(scores: np.ndarray, y: np.ndarray) -> int:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from hetflow.cli import main
 from hetflow.estimate.training import training_memory
 from hetflow.train import Adam, Trainer
-from tests.train.test_trainer import deep_cnn, separable_data
+from tests.train.test_trainer import deep_cnn, separable_data, traced_step
 
 
 def test_prediction_equals_the_measured_step() -> None:
@@ -21,9 +22,10 @@ def test_prediction_equals_the_measured_step() -> None:
     state = sum(a.nbytes for slots in trainer.optimizer.state.values() for k, a in slots.items() if k != "t")
     assert report.optimizer_state == state
     assert report.gradients == sum(p.nbytes for p in trainer.params.values())
-    assert report.step_peak == trainer.tape.peak_bytes
-    assert report.total == trainer.fixed_bytes() + trainer.tape.peak_bytes
-    assert report.activations + report.activation_gradients == report.step_peak
+    assert report.tensors_peak == trainer.tape.peak_bytes
+    assert report.step_peak == trainer.memory_report(16)["step_bound_bytes"]
+    assert report.total == trainer.fixed_bytes() + report.step_peak
+    assert report.activations + report.activation_gradients + report.scratch == report.step_peak
     assert report.recomputed_total < report.total
 
 
@@ -39,3 +41,17 @@ def test_estimate_train_command(capsys: pytest.CaptureFixture) -> None:
     assert report["total"] > report["weights"]
     assert main(["estimate", "zoo:lenet", "--train", "--batch", "8"]) == 0
     assert "activations kept for backward" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("model", "shape"),
+    [(deep_cnn(), (16, 3, 9, 9)), ("zoo:lenet", (8, 1, 28, 28)), ("zoo:lstm-gesture", (2, 100, 6))],
+    ids=["deep-cnn", "lenet", "lstm-gesture"],
+)
+def test_the_bound_holds_every_byte_numpy_allocates(model, shape) -> None:
+    trainer = Trainer(model, optimizer=Adam(1e-4))
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    y = np.arange(shape[0]) % 4
+    trainer.train_step(x, y)  # the optimizer's state exists from here on
+    _, traced = traced_step(trainer, x, y)
+    assert traced <= trainer.memory_report(shape[0])["step_bound_bytes"]
