@@ -120,6 +120,18 @@ def test_algorithms_are_registered_like_the_cpu_device(opencl):
     assert reason is not None and "winograd" in reason
 
 
+@pytest.mark.parametrize("algorithm", [IM2COL, DIRECT])
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs",
+    [((2, 3, 17), (5, 3, 4), {"pads": (2, 1), "strides": (2,)}),
+     ((1, 4, 9), (6, 2, 3), {"group": 2, "dilations": (2,), "auto_pad": "SAME_UPPER"})],
+)  # fmt: skip
+def test_1d_convolution_runs_as_2d(opencl, algorithm, x_shape, w_shape, attrs):
+    inputs = [random(RNG, *x_shape), random(RNG, *w_shape), random(RNG, w_shape[0])]
+    got, expected = run_both(opencl, make_node("Conv", inputs, **attrs), inputs, algorithm)
+    assert_close(got[0], expected[0])
+
+
 def test_3d_convolution_is_left_to_the_cpu(opencl):
     inputs = [random(RNG, 1, 2, 4, 4, 4), random(RNG, 3, 2, 3, 3, 3)]
     reason = opencl.kernels.reason_unsupported(make_node("Conv", inputs), infos(inputs))

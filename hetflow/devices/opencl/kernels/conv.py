@@ -12,11 +12,12 @@
 The planner picks among the candidates that support a layer the way it does on the CPU
 (``hetflow.tuning.select``): a measurement in the tuning cache, else the cost model's algorithm when
 this device has it, else the first candidate (depthwise for depthwise layers, else im2col). 1-D
-convolutions and other ranks stay on the CPU.
+convolutions run as 2-D ones over a height of 1; 3-D and higher stay on the CPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -35,7 +36,14 @@ from hetflow.devices.opencl.kernels.common import (
 from hetflow.devices.opencl.kernels.gemm import Bias, GemmLayout, launch_packed, pack_a
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
-from hetflow.ops.conv import DEPTHWISE, IM2COL, WINOGRAD_F23, conv_window, winograd_unsupported
+from hetflow.ops.conv import (
+    DEPTHWISE,
+    IM2COL,
+    WINOGRAD_F23,
+    ConvAttrs,
+    conv_window,
+    winograd_unsupported,
+)
 from hetflow.ops.spatial import geometry
 
 if TYPE_CHECKING:
@@ -93,11 +101,11 @@ def _supports_any(node: Node, inputs: InputInfos) -> str | None:
         return reason
     attrs = node.attrs
     if inputs is None or inputs[1] is None:
-        if attrs.kernel_shape and len(attrs.kernel_shape) != 2:
-            return f"OpenCL Conv runs 2-D convolutions only, got a {len(attrs.kernel_shape)}-D kernel"
+        if attrs.kernel_shape and len(attrs.kernel_shape) not in (1, 2):
+            return f"OpenCL Conv runs 1-D and 2-D convolutions only, got a {len(attrs.kernel_shape)}-D kernel"
         return None
-    if len(inputs[1].shape) != 4 or (inputs[0] is not None and len(inputs[0].shape) != 4):
-        return f"OpenCL Conv runs 2-D convolutions only, got W of rank {len(inputs[1].shape)}"
+    if len(inputs[1].shape) not in (3, 4) or (inputs[0] is not None and len(inputs[0].shape) != len(inputs[1].shape)):
+        return f"OpenCL Conv runs 1-D and 2-D convolutions only, got W of rank {len(inputs[1].shape)}"
     return None
 
 
@@ -266,6 +274,29 @@ def conv_products(node: Node, inputs: Sequence[TensorInfo | None]) -> list[tuple
     return products
 
 
+#: id(1-D node) -> (that node, its 2-D form); nodes are not hashable, and kernels ask on every run.
+_AS_2D: dict[int, tuple[Node, Node]] = {}
+
+
+def _as_2d(node: Node) -> Node:
+    """A 1-D Conv node as the equivalent 2-D one over a height of 1 (memoised per node)."""
+    found = _AS_2D.get(id(node))
+    if found is not None and found[0] is node:
+        return found[1]
+    attrs: ConvAttrs = node.attrs
+    pads = attrs.pads
+    attrs_2d = dataclasses.replace(
+        attrs,
+        kernel_shape=(1, *attrs.kernel_shape) if attrs.kernel_shape else (),
+        strides=(1, *attrs.strides) if attrs.strides else (),
+        dilations=(1, *attrs.dilations) if attrs.dilations else (),
+        pads=(0, pads[0], 0, pads[1]) if pads else (),
+    )
+    converted = dataclasses.replace(node, attrs=attrs_2d)
+    _AS_2D[id(node)] = (node, converted)
+    return converted
+
+
 def register(device: OpenCLDevice) -> None:
     """Add the Conv algorithms to ``device``'s kernel table, in preference order."""
     runners: dict[str, tuple[Runner, Callable[[Node, InputInfos], str | None]]] = {
@@ -286,6 +317,10 @@ def _conv_kernel(device: OpenCLDevice, runner: Runner):  # noqa: ANN202  (a Kern
         assert x is not None and w is not None
         x = np.ascontiguousarray(x, np.float32)
         w = np.ascontiguousarray(w, np.float32)
+        if x.ndim == 3:
+            # A 1-D convolution is a 2-D one over a height of 1.
+            y = runner(device, _as_2d(node), x[:, :, None, :], w[:, :, None, :], bias)
+            return [y[:, :, 0, :]]
         return [runner(device, node, x, w, bias)]
 
     functools.update_wrapper(kernel, runner)  # tuning hashes the runner's module (and conv.cl)
