@@ -431,4 +431,5 @@ def register(device: OpenCLDevice) -> None:
             y = y[..., 0, :]
         if b.ndim == 1:
             y = y[..., 0]
-        return [np.ascontiguousarray(y)]
+        # NOTE: not ascontiguousarray, which turns the 0-d result of vector @ vector into shape (1,).
+        return [np.array(y, np.float32, order="C")]
