@@ -129,7 +129,7 @@ HIDDEN, WIDTH, STEPS, BATCH = 7, 5, 6, 3
 
 
 def _lstm_inputs(directions: int, batch_first: bool = False, bias: bool = True, states: bool = False,
-                 peepholes: bool = False) -> list[np.ndarray | None]:
+                 peepholes: bool = False, lengths: bool = False) -> list[np.ndarray | None]:
     x = random(RNG, BATCH, STEPS, WIDTH) if batch_first else random(RNG, STEPS, BATCH, WIDTH)
     state_shape = (BATCH, directions, HIDDEN) if batch_first else (directions, BATCH, HIDDEN)
     return [
@@ -137,7 +137,7 @@ def _lstm_inputs(directions: int, batch_first: bool = False, bias: bool = True, 
         random(RNG, directions, 4 * HIDDEN, WIDTH),
         random(RNG, directions, 4 * HIDDEN, HIDDEN),
         random(RNG, directions, 8 * HIDDEN) if bias else None,
-        None,
+        np.array([STEPS, 0, 2][:BATCH], np.int32) if lengths else None,
         random(RNG, *state_shape) if states else None,
         random(RNG, *state_shape) if states else None,
         random(RNG, directions, 3 * HIDDEN) if peepholes else None,
@@ -149,7 +149,10 @@ def _lstm_inputs(directions: int, batch_first: bool = False, bias: bool = True, 
     [("forward", {}, {}),
      ("reverse", {"bias": False}, {"input_forget": 1}),
      ("bidirectional", {"states": True, "peepholes": True}, {"clip": 1.5}),
-     ("forward", {"batch_first": True, "states": True}, {"layout": 1})],
+     ("forward", {"batch_first": True, "states": True}, {"layout": 1}),
+     ("forward", {"lengths": True, "states": True}, {}),
+     ("bidirectional", {"lengths": True, "peepholes": True}, {}),
+     ("reverse", {"lengths": True, "batch_first": True, "states": True}, {"layout": 1})],
 )  # fmt: skip
 def test_lstm(opencl, direction, options, attrs):
     directions = 2 if direction == "bidirectional" else 1

@@ -6,7 +6,9 @@
 // (Sigmoid, Tanh, Tanh). The new cell state overwrites c in place (each work-item owns its element);
 // the new hidden state goes to Y (at y_offset), to h_out (the final Y_h) and, in the GEMM's A-panel
 // layout, to h_next for the next step's recurrent GEMM (padding entries are never written: they stay
-// zero). Global size (H, batch).
+// zero). With sequence lengths, steps past an element's length carry its state over, and the reverse
+// direction runs backward within each element's own length (as the CPU kernel and ONNX Runtime do).
+// Global size (H, batch).
 
 inline float sigmoid(const float x) { return 1.0f / (1.0f + exp(-x)); }
 
@@ -15,18 +17,30 @@ inline float bound(const float x, const int has_clip, const float clip) {
 }
 
 __kernel void lstm_cell(__global const float* restrict gates, __global const float* restrict xw,
-                        const long xw_offset, __global float* restrict c,
+                        __global float* restrict c, __global const float* restrict h_prev,
                         __global float* restrict h_next, const int a_width, const int kp,
-                        __global float* restrict y, const long y_offset, __global float* restrict h_out,
+                        __global float* restrict y, __global float* restrict h_out,
                         __global const float* restrict peep, const int has_peep,
-                        const int H, const int has_clip, const float clip, const int input_forget)
+                        const int H, const int has_clip, const float clip, const int input_forget,
+                        __global const int* restrict lengths, const int has_lengths,
+                        const int step, const int seq, const int batch, const int reverse,
+                        const int dirs, const int d)
 {
     const int j = get_global_id(0);
     const int b = get_global_id(1);
     if (j >= H)
         return;
+    const long panel = ((long)(b / a_width) * kp + j) * a_width + b % a_width;
+    const int length = has_lengths ? lengths[b] : seq;
+    if (step >= length) {
+        // Past this element's length: its state is carried over unchanged (Y stays zero there).
+        h_next[panel] = h_prev[panel];
+        return;
+    }
+    // The reverse direction runs backward within each element's own length.
+    const int t = reverse ? length - 1 - step : step;
     const long row = (long)b * 4 * H;
-    __global const float* x = xw + xw_offset + row;
+    __global const float* x = xw + ((long)t * batch) * 4 * H + row;
     float pi = gates[row + j] + x[j];
     float po = gates[row + H + j] + x[H + j];
     float pf = gates[row + 2 * H + j] + x[2 * H + j];
@@ -45,6 +59,6 @@ __kernel void lstm_cell(__global const float* restrict gates, __global const flo
     const float h = o * tanh(c_new);
     c[b * H + j] = c_new;
     h_out[b * H + j] = h;
-    y[y_offset + (long)b * H + j] = h;
-    h_next[((long)(b / a_width) * kp + j) * a_width + b % a_width] = h;
+    y[(((long)t * dirs + d) * batch + b) * H + j] = h;
+    h_next[panel] = h;
 }

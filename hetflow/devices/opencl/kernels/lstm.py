@@ -4,8 +4,8 @@ round trip inside the sequence.
 
 The cell kernel writes the new hidden state straight into the GEMM's A-panel layout for the next step
 (two buffers, used in turn), so a step costs two launches. Forward, reverse and bidirectional layers,
-both layouts, initial states, peepholes, clip and input_forget are supported; other activations than
-ONNX's defaults and ``sequence_lens`` stay on the CPU.
+both layouts, initial states, ``sequence_lens``, peepholes, clip and input_forget are supported; other
+activations than ONNX's defaults stay on the CPU.
 """
 
 from __future__ import annotations
@@ -43,8 +43,6 @@ def _supports(node: Node, inputs: InputInfos) -> str | None:
     defaults = [a.lower() for a in LSTM.default_activations] * directions
     if names and names != defaults:
         return f"OpenCL LSTM runs the default activations only ({', '.join(LSTM.default_activations)})"
-    if len(node.inputs) > 4 and node.inputs[4]:
-        return "OpenCL LSTM does not take sequence_lens"
     return float32_reason(node, inputs, [0, 1, 2, 3, 5, 6, 7])
 
 
@@ -60,7 +58,7 @@ def lstm_products(node: Node, inputs: Sequence[TensorInfo | None]) -> list[tuple
 def run_lstm(device: OpenCLDevice, node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
     attrs = node.attrs
     padded = list(inputs) + [None] * (8 - len(inputs))
-    x, w, r, b, _, initial_h, initial_c, peepholes = padded
+    x, w, r, b, sequence_lens, initial_h, initial_c, peepholes = padded
     assert x is not None and w is not None and r is not None
     batch_first = attrs.layout == 1
     if batch_first:
@@ -72,7 +70,12 @@ def run_lstm(device: OpenCLDevice, node: Node, inputs: Sequence[np.ndarray | Non
     directions = num_directions(attrs.direction)
     hidden = r.shape[2]
     rows = 4 * hidden
-    y = device.empty((seq, directions, batch, hidden))
+    lengths = _lengths(sequence_lens, seq, batch)
+    # With lengths, Y past each element's length stays zero: start from zeros.
+    y = device.empty((seq, directions, batch, hidden)) if lengths is None else device.zeros(
+        (seq, directions, batch, hidden)
+    )
+    lengths_buf = device.to_device(np.zeros(1, np.int32) if lengths is None else lengths)
     finals_h, finals_c = [], []
     cell = device.kernel("lstm_cell", SOURCE)
     x_rows = x.reshape(1, seq * batch, width)
@@ -104,20 +107,27 @@ def run_lstm(device: OpenCLDevice, node: Node, inputs: Sequence[np.ndarray | Non
             peep = h_out  # never read: has_peep is 0
         reverse = attrs.direction == "reverse" or d == 1
         for step in range(seq):
-            t = seq - 1 - step if reverse else step
             current = step % 2
             steps[current].enqueue()
             args = (
-                gates.buffer, projection.out.buffer, np.int64(t * batch * rows), c_state.buffer,
+                gates.buffer, projection.out.buffer, c_state.buffer, h_panels[current].buffer,
                 h_panels[1 - current].buffer, *i32(layout.a_width, layout.kp),
-                y.buffer, np.int64(((t * directions + d) * batch) * hidden), h_out.buffer,
-                peep.buffer, np.int32(peepholes is not None),
+                y.buffer, h_out.buffer, peep.buffer, np.int32(peepholes is not None),
                 np.int32(hidden), np.int32(attrs.clip is not None),
                 np.float32(attrs.clip if attrs.clip is not None else 0.0), np.int32(attrs.input_forget),
+                lengths_buf.buffer, np.int32(lengths is not None),
+                *i32(step, seq, batch, int(reverse), directions, d),
             )  # fmt: skip
             device.enqueue(cell, (hidden, batch), None, args)
-        finals_h.append(device.to_host(h_out).copy())
-        finals_c.append(device.to_host(c_state).copy())
+        final_h = device.to_host(h_out).copy()
+        final_c = device.to_host(c_state).copy()
+        if lengths is not None:
+            # NOTE: an element of length 0 runs no step; ONNX Runtime (the reference) reports zeros
+            # for its final states rather than its initial ones.
+            final_h[lengths == 0] = 0
+            final_c[lengths == 0] = 0
+        finals_h.append(final_h)
+        finals_c.append(final_c)
     outputs: list[np.ndarray | None] = []
     wants = [len(node.outputs) > i and bool(node.outputs[i]) for i in range(3)]
     y_host = device.to_host(y)
@@ -125,6 +135,18 @@ def run_lstm(device: OpenCLDevice, node: Node, inputs: Sequence[np.ndarray | Non
     outputs.append(_layout(np.stack(finals_h), (1, 0, 2), batch_first) if wants[1] else None)
     outputs.append(_layout(np.stack(finals_c), (1, 0, 2), batch_first) if wants[2] else None)
     return outputs[: max(len(node.outputs), 1)]
+
+
+def _lengths(sequence_lens: np.ndarray | None, seq: int, batch: int) -> np.ndarray | None:
+    """Per-element lengths as int32, or None when every element runs the whole sequence."""
+    if sequence_lens is None:
+        return None
+    lengths = np.asarray(sequence_lens, np.int64).reshape(-1)
+    if lengths.shape != (batch,):
+        raise ValueError(f"sequence_lens has {lengths.size} entries for a batch of {batch}")
+    if np.any(lengths < 0) or np.any(lengths > seq):
+        raise ValueError(f"sequence_lens {lengths.tolist()} must lie in [0, {seq}]")
+    return None if np.all(lengths == seq) else lengths.astype(np.int32)
 
 
 def _transposed_panels(
