@@ -8,6 +8,9 @@ without a GPU.
 Kernels take and return numpy arrays for now (the executor hands every kernel host arrays): a launcher
 copies its inputs in, runs, and copies the result out. Keeping values resident on the device between
 consecutive OpenCL nodes needs the executor to pass ``DeviceArray`` values through; that comes next.
+Weights (read-only initializers) and what kernels derive from them (packed GEMM panels, Winograd
+transforms) do stay on the device, once per array (``resident.py``); the GEMM's configuration for
+each product comes from the tuning cache by shape class (``tuning.py``), else the default.
 """
 
 from __future__ import annotations
