@@ -247,6 +247,9 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         print(f"{record.name[:28]:<28} {record.op_type:<18} {record.device:<10} {record.algorithm:<13} "
               f"{record.seconds / runs * 1e3:9.3f} {record.copied_bytes / runs / 1024:11.1f} "
               f"{record.mapped_bytes / runs / 1024:11.1f}")
+    tuning = ", ".join(f"{name} " + " ".join(f"{k} {v}" for k, v in counts.items())
+                       for name, counts in session.tuning_report().items())
+    print(f"tuning cache: {tuning}")
     print("per device:")
     for device, count, seconds, copied, mapped in profiler.device_totals():
         print(f"  {device:<10} {count:4d} nodes {seconds / runs * 1e3:10.3f} ms/run  copied "

@@ -85,3 +85,12 @@ def test_profile_table_and_bad_placement_spec(classifier_path, capsys):
     assert "per device:" in out and "MatMul" in out
     assert main(["profile", str(classifier_path), "--placement", "MatMul"]) == 1
     assert "NODE_OR_OP=DEVICE" in capsys.readouterr().err
+
+
+def test_session_reports_tuning_cache_use(classifier_path):
+    import hetflow
+
+    session = hetflow.InferenceSession(str(classifier_path))
+    report = session.tuning_report()
+    assert set(report["algorithms"]) == {"hits", "misses", "measured"}
+    assert all(count >= 0 for count in report["algorithms"].values())

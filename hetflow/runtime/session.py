@@ -241,6 +241,16 @@ class InferenceSession:
         """The devices this session may place nodes on, in priority order (the CPU last)."""
         return list(self._devices)
 
+    def tuning_report(self) -> dict[str, dict[str, int]]:
+        """Tuning-cache use so far: ``"algorithms"`` (per-layer algorithm choices: hits, misses,
+        measured) and, per device that tunes its own kernels (OpenCL GEMM configurations), its counts."""
+        report = {"algorithms": dict(self._tuner.stats)}
+        for device in self._devices:
+            stats = getattr(device, "tuning_stats", None)
+            if stats is not None:
+                report[device.id] = dict(stats())
+        return report
+
     def get_providers(self) -> list[str]:
         return [d.id for d in self._devices]
 
