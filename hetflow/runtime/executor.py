@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -496,15 +495,14 @@ def _branch_pool() -> ThreadPoolExecutor:
 
 
 # -- the compiled-plan cache ---------------------------------------------------------------------
-_programs: dict[tuple[int, tuple[str, ...]], tuple[weakref.ref[Plan], Program]] = {}
-
-
 def compiled(plan: Plan, wanted: tuple[str, ...]) -> Program:
-    """``plan`` compiled for the outputs ``wanted``; cached while the plan lives."""
-    key = (id(plan), wanted)
-    entry = _programs.get(key)
-    if entry is not None and entry[0]() is plan:
-        return entry[1]
-    program = Program(plan, wanted)
-    _programs[key] = (weakref.ref(plan, lambda _: _programs.pop(key, None)), program)
+    """``plan`` compiled for the outputs ``wanted``; cached on the plan, so it lives as long as the plan.
+
+    NOTE: a module-level cache keyed by the plan would keep every plan (and its weights) alive, since a
+    Program refers to its plan.
+    """
+    program = plan.programs.get(wanted)
+    if program is None:
+        program = Program(plan, wanted)
+        plan.programs[wanted] = program
     return program

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +49,8 @@ class Plan:
     steps: list[Step]
     release_after: dict[int, list[str]] = field(default_factory=dict)
     streamed: dict[str, StreamedWeight] = field(default_factory=dict)
+    #: Compiled forms by requested outputs (``executor.compiled``); kept on the plan so they die with it.
+    programs: dict[tuple[str, ...], Any] = field(default_factory=dict, repr=False, compare=False)
 
     def placement(self) -> dict[str, str]:
         """Node name -> device id."""

@@ -93,3 +93,16 @@ def test_run_is_safe_from_several_threads(session):
     for thread in threads:
         thread.join()
     assert not failures
+
+
+def test_a_deleted_session_frees_its_weights():
+    import gc
+    import weakref
+
+    session = hetflow.InferenceSession(add_relu_model())
+    session.run(None, {"x": np.ones((2, 3), np.float32)})
+    weights = weakref.ref(next(iter(session.graph.initializers.values())))
+    plan = weakref.ref(session.plan_for({"N": 2}))
+    del session
+    gc.collect()
+    assert plan() is None and weights() is None
