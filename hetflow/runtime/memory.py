@@ -216,7 +216,8 @@ class _Planner:
                 placements[name] = Placement(offset, _shape(concat.shape), value.dtype, part)
         return MemoryPlan(
             arena_bytes=arena_bytes,
-            naive_bytes=sum(b.nbytes for b in activations) + sum(b.nbytes for b in workspaces.values()),
+            # Without a plan every value (Concat parts and in-place results too) has its own buffer.
+            naive_bytes=sum(aligned(self._nbytes(n)) for n in self.home) + sum(b.nbytes for b in workspaces.values()),
             activation_bytes=activation_bytes,
             workspace_bytes=max((b.nbytes for b in workspaces.values()), default=0),
             placements=placements,
