@@ -3,7 +3,8 @@ read, then the rules in reverse topological order.
 
 The tape never derives a gradient itself: it asks each node's ``OpDef.backward`` (``hetflow.ops``),
 passing which inputs need one, so frozen weights and inputs that lead to no parameter cost nothing.
-Forward values are computed by the CPU device's kernels, the same ones inference runs.
+Forward values are computed by the CPU device's kernels, the same ones inference runs, except where
+``hetflow.train.kernels`` has a faster whole-batch version (Conv).
 
 Memory, planned by liveness like inference: an activation is kept for the backward pass only when a
 rule declares it reads it (``OpDef.backward_reads``; the others get zero-memory stand-ins), it is freed
@@ -28,6 +29,7 @@ from hetflow.errors import HetflowError
 from hetflow.graph import Graph, Node
 from hetflow.ops import registry
 from hetflow.ops.base import shape_only
+from hetflow.train.kernels import ForwardFn, training_kernel
 
 #: Traits of ops whose outputs are cheap enough to recompute instead of keeping (checkpointing).
 CHEAP_TRAITS = frozenset({"elementwise", "view"})
@@ -100,14 +102,17 @@ class Tape:
     def __init__(self, graph: Graph, parameters: Iterable[str], recompute: Iterable[str] = ()):
         self.graph = graph
         self.parameters = set(parameters)
-        self._kernels: list[Kernel] = []
+        self._kernels: list[ForwardFn] = []
         missing_kernels: list[str] = []
         for node in graph.nodes:
-            kernel = CPU_KERNELS.lookup(node)
-            if kernel is None:
+            kernel: Kernel | None = CPU_KERNELS.lookup(node)
+            faster = training_kernel(node)
+            if faster is not None:
+                self._kernels.append(faster)
+            elif kernel is None:
                 missing_kernels.append(f"'{node.name}' ({node.op_type})")
             else:
-                self._kernels.append(kernel)
+                self._kernels.append(kernel.fn)
         if missing_kernels:
             raise TrainingError(f"no CPU kernel for node(s) {', '.join(missing_kernels)}")
         self._producer = {name: i for i, node in enumerate(graph.nodes) for name in node.present_outputs()}
@@ -186,7 +191,7 @@ class Tape:
         peak = live
         for index, (node, kernel) in enumerate(zip(self.graph.nodes, self._kernels)):
             arguments = [values[name] if name else None for name in node.inputs]
-            results = kernel.fn(node, arguments)
+            results = kernel(node, arguments)
             for name, array in zip(node.outputs, results):
                 if name and array is not None:
                     values[name] = array
@@ -230,7 +235,7 @@ class Tape:
         index = self._producer[name]
         node = self.graph.nodes[index]
         arguments = [values[i] if i else None for i in node.inputs]
-        results = self._kernels[index].fn(node, arguments)
+        results = self._kernels[index](node, arguments)
         return results[node.outputs.index(name)]
 
     def backward(self, forward: ForwardPass, seeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
