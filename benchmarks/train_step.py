@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 DEFAULT_THREADS = 2
@@ -29,61 +28,10 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hetflow.graph import Graph  # noqa: E402
+from hetflow.bench.torch_peer import torch_train_step  # noqa: E402
 from hetflow.train import SGD, Trainer  # noqa: E402
 
 PHASES = ("forward", "backward", "update", "step")
-
-
-def torch_model(graph: Graph, logits: str):
-    """An ``nn.Sequential`` computing ``graph`` up to ``logits`` with its weights (a chain of Conv, Relu,
-    MaxPool, AveragePool, Flatten and Gemm nodes, as the zoo's CNNs are)."""
-    import torch
-    from torch import nn
-
-    layers = []
-    for node in graph.nodes:
-        attrs = node.attrs
-        if node.op_type == "Conv":
-            w = graph.initializers[node.inputs[1]]
-            pads = attrs.pads or (0,) * 4
-            if pads[:2] != pads[2:]:
-                raise ValueError(f"{node.name}: asymmetric padding")
-            conv = nn.Conv2d(
-                w.shape[1] * attrs.group,
-                w.shape[0],
-                tuple(w.shape[2:]),
-                stride=attrs.strides or 1,
-                padding=tuple(pads[:2]),
-                dilation=attrs.dilations or 1,
-                groups=attrs.group,
-                bias=len(node.inputs) > 2,
-            )
-            conv.weight.data = torch.from_numpy(w.copy())
-            if len(node.inputs) > 2:
-                conv.bias.data = torch.from_numpy(graph.initializers[node.inputs[2]].copy())
-            layers.append(conv)
-        elif node.op_type == "Relu":
-            layers.append(nn.ReLU())
-        elif node.op_type in ("MaxPool", "AveragePool"):
-            cls = nn.MaxPool2d if node.op_type == "MaxPool" else nn.AvgPool2d
-            layers.append(
-                cls(attrs.kernel_shape, stride=attrs.strides or None, ceil_mode=bool(attrs.ceil_mode))
-            )
-        elif node.op_type == "Flatten":
-            layers.append(nn.Flatten())
-        elif node.op_type == "Gemm":
-            w = graph.initializers[node.inputs[1]]
-            weight = w if attrs.transB else w.T
-            linear = nn.Linear(weight.shape[1], weight.shape[0])
-            linear.weight.data = torch.from_numpy(np.array(weight))
-            linear.bias.data = torch.from_numpy(graph.initializers[node.inputs[2]].copy())
-            layers.append(linear)
-        else:
-            raise ValueError(f"{node.name}: {node.op_type} is not translated")
-        if node.outputs[0] == logits:
-            break
-    return nn.Sequential(*layers)
 
 
 def main() -> int:
@@ -96,37 +44,17 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
     args = parser.parse_args()
 
-    import torch
     from threadpoolctl import threadpool_limits
 
-    torch.set_num_threads(args.threads)
     threadpool_limits(args.threads)
     trainer = Trainer(f"zoo:{args.model}", optimizer=SGD(0.01, momentum=0.9))
-    logits = trainer.training.scores
-    net = torch_model(trainer.graph, logits)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
     shape = [args.batch if isinstance(d, str) else d for d in trainer.graph.values[trainer.input_name].shape]
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
     y = rng.integers(0, 10, args.batch)
-    x_torch, y_torch = torch.from_numpy(x), torch.from_numpy(y)
-
-    def torch_step(timings: dict[str, float]) -> float:
-        started = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x_torch), y_torch)
-        forward_done = time.perf_counter()
-        loss.backward()
-        backward_done = time.perf_counter()
-        optimizer.step()
-        timings.update(
-            forward=forward_done - started,
-            backward=backward_done - forward_done,
-            update=time.perf_counter() - backward_done,
-        )
-        return loss.item()
+    torch_step = torch_train_step(
+        trainer.graph, trainer.training.scores, x, y, lr=0.01, momentum=0.9, threads=args.threads
+    )
 
     def hetflow_step(timings: dict[str, float]) -> float:
         loss, _ = trainer.train_step(x, y, timings)

@@ -11,6 +11,9 @@ and JSON, and a plot, written as PNG (with matplotlib) or SVG (without). Targets
 ``lstm``           lstm-gesture at batch 1 and 64, CPU vs OpenCL (RSTensorFlow Table 3)
 ``cnndroid``       lenet, cifar10-quick, alexnet at batch 16, per image: sequential vs parallel vs
                    OpenCL (CNNdroid Fig. 8)
+``train``          mentee SGD step at batch 128: forward / backward / update, hetflow CPU vs PyTorch
+                   CPU (when installed), peak step memory (TensorFlow+)
+``train-scaling``  conv-only networks by depth and width: step time, hetflow vs PyTorch (TensorFlow+ Fig. 2)
 =================  ==========================================================================
 """
 

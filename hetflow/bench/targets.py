@@ -346,6 +346,173 @@ def bench_cnndroid(options: Options, models: Sequence[str] = ("lenet", "cifar10-
     return result
 
 
+# -- train: TensorFlow+ (mentee step split into phases, peak memory) -------------------------------
+#: The phases ``Trainer.train_step(timings=)`` reports, in order, then their sum.
+PHASES = ("forward", "backward", "update", "step")
+
+
+def _phase_timings(steps: Mapping[str, Callable[[dict[str, float]], object]], repeat: int) -> dict[str, dict[str, Timing]]:
+    """Per configuration and phase, min and median seconds: the steps are timed side by side, and every
+    call (warm-up and settling calls included: all are real steps on warm caches) records its phases."""
+    recorded: dict[str, list[dict[str, float]]] = {label: [] for label in steps}
+
+    def recorder(label: str) -> Callable[[], object]:
+        def call() -> object:
+            phases: dict[str, float] = {}
+            loss = steps[label](phases)
+            phases["step"] = phases["forward"] + phases["backward"] + phases["update"]
+            recorded[label].append(phases)
+            return loss
+
+        return call
+
+    side_by_side({label: recorder(label) for label in steps}, repeat)
+    return {
+        label: {
+            phase: Timing(min(r[phase] for r in runs), float(np.median([r[phase] for r in runs])))
+            for phase in PHASES
+        }
+        for label, runs in recorded.items()
+    }
+
+
+def _torch_note(options: Options) -> str | None:
+    """None when PyTorch can be the peer, else the note saying why its columns are empty."""
+    from hetflow.bench.torch_peer import torch_available
+
+    if torch_available():
+        return None
+    return "no PyTorch columns: torch is not installed (pip install torch; a benchmark peer only)"
+
+
+def _thread_limit(options: Options):
+    """A context limiting BLAS threads to ``options.threads`` (hetflow's training calls numpy directly)."""
+    from contextlib import nullcontext
+
+    if options.threads is None:
+        return nullcontext()
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(options.threads)
+
+
+def _training_pair(
+    model: onnx.ModelProto | str, batch: int, options: Options
+) -> tuple[dict[str, Callable[[dict[str, float]], object]], object]:
+    """hetflow's and (when installed) PyTorch's SGD step of ``model`` on one random CIFAR-10-shaped batch
+    with the same weights; returns the steps by label and the hetflow Trainer."""
+    from hetflow.bench.torch_peer import torch_available, torch_train_step
+    from hetflow.train import SGD, Trainer
+
+    trainer = Trainer(model, optimizer=SGD(0.01, momentum=0.9))
+    shape = [batch if isinstance(d, str) else d for d in trainer.graph.values[trainer.input_name].shape]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    y = rng.integers(0, 10, batch)
+    steps: dict[str, Callable[[dict[str, float]], object]] = {
+        "hetflow": lambda timings: trainer.train_step(x, y, timings)
+    }
+    if torch_available():
+        steps["PyTorch"] = torch_train_step(
+            trainer.graph, trainer.training.scores, x, y, lr=0.01, momentum=0.9, threads=options.threads
+        )
+    return steps, trainer
+
+
+def bench_train(options: Options, model: str = "zoo:mentee") -> BenchResult:
+    """One SGD step of the mentee at batch 128 on CIFAR-10-shaped data, split into forward (with the
+    loss), backward and update, hetflow CPU vs PyTorch CPU; and hetflow's peak step memory."""
+    batch = 8 if options.quick else 128
+    torch_note = _torch_note(options)
+    result = BenchResult(
+        "train", f"{model.removeprefix('zoo:')} training step at batch {batch}: forward / backward / update, "
+        "hetflow CPU vs PyTorch CPU (TensorFlow+)",
+        ["phase", "hetflow ms", "hetflow median ms", "PyTorch ms", "PyTorch median ms", "hetflow / PyTorch"],
+        x_label="phase", y_label="ms (min)", x_values=list(PHASES), notes=_notes(options, None),
+    )
+    with _thread_limit(options):
+        steps, trainer = _training_pair(model, batch, options)
+        timings = _phase_timings(steps, options.repeat)
+    ours, theirs = timings["hetflow"], timings.get("PyTorch")
+    for phase in PHASES:
+        peer = None if theirs is None else theirs[phase]
+        result.rows.append([phase, _ms(ours[phase]), _median_ms(ours[phase]), _ms(peer), _median_ms(peer),
+                            _ratio(ours[phase], peer)])
+    result.series = [Series(label, [t[phase].min_ms for phase in PHASES]) for label, t in timings.items()]
+    report = trainer.memory_report(batch)  # type: ignore[attr-defined]
+    measured = trainer.tape.peak_bytes  # type: ignore[attr-defined]
+    result.notes.append(
+        f"hetflow peak step memory: {measured / 2**20:.1f} MiB measured (kept activations and gradients), "
+        f"{report['step_bound_bytes'] / 2**20:.1f} MiB bound with kernel scratch, plus "
+        f"{report['fixed_bytes'] / 2**20:.1f} MiB of weights and optimizer state"
+    )
+    result.notes.append("CPU only: no other device has training kernels yet (OpenCL column not measured)")
+    if torch_note is not None:
+        result.notes.append(torch_note)
+    return result
+
+
+# -- train-scaling: TensorFlow+ Fig. 2 -------------------------------------------------------------
+def conv_stack_model(depth: int, width: int, size: int = 32, classes: int = 10) -> onnx.ModelProto:
+    """A convolution-only network: ``depth`` 3x3 Conv+Relu layers of ``width`` channels on a
+    ``3 x size x size`` input, then a global AveragePool and a Gemm to ``classes`` scores (the loss's
+    input), batch dimension symbolic."""
+    rng = np.random.default_rng(depth * 1000 + width)
+    nodes, weights = [], []
+    previous, channels = "x", 3
+    for layer in range(depth):
+        w = (rng.standard_normal((width, channels, 3, 3)) * np.sqrt(2.0 / (channels * 9))).astype(np.float32)
+        weights += [numpy_helper.from_array(w, f"conv{layer}_W"),
+                    numpy_helper.from_array(np.zeros(width, np.float32), f"conv{layer}_B")]
+        nodes += [helper.make_node("Conv", [previous, f"conv{layer}_W", f"conv{layer}_B"], [f"conv{layer}"],
+                                   name=f"conv{layer}", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"conv{layer}"], [f"relu{layer}"], name=f"relu{layer}")]
+        previous, channels = f"relu{layer}", width
+    fc = (rng.standard_normal((classes, width)) * np.sqrt(1.0 / width)).astype(np.float32)
+    weights += [numpy_helper.from_array(fc, "fc_W"), numpy_helper.from_array(np.zeros(classes, np.float32), "fc_B")]
+    nodes += [helper.make_node("AveragePool", [previous], ["pooled"], name="pool", kernel_shape=[size, size]),
+              helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
+              helper.make_node("Gemm", ["flat", "fc_W", "fc_B"], ["scores"], name="fc", transB=1)]
+    graph = helper.make_graph(
+        nodes, f"conv-d{depth}-w{width}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, size, size])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", classes])],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def bench_train_scaling(options: Options) -> BenchResult:
+    """Seconds per SGD step of convolution-only networks of growing depth and width, hetflow vs PyTorch."""
+    depths, widths = ((1, 2), (8,)) if options.quick else ((1, 2, 4, 8), (16, 32, 64))
+    size, batch = (16, 4) if options.quick else (32, 32)
+    torch_note = _torch_note(options)
+    result = BenchResult(
+        "train-scaling", f"Training step of conv-only networks ({size}x{size} input, batch {batch}) by depth "
+        "and width, hetflow CPU vs PyTorch CPU (TensorFlow+ Fig. 2)",
+        ["depth", "width", "hetflow ms", "hetflow median ms", "PyTorch ms", "PyTorch median ms",
+         "hetflow / PyTorch"],
+        x_label="depth (3x3 conv layers)", y_label="ms per step (min)", x_values=[str(d) for d in depths],
+        notes=_notes(options, None),
+    )
+    values: dict[str, list[float | None]] = {}
+    with _thread_limit(options):
+        for width in widths:
+            for depth in depths:
+                steps, _ = _training_pair(conv_stack_model(depth, width, size), batch, options)
+                timings = _phase_timings(steps, options.repeat)
+                ours, theirs = timings["hetflow"]["step"], timings.get("PyTorch", {}).get("step")
+                values.setdefault(f"hetflow w{width}", []).append(_ms(ours))
+                if theirs is not None:
+                    values.setdefault(f"PyTorch w{width}", []).append(_ms(theirs))
+                result.rows.append([depth, width, _ms(ours), _median_ms(ours), _ms(theirs), _median_ms(theirs),
+                                    _ratio(ours, theirs)])
+    result.series = [Series(label, v) for label, v in values.items()]
+    if torch_note is not None:
+        result.notes.append(torch_note)
+    return result
+
+
 TARGETS: dict[str, Target] = {
     target.name: target
     for target in (
@@ -357,6 +524,12 @@ TARGETS: dict[str, Target] = {
         Target("lstm", "RSTensorFlow Table 3", "lstm-gesture at batch 1 and 64, CPU vs OpenCL vs auto", bench_lstm),
         Target("cnndroid", "CNNdroid Fig. 8",
                "lenet, cifar10-quick, alexnet per image at batch 16: sequential, parallel, OpenCL", bench_cnndroid),
+        Target("train", "TensorFlow+ (training step)",
+               "mentee SGD step at batch 128: forward / backward / update, hetflow vs PyTorch, peak memory",
+               bench_train),
+        Target("train-scaling", "TensorFlow+ Fig. 2",
+               "conv-only networks, depth 1-8 x width 16-64, batch 32: step time, hetflow vs PyTorch",
+               bench_train_scaling),
     )
 }
 
