@@ -104,6 +104,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     load_seconds = time.perf_counter() - loaded
     feeds = _make_feeds(session, args.input, args.batch, args.seed)
+    labels = _demo_feeds(args, session, feeds)
     print(f"model   {args.model}  (loaded in {load_seconds:.2f} s, device {', '.join(session.get_providers())})")
     for name, array in feeds.items():
         print(f"input   {name}: {onnx_name(array.dtype)} {list(array.shape)}")
@@ -115,6 +116,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     for arg, array in zip(session.get_outputs(), outputs):
         _print_output(arg.name, array)
+    if labels is not None:
+        predicted = outputs[0].reshape(len(labels), -1).argmax(axis=1)
+        print(f"real examples: predicted {' '.join(map(str, predicted))}")
+        print(f"               true      {' '.join(map(str, labels))}  "
+              f"({int(np.sum(predicted == labels))}/{len(labels)} correct)")
     if latencies:
         print(f"latency min {min(latencies) * 1e3:.3f} ms, median {float(np.median(latencies)) * 1e3:.3f} ms "
               f"over {len(latencies)} runs (batch {args.batch})")
@@ -122,6 +128,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for op_type, seconds, share in profiler.op_type_shares():
         print(f"  {op_type:<22} {seconds * 1e3:9.3f} ms  {share * 100:5.1f}%  {_bar(share)}")
     return 0
+
+
+def _demo_feeds(args: argparse.Namespace, session: InferenceSession, feeds: dict[str, np.ndarray]):
+    """A demo model run without ``--input`` (``zoo:lenet-digits``) gets real held-out examples instead
+    of random data (``--batch`` of them, 8 by default); returns their labels, else None."""
+    from hetflow.zoo.demos import demo_inputs
+
+    if args.input:
+        return None
+    sample = demo_inputs(args.model, args.batch if args.batch > 1 else 8)
+    if sample is None:
+        return None
+    feeds[session.get_inputs()[0].name], labels = sample
+    args.batch = len(labels)  # what the latency line reports
+    return labels
 
 
 def _time_runs(session: InferenceSession, feeds: dict[str, np.ndarray], repeat: int) -> list[float]:

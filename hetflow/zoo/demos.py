@@ -38,3 +38,14 @@ def sample_digits(count: int = 8) -> tuple[np.ndarray, np.ndarray]:
 
     data = load_digits(seed=SAMPLE_SEED)
     return data.x_test[:count], data.y_test[:count]
+
+
+#: Zoo demos with real examples to show: model name -> sampler of ``count`` inputs and their labels.
+DEMO_SAMPLES = {"zoo:lenet-digits": sample_digits}
+
+
+def demo_inputs(model: str, count: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Real held-out examples and their labels for a demo model (``hetflow run`` without ``--input``),
+    or None when ``model`` is not a demo with real data."""
+    sampler = DEMO_SAMPLES.get(model)
+    return None if sampler is None else sampler(count)

@@ -57,6 +57,23 @@ def test_run_shows_real_predictions(
     assert sum(p == int(label) for p, label in zip(predicted, labels)) >= 3, (predicted, labels)
 
 
+def test_run_without_input_shows_real_digits_and_their_labels(
+    trained_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert main(["run", "zoo:lenet-digits", "--repeat", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "input   data: tensor(float) [8, 1, 28, 28]" in printed
+    [predicted_line] = [line for line in printed.splitlines() if "predicted" in line]
+    [true_line] = [line for line in printed.splitlines() if line.strip().startswith("true")]
+    predicted = [int(v) for v in predicted_line.split("predicted")[1].split()]
+    true = [int(v) for v in true_line.split("true")[1].split("(")[0].split()]
+    _, labels = sample_digits(8)
+    assert true == [int(label) for label in labels]  # the held-out digits, in order
+    hits = sum(p == t for p, t in zip(predicted, true))
+    assert f"({hits}/8 correct)" in true_line
+    assert hits >= 6  # ~98% accurate on real digits; chance would be under 1 in 8
+
+
 def test_train_command_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "trained.onnx"
     assert main(["train", "zoo:lenet", "--data", "digits", "--epochs", "1", "--out", str(out), "--json"]) == 0
