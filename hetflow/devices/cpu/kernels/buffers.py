@@ -66,12 +66,13 @@ class Scratch:
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         start = self.used
-        if self.workspace is None or start + nbytes > self.workspace.nbytes:
+        workspace = self.workspace
+        if workspace is None or start + nbytes > workspace.size:
             if self.workspace is not None:
                 OVERFLOWS[0] += 1
             return np.empty(shape, dtype)
         self.used = start + aligned(nbytes)
-        return self.workspace[start : start + nbytes].view(dtype).reshape(shape)
+        return workspace[start : start + nbytes].view(dtype).reshape(shape)
 
     def region(self, nbytes: int) -> Scratch:
         """A sub-scratch of ``nbytes`` (aligned) whose temporaries can be given back with ``reset``."""

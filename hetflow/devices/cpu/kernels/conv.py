@@ -28,6 +28,7 @@ the order and sizes its ``*_scratch`` function declares.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -119,7 +120,9 @@ def run_conv(
     x = np.ascontiguousarray(x, dtype=compute)
     w = np.ascontiguousarray(w, dtype=compute)
     target = out[0] if out is not None else None
-    if target is not None and (target.dtype != compute or not image_contiguous(target)):
+    if target is not None and (
+        target.dtype != compute or not (target.flags.c_contiguous or image_contiguous(target))
+    ):
         target = None
     y = body(node, x, w, target, Scratch(workspace))
     finish_channels(y, bias, node.attrs.fused)
@@ -147,7 +150,7 @@ def target_y(y: np.ndarray | None, shape: Sequence[int], dtype: np.dtype) -> np.
 
 def as_view(y: np.ndarray, shape: Sequence[int]) -> np.ndarray:
     """``y`` reshaped without a copy (raises if that is impossible: a write would be lost)."""
-    return np.reshape(y, shape, copy=False)
+    return y.reshape(shape) if y.flags.c_contiguous else np.reshape(y, shape, copy=False)
 
 
 def pad_into(geo: Geometry, x: np.ndarray, scratch: Scratch, value: float | int = 0) -> np.ndarray:
@@ -225,7 +228,7 @@ def pointwise(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, sc
     group = node.attrs.group
     batch, channels, *spatial = x.shape
     kernels = w.shape[0]
-    positions = int(np.prod(spatial, dtype=np.int64))
+    positions = math.prod(spatial)
     y = target_y(y, (batch, kernels, *spatial), x.dtype)
     if group == 1:
         np.matmul(w.reshape(kernels, channels), x.reshape(batch, channels, positions),
@@ -243,13 +246,10 @@ def pointwise(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, sc
 IM2COL_CHUNK_BYTES = 8 << 20
 
 
-def _im2col_chunk(node: Node, x_shape: Sequence[int], w_shape: Sequence[int], itemsize: int) -> int:
+def _im2col_chunk(batch: int, channels: int, taps: int, positions: int, itemsize: int) -> int:
     """Images per im2col chunk."""
-    geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
-    taps = int(np.prod(geo.kernel, dtype=np.int64))
-    positions = int(np.prod(geo.out, dtype=np.int64))
-    image = max(int(x_shape[1]) * taps * positions * itemsize, 1)
-    return max(1, min(int(x_shape[0]), IM2COL_CHUNK_BYTES // image))
+    image = max(channels * taps * positions * itemsize, 1)
+    return max(1, min(batch, IM2COL_CHUNK_BYTES // image))
 
 
 def _im2col_scratch(
@@ -257,9 +257,9 @@ def _im2col_scratch(
 ) -> list[tuple[tuple[int, ...], np.dtype]]:
     """Per chunk of images: the padded input (when padded) and the columns ``[n, C*taps, P]``."""
     geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
-    taps = int(np.prod(geo.kernel, dtype=np.int64))
-    positions = int(np.prod(geo.out, dtype=np.int64))
-    chunk = _im2col_chunk(node, x_shape, w_shape, np.dtype(dtype).itemsize)
+    taps = math.prod(geo.kernel)
+    positions = math.prod(geo.out)
+    chunk = _im2col_chunk(int(x_shape[0]), int(x_shape[1]), taps, positions, np.dtype(dtype).itemsize)
     part = (chunk, *x_shape[1:])
     columns = ((chunk, int(x_shape[1]) * taps, positions), dtype)
     return [*padding_scratch(geo, part, dtype), columns]
@@ -272,27 +272,28 @@ def im2col(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scrat
     geo = geometry(conv_window(node.attrs, w.shape), x.shape[2:])
     batch, channels = x.shape[:2]
     kernels = w.shape[0]
-    taps = int(np.prod(geo.kernel, dtype=np.int64))
-    positions = int(np.prod(geo.out, dtype=np.int64))
+    taps = math.prod(geo.kernel)
+    positions = math.prod(geo.out)
     reduction = channels // group * taps
     y = target_y(y, (batch, kernels, *geo.out), x.dtype)
-    chunk = _im2col_chunk(node, x.shape, w.shape, x.itemsize)
+    chunk = _im2col_chunk(batch, channels, taps, positions, x.itemsize)
     weights = w.reshape(kernels, reduction) if group == 1 else w.reshape(group, kernels // group, reduction)
     for start in range(0, batch, chunk):
-        stop = min(start + chunk, batch)
-        count = stop - start
+        # NOTE: one chunk (the common case at small batches) needs no slicing.
+        part_x, part_y = (x, y) if chunk >= batch else (x[start : start + chunk], y[start : start + chunk])
+        count = part_x.shape[0]
         scratch.reset()
-        windows = geo.windows(pad_into(geo, x[start:stop], scratch))  # [n, C, *kernel, *out], a view
+        windows = geo.windows(pad_into(geo, part_x, scratch))  # [n, C, *kernel, *out], a view
         # The im2col copy; rows ordered (c, taps...) like W's flattening.
         columns = scratch.take((count, channels * taps, positions), x.dtype)
         np.copyto(columns.reshape(windows.shape), windows)
         if group == 1:
-            np.matmul(weights, columns, out=as_view(y[start:stop], (count, kernels, positions)))
+            np.matmul(weights, columns, out=as_view(part_y, (count, kernels, positions)))
         else:
             np.matmul(
                 weights,
                 columns.reshape(count, group, reduction, positions),
-                out=as_view(y[start:stop], (count, group, kernels // group, positions)),
+                out=as_view(part_y, (count, group, kernels // group, positions)),
             )
     return y
 
@@ -310,7 +311,7 @@ def _depthwise_scratch(
         return [*padding_scratch(geo, x_shape, dtype), products]
     first, rest = geo.axes[0], geo.axes[1:]
     inner = tuple(a.padded for a in rest)
-    length = first.out * int(np.prod(inner, dtype=np.int64))
+    length = first.out * math.prod(inner)
     wide = ((batch, channels, multiplier, length), dtype)
     padded = ((batch, channels, first.padded + 1, *inner), dtype)
     cropped = [wide] if _flat_crops(geo) else []
@@ -368,7 +369,7 @@ def _accumulate_taps_flat(x: np.ndarray, taps: np.ndarray, geo: Geometry, y: np.
     padded.fill(0)
     padded[(..., *(slice(a.pad_begin, a.pad_begin + a.size) for a in geo.axes))] = x
     flat = padded.reshape(batch, channels, 1, -1)
-    length = first.out * int(np.prod(inner, dtype=np.int64))
+    length = first.out * math.prod(inner)
     shape = (batch, channels, multiplier, length)
     crops = _flat_crops(geo)
     acc = scratch.take(shape, x.dtype) if crops else as_view(y, shape)

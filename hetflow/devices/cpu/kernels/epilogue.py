@@ -16,7 +16,8 @@ def add_channel_bias(y: np.ndarray, bias: np.ndarray | None) -> None:
     if bias is None:
         return
     # NOTE: copy=False: y may be a slice of a Concat's output, and a reshaped copy would lose the add.
-    flat = np.reshape(y, (y.shape[0], y.shape[1], -1), copy=False)
+    shape = (y.shape[0], y.shape[1], -1)
+    flat = y.reshape(shape) if y.flags.c_contiguous else np.reshape(y, shape, copy=False)
     flat += bias.astype(y.dtype, copy=False)[:, None]
 
 
