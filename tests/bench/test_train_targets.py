@@ -1,4 +1,4 @@
-"""The TensorFlow+ training targets in their quick form, without the PyTorch peer (tests never import torch)."""
+"""The TensorFlow+ training targets in their quick form, without the PyTorch peer (tests never import it)."""
 
 from __future__ import annotations
 
