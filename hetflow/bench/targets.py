@@ -6,6 +6,7 @@ import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -351,7 +352,11 @@ def bench_cnndroid(options: Options, models: Sequence[str] = ("lenet", "cifar10-
 PHASES = ("forward", "backward", "update", "step")
 
 
-def _phase_timings(steps: Mapping[str, Callable[[dict[str, float]], object]], repeat: int) -> dict[str, dict[str, Timing]]:
+#: A training step that fills a dict with its phases' seconds.
+PhasedStep = Callable[[dict[str, float]], object]
+
+
+def _phase_timings(steps: Mapping[str, PhasedStep], repeat: int) -> dict[str, dict[str, Timing]]:
     """Per configuration and phase, min and median seconds: the steps are timed side by side, and every
     call (warm-up and settling calls included: all are real steps on warm caches) records its phases."""
     recorded: dict[str, list[dict[str, float]]] = {label: [] for label in steps}
@@ -376,7 +381,7 @@ def _phase_timings(steps: Mapping[str, Callable[[dict[str, float]], object]], re
     }
 
 
-def _torch_note(options: Options) -> str | None:
+def _torch_note() -> str | None:
     """None when PyTorch can be the peer, else the note saying why its columns are empty."""
     from hetflow.bench.torch_peer import torch_available
 
@@ -398,7 +403,7 @@ def _thread_limit(options: Options):
 
 def _training_pair(
     model: onnx.ModelProto | str, batch: int, options: Options
-) -> tuple[dict[str, Callable[[dict[str, float]], object]], object]:
+) -> tuple[dict[str, PhasedStep], Any]:
     """hetflow's and (when installed) PyTorch's SGD step of ``model`` on one random CIFAR-10-shaped batch
     with the same weights; returns the steps by label and the hetflow Trainer."""
     from hetflow.bench.torch_peer import torch_available, torch_train_step
@@ -409,7 +414,7 @@ def _training_pair(
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
     y = rng.integers(0, 10, batch)
-    steps: dict[str, Callable[[dict[str, float]], object]] = {
+    steps: dict[str, PhasedStep] = {
         "hetflow": lambda timings: trainer.train_step(x, y, timings)
     }
     if torch_available():
@@ -423,7 +428,7 @@ def bench_train(options: Options, model: str = "zoo:mentee") -> BenchResult:
     """One SGD step of the mentee at batch 128 on CIFAR-10-shaped data, split into forward (with the
     loss), backward and update, hetflow CPU vs PyTorch CPU; and hetflow's peak step memory."""
     batch = 8 if options.quick else 128
-    torch_note = _torch_note(options)
+    torch_note = _torch_note()
     result = BenchResult(
         "train", f"{model.removeprefix('zoo:')} training step at batch {batch}: forward / backward / update, "
         "hetflow CPU vs PyTorch CPU (TensorFlow+)",
@@ -439,8 +444,8 @@ def bench_train(options: Options, model: str = "zoo:mentee") -> BenchResult:
         result.rows.append([phase, _ms(ours[phase]), _median_ms(ours[phase]), _ms(peer), _median_ms(peer),
                             _ratio(ours[phase], peer)])
     result.series = [Series(label, [t[phase].min_ms for phase in PHASES]) for label, t in timings.items()]
-    report = trainer.memory_report(batch)  # type: ignore[attr-defined]
-    measured = trainer.tape.peak_bytes  # type: ignore[attr-defined]
+    report = trainer.memory_report(batch)
+    measured = trainer.tape.peak_bytes
     result.notes.append(
         f"hetflow peak step memory: {measured / 2**20:.1f} MiB measured (kept activations and gradients), "
         f"{report['step_bound_bytes'] / 2**20:.1f} MiB bound with kernel scratch, plus "
@@ -469,7 +474,8 @@ def conv_stack_model(depth: int, width: int, size: int = 32, classes: int = 10) 
                   helper.make_node("Relu", [f"conv{layer}"], [f"relu{layer}"], name=f"relu{layer}")]
         previous, channels = f"relu{layer}", width
     fc = (rng.standard_normal((classes, width)) * np.sqrt(1.0 / width)).astype(np.float32)
-    weights += [numpy_helper.from_array(fc, "fc_W"), numpy_helper.from_array(np.zeros(classes, np.float32), "fc_B")]
+    weights += [numpy_helper.from_array(fc, "fc_W"),
+                numpy_helper.from_array(np.zeros(classes, np.float32), "fc_B")]
     nodes += [helper.make_node("AveragePool", [previous], ["pooled"], name="pool", kernel_shape=[size, size]),
               helper.make_node("Flatten", ["pooled"], ["flat"], name="flatten"),
               helper.make_node("Gemm", ["flat", "fc_W", "fc_B"], ["scores"], name="fc", transB=1)]
@@ -486,7 +492,7 @@ def bench_train_scaling(options: Options) -> BenchResult:
     """Seconds per SGD step of convolution-only networks of growing depth and width, hetflow vs PyTorch."""
     depths, widths = ((1, 2), (8,)) if options.quick else ((1, 2, 4, 8), (16, 32, 64))
     size, batch = (16, 4) if options.quick else (32, 32)
-    torch_note = _torch_note(options)
+    torch_note = _torch_note()
     result = BenchResult(
         "train-scaling", f"Training step of conv-only networks ({size}x{size} input, batch {batch}) by depth "
         "and width, hetflow CPU vs PyTorch CPU (TensorFlow+ Fig. 2)",
@@ -505,8 +511,8 @@ def bench_train_scaling(options: Options) -> BenchResult:
                 values.setdefault(f"hetflow w{width}", []).append(_ms(ours))
                 if theirs is not None:
                     values.setdefault(f"PyTorch w{width}", []).append(_ms(theirs))
-                result.rows.append([depth, width, _ms(ours), _median_ms(ours), _ms(theirs), _median_ms(theirs),
-                                    _ratio(ours, theirs)])
+                result.rows.append([depth, width, _ms(ours), _median_ms(ours), _ms(theirs),
+                                    _median_ms(theirs), _ratio(ours, theirs)])
     result.series = [Series(label, v) for label, v in values.items()]
     if torch_note is not None:
         result.notes.append(torch_note)
