@@ -257,7 +257,7 @@ class Conv(OpDef):
         padded = int(np.prod(x_shape[:2], dtype=np.int64)) * int(
             np.prod([a.padded for a in geom.axes], dtype=np.int64)
         )
-        full = _full_correlation_attrs(node.attrs, geom)
+        full = _full_correlation_attrs(node.attrs, geom, x_shape[1], w_shape[0])
         if full is not None:
             flipped_shape = (x_shape[1], w_shape[0] // node.attrs.group, *w_shape[2:])
             full_geom = geometry(conv_window(full, flipped_shape), y_shape[2:])
@@ -309,7 +309,7 @@ class Conv(OpDef):
             del cols
             grads[1] = np.ascontiguousarray(dw.transpose(0, 2, 1)).reshape(w.shape)
         if want_x:
-            full = _full_correlation_attrs(node.attrs, geom)
+            full = _full_correlation_attrs(node.attrs, geom, x.shape[1], kernels)
             if full is not None:
                 grads[0] = _input_grad_by_correlation(dy, w, full, group).astype(x.dtype, copy=False)
                 return grads
@@ -321,14 +321,19 @@ class Conv(OpDef):
         return grads
 
 
-def _full_correlation_attrs(attrs: ConvAttrs, geom: Geometry) -> ConvAttrs | None:
-    """For a stride-1, undilated Conv whose padding is at most ``kernel - 1`` per side: the attributes of
-    the Conv that maps dY to dX (dY padded by ``kernel - 1 - pad``, flipped transposed weights); else None.
+def _full_correlation_attrs(
+    attrs: ConvAttrs, geom: Geometry, channels: int, kernels: int
+) -> ConvAttrs | None:
+    """For a stride-1, undilated Conv whose padding is at most ``kernel - 1`` per side and with no more
+    output than input channels: the attributes of the Conv that maps dY to dX (dY padded by
+    ``kernel - 1 - pad``, flipped transposed weights); else None (dX goes through col2im).
 
     NOTE: that GEMM reduces over ``K/G*taps`` where the col2im route's reduces over ``K/G`` only, which
-    OpenBLAS runs markedly faster, and no column-sized buffer is read back by strided adds.
+    OpenBLAS runs markedly faster, and no column-sized buffer is read back by strided adds; but its
+    columns hold K rows per tap where im2col's hold C: with more kernels than channels, building them
+    costs more than it saves (measured on the mentee's layers).
     """
-    if any(a.stride != 1 or a.dilation != 1 or a.overhang for a in geom.axes):
+    if kernels > channels or any(a.stride != 1 or a.dilation != 1 or a.overhang for a in geom.axes):
         return None
     begins = tuple(a.kernel - 1 - a.pad_begin for a in geom.axes)
     ends = tuple(a.kernel - 1 - a.pad_end for a in geom.axes)
