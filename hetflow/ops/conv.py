@@ -271,11 +271,14 @@ class Conv(OpDef):
     def backward(
         self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
     ) -> Grads:
-        """dX, dW and dB of ``Y = W * X + B`` through the same im2col GEMM as the forward pass.
+        """dX, dW and dB of ``Y = W * X + B`` through the same channel-major im2col columns as the
+        training forward pass (``hetflow.train.kernels``).
 
-        dW is one GEMM per group over every image and position (``dY @ cols^T``); dX is the transposed
-        GEMM (``W^T @ dY``) into column form followed by col2im: one strided add per window tap into
-        the padded input, so the Python loop runs over the kernel's taps, never over pixels.
+        dW is one GEMM per group over every image and position (``cols @ dY^T``). dX, for a stride-1
+        undilated Conv with no more kernels than channels, is the correlation of dY with the flipped
+        weights (one GEMM over dY's columns); otherwise the transposed GEMM (``W^T @ dY``) into column
+        form followed by col2im: one strided add per window tap, so Python loops over the kernel's taps,
+        never over pixels.
         """
         x, w = inputs[0], inputs[1]
         dy = grad_outputs[0]

@@ -118,6 +118,11 @@ class Tape:
         self._producer = {name: i for i, node in enumerate(graph.nodes) for name in node.present_outputs()}
         self._wanted = self._plan_gradients()
         self._reads = {index: self._read_names(graph.nodes[index]) for index in self._wanted}
+        # Planned once: every step walks the same graph (only ``recompute`` may change between steps).
+        self._kept = frozenset(name for names in self._reads.values() for name in names) - set(
+            graph.initializers
+        )
+        self._last_reads = self._last_forward_reads()
         self.recompute = set(recompute)
         self.peak_bytes = 0
 
@@ -155,7 +160,7 @@ class Tape:
 
     def kept_values(self) -> set[str]:
         """Activations the backward pass reads (initializers are always at hand and not counted)."""
-        return {name for names in self._reads.values() for name in names} - set(self.graph.initializers)
+        return set(self._kept)
 
     def recompute_candidates(self) -> list[str]:
         """Kept activations a cheap node produces from values that stay available: checkpointing's
@@ -182,8 +187,8 @@ class Tape:
         values: dict[str, np.ndarray] = dict(self.graph.initializers)
         values.update(feeds)
         requested = frozenset(outputs) | frozenset(self.graph.outputs)
-        keep = (self.kept_values() - self.recompute) | requested
-        last_read = self._last_forward_reads()
+        keep = (self._kept - self.recompute) | requested
+        last_read = self._last_reads
         shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {
             name: (array.shape, array.dtype) for name, array in feeds.items()
         }
