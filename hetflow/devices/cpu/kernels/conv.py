@@ -306,6 +306,11 @@ def _depthwise_scratch(
     geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
     batch, channels = int(x_shape[0]), int(x_shape[1])
     multiplier = int(w_shape[0]) // channels
+    if _phased(geo):
+        rows, cols = geo.axes
+        planes_shape = (rows.stride, cols.stride, batch, channels, *_phase_plane(geo))
+        wide = ((batch, channels, multiplier, rows.out * planes_shape[-1]), dtype)
+        return [*padding_scratch(geo, x_shape, dtype), (planes_shape, dtype), wide, wide]
     if not all(a.stride == 1 for a in geo.axes):
         products = ((batch, channels, multiplier, *geo.out), dtype)
         return [*padding_scratch(geo, x_shape, dtype), products]
@@ -334,9 +339,55 @@ def depthwise(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, sc
     y = target_y(y, (batch, channels * multiplier, *geo.out), x.dtype)
     if all(a.stride == 1 for a in geo.axes):
         _accumulate_taps_flat(x, taps, geo, y, scratch)
+    elif _phased(geo):
+        _accumulate_taps_phased(x, taps, geo, y, scratch)
     else:
         _accumulate_taps_strided(x, taps, geo, y, scratch)
     return y
+
+
+def _phased(geo: Geometry) -> bool:
+    """Whether the strided 2-D method applies (two spatial axes, a stride above 1)."""
+    return len(geo.axes) == 2 and any(a.stride > 1 for a in geo.axes)
+
+
+def _phase_plane(geo: Geometry) -> tuple[int, int]:
+    """Rows and columns of one phase plane: ceil(padded / stride), plus a row for the flat runs' overrun."""
+    rows, cols = geo.axes
+    return -(-rows.padded // rows.stride) + 1, -(-cols.padded // cols.stride)
+
+
+def _accumulate_taps_phased(x: np.ndarray, taps: np.ndarray, geo: Geometry, y: np.ndarray, scratch: Scratch) -> None:
+    """Strided 2-D depthwise accumulation as stride-1 work on phase planes.
+
+    With stride (sh, sw), tap (i, j) of output (r, c) reads padded (r*sh + i, c*sw + j): plane
+    (i % sh, j % sw) of the input split into sh*sw phase planes, at (r + i // sh, c + j // sw). Each
+    plane is contiguous, so every tap becomes one shifted run of the flattened plane, as in the
+    stride-1 method (``_accumulate_taps_flat``): long contiguous loops instead of strided slices, about
+    twice as fast for MobileNet's stride-2 layers. The split costs one pass over the input.
+    """
+    batch, channels, multiplier = x.shape[0], taps.shape[0], taps.shape[1]
+    rows, cols = geo.axes
+    plane_rows, plane_cols = _phase_plane(geo)
+    padded = pad_into(geo, x, scratch)
+    planes = scratch.take((rows.stride, cols.stride, batch, channels, plane_rows, plane_cols), x.dtype)
+    planes.fill(0)  # NOTE: the workspace holds other steps' data; plane borders must read as zeros
+    for phase_row in range(rows.stride):
+        for phase_col in range(cols.stride):
+            part = padded[:, :, phase_row :: rows.stride, phase_col :: cols.stride]
+            planes[phase_row, phase_col, :, :, : part.shape[2], : part.shape[3]] = part
+    flat = planes.reshape(rows.stride, cols.stride, batch, channels, 1, plane_rows * plane_cols)
+    length = rows.out * plane_cols
+    shape = (batch, channels, multiplier, length)
+    acc = scratch.take(shape, x.dtype)
+    products = scratch.take(shape, x.dtype)
+    for index, (i, j) in enumerate(geo.taps()):
+        down, across = i * rows.dilation, j * cols.dilation
+        offset = (down // rows.stride) * plane_cols + across // cols.stride
+        source = flat[down % rows.stride, across % cols.stride, ..., offset : offset + length]
+        _multiply_accumulate(acc, source, taps[:, :, index, None], products, first=index == 0)
+    wide = acc.reshape(batch, channels, multiplier, rows.out, plane_cols)
+    np.copyto(as_view(y, (batch, channels, multiplier, *geo.out)), wide[..., : cols.out])
 
 
 def _accumulate_taps_strided(x: np.ndarray, taps: np.ndarray, geo: Geometry, y: np.ndarray, scratch: Scratch) -> None:
