@@ -530,7 +530,7 @@ TARGETS: dict[str, Target] = {
         Target("lstm", "RSTensorFlow Table 3", "lstm-gesture at batch 1 and 64, CPU vs OpenCL vs auto", bench_lstm),
         Target("cnndroid", "CNNdroid Fig. 8",
                "lenet, cifar10-quick, alexnet per image at batch 16: sequential, parallel, OpenCL", bench_cnndroid),
-        Target("train", "TensorFlow+ (training step)",
+        Target("train", "TensorFlow+",
                "mentee SGD step at batch 128: forward / backward / update, hetflow vs PyTorch, peak memory",
                bench_train),
         Target("train-scaling", "TensorFlow+ Fig. 2",
