@@ -282,7 +282,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 def _add_bench_parser(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser("bench", help="reproduce the seed papers' experiments (tables and plots)")
     bench.add_argument("targets", nargs="*", metavar="TARGET",
-                       help="matmul, conv, placements, lstm, cnndroid, train, train-scaling, or all (default: list them)")
+                       help="matmul, conv, placements, lstm, cnndroid, train, train-scaling, or all "
+                            "(default: list them)")
     bench.add_argument("--out", type=Path, default=Path("bench-results"),
                        help="folder for TARGET.md, TARGET.json and the plot (bench-results)")
     bench.add_argument("--repeat", type=int, default=10, help="timed calls per configuration (10)")
