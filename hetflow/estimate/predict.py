@@ -443,6 +443,9 @@ def estimate(
               for (node, _), key in zip(steps, keys)]
     limit = parse_bytes(memory_limit) if memory_limit is not None else None
     memory = plan_memory(graph, steps, keys, costs, plan.release_after, profile, limit)
+    arena_peak = _arena_peak(session, plan, graph)
+    if arena_peak is not None:
+        memory.peak_bytes, memory.peak_layer = arena_peak, "the arena"
     memory.workspace_bytes = sum(im2col_bytes(node, graph) if node.op_type == "Conv" else raw[node.name].workspace_bytes
                                  for node, _ in steps)
     overhead = (len(steps) * profile.dispatch_s + profile.run_overhead_s) * 1e3
@@ -456,6 +459,19 @@ def estimate(
 
         run_validation(result, session)
     return result
+
+
+def _arena_peak(session: InferenceSession, plan: Any, graph: Graph) -> int | None:
+    """A run's peak when its activations live in the memory plan's arena: the arena (activations and
+    workspace, laid out by liveness) plus the outputs, which a run copies out of it; None when the
+    plan has no arena (devices whose kernels allocate their own results)."""
+    from hetflow.runtime.executor import memory_plan
+
+    outputs = [v.name for v in session.get_outputs()]
+    planned = memory_plan(plan, outputs)
+    if planned is None:
+        return None
+    return int(planned.arena_bytes) + sum(_value_bytes(graph, name) for name in outputs)
 
 
 def _device_label(profile: DeviceProfile) -> str:

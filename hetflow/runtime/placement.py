@@ -8,7 +8,8 @@ that the accelerator is not always faster):
    rule wins over its op type's);
 2. **measured costs** (``device="auto"`` with more than one device, once the shapes are concrete): every
    node's time on every device that has a kernel for it, taken from a profiled run of the whole graph
-   on each device (``measure_costs``); each node goes where it was fastest;
+   on each device (``measure_costs``); the best single device runs everything unless a per-node mix
+   measures more than ``MIN_MIX_GAIN`` faster, and then each node goes where it was fastest;
 3. **priority order**: the first device, in the session's order, with a kernel for the node.
 
 Host-side shape arithmetic (ops with the ``shape`` trait) stays on the CPU unless a rule
@@ -131,6 +132,43 @@ def cheapest(node: Node, usable: Sequence[Device], costs: NodeCosts | None) -> D
         if best_seconds is None or seconds < best_seconds * (1 - MIN_GAIN):
             best = device
     return best
+
+
+#: A mix of devices must beat the best single device by this much of its total, or the single device
+#: runs everything: per-node times miss what a mix costs between nodes (another device's worker
+#: threads spinning on shared cores, caches refilled after a hand-over).
+MIN_MIX_GAIN = 0.10
+
+
+def best_single_device(
+    graph: Graph, devices: Sequence[Device], costs: NodeCosts
+) -> Device | None:
+    """The device that should run the whole graph alone, or None when a per-node mix is worth it.
+
+    A device's total is its measured time for every node it can run plus the CPU's time for the
+    rest; the mix's total is every node's fastest time. The mix wins only when it is faster than the
+    best single total by more than ``MIN_MIX_GAIN``.
+    """
+    host = next((d for d in devices if d.kind == "cpu"), None)
+    if host is None:
+        return None
+    totals: dict[str, float] = {}
+    mixed = 0.0
+    for node in graph.nodes:
+        times = costs.get(node.name)
+        if not times:
+            continue
+        mixed += min(times.values())
+        for device in devices:
+            seconds = times.get(device.id, times.get(host.id))
+            if seconds is not None:
+                totals[device.id] = totals.get(device.id, 0.0) + seconds
+    if not totals:
+        return None
+    best_id = min(totals, key=totals.__getitem__)
+    if mixed < totals[best_id] * (1 - MIN_MIX_GAIN):
+        return None
+    return next(d for d in devices if d.id == best_id)
 
 
 def measure_costs(

@@ -21,7 +21,7 @@ from hetflow.passes.manager import optimize as optimize_graph
 from hetflow.runtime.budget import Residency, WeightStore, fit_plan, transformed_weight_bytes
 from hetflow.runtime.executor import ExecutionMode, Observer, check_mode, check_threads, execute, memory_plan
 from hetflow.runtime.memory import MemoryReport
-from hetflow.runtime.placement import PlacementRules, measure_costs
+from hetflow.runtime.placement import PlacementRules, best_single_device, measure_costs
 from hetflow.runtime.plan import Plan
 from hetflow.runtime.planner import make_plan
 from hetflow.tuning.select import Tuner
@@ -223,10 +223,17 @@ class InferenceSession:
         )
 
     def _make_plan(self, graph: Graph) -> Plan:
-        costs = None
+        devices, costs = self._devices, None
         if self._measure_placement and _is_concrete(graph):
             costs = measure_costs(graph, self._devices)
-        return make_plan(graph, self._devices, self._tuner, self._rules, costs)
+            single = best_single_device(graph, self._devices, costs)
+            if single is not None:
+                # NOTE: the CPU stays as the fallback for what the chosen device has no kernel for.
+                kept = [single] + [d for d in self._devices if d.kind == "cpu" and d is not single]
+                pinned = [d for d in self._devices if d.id in self._rules.device_ids() and d not in kept]
+                devices = kept + pinned
+                costs = None
+        return make_plan(graph, devices, self._tuner, self._rules, costs)
 
     def get_inputs(self) -> list[NodeArg]:
         """The feeds ``run`` expects."""

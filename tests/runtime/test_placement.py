@@ -15,7 +15,14 @@ from hetflow.devices.cpu import CPUDevice
 from hetflow.errors import UnsupportedOpsError
 from hetflow.frontends import load_model
 from hetflow.passes import bind_batch
-from hetflow.runtime.placement import MIN_GAIN, PlacementRules, cheapest, measure_costs
+from hetflow.runtime.placement import (
+    MIN_GAIN,
+    MIN_MIX_GAIN,
+    PlacementRules,
+    best_single_device,
+    cheapest,
+    measure_costs,
+)
 from hetflow.runtime.planner import make_plan
 from tests.helpers import make_model
 
@@ -129,6 +136,24 @@ def test_a_gain_within_the_noise_keeps_the_priority_order():
     assert cheapest(node, devices, {"fc": {"fake:0": 1.0, "cpu": 1.0 - MIN_GAIN / 2}}) is fake
     assert cheapest(node, devices, {"fc": {"fake:0": 1.0, "cpu": 1.0 - 2 * MIN_GAIN}}).id == "cpu"
     assert cheapest(node, devices, {"other": {"cpu": 0.1}}) is fake  # not measured: priority order
+
+
+def test_a_mix_must_beat_the_best_single_device_clearly():
+    fake = FakeAccelerator(("MatMul", "Relu"))
+    cpu = CPUDevice()
+    graph = _graph()
+    nodes = [n.name for n in graph.nodes]
+    # The fake device is a little faster on two nodes; a mix would save less than MIN_MIX_GAIN.
+    costs = {name: {"cpu": 1.0} for name in nodes}
+    costs["fc"]["fake:0"] = 0.98
+    costs["act"]["fake:0"] = 0.98
+    assert best_single_device(graph, [fake, cpu], costs) is fake  # its total (CPU for the rest) is lowest
+    costs["fc"]["fake:0"] = 1.5  # now the fake device alone is slower than the CPU alone
+    assert best_single_device(graph, [fake, cpu], costs) is cpu
+    costs["fc"]["fake:0"] = 0.1
+    costs["act"]["fake:0"] = 1.5  # only a mix gets fc's large gain without act's loss
+    assert 4.1 < (0.1 + 1.5 + 3.0) * (1 - MIN_MIX_GAIN)  # the mix beats the fake device alone clearly
+    assert best_single_device(graph, [fake, cpu], costs) is None
 
 
 def test_session_rules_by_op_type_run_and_match(monkeypatch):
