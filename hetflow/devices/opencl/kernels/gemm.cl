@@ -52,21 +52,7 @@ typedef CAT(float, VW) vec_t;
 #define TILE_M (WGM * RM)
 #define TILE_N (WGN * RN * VW)
 
-inline float activate(float x, float act_a, float act_b) {
-#if ACT == 1
-    return fmax(x, 0.0f);
-#elif ACT == 2
-    return x < 0.0f ? x * act_a : x;
-#elif ACT == 3
-    return fmin(fmax(x, act_a), act_b);
-#elif ACT == 4
-    return 1.0f / (1.0f + exp(-x));
-#elif ACT == 5
-    return tanh(x);
-#else
-    return x;
-#endif
-}
+// activate(x, act_a, act_b): the fused activation, from epilogue.cl (built in front of this file).
 
 __kernel __attribute__((reqd_work_group_size(WGN, WGM, 1)))
 void gemm(const int M, const int N, const int Kp, const int Mp, const int Np,

@@ -14,13 +14,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hetflow.devices.base import InputInfos
 from hetflow.devices.opencl import DeviceArray, aligned_empty
+from hetflow.devices.opencl.kernels.common import source
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import TensorInfo
@@ -28,7 +28,7 @@ from hetflow.ops.base import TensorInfo
 if TYPE_CHECKING:
     from hetflow.devices.opencl import OpenCLDevice
 
-SOURCE = (Path(__file__).with_name("gemm.cl")).read_text(encoding="utf-8")
+SOURCE = source("epilogue.cl", "gemm.cl")
 
 #: ``ACT`` codes of gemm.cl's epilogue.
 ACTIVATION_CODES = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "Tanh": 5}
