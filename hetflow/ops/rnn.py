@@ -159,6 +159,21 @@ class RecurrentOp(OpDef):
     num_inputs = (3, 6)
     num_outputs = (0, 2)
 
+    # -- training ----------------------------------------------------------------------------------
+    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
+        return (X, W, R, B, INITIAL_H)
+
+    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+        return None, ()
+
+    def backward(
+        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+    ) -> Grads:
+        """Backpropagation through time (``hetflow.ops.rnn_backward``), for this op's gate count."""
+        from hetflow.ops.rnn_backward import recurrent_backward
+
+        return recurrent_backward(node, inputs, grad_outputs, wanted, gates=self.gates)
+
     # -- shapes ---------------------------------------------------------------------------------
     def dims(self, node: Node, inputs: Sequence[TensorInfo | None]) -> RecurrentDims:
         """Validate every input against the others and the attributes; return the sizes.
@@ -375,17 +390,6 @@ class LSTM(RecurrentOp):
     def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
         return (X, W, R, B, INITIAL_H, INITIAL_C, P)
 
-    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
-        return None, ()
-
-    def backward(
-        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
-    ) -> Grads:
-        """Backpropagation through time (``hetflow.ops.rnn_backward``)."""
-        from hetflow.ops.rnn_backward import recurrent_backward
-
-        return recurrent_backward(node, inputs, grad_outputs, wanted, gates=4)
-
 
 @dataclass(frozen=True)
 class GRUAttrs:
@@ -432,19 +436,6 @@ class GRU(RecurrentOp):
         if attrs.linear_before_reset not in (0, 1):
             raise ValueError(f"linear_before_reset must be 0 or 1, got {attrs.linear_before_reset}")
 
-    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
-        return (X, W, R, B, INITIAL_H)
-
-    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
-        return None, ()
-
-    def backward(
-        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
-    ) -> Grads:
-        """Backpropagation through time (``hetflow.ops.rnn_backward``)."""
-        from hetflow.ops.rnn_backward import recurrent_backward
-
-        return recurrent_backward(node, inputs, grad_outputs, wanted, gates=3)
 
 
 @dataclass(frozen=True)
@@ -477,16 +468,3 @@ class RNN(RecurrentOp):
     # the bias add and the activation.
     cell_flops = 2
 
-    def differentiable_inputs(self, node: Node) -> tuple[int, ...]:
-        return (X, W, R, B, INITIAL_H)
-
-    def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
-        return None, ()
-
-    def backward(
-        self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
-    ) -> Grads:
-        """Backpropagation through time (``hetflow.ops.rnn_backward``)."""
-        from hetflow.ops.rnn_backward import recurrent_backward
-
-        return recurrent_backward(node, inputs, grad_outputs, wanted, gates=1)
