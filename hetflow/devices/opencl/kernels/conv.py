@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,7 +47,7 @@ from hetflow.ops.conv import (
 from hetflow.ops.spatial import geometry
 
 if TYPE_CHECKING:
-    from hetflow.devices.opencl import OpenCLDevice
+    from hetflow.devices.opencl import DeviceArray, OpenCLDevice
 
 SOURCE = source("epilogue.cl", "conv.cl")
 #: The direct kernel's algorithm name.
@@ -140,16 +140,25 @@ def _bias_buffer(device: OpenCLDevice, bias: np.ndarray | None, k: int) -> tuple
 _DUMMY = np.zeros(1, np.float32)
 
 
-def run_direct(device: OpenCLDevice, node: Node, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    """Any 2-D Conv, one work-item per output element."""
-    layer = _Layer(node, x.shape, w.shape)
-    kernel = device.kernel("conv_direct", SOURCE, act_options(node.attrs.fused))
+def _direct_operands(
+    device: OpenCLDevice, layer: _Layer, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None
+) -> tuple[tuple[Any, ...], DeviceArray]:
+    """The leading kernel arguments shared by the direct and depthwise kernels (X, the resident W, the
+    bias and its flag, Y) and the output array Y."""
     x_buf = device.to_device(x)
     w_buf = device.resident.device_copy(device, w)
     bias_buf, has_bias = _bias_buffer(device, bias, layer.k)
     y = device.empty((layer.n, layer.k, layer.oh, layer.ow))
+    return (x_buf.buffer, w_buf.buffer, bias_buf, has_bias, y.buffer), y
+
+
+def run_direct(device: OpenCLDevice, node: Node, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """Any 2-D Conv, one work-item per output element."""
+    layer = _Layer(node, x.shape, w.shape)
+    kernel = device.kernel("conv_direct", SOURCE, act_options(node.attrs.fused))
+    buffers, y = _direct_operands(device, layer, x, w, bias)
     args = (
-        x_buf.buffer, w_buf.buffer, bias_buf, has_bias, y.buffer,
+        *buffers,
         *i32(layer.c, layer.h, layer.w, layer.k, layer.cg, layer.kg),
         *layer.window_args, *act_args(node.attrs.fused),
     )  # fmt: skip
@@ -163,12 +172,9 @@ def run_depthwise(
     """Depthwise Conv (group == C, any channel multiplier)."""
     layer = _Layer(node, x.shape, w.shape)
     kernel = device.kernel("conv_depthwise", SOURCE, act_options(node.attrs.fused))
-    x_buf = device.to_device(x)
-    w_buf = device.resident.device_copy(device, w)
-    bias_buf, has_bias = _bias_buffer(device, bias, layer.k)
-    y = device.empty((layer.n, layer.k, layer.oh, layer.ow))
+    buffers, y = _direct_operands(device, layer, x, w, bias)
     args = (
-        x_buf.buffer, w_buf.buffer, bias_buf, has_bias, y.buffer,
+        *buffers,
         *i32(layer.c, layer.h, layer.w, layer.k, layer.k // layer.c),
         *layer.window_args, *act_args(node.attrs.fused),
     )  # fmt: skip
