@@ -367,25 +367,40 @@ def _input_grad_by_correlation(dy: np.ndarray, w: np.ndarray, full: ConvAttrs, g
     return np.ascontiguousarray(np.moveaxis(spread, 1, 0))
 
 
-def channel_columns(x: np.ndarray, geom: Geometry) -> np.ndarray:
+def channel_columns(
+    x: np.ndarray, geom: Geometry, out: np.ndarray | None = None, padded: np.ndarray | None = None
+) -> np.ndarray:
     """im2col in channel-major order: ``[C, taps, N, *out]`` (as ``[C*taps, N*P]`` it is the right operand
     of one GEMM over the whole batch, rows ordered like W's flattening).
 
     Built by one strided copy per kernel tap from the padded input laid out ``[C, N, *padded]``, so each
     copy moves whole output rows (the 6-D windows view copied at once is several times slower).
+    ``out`` (the columns) and ``padded`` (``[C, N, *padded]``, used only when padding is needed) are
+    buffers to fill instead of allocating: their contents on entry do not matter.
     """
     batch, channels = x.shape[:2]
     interior = tuple(slice(a.pad_begin, a.pad_begin + a.size) for a in geom.axes)
     source = np.moveaxis(x, 1, 0)
     if geom.needs_padding:
-        padded = np.zeros((channels, batch, *(a.padded for a in geom.axes)), x.dtype)
+        if padded is None:
+            padded = np.zeros((channels, batch, *(a.padded for a in geom.axes)), x.dtype)
+        else:
+            _zero_borders(padded, geom)
         padded[(slice(None), slice(None), *interior)] = source
         source = padded
     taps = int(np.prod(geom.kernel, dtype=np.int64))
-    cols = np.empty((channels, taps, batch, *geom.out), x.dtype)
+    cols = np.empty((channels, taps, batch, *geom.out), x.dtype) if out is None else out
     for index, tap in enumerate(geom.taps()):
         cols[:, index] = source[(slice(None), slice(None), *geom.tap_slices(tap))]
     return cols
+
+
+def _zero_borders(padded: np.ndarray, geom: Geometry) -> None:
+    """Zero the padding of a reused ``[C, N, *padded]`` buffer (its interior is overwritten anyway)."""
+    for axis, a in enumerate(geom.axes, start=2):
+        lead = (slice(None),) * axis
+        padded[(*lead, slice(0, a.pad_begin))] = 0
+        padded[(*lead, slice(a.pad_begin + a.size, None))] = 0
 
 
 def channel_col2im(dcols: np.ndarray, geom: Geometry, x_shape: Sequence[int]) -> np.ndarray:

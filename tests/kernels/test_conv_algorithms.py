@@ -69,7 +69,7 @@ def _data(shape_x, shape_w, dtype=np.float32, bias=True, seed=0):
 
 
 def _close(actual: np.ndarray, expected: np.ndarray, rtol_of_max: float) -> None:
-    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    assert actual.shape == expected.shape and (actual.dtype == expected.dtype or expected.dtype == np.float64)
     scale = float(np.abs(expected).max())
     error = float(np.abs(actual.astype(np.float64) - expected).max())
     assert error <= rtol_of_max * scale, f"max error {error:.3g} vs max |y| {scale:.3g}"
@@ -229,3 +229,50 @@ def test_without_shapes_only_attribute_checks_are_possible():
     assert "kernel size" in KERNELS[WINOGRAD_F23].reason_unsupported(bare, None)
     # A lookup without shapes finds the dispatcher, which runs anything.
     assert CPUDevice().kernels.lookup(bare).algorithm == AUTO
+
+
+def _direct_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray, attrs: ConvAttrs) -> np.ndarray:
+    """Float64 convolution as a plain sum over kernel taps (explicit pads, strides, dilations, groups)."""
+    rank = x.ndim - 2
+    pads = attrs.pads or (0,) * (2 * rank)
+    strides = attrs.strides or (1,) * rank
+    dilations = attrs.dilations or (1,) * rank
+    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0), *zip(pads[:rank], pads[rank:])])
+    span = [d * (k - 1) + 1 for d, k in zip(dilations, w.shape[2:])]
+    out = [(xp.shape[2 + a] - span[a]) // strides[a] + 1 for a in range(rank)]
+    group, per_group = attrs.group, w.shape[0] // attrs.group
+    y = np.zeros((x.shape[0], w.shape[0], *out))
+    for tap in np.ndindex(*w.shape[2:]):
+        window = tuple(slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, o, s in zip(tap, dilations, out, strides))
+        patch = xp[(slice(None), slice(None), *window)]  # [N, C, *out]
+        for g in range(group):
+            channels = patch[:, g * w.shape[1] : (g + 1) * w.shape[1]]
+            taps = w[g * per_group : (g + 1) * per_group][(slice(None), slice(None), *tap)]
+            y[:, g * per_group : (g + 1) * per_group] += np.einsum("kc,nc...->nk...", taps, channels)
+    return y + b.reshape(1, -1, *(1,) * rank)
+
+
+IM2COL_CASES = [
+    ((3, 5, 9, 8), (7, 5, 3, 3), ConvAttrs(pads=(1, 2, 0, 1))),
+    ((4, 3, 11, 10), (6, 3, 5, 5), ConvAttrs(pads=(2, 1, 2, 1), strides=(2, 3))),
+    ((2, 4, 12, 12), (5, 4, 3, 3), ConvAttrs(pads=(2, 2, 2, 2), dilations=(2, 2))),
+    ((3, 4, 17), (6, 4, 4), ConvAttrs(pads=(1, 2))),  # 1-D
+    ((2, 3, 5, 6, 4), (4, 3, 3, 2, 3), ConvAttrs(pads=(1, 0, 1, 1, 1, 1))),  # 3-D
+    ((2, 6, 7, 7), (4, 3, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=2)),  # grouped: always per image
+]
+
+
+@pytest.mark.parametrize("whole_chunk", [True, False], ids=["one-gemm-per-chunk", "one-gemm-per-image"])
+@pytest.mark.parametrize(("x_shape", "w_shape", "attrs"), IM2COL_CASES)
+def test_im2col_batch_paths_match_a_direct_sum(monkeypatch, whole_chunk, x_shape, w_shape, attrs):
+    """Both ways im2col multiplies a chunk of images (one GEMM for the chunk, one per image) agree with
+    an independent float64 direct convolution."""
+    from hetflow.devices.cpu.kernels import conv as cpu_conv
+
+    monkeypatch.setattr(cpu_conv, "WHOLE_CHUNK_MAX_POSITIONS", 1 << 30 if whole_chunk else 0)
+    assert cpu_conv._whole_chunk(x_shape[0], attrs.group, 1) is (whole_chunk and attrs.group == 1)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    b = rng.standard_normal(w_shape[0]).astype(np.float32)
+    _close(_run(IM2COL, attrs, x, w, b), _direct_conv(x, w, b, attrs), 1e-5)
