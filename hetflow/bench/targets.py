@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -401,49 +402,86 @@ def _thread_limit(options: Options):
     return threadpool_limits(options.threads)
 
 
-def _training_pair(
-    model: onnx.ModelProto | str, batch: int, options: Options
-) -> tuple[dict[str, PhasedStep], Any]:
-    """hetflow's and (when installed) PyTorch's SGD step of ``model`` on one random CIFAR-10-shaped batch
-    with the same weights; returns the steps by label and the hetflow Trainer."""
+def _training_steps(
+    model: onnx.ModelProto | str, batch: int, options: Options, devices: Mapping[str, str]
+) -> tuple[dict[str, PhasedStep], dict[str, Any]]:
+    """hetflow's SGD step of ``model`` on each of ``devices`` (label -> device id) and, when installed,
+    PyTorch's, on one random CIFAR-10-shaped batch with the same weights; returns the steps by label and
+    the hetflow Trainers by label."""
     from hetflow.bench.torch_peer import torch_available, torch_train_step
     from hetflow.train import SGD, Trainer
 
-    trainer = Trainer(model, optimizer=SGD(0.01, momentum=0.9))
-    shape = [batch if isinstance(d, str) else d for d in trainer.graph.values[trainer.input_name].shape]
+    trainers = {
+        label: Trainer(model, optimizer=SGD(0.01, momentum=0.9), device=device)
+        for label, device in devices.items()
+    }
+    first = next(iter(trainers.values()))
+    shape = [batch if isinstance(d, str) else d for d in first.graph.values[first.input_name].shape]
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
     y = rng.integers(0, 10, batch)
     steps: dict[str, PhasedStep] = {
-        "hetflow": lambda timings: trainer.train_step(x, y, timings)
+        label: functools.partial(_phased_step, trainer, x, y) for label, trainer in trainers.items()
     }
     if torch_available():
         steps["PyTorch"] = torch_train_step(
-            trainer.graph, trainer.training.scores, x, y, lr=0.01, momentum=0.9, threads=options.threads
+            first.graph, first.training.scores, x, y, lr=0.01, momentum=0.9, threads=options.threads
         )
-    return steps, trainer
+    return steps, trainers
+
+
+def _phased_step(trainer: Any, x: np.ndarray, y: np.ndarray, timings: dict[str, float]) -> object:
+    return trainer.train_step(x, y, timings)
+
+
+def _traced_peak(step: PhasedStep) -> int:
+    """Peak bytes numpy allocates during one call of ``step`` (tracemalloc). On a host-unified-memory
+    OpenCL device (PoCL) its buffers are numpy allocations too, so CPU and OpenCL compare like for like;
+    a discrete GPU's own memory is not seen."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        step({})
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+#: The hetflow configurations of the ``train`` target: label -> device.
+TRAIN_DEVICES = {"hetflow": "cpu", "hetflow OpenCL": ACCELERATOR}
 
 
 def bench_train(options: Options, model: str = "zoo:mentee") -> BenchResult:
     """One SGD step of the mentee at batch 128 on CIFAR-10-shaped data, split into forward (with the
-    loss), backward and update, hetflow CPU vs PyTorch CPU; and hetflow's peak step memory."""
+    loss), backward and update: hetflow on the CPU, hetflow on ``opencl:0`` (every node forward and
+    backward, and the update, on the device) and PyTorch on the CPU; and each one's peak step memory."""
     batch = 8 if options.quick else 128
     torch_note = _torch_note()
+    accelerator_reason = _accelerator_reason()
+    devices = {label: device for label, device in TRAIN_DEVICES.items()
+               if device == "cpu" or accelerator_reason is None}  # fmt: skip
     result = BenchResult(
         "train", f"{model.removeprefix('zoo:')} training step at batch {batch}: forward / backward / update, "
-        "hetflow CPU vs PyTorch CPU (TensorFlow+)",
-        ["phase", "hetflow ms", "hetflow median ms", "PyTorch ms", "PyTorch median ms", "hetflow / PyTorch"],
-        x_label="phase", y_label="ms (min)", x_values=list(PHASES), notes=_notes(options, None),
-    )
+        f"hetflow CPU vs hetflow {ACCELERATOR} vs PyTorch CPU (TensorFlow+)",
+        ["phase", "hetflow ms", "hetflow median ms", "OpenCL ms", "OpenCL median ms", "OpenCL / CPU",
+         "PyTorch ms", "PyTorch median ms", "hetflow / PyTorch"],
+        x_label="phase", y_label="ms (min)", x_values=list(PHASES), notes=_notes(options, accelerator_reason),
+    )  # fmt: skip
     with _thread_limit(options):
-        steps, trainer = _training_pair(model, batch, options)
+        steps, trainers = _training_steps(model, batch, options, devices)
         timings = _phase_timings(steps, options.repeat)
-    ours, theirs = timings["hetflow"], timings.get("PyTorch")
+        peaks = {label: _traced_peak(steps[label]) for label in trainers}
+    ours, accelerated, theirs = timings["hetflow"], timings.get("hetflow OpenCL"), timings.get("PyTorch")
     for phase in PHASES:
+        cl_phase = None if accelerated is None else accelerated[phase]
         peer = None if theirs is None else theirs[phase]
-        result.rows.append([phase, _ms(ours[phase]), _median_ms(ours[phase]), _ms(peer), _median_ms(peer),
-                            _ratio(ours[phase], peer)])
+        result.rows.append([phase, _ms(ours[phase]), _median_ms(ours[phase]), _ms(cl_phase), _median_ms(cl_phase),
+                            _ratio(cl_phase, ours[phase]), _ms(peer), _median_ms(peer),
+                            _ratio(ours[phase], peer)])  # fmt: skip
     result.series = [Series(label, [t[phase].min_ms for phase in PHASES]) for label, t in timings.items()]
+    trainer = trainers["hetflow"]
     report = trainer.memory_report(batch)
     measured = trainer.tape.peak_bytes
     result.notes.append(
@@ -451,7 +489,18 @@ def bench_train(options: Options, model: str = "zoo:mentee") -> BenchResult:
         f"{report['step_bound_bytes'] / 2**20:.1f} MiB bound with kernel scratch, plus "
         f"{report['fixed_bytes'] / 2**20:.1f} MiB of weights and optimizer state"
     )
-    result.notes.append("CPU only: no other device has training kernels yet (OpenCL column not measured)")
+    result.notes.append(
+        "peak bytes allocated during one step (tracemalloc; on a host-unified OpenCL device its buffers "
+        "included): " + ", ".join(f"{label} {peak / 2**20:.1f} MiB" for label, peak in peaks.items())
+    )
+    if "hetflow OpenCL" in trainers:
+        placement = trainers["hetflow OpenCL"].tape.placement
+        forward_cpu = [name for name, (fwd, _) in placement.items() if fwd == "cpu"]
+        backward_cpu = [name for name, (_, bwd) in placement.items() if bwd == "cpu"]
+        result.notes.append(
+            f"hetflow OpenCL: forward, backward and the SGD update on {ACCELERATOR}, except forward on the "
+            f"CPU: {', '.join(forward_cpu) or 'none'}; numpy backward rule: {', '.join(backward_cpu) or 'none'}"
+        )
     if torch_note is not None:
         result.notes.append(torch_note)
     return result
@@ -505,7 +554,7 @@ def bench_train_scaling(options: Options) -> BenchResult:
     with _thread_limit(options):
         for width in widths:
             for depth in depths:
-                steps, _ = _training_pair(conv_stack_model(depth, width, size), batch, options)
+                steps, _ = _training_steps(conv_stack_model(depth, width, size), batch, options, {"hetflow": "cpu"})
                 timings = _phase_timings(steps, options.repeat)
                 ours, theirs = timings["hetflow"]["step"], timings.get("PyTorch", {}).get("step")
                 values.setdefault(f"hetflow w{width}", []).append(_ms(ours))
@@ -531,7 +580,7 @@ TARGETS: dict[str, Target] = {
         Target("cnndroid", "CNNdroid Fig. 8",
                "lenet, cifar10-quick, alexnet per image at batch 16: sequential, parallel, OpenCL", bench_cnndroid),
         Target("train", "TensorFlow+",
-               "mentee SGD step at batch 128: forward / backward / update, hetflow vs PyTorch, peak memory",
+               "mentee SGD step at batch 128: forward / backward / update, CPU vs OpenCL vs PyTorch, peak memory",
                bench_train),
         Target("train-scaling", "TensorFlow+ Fig. 2",
                "conv-only networks, depth 1-8 x width 16-64, batch 32: step time, hetflow vs PyTorch",

@@ -1,10 +1,12 @@
 """Reverse-mode differentiation over a Graph: a forward pass that keeps what the ops' backward rules
 read, then the rules in reverse topological order.
 
-The tape never derives a gradient itself: it asks each node's ``OpDef.backward`` (``hetflow.ops``),
-passing which inputs need one, so frozen weights and inputs that lead to no parameter cost nothing.
-Forward values are computed by the CPU device's kernels, the same ones inference runs, except where
-``hetflow.train.kernels`` has a faster whole-batch version (Conv).
+The tape never derives a gradient itself: it asks each node's backward rule, passing which inputs need
+one, so frozen weights and inputs that lead to no parameter cost nothing. Where each node runs comes
+from ``hetflow.train.device``: the inference planner's placement over the trainer's devices (the CPU
+alone by default), forward values by that device's kernels (on the CPU, ``hetflow.train.kernels``'
+faster whole-batch Conv), and the gradient by that device's backward rule for the op, else by the op's
+numpy rule (``OpDef.backward`` in ``hetflow.ops``).
 
 Memory, planned by liveness like inference: an activation is kept for the backward pass only when a
 rule declares it reads it (``OpDef.backward_reads``; the others get zero-memory stand-ins), it is freed
@@ -23,13 +25,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hetflow.devices.base import Kernel
-from hetflow.devices.cpu.table import CPU_KERNELS
-from hetflow.errors import HetflowError
+from hetflow.errors import HetflowError, UnsupportedOpsError
 from hetflow.graph import Graph, Node
 from hetflow.ops import registry
 from hetflow.ops.base import shape_only
-from hetflow.train.kernels import ForwardFn, training_kernel
+from hetflow.train.device import BackwardFn, TrainingDevices, cpu_devices
+from hetflow.train.kernels import ForwardFn
 
 #: Traits of ops whose outputs are cheap enough to recompute instead of keeping (checkpointing).
 CHEAP_TRAITS = frozenset({"elementwise", "view"})
@@ -93,28 +94,35 @@ class Tape:
         parameters: initializer names to compute gradients for (the trainable ones).
         recompute: activations to drop after the forward pass and recompute in the backward pass
             (see ``plan_recompute``); each must be produced by a node with a CHEAP_TRAITS trait.
+        devices: where the nodes run (``hetflow.train.device``); the CPU alone by default.
 
     Raises:
-        TrainingError: a node on the gradient path has no backward rule or no CPU kernel; every such
-            node is listed.
+        TrainingError: a node on the gradient path has no backward rule, or a node has no forward
+            kernel on any of the devices; every such node is listed.
     """
 
-    def __init__(self, graph: Graph, parameters: Iterable[str], recompute: Iterable[str] = ()):
+    def __init__(
+        self,
+        graph: Graph,
+        parameters: Iterable[str],
+        recompute: Iterable[str] = (),
+        devices: TrainingDevices | None = None,
+    ):
         self.graph = graph
         self.parameters = set(parameters)
-        self._kernels: list[ForwardFn] = []
-        missing_kernels: list[str] = []
-        for node in graph.nodes:
-            kernel: Kernel | None = CPU_KERNELS.lookup(node)
-            faster = training_kernel(node)
-            if faster is not None:
-                self._kernels.append(faster)
-            elif kernel is None:
-                missing_kernels.append(f"'{node.name}' ({node.op_type})")
-            else:
-                self._kernels.append(kernel.fn)
-        if missing_kernels:
-            raise TrainingError(f"no CPU kernel for node(s) {', '.join(missing_kernels)}")
+        self.devices = devices or cpu_devices()
+        try:
+            placed = self.devices.place(graph)
+        except UnsupportedOpsError as error:
+            names = ", ".join(f"'{n.name}' ({n.op_type})" for n in error.nodes)
+            on = ", ".join(d.id for d in self.devices.devices)
+            raise TrainingError(f"no kernel on {on} for node(s) {names}") from None
+        self._kernels: list[ForwardFn] = [p.forward for p in placed]
+        self._rules: list[BackwardFn | None] = [p.backward for p in placed]
+        #: Node name -> (device of its forward kernel, device of its backward rule).
+        self.placement = {
+            p.node.name: (p.device.id, p.device.id if p.backward is not None else "cpu") for p in placed
+        }
         self._producer = {name: i for i, node in enumerate(graph.nodes) for name in node.present_outputs()}
         self._wanted = self._plan_gradients()
         self._reads = {index: self._read_names(graph.nodes[index]) for index in self._wanted}
@@ -263,10 +271,10 @@ class Tape:
             peak = max(peak, live)
             grad_outputs = [grads.pop(name, None) if name else None for name in node.outputs]
             if any(g is not None for g in grad_outputs):
-                opdef = registry.get(node.op_type, node.domain)
                 inputs = [self._given(name, values, forward) for name in node.inputs]
                 outputs = [self._given(name, values, forward) for name in node.outputs]
-                input_grads = opdef.backward(node, inputs, outputs, grad_outputs, self._wanted[index])
+                rule = self._rules[index] or registry.get(node.op_type, node.domain).backward
+                input_grads = rule(node, inputs, outputs, grad_outputs, self._wanted[index])
                 for name, grad, want in zip(node.inputs, input_grads, self._wanted[index]):
                     if not want or grad is None:
                         continue

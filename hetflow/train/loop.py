@@ -6,7 +6,6 @@ import fnmatch
 import os
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from hetflow.ops.base import TensorInfo, nbytes
 from hetflow.ops.loss import READS_LOGITS, LossResult, get_loss
 from hetflow.train.autograd import Tape, TrainingError
 from hetflow.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from hetflow.train.device import training_devices
 from hetflow.train.graph import TrainingGraph, parameter_names, set_dropout_seed, training_graph
 from hetflow.train.optim import Adam, Optimizer
 
@@ -52,7 +52,7 @@ class History:
 
 
 class Trainer:
-    """Train a model's weights on the CPU with the ops' backward rules, then export it as ONNX.
+    """Train a model's weights on the CPU or an accelerator, then export it as ONNX.
 
     Args:
         model: anything ``hetflow.load_model`` accepts (path, ``"zoo:NAME"``, ModelProto, Graph).
@@ -60,8 +60,10 @@ class Trainer:
             numerically stable; integer labels or target probabilities) or ``"mse"``, or a function
             ``(scores, targets) -> LossResult``.
         optimizer: an ``Optimizer`` (default ``Adam(lr=1e-3)``).
-        device: ``"cpu"`` (the only device with training kernels so far); ``"auto"`` falls back to it
-            with one warning, another name raises TrainingError.
+        device: ``"cpu"``; an accelerator by name (``"opencl:0"``), which runs every node its kernels
+            support forward and backward (the CPU the rest, see ``hetflow.train.device``), the loss and
+            the optimizer's update; or ``"auto"``: the first accelerator that starts, else the CPU with
+            one warning. A device named explicitly that cannot start raises DeviceUnavailableError.
         memory_budget: bytes (or ``"64MB"``) a step may hold: initializers, optimizer state, and a
             bound on the step's transient peak (kept activations, gradients, and the running kernel's or
             rule's scratch; see ``memory_report``). Under it the tape recomputes cheap activations
@@ -86,15 +88,12 @@ class Trainer:
         freeze: Sequence[str] = (),
         seed: int = 0,
     ):
-        if device == "auto":
-            # NOTE: only the CPU has training kernels so far; "auto" means "the best this build has".
-            warnings.warn("training runs on the CPU (no other device has backward kernels yet)", stacklevel=2)
-        elif device != "cpu":
-            raise TrainingError(f"training runs on the CPU only so far; got device={device!r}")
+        self.devices = training_devices(device)
         self.graph = load_model(model)
         if isinstance(loss, str):
             self.loss_name = loss
-            self._loss = get_loss(loss)
+            # The device's own version of the loss when it has one (it falls back to numpy itself).
+            self._loss = self.devices.kernels.losses.get(loss) or get_loss(loss)
             reads_logits = loss in READS_LOGITS
         else:
             self.loss_name = getattr(loss, "__name__", "custom")
@@ -105,9 +104,11 @@ class Trainer:
         self.memory_budget = _parse_budget(memory_budget)
         self._rng = np.random.default_rng(seed)
         self._seed = seed
-        # The trainer owns its weights: copies, so that the loaded graph's arrays are never written.
+        # The trainer owns its weights: copies, so that the loaded graph's arrays are never written, in
+        # memory the device's update kernels can write in place.
+        copy = self.devices.kernels.host_copy
         self.params = {
-            name: np.array(self.graph.initializers[name]) for name in parameter_names(self._train.graph)
+            name: copy(self.graph.initializers[name]) for name in parameter_names(self._train.graph)
         }
         self.buffers = {
             name: np.array(self.graph.initializers[name]) for name in self._train.running.values()
@@ -151,6 +152,11 @@ class Trainer:
         return sorted(head)
 
     @property
+    def device(self) -> str:
+        """The id of the device the trainer runs on (``"cpu"``, ``"opencl:0"``...)."""
+        return self.devices.primary.id
+
+    @property
     def training(self) -> TrainingGraph:
         """The training form of the model (its graph, the value the loss reads, running statistics)."""
         return self._train
@@ -174,7 +180,7 @@ class Trainer:
     def tape(self) -> Tape:
         """The autograd tape for the current trainable set (re-planned after freezing)."""
         if self._tape is None:
-            self._tape = Tape(self._train.graph, self.trainable)
+            self._tape = Tape(self._train.graph, self.trainable, devices=self.devices)
             self._planned_batch = None
         return self._tape
 
@@ -284,7 +290,7 @@ class Trainer:
                 f"a training step at batch {len(x)} held {tape.peak_bytes + self.fixed_bytes()} bytes; the "
                 f"budget is {self.memory_budget}"
             )
-        self.optimizer.step(self.params, grads)
+        self.optimizer.step(self.params, grads, self.devices.kernels)
         for output, initializer in self._train.running.items():
             self.buffers[initializer][...] = forward.values[output]
         if timings is not None:
@@ -376,7 +382,7 @@ class Trainer:
     def _run_inference(self, x: np.ndarray, batch_size: int, output: str) -> np.ndarray:
         graph = self.graph.copy()
         graph.initializers.update({**self.params, **self.buffers})
-        tape = Tape(graph, ())
+        tape = Tape(graph, (), devices=self.devices)
         x = np.asarray(x, dtype=self.graph.values[self.input_name].dtype)
         pieces = [
             tape.forward({self.input_name: x[i : i + batch_size]}, outputs=[output]).values[output]

@@ -3,14 +3,22 @@
 An optimizer updates parameter arrays in place from their gradients, keyed by parameter name; its
 state (momentum buffers, Adam moments, the step count) is a flat dict of arrays so that checkpoints
 store it without pickle.
+
+Given a device's training kernels (``step(..., kernels=)``), an optimizer whose ``rule`` the device has
+(``"sgd"``, ``"adam"``) runs each float32 update there (``device_update``), on the same host arrays and
+state, so checkpoints and the numpy path read the same values; everything else updates with numpy.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from hetflow.train.device import TrainingKernels
 
 #: step (0-based) -> multiplier of the base learning rate.
 Schedule = Callable[[int], float]
@@ -93,21 +101,53 @@ class Optimizer:
         """The learning rate the next step uses."""
         return self.lr * self.schedule(self.steps)
 
-    def step(self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray]) -> None:
-        """Update each parameter that has a gradient, in place."""
+    #: The name of the device update kernel implementing this optimizer (``TrainingKernels.updates``),
+    #: or None for numpy only.
+    rule: ClassVar[str | None] = None
+
+    def step(
+        self,
+        params: Mapping[str, np.ndarray],
+        grads: Mapping[str, np.ndarray],
+        kernels: TrainingKernels | None = None,
+    ) -> None:
+        """Update each parameter that has a gradient, in place.
+
+        Args:
+            kernels: a device's training kernels; float32 parameters are updated by its kernel for
+                ``rule`` when it has one (gradient clipping stays on the host).
+        """
         if self.clip_norm is not None:
             clip_by_global_norm(grads, self.clip_norm)
         lr = self.current_lr
         self.steps += 1
+        device_kernel = kernels.updates.get(self.rule) if kernels is not None and self.rule else None
         for name, grad in grads.items():
             param = params[name]
-            self.update(
-                name, param, grad.astype(param.dtype, copy=False), lr, self.state.setdefault(name, {})
-            )
+            state = self.state.setdefault(name, {})
+            grad = grad.astype(param.dtype, copy=False)
+            if device_kernel is not None and param.dtype == np.float32 and param.flags.c_contiguous:
+                assert kernels is not None
+                self.device_update(device_kernel, kernels, param, grad, lr, state)
+            else:
+                self.update(name, param, grad, lr, state)
 
     def update(
         self, name: str, param: np.ndarray, grad: np.ndarray, lr: float, state: dict[str, np.ndarray]
     ) -> None:
+        """The numpy update of one parameter, in place."""
+        raise NotImplementedError
+
+    def device_update(
+        self,
+        kernel: Callable[..., None],
+        kernels: TrainingKernels,
+        param: np.ndarray,
+        grad: np.ndarray,
+        lr: float,
+        state: dict[str, np.ndarray],
+    ) -> None:
+        """The same update through a device ``kernel`` (state allocated with ``kernels.zeros_like``)."""
         raise NotImplementedError
 
     def state_arrays(self) -> dict[str, np.ndarray]:
@@ -135,6 +175,8 @@ class SGD(Optimizer):
     ``v = momentum v + g + wd p``; ``p -= lr v`` (Nesterov: ``p -= lr (g + wd p + momentum v)``).
     """
 
+    rule = "sgd"
+
     def __init__(self, lr: float = 0.01, *, momentum: float = 0.0, nesterov: bool = False, **options):
         super().__init__(lr, **options)
         if nesterov and momentum <= 0:
@@ -145,6 +187,18 @@ class SGD(Optimizer):
     @property
     def state_slots(self) -> int:
         return 1 if self.momentum else 0
+
+    def device_update(self, kernel, kernels, param, grad, lr, state) -> None:
+        velocity = None
+        if self.momentum:
+            # NOTE: a zero velocity makes the first step's ``momentum * 0 + g`` the numpy path's copy of g.
+            velocity = state.get("velocity")
+            if velocity is None:
+                velocity = state["velocity"] = kernels.zeros_like(param)
+        kernel(
+            param, grad, velocity, lr=lr, momentum=self.momentum, nesterov=self.nesterov,
+            weight_decay=self.weight_decay,
+        )  # fmt: skip
 
     def update(self, name, param, grad, lr, state) -> None:
         if self.weight_decay:
@@ -163,6 +217,7 @@ class SGD(Optimizer):
 class Adam(Optimizer):
     """Adam (Kingma & Ba) with bias correction; ``weight_decay`` adds an L2 term to the gradient."""
 
+    rule = "adam"
     decoupled = False
 
     def __init__(
@@ -176,22 +231,35 @@ class Adam(Optimizer):
     def state_slots(self) -> int:
         return 2
 
+    def _advance(self, state: dict[str, np.ndarray], zeros_like: Callable[[np.ndarray], np.ndarray],
+                 param: np.ndarray, lr: float) -> float:
+        """Create the moments on the first step, count the step; returns the bias-corrected step size."""
+        if "m" not in state:
+            state["m"] = zeros_like(param)
+            state["v"] = zeros_like(param)
+            state["t"] = np.zeros((), np.int64)
+        state["t"] += 1
+        t = int(state["t"])
+        beta1, beta2 = self.betas
+        return lr * math.sqrt(1 - beta2**t) / (1 - beta1**t)
+
+    def device_update(self, kernel, kernels, param, grad, lr, state) -> None:
+        step = self._advance(state, kernels.zeros_like, param, lr)
+        kernel(
+            param, grad, state["m"], state["v"], lr=lr, step=step, beta1=self.betas[0],
+            beta2=self.betas[1], eps=self.eps, weight_decay=self.weight_decay, decoupled=self.decoupled,
+        )  # fmt: skip
+
     def update(self, name, param, grad, lr, state) -> None:
         beta1, beta2 = self.betas
         if self.weight_decay and not self.decoupled:
             grad = grad + self.weight_decay * param
-        if "m" not in state:
-            state["m"] = np.zeros_like(param)
-            state["v"] = np.zeros_like(param)
-            state["t"] = np.zeros((), np.int64)
-        state["t"] += 1
-        t = int(state["t"])
+        step = self._advance(state, np.zeros_like, param, lr)
         m, v = state["m"], state["v"]
         m *= beta1
         m += (1 - beta1) * grad
         v *= beta2
         v += (1 - beta2) * grad * grad
-        step = lr * math.sqrt(1 - beta2**t) / (1 - beta1**t)
         if self.weight_decay and self.decoupled:
             param -= lr * self.weight_decay * param
         param -= step * m / (np.sqrt(v) + self.eps)

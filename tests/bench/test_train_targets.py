@@ -40,7 +40,26 @@ def test_train_splits_the_step_into_phases_without_torch(no_torch):
     assert _column(result, "PyTorch ms") == [None] * len(PHASES)
     assert _column(result, "hetflow / PyTorch") == [None] * len(PHASES)
     assert any("torch is not installed" in note for note in result.notes)
-    assert [series.label for series in result.series] == ["hetflow"]
+    assert [series.label for series in result.series][0] == "hetflow"
+
+
+def test_train_puts_the_opencl_step_beside_the_cpu_one(no_torch):
+    from hetflow.devices.opencl import OpenCLDevice
+
+    result = run_target("train", QUICK)
+    accelerated = _column(result, "OpenCL ms")
+    if OpenCLDevice.is_available() is not None:
+        assert accelerated == [None] * len(PHASES)
+        assert any(note.startswith("no opencl:0 columns") for note in result.notes)
+        return
+    assert all(ms > 0 for ms in accelerated)
+    ratios = _column(result, "OpenCL / CPU")
+    assert all(r is not None and r > 0 for r in ratios)
+    assert [series.label for series in result.series] == ["hetflow", "hetflow OpenCL"]
+    [memory] = [n for n in result.notes if n.startswith("peak bytes allocated during one step")]
+    assert "hetflow OpenCL" in memory
+    [placement] = [n for n in result.notes if n.startswith("hetflow OpenCL: forward, backward")]
+    assert "forward on the CPU: none" in placement
 
 
 def test_train_reports_the_trainers_peak_memory(no_torch):

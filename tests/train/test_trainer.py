@@ -320,8 +320,19 @@ def test_a_budget_that_cannot_fit_fails_before_the_step() -> None:
         np.testing.assert_array_equal(trainer.params[name], array)
 
 
-def test_devices_other_than_the_cpu() -> None:
-    with pytest.warns(UserWarning, match="CPU"):
-        Trainer(small_cnn(), device="auto")
-    with pytest.raises(TrainingError, match="CPU only"):
-        Trainer(small_cnn(), device="opencl:0")
+def test_devices_that_cannot_start_are_refused_by_name() -> None:
+    from hetflow.errors import DeviceUnavailableError
+
+    with pytest.raises(DeviceUnavailableError, match="unknown device 'tpu'"):
+        Trainer(small_cnn(), device="tpu")
+    with pytest.raises(DeviceUnavailableError, match="opencl:99"):
+        Trainer(small_cnn(), device="opencl:99")
+
+
+def test_auto_without_an_accelerator_trains_on_the_cpu_with_a_warning(monkeypatch) -> None:
+    from hetflow.devices.opencl import OpenCLDevice
+
+    monkeypatch.setattr(OpenCLDevice, "is_available", classmethod(lambda cls: "no platform (test)"))
+    with pytest.warns(RuntimeWarning, match="training runs on the CPU"):
+        trainer = Trainer(small_cnn(), device="auto")
+    assert trainer.device == "cpu"
