@@ -17,6 +17,13 @@ Two execution modes:
   split their own work) use the run's thread count; ``threads=1`` is CNNdroid's fully sequential mode.
 - ``"parallel"``: steps whose inputs are ready may run at the same time on ``threads`` threads (the caller
   and helpers), driven by dependency counts; graphs without independent branches run sequentially.
+
+Values on devices (``_Residency``): a step on a device that keeps values resident (an OpenCL device:
+it answers ``device_inputs``) gets device buffers for the inputs its kernel declares, and its kernel
+returns device buffers. A value crosses to the host once, when a host step first reads it or when it is
+returned; a host value crosses to a device once per device, when a step there first reads it. Weights
+never cross here: kernels keep initializers resident themselves. A device buffer goes back to its
+device's pool after the last step that reads it or any view of it.
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ from typing import Literal
 
 import numpy as np
 
+from hetflow.devices.base import Device
 from hetflow.devices.cpu.threads import BLAS, available_cores
+from hetflow.devices.opencl import DeviceArray
 from hetflow.errors import HetflowError
 from hetflow.graph import Node
 from hetflow.runtime.memory import MemoryPlan, Order, plan_memory
@@ -125,6 +134,8 @@ class _Op:
     reads: tuple[int, ...]  # distinct releasable slots it reads (parallel reference counts)
     unread: tuple[int, ...]  # releasable outputs no step reads (parallel: released at once)
     consumers: tuple[int, ...]  # indices of the steps that read any of its outputs
+    device: Device | None = None  # the step's device when it keeps values resident, else None (host)
+    moves: tuple[tuple[int, int, Device | None], ...] = ()  # (position, slot, target; None: the host)
 
 
 #: Slot 0 always holds None: it stands for omitted optional inputs and outputs.
@@ -142,13 +153,15 @@ class Program:
         for step in plan.steps:
             for name in (*step.node.inputs, *step.node.outputs):
                 self._slot(name)
+        self.output_slots = tuple(self.slots[name] for name in wanted)
+        pinned = {self.slots[name] for name in (*graph.initializers, *wanted)} | {_NONE}
+        self.ops = _compile_steps(plan, self.slots, pinned, {self.slots[n] for n in graph.initializers})
+        self.resident_devices = tuple({id(op.device): op.device for op in self.ops if op.device}.values())
         self.template: list[np.ndarray | None] = [None] * len(self.slots)
         for name, array in graph.initializers.items():
             # NOTE: streamed weights are mapped by the steps that read them, for the step only.
-            self.template[self.slots[name]] = None if name in plan.streamed else array
-        self.output_slots = tuple(self.slots[name] for name in wanted)
-        pinned = {self.slots[name] for name in (*graph.initializers, *wanted)} | {_NONE}
-        self.ops = _compile_steps(plan, self.slots, pinned)
+            if name not in plan.streamed:
+                self.template[self.slots[name]] = _constant(array) if self.resident_devices else array
         self.reader_counts = _reader_counts(self.ops, len(self.slots))
         self.waiting = tuple(_producer_counts(self.ops))
         self.roots = tuple(i for i, count in enumerate(self.waiting) if count == 0)
@@ -196,6 +209,8 @@ class Program:
 
     # -- sequential ------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray | None]:
+        if self.resident_devices:
+            return self.run_resident(feeds)
         env = self.environment(feeds)
         arena = self._acquire("sequential")
         node = None
@@ -219,8 +234,38 @@ class Program:
             self._release("sequential", arena)
         return env
 
+    def run_resident(
+        self, feeds: Mapping[str, np.ndarray], observer: Observer | None = None
+    ) -> list[np.ndarray | None]:
+        """The sequential loop for plans with steps on resident devices (see ``_Residency``).
+
+        With ``observer`` (profiling), each device step is waited for before its time is taken, and a
+        returned value is brought to the host right after the step that makes it, so that the step is
+        charged with its own transfers.
+        """
+        env = self.environment(feeds)
+        arena = self._acquire("sequential")
+        residency = _Residency(self)
+        try:
+            for index, op in enumerate(self.ops):
+                started = time.perf_counter()
+                residency.run(op, env, arena.buffers[index])
+                if observer is not None:
+                    residency.settle(op, env)
+                    observer(op.step, time.perf_counter() - started)
+                for slot in op.release:
+                    residency.release(slot, env)
+            residency.finish(env)
+            arena.copy_out(env)
+        finally:
+            residency.close()
+            self._release("sequential", arena)
+        return env
+
     def run_observed(self, feeds: Mapping[str, np.ndarray], observer: Observer) -> list[np.ndarray | None]:
         """The sequential loop with one observer call per step (profiling)."""
+        if self.resident_devices:
+            return self.run_resident(feeds, observer)
         env = self.environment(feeds)
         arena = self._acquire("sequential")
         try:
@@ -238,16 +283,21 @@ class Program:
     # -- parallel --------------------------------------------------------------------------------
     def run_parallel(self, feeds: Mapping[str, np.ndarray], threads: int) -> list[np.ndarray | None]:
         arena = self._acquire("parallel")
+        residency = _Residency(self) if self.resident_devices else None
         try:
-            run = _ParallelRun(self, self.environment(feeds), arena)
+            run = _ParallelRun(self, self.environment(feeds), arena, residency)
             pool = _branch_pool()
             for _ in range(threads - 1):
                 pool.submit(run.work)
             run.work()
             env = run.finish()
+            if residency is not None:
+                residency.finish(env)
             arena.copy_out(env)
         finally:
             # NOTE: finish() waits for every running step, so no helper still writes into the arena.
+            if residency is not None:
+                residency.close()
             self._release("parallel", arena)
         return env
 
@@ -294,7 +344,7 @@ class _Arena:
                 env[slot] = value.copy()
 
 
-def _compile_steps(plan: Plan, slots: dict[str, int], pinned: set[int]) -> list[_Op]:
+def _compile_steps(plan: Plan, slots: dict[str, int], pinned: set[int], weights: set[int]) -> list[_Op]:
     producer: dict[int, int] = {}
     readers: dict[int, set[int]] = {}
     last_reader: dict[int, int] = {}
@@ -324,9 +374,48 @@ def _compile_steps(plan: Plan, slots: dict[str, int], pinned: set[int]) -> list[
                 reads=tuple(sorted({slots[n] for n in node.present_inputs()} - pinned)),
                 unread=tuple(slots[n] for n in node.present_outputs() if slots[n] not in read and slots[n] not in pinned),
                 consumers=tuple(sorted(readers.get(index, ()))),
+                device=_resident_device(step),
+                moves=_moves(step, slots, weights),
             )
         )
     return ops
+
+
+def _constant(array: np.ndarray) -> np.ndarray:
+    """``array`` as a read-only view, made once per compiled program.
+
+    NOTE: devices keep read-only arrays resident (uploaded once, keyed by the array); weights made by
+    the graph passes (folded BatchNormalization) are writable and would be uploaded on every run. The
+    view marks them as the constants they are for the plan's lifetime without touching the graph's own
+    arrays (a trainer may still update those).
+    """
+    if not isinstance(array, np.ndarray) or not array.flags.writeable:
+        return array
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def _resident_device(step: Step) -> Device | None:
+    """The step's device when it keeps values resident (it answers ``device_inputs``), else None."""
+    return step.device if callable(getattr(step.device, "device_inputs", None)) else None
+
+
+def _moves(step: Step, slots: Mapping[str, int], weights: set[int]) -> tuple[tuple[int, int, Device | None], ...]:
+    """Per input that may have to cross before the step runs: (position, slot, where it must be).
+
+    Inputs a resident device's kernel declares go to that device; every other input must be on the host.
+    Weights are left alone: kernels keep initializers resident themselves, uploaded once per session.
+    """
+    device = _resident_device(step)
+    wanted = set(device.device_inputs(step.kernel, step.node)) if device is not None else set()  # type: ignore[attr-defined]
+    moves = []
+    for position, name in enumerate(step.node.inputs):
+        slot = slots[name]
+        if slot == _NONE or slot in weights:
+            continue
+        moves.append((position, slot, device if position in wanted else None))
+    return tuple(moves)
 
 
 def _streaming(
@@ -404,6 +493,153 @@ def _kernel_error(op: _Op, env: list[np.ndarray | None], error: BaseException) -
     )
 
 
+# -- values on devices ---------------------------------------------------------------------------
+class _Residency:
+    """One run's bookkeeping of values on devices: the copies made for readers elsewhere, and how many
+    slots hold each pooled device buffer (a buffer goes back to its pool when none does).
+
+    Every value has one home, where its producer left it (``env``); ``mirrors`` holds its copies on
+    other devices or the host, made when a step there first reads it and dropped with the value, so a
+    value crosses to each place at most once per run.
+    """
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.mirrors: dict[int, dict[int, object]] = {}  # slot -> id(target device) or 0 (host) -> copy
+        self.holders: dict[int, int] = {}  # id(allocation) -> slots (and mirrors) holding it
+        self.pending: set[int] = set()  # ids of resident devices with kernels queued since the last wait
+        self.outputs = frozenset(program.output_slots)
+        self.lock = threading.Lock()
+
+    # -- one step --------------------------------------------------------------------------------
+    def run(self, op: _Op, env: list, buffers: _Buffers) -> None:
+        """Move the step's inputs where it reads them, run it, and record what it left on a device."""
+        if op.device is None:
+            self._wait_for_devices()
+        inputs = [env[slot] for slot in op.inputs]
+        for position, slot, target in op.moves:
+            inputs[position] = self._where(slot, inputs[position], target)
+        out, workspace = buffers
+        try:
+            if out is None:
+                results = op.fn(op.step.node, inputs)
+            else:
+                results = op.fn(op.step.node, inputs, out, workspace)
+        except HetflowError:
+            raise
+        except Exception as error:  # noqa: BLE001  (re-raised with the node's context)
+            raise _kernel_error(op, env, error) from error
+        with self.lock:
+            for slot, value in zip(op.outputs, results):
+                env[slot] = value
+                self._hold(value)
+            if op.device is not None:
+                self.pending.add(id(op.device))
+
+    def settle(self, op: _Op, env: list) -> None:
+        """Profiling: wait for the step's device, and bring the step's returned outputs to the host now
+        (so the step is charged with its own time and transfers)."""
+        if op.device is not None:
+            op.device.synchronize()
+        for slot in op.outputs:
+            if slot in self.outputs and isinstance(env[slot], DeviceArray):
+                self._where(slot, env[slot], None)
+
+    def _wait_for_devices(self) -> None:
+        """Before a host step: wait for devices that may still read host memory it could overwrite.
+
+        NOTE: on unified memory an uploaded value is the host memory itself (the arena's, wrapped), and
+        a kernel queued to read it may not have run yet; the host step may be the next writer there.
+        Copying devices took their copy when the buffer was made, so they need no wait.
+        """
+        with self.lock:
+            pending, self.pending = self.pending, set()
+        for device in self.program.resident_devices:
+            if id(device) in pending and getattr(device, "unified_memory", False):
+                device.synchronize()
+
+    # -- crossings -------------------------------------------------------------------------------
+    def _where(self, slot: int, value: object, target: Device | None) -> object:
+        """``value`` (the home of ``slot``) where ``target`` reads it (None: the host), moved at most once."""
+        if value is None:
+            return None
+        if target is None and not isinstance(value, DeviceArray):
+            return value
+        if isinstance(value, DeviceArray) and value.device is target:
+            return value
+        key = 0 if target is None else id(target)
+        with self.lock:
+            copies = self.mirrors.setdefault(slot, {})
+            found = copies.get(key)
+            if found is None:
+                found = self._move(slot, value, target)
+                copies[key] = found
+                self._hold(found)
+        return found
+
+    def _move(self, slot: int, value: object, target: Device | None) -> object:
+        host = value
+        if isinstance(value, DeviceArray):
+            copies = self.mirrors.get(slot, {})
+            host = copies[0] if 0 in copies else value.device.to_host(value)  # type: ignore[union-attr]
+            if target is None:
+                return host
+            copies.setdefault(0, host)
+        return target.to_device(np.ascontiguousarray(host))  # type: ignore[union-attr]
+
+    # -- lifetimes -------------------------------------------------------------------------------
+    def _hold(self, value: object) -> None:
+        allocation = value.allocation if isinstance(value, DeviceArray) else None
+        if allocation is not None:
+            self.holders[id(allocation)] = self.holders.get(id(allocation), 0) + 1
+
+    def _drop(self, value: object) -> None:
+        """One holder of ``value`` is gone; its buffer goes back to the pool when it was the last one."""
+        if not isinstance(value, DeviceArray):
+            return
+        device = value.device
+        assert device is not None
+        allocation = value.allocation
+        if allocation is None:
+            device.park(value)  # an upload: kernels queued with it may not have run yet
+            return
+        left = self.holders[id(allocation)] - 1
+        if left:
+            self.holders[id(allocation)] = left
+        else:
+            del self.holders[id(allocation)]
+            device.release(value)
+
+    def release(self, slot: int, env: list) -> None:
+        """``slot``'s last reader has run: drop its value and the copies made of it."""
+        with self.lock:
+            self._drop(env[slot])
+            env[slot] = None
+            for copy in self.mirrors.pop(slot, {}).values():
+                self._drop(copy)
+
+    def finish(self, env: list) -> None:
+        """Bring returned values to the host (once each) and drop the copies still held (of feeds)."""
+        for slot in self.program.output_slots:
+            value = env[slot]
+            if isinstance(value, DeviceArray):
+                host = self._where(slot, value, None)
+                with self.lock:
+                    self._drop(value)
+                env[slot] = host
+        with self.lock:
+            for copies in self.mirrors.values():
+                for copy in copies.values():
+                    self._drop(copy)
+            self.mirrors.clear()
+
+    def close(self) -> None:
+        """Wait for every device the run used (also after an error: queued kernels may still read
+        buffers this run is about to drop)."""
+        for device in self.program.resident_devices:
+            device.synchronize()
+
+
 # -- the parallel run ----------------------------------------------------------------------------
 class _ParallelRun:
     """One parallel execution: a ready stack fed by dependency counts, shared by the worker threads.
@@ -412,7 +648,8 @@ class _ParallelRun:
     (depth first keeps fewer values alive than breadth first). Kernels run outside the lock.
     """
 
-    def __init__(self, program: Program, env: list[np.ndarray | None], arena: _Arena):
+    def __init__(self, program: Program, env: list[np.ndarray | None], arena: _Arena, residency: _Residency | None):
+        self.residency = residency
         self.ops = program.ops
         self.buffers = arena.buffers
         self.env = env
@@ -436,7 +673,10 @@ class _ParallelRun:
                 op = self.ops[index]
                 self.running += 1
             try:
-                _run_op(op, self.env, self.buffers[index])
+                if self.residency is not None:
+                    self.residency.run(op, self.env, self.buffers[index])
+                else:
+                    _run_op(op, self.env, self.buffers[index])
             except BaseException as error:  # noqa: BLE001  (re-raised by finish on the caller's thread)
                 with cond:
                     self.error = self.error or error
@@ -449,11 +689,16 @@ class _ParallelRun:
     def _done(self, op: _Op) -> None:
         """Release what ``op`` read last and ready its consumers (called under the lock)."""
         env, readers, waiting = self.env, self.readers, self.waiting
+        residency = self.residency
         for slot in op.unread:
+            if residency is not None:
+                residency.release(slot, env)
             env[slot] = None
         for slot in op.reads:
             readers[slot] -= 1
             if readers[slot] == 0:
+                if residency is not None:
+                    residency.release(slot, env)
                 env[slot] = None
         woken = 0
         for consumer in op.consumers:

@@ -5,19 +5,28 @@ lists them, devices in platform order): ``"opencl:0"``, ``"opencl:1"``... PoCL, 
 ``pocl-binary-distribution``, gives a CPU device on any machine, so this backend is built and tested
 without a GPU.
 
-Kernels take and return numpy arrays for now (the executor hands every kernel host arrays): a launcher
-copies its inputs in, runs, and copies the result out. Keeping values resident on the device between
-consecutive OpenCL nodes needs the executor to pass ``DeviceArray`` values through; that comes next.
-Weights (read-only initializers) and what kernels derive from them (packed GEMM panels, Winograd
-transforms) do stay on the device, once per array (``resident.py``); the GEMM's configuration for
-each product comes from the tuning cache by shape class (``tuning.py``), else the default.
+Values stay on the device between OpenCL nodes: launchers take numpy arrays or ``DeviceArray`` values
+and return a ``DeviceArray`` when any input was one (numpy in, numpy out for direct callers), and the
+executor (``hetflow.runtime.executor``) moves a value to the host only where a CPU node reads it or it
+is returned. Intermediate buffers come from a per-device pool (``empty``) and go back to it when the
+executor releases them (``release``), so a steady-state run allocates no device memory. Weights (read-only
+initializers) and what kernels derive from them (packed GEMM panels, Winograd transforms) stay on the
+device, once per array (``resident.py``); the GEMM's configuration for each product comes from the
+tuning cache by shape class (``tuning.py``), else the default.
+
+Transfers: on host-unified-memory devices ``to_device`` wraps host memory (``USE_HOST_PTR``) and
+``to_host`` maps, so nothing is copied; elsewhere each is a real copy. ``unified=False`` (or
+``HETFLOW_OPENCL_UNIFIED=0``) forces the copy path on a unified device, to test a discrete GPU's path.
+``transfers`` counts the bytes either way.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -25,11 +34,30 @@ import numpy as np
 from hetflow.devices.base import Device, KernelTable
 from hetflow.devices.opencl.build import ProgramCache
 from hetflow.errors import DeviceUnavailableError
+from hetflow.options import opencl_unified_default
 
 
-@dataclass
+@dataclass(eq=False)
+class Allocation:
+    """One device buffer of the pool (``OpenCLDevice.empty``), shared by every view of it.
+
+    Attributes:
+        buffer: the ``pyopencl.Buffer``.
+        host: on unified-memory devices, the host memory it wraps (``USE_HOST_PTR``), else None.
+        nbytes: its size in bytes (the pool's key).
+        escaped: a host view of it was handed out (``to_host`` on unified memory): the pool must not
+            give it to another value, since the view may still be read.
+    """
+
+    buffer: Any
+    host: np.ndarray | None
+    nbytes: int
+    escaped: bool = False
+
+
+@dataclass(eq=False)
 class DeviceArray:
-    """A tensor in an OpenCL buffer.
+    """A tensor in an OpenCL buffer (C-contiguous, from the buffer's start).
 
     Attributes:
         buffer: the ``pyopencl.Buffer``.
@@ -37,16 +65,78 @@ class DeviceArray:
         dtype: its numpy dtype.
         host: on host-unified-memory devices, the host array the buffer wraps (``USE_HOST_PTR``): reading
             the result back is a map, not a copy. None where the buffer lives in device memory.
+        device: the device that owns the buffer (None for arrays made outside a device's methods).
+        allocation: the pool allocation it lives in (shared by its reshaped views), or None.
     """
 
     buffer: Any
     shape: tuple[int, ...]
     dtype: np.dtype
     host: np.ndarray | None = None
+    device: OpenCLDevice | None = None
+    allocation: Allocation | None = None
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return self.size * self.dtype.itemsize
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def reshape(self, *shape: int | Sequence[int]) -> DeviceArray:
+        """The same buffer under another shape (one ``-1`` allowed), as numpy reshapes a contiguous
+        array: no data moves."""
+        dims = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
+        target = _resolve_shape(tuple(int(d) for d in dims), self.size)  # type: ignore[arg-type]
+        return replace(self, shape=target)
+
+
+def _resolve_shape(shape: tuple[int, ...], size: int) -> tuple[int, ...]:
+    """``shape`` with its ``-1`` filled in so that it holds ``size`` elements."""
+    if -1 in shape:
+        known = math.prod(d for d in shape if d != -1)
+        shape = tuple(size // known if d == -1 and known else d for d in shape)
+    if math.prod(shape) != size:
+        raise ValueError(f"cannot reshape a device array of {size} elements into shape {shape}")
+    return shape
+
+
+class BufferPool:
+    """Free device buffers by size, for intermediates: the executor gives a value's buffer back after
+    its last reader (``OpenCLDevice.release``) and the next ``empty`` of that size takes it.
+
+    Reuse needs no synchronisation: the queue is in order, so a kernel that writes a reused buffer runs
+    after every kernel that read its previous value.
+    """
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[Allocation]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> Allocation | None:
+        """A free allocation of exactly ``nbytes``, or None."""
+        with self._lock:
+            free = self._free.get(nbytes)
+            return free.pop() if free else None
+
+    def give(self, allocation: Allocation) -> None:
+        with self._lock:
+            self._free.setdefault(allocation.nbytes, []).append(allocation)
+
+    @property
+    def free_bytes(self) -> int:
+        """Bytes held by free buffers."""
+        with self._lock:
+            return sum(nbytes * len(free) for nbytes, free in self._free.items())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
 
 
 @dataclass
@@ -56,6 +146,11 @@ class TransferStats:
     copied_in: int = 0
     copied_out: int = 0
     mapped: int = 0
+
+    @property
+    def copied(self) -> int:
+        """Bytes copied either way."""
+        return self.copied_in + self.copied_out
 
 
 #: Alignment of host memory wrapped by buffers (``USE_HOST_PTR``): kernels read it with aligned vector
@@ -124,6 +219,9 @@ class OpenCLDevice(Device):
 
     Args:
         index: the device's position in discovery order (``"opencl:<index>"``).
+        unified: False forces copies between host and device even where the device shares host memory
+            (the discrete-GPU path); None: ``$HETFLOW_OPENCL_UNIFIED`` (``0`` forces copies), else what
+            the device reports. True where the device does not share memory is ignored.
 
     Raises:
         DeviceUnavailableError: there is no OpenCL platform, or no device with that index.
@@ -131,7 +229,7 @@ class OpenCLDevice(Device):
 
     kind = "opencl"
 
-    def __init__(self, index: int = 0):
+    def __init__(self, index: int = 0, unified: bool | None = None):
         pairs, reason = _discover()
         if reason is not None:
             raise DeviceUnavailableError(f"device 'opencl:{index}': {reason}")
@@ -149,8 +247,15 @@ class OpenCLDevice(Device):
         self.queue = cl.CommandQueue(self.context, self.device)
         self.programs = ProgramCache()
         self.transfers = TransferStats()
-        self.unified_memory = bool(self.device.host_unified_memory)
+        self.pool = BufferPool()
         self._lock = threading.Lock()
+        self._parked: list[object] = []
+        self._constants: dict[Hashable, DeviceArray] = {}
+        self._unified = bool(self.device.host_unified_memory)
+        if unified is None:
+            unified = opencl_unified_default()
+        if unified is not None:
+            self.unified_memory = unified
         self._kernel_cache: dict[tuple[str, str, tuple[str, ...]], Any] = {}
         self.kernels = KernelTable()
         from hetflow.devices.opencl.kernels import register_all
@@ -158,7 +263,7 @@ class OpenCLDevice(Device):
         from hetflow.devices.opencl.tuning import GemmTuning
 
         self.gemm_tuning = GemmTuning(self)
-        self.resident = Resident()
+        self.resident = Resident(self.park)
 
         register_all(self)
 
@@ -249,11 +354,30 @@ class OpenCLDevice(Device):
 
         tune_node(self, node, inputs, effort_of(tuner))
 
+    def device_inputs(self, kernel: Any, node: Any) -> tuple[int, ...]:
+        """Positions of ``node``'s inputs that ``kernel`` takes as device buffers (declared by its launcher
+        with ``kernels.common.device_inputs``); the executor hands the others over as host arrays."""
+        declared = getattr(kernel.fn, "device_inputs", ())
+        if declared == "all":
+            return tuple(range(len(node.inputs)))
+        return tuple(p for p in declared if p < len(node.inputs))
+
     def tuning_stats(self) -> dict[str, int]:
         """GEMM shape classes found in the tuning cache (hits), not found (misses), searched (tuned)."""
         return self.gemm_tuning.stats.as_dict()
 
     # -- memory ---------------------------------------------------------------------------------------
+
+    @property
+    def unified_memory(self) -> bool:
+        """Whether transfers map host memory (True) or copy (False); see the ``unified`` argument."""
+        return self._unified
+
+    @unified_memory.setter
+    def unified_memory(self, unified: bool) -> None:
+        # NOTE: pooled buffers were made for the other path (host-backed or not): start the pool afresh.
+        self._unified = bool(unified) and bool(self.device.host_unified_memory)
+        self.pool.clear()
 
     def to_device(self, array: np.ndarray) -> DeviceArray:
         """A buffer holding ``array``: wrapping its memory on unified-memory devices, else a copy."""
@@ -263,35 +387,78 @@ class OpenCLDevice(Device):
         if self.unified_memory:
             host = _wrappable(array)
             buffer = cl.Buffer(self.context, flags | cl.mem_flags.USE_HOST_PTR, hostbuf=host)
-            self.transfers.mapped += host.nbytes
-            return DeviceArray(buffer, tuple(array.shape), host.dtype, host)
+            self.transfers.mapped += array.nbytes
+            return DeviceArray(buffer, tuple(array.shape), host.dtype, host, self)
         data = np.ascontiguousarray(array) if array.size else np.empty(1, array.dtype)
         buffer = cl.Buffer(self.context, flags | cl.mem_flags.COPY_HOST_PTR, hostbuf=data)
         self.transfers.copied_in += array.nbytes
-        return DeviceArray(buffer, tuple(array.shape), array.dtype)
+        return DeviceArray(buffer, tuple(array.shape), array.dtype, None, self)
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> DeviceArray:
-        """An uninitialised device tensor (host-backed on unified-memory devices)."""
+        """An uninitialised device tensor (host-backed on unified-memory devices), from the pool when
+        it holds a free buffer of that size."""
+        dtype = np.dtype(dtype)
+        nbytes = max(math.prod(shape), 1) * dtype.itemsize
+        allocation = self.pool.take(nbytes) or self._allocate(nbytes)
+        host = None if allocation.host is None else allocation.host.view(dtype)
+        return DeviceArray(allocation.buffer, tuple(shape), dtype, host, self, allocation)
+
+    def _allocate(self, nbytes: int) -> Allocation:
         import pyopencl as cl
 
-        dtype = np.dtype(dtype)
-        count = max(int(np.prod(shape, dtype=np.int64)), 1)
         flags = cl.mem_flags.READ_WRITE
         if self.unified_memory:
-            host = aligned_empty((count,), dtype)
+            host = aligned_empty((nbytes,), np.uint8)
             buffer = cl.Buffer(self.context, flags | cl.mem_flags.USE_HOST_PTR, hostbuf=host)
-            return DeviceArray(buffer, tuple(shape), dtype, host)
-        return DeviceArray(cl.Buffer(self.context, flags, count * dtype.itemsize), tuple(shape), dtype)
+            return Allocation(buffer, host, nbytes)
+        return Allocation(cl.Buffer(self.context, flags, nbytes), None, nbytes)
+
+    def release(self, array: DeviceArray) -> None:
+        """``array``'s buffer is no longer needed by the caller (every view of it is dead or done).
+
+        A pool buffer goes back to the pool (unless a host view of it escaped); anything else is kept
+        alive until the queue is next waited on, so kernels still queued never read freed host memory.
+        """
+        allocation = array.allocation
+        if allocation is not None and not allocation.escaped:
+            self.pool.give(allocation)
+        else:
+            self.park(array)
+
+    def park(self, *objects: object) -> None:
+        """Keep ``objects`` (buffers, host arrays they wrap) alive until the queue is next waited on.
+
+        NOTE: a buffer wrapping host memory (``USE_HOST_PTR``) must outlive every queued kernel that
+        uses it; dropping it earlier would free memory the device still reads.
+        """
+        with self._lock:
+            self._parked.extend(objects)
+
+    def copy(self, array: DeviceArray) -> DeviceArray:
+        """A new device tensor with ``array``'s values (copied on the device)."""
+        import pyopencl as cl
+
+        out = self.empty(array.shape, array.dtype)
+        if array.nbytes:
+            cl.enqueue_copy(self.queue, out.buffer, array.buffer, byte_count=array.nbytes)
+        return out
+
+    def constant(self, key: Hashable, make: Callable[[], np.ndarray]) -> DeviceArray:
+        """A small read-only device array made from ``make()`` once per ``key`` and kept (kernel metadata:
+        broadcast strides, transpose shapes), so runs upload nothing for it."""
+        found = self._constants.get(key)
+        if found is None:
+            found = self.to_device(np.array(make()))
+            self._constants[key] = found
+        return found
 
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> DeviceArray:
-        """A device tensor filled with zeros."""
+        """A device tensor filled with zeros (by a queued fill: a pooled buffer may still be read by
+        kernels queued before, so the host must not write it)."""
         import pyopencl as cl
 
         out = self.empty(shape, dtype)
-        if out.host is not None:
-            out.host[...] = 0
-        else:
-            cl.enqueue_fill_buffer(self.queue, out.buffer, np.zeros(1, out.dtype), 0, out.buffer.size)
+        cl.enqueue_fill_buffer(self.queue, out.buffer, np.zeros(1, out.dtype), 0, out.buffer.size)
         return out
 
     def to_host(self, buffer: object) -> np.ndarray:
@@ -304,22 +471,35 @@ class OpenCLDevice(Device):
         import pyopencl as cl
 
         assert isinstance(buffer, DeviceArray)
-        count = int(np.prod(buffer.shape, dtype=np.int64))
+        count = buffer.size
+        parked = self._unpark()
         if buffer.host is not None:
             mapped, _ = cl.enqueue_map_buffer(
-                self.queue, buffer.buffer, cl.map_flags.READ, 0, buffer.host.shape, buffer.dtype
+                self.queue, buffer.buffer, cl.map_flags.READ, 0, buffer.host.shape, buffer.host.dtype
             )
             mapped.base.release()
             self.transfers.mapped += buffer.nbytes
+            if buffer.allocation is not None:
+                buffer.allocation.escaped = True  # the caller may keep reading this memory
+            del parked  # the map waited for every kernel queued before it
             return buffer.host.reshape(-1)[:count].reshape(buffer.shape)
         out = np.empty(buffer.shape, buffer.dtype)
         if count:
             cl.enqueue_copy(self.queue, out, buffer.buffer)
         self.transfers.copied_out += out.nbytes
+        del parked
         return out
 
+    def _unpark(self) -> list[object]:
+        """Take the parked objects: the caller drops them after its next wait on the queue."""
+        with self._lock:
+            parked, self._parked = self._parked, []
+        return parked
+
     def synchronize(self) -> None:
+        parked = self._unpark()
         self.queue.finish()
+        del parked
 
 
 @dataclass

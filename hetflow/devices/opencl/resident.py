@@ -7,7 +7,9 @@ weak reference drops the entry when the array goes away.
 
 Only read-only arrays are cached: a graph's initializers are (the loader freezes them), while
 activations are writable and may be rewritten in place between runs (the runtime's memory arena hands
-the same memory to later values), so anything writable is derived afresh on every call.
+the same memory to later values), so anything writable is derived afresh on every call; what is derived
+for it is handed to ``park`` (the device keeps it alive until its queue is next waited on, since kernels
+queued with it may not have run when the caller drops it).
 """
 
 from __future__ import annotations
@@ -24,13 +26,17 @@ class Resident:
     """``get(array, key, make)``: ``make()``'s result for ``(array, key)``, made once while a read-only
     ``array`` lives (every call for a writable one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, park: Callable[[Any], None] | None = None) -> None:
         self._entries: dict[tuple[int, Hashable], tuple[weakref.ref, Any]] = {}
         self._lock = threading.Lock()
+        self._park = park
 
     def get(self, array: np.ndarray, key: Hashable, make: Callable[[], Any]) -> Any:
         if array.flags.writeable:
-            return make()
+            value = make()
+            if self._park is not None:
+                self._park(value)
+            return value
         slot = (id(array), key)
         with self._lock:
             entry = self._entries.get(slot)

@@ -13,6 +13,10 @@ The planner picks among the candidates that support a layer the way it does on t
 (``hetflow.tuning.select``): a measurement in the tuning cache, else the cost model's algorithm when
 this device has it, else the first candidate (depthwise for depthwise layers, else im2col). 1-D
 convolutions run as 2-D ones over a height of 1; 3-D and higher stay on the CPU.
+
+X may be a numpy array or a ``DeviceArray`` (``common.Tensor``); Y comes back the same way. W and the
+bias are host arrays kept resident. Scratch (im2col and Winograd panels, Winograd's products) goes back
+to the device's pool as soon as its last kernel is queued.
 """
 
 from __future__ import annotations
@@ -26,10 +30,14 @@ import numpy as np
 
 from hetflow.devices.base import InputInfos
 from hetflow.devices.opencl.kernels.common import (
+    Tensor,
     act_args,
     act_options,
+    device_inputs,
     float32_reason,
     i32,
+    on_device,
+    result,
     source,
     source_paths,
 )
@@ -141,18 +149,18 @@ _DUMMY = np.zeros(1, np.float32)
 
 
 def _direct_operands(
-    device: OpenCLDevice, layer: _Layer, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None
+    device: OpenCLDevice, layer: _Layer, x: Tensor, w: np.ndarray, bias: np.ndarray | None
 ) -> tuple[tuple[Any, ...], DeviceArray]:
     """The leading kernel arguments shared by the direct and depthwise kernels (X, the resident W, the
     bias and its flag, Y) and the output array Y."""
-    x_buf = device.to_device(x)
+    x_buf = on_device(device, x)
     w_buf = device.resident.device_copy(device, w)
     bias_buf, has_bias = _bias_buffer(device, bias, layer.k)
     y = device.empty((layer.n, layer.k, layer.oh, layer.ow))
     return (x_buf.buffer, w_buf.buffer, bias_buf, has_bias, y.buffer), y
 
 
-def run_direct(device: OpenCLDevice, node: Node, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+def run_direct(device: OpenCLDevice, node: Node, x: Tensor, w: np.ndarray, bias: np.ndarray | None) -> Tensor:
     """Any 2-D Conv, one work-item per output element."""
     layer = _Layer(node, x.shape, w.shape)
     kernel = device.kernel("conv_direct", SOURCE, act_options(node.attrs.fused))
@@ -163,12 +171,12 @@ def run_direct(device: OpenCLDevice, node: Node, x: np.ndarray, w: np.ndarray, b
         *layer.window_args, *act_args(node.attrs.fused),
     )  # fmt: skip
     device.enqueue(kernel, (layer.positions, layer.k, layer.n), None, args)
-    return device.to_host(y)
+    return result(device, y, x)
 
 
 def run_depthwise(
-    device: OpenCLDevice, node: Node, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None
-) -> np.ndarray:
+    device: OpenCLDevice, node: Node, x: Tensor, w: np.ndarray, bias: np.ndarray | None
+) -> Tensor:
     """Depthwise Conv (group == C, any channel multiplier)."""
     layer = _Layer(node, x.shape, w.shape)
     kernel = device.kernel("conv_depthwise", SOURCE, act_options(node.attrs.fused))
@@ -179,7 +187,7 @@ def run_depthwise(
         *layer.window_args, *act_args(node.attrs.fused),
     )  # fmt: skip
     device.enqueue(kernel, (layer.ow, layer.oh, layer.n * layer.k), None, args)
-    return device.to_host(y)
+    return result(device, y, x)
 
 
 def _bias(device: OpenCLDevice, bias: np.ndarray | None, rows: int, groups: int) -> Bias | None:
@@ -191,8 +199,8 @@ def _bias(device: OpenCLDevice, bias: np.ndarray | None, rows: int, groups: int)
 
 
 def run_im2col(
-    device: OpenCLDevice, node: Node, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None
-) -> np.ndarray:
+    device: OpenCLDevice, node: Node, x: Tensor, w: np.ndarray, bias: np.ndarray | None
+) -> Tensor:
     """Any 2-D Conv: im2col into the GEMM's panels on the device, then one batched GEMM."""
     layer = _Layer(node, x.shape, w.shape)
     batch = layer.n * layer.group
@@ -203,7 +211,7 @@ def run_im2col(
         w, ("im2col", config),
         lambda: device.to_device(pack_a(w.reshape(layer.group, m, k), layout)),
     )  # fmt: skip
-    x_buf = device.to_device(x)
+    x_buf = on_device(device, x)
     panels = device.empty((batch * layout.b_elements,))
     im2col = device.kernel("im2col_panels", SOURCE, act_options(None))
     args = (
@@ -217,7 +225,9 @@ def run_im2col(
         bias=_bias(device, bias, m, layer.group), fused=node.attrs.fused,
     )  # fmt: skip
     launch.enqueue()
-    return launch.result().reshape(layer.n, layer.k, layer.oh, layer.ow)
+    device.release(panels)
+    # Matrix z = image * groups + group holds that group's kernels: the products are Y in NCHW order.
+    return result(device, launch.out.reshape(layer.n, layer.k, layer.oh, layer.ow), x)
 
 
 def winograd_weights(w: np.ndarray) -> np.ndarray:
@@ -227,8 +237,8 @@ def winograd_weights(w: np.ndarray) -> np.ndarray:
 
 
 def run_winograd_f23(
-    device: OpenCLDevice, node: Node, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None
-) -> np.ndarray:
+    device: OpenCLDevice, node: Node, x: Tensor, w: np.ndarray, bias: np.ndarray | None
+) -> Tensor:
     """3x3 stride-1 Conv by Winograd F(2x2, 3x3): input transform, 16 GEMMs, output transform."""
     layer = _Layer(node, x.shape, w.shape)
     th, tw = layer.tiles
@@ -238,7 +248,7 @@ def run_winograd_f23(
     weights = device.resident.get(
         w, ("winograd_f23", config), lambda: device.to_device(pack_a(winograd_weights(w), layout))
     )
-    x_buf = device.to_device(x)
+    x_buf = on_device(device, x)
     panels = device.empty((16 * layout.b_elements,))
     transform = device.kernel("winograd_f23_input", SOURCE, act_options(None))
     args = (
@@ -249,6 +259,7 @@ def run_winograd_f23(
     device.enqueue(transform, (layout.np_, layout.kp), None, args)
     launch = launch_packed(device, config, layout, 16, weights, panels, a_mod=16, b_mod=16)
     launch.enqueue()
+    device.release(panels)
     finish = device.kernel("winograd_f23_output", SOURCE, act_options(node.attrs.fused))
     bias_buf, has_bias = _bias_buffer(device, bias, layer.k)
     y = device.empty((layer.n, layer.k, layer.oh, layer.ow))
@@ -257,11 +268,11 @@ def run_winograd_f23(
         *i32(layer.k, layer.oh, layer.ow, th, tw, tiles), *act_args(node.attrs.fused),
     )  # fmt: skip
     device.enqueue(finish, (tiles, layer.k), None, args)
-    # NOTE: ``launch`` keeps the products buffer alive until to_host has waited for the queue.
-    return device.to_host(y)
+    device.release(launch.out)
+    return result(device, y, x)
 
 
-Runner = Callable[["OpenCLDevice", Node, np.ndarray, np.ndarray, "np.ndarray | None"], np.ndarray]
+Runner = Callable[["OpenCLDevice", Node, Tensor, np.ndarray, "np.ndarray | None"], Tensor]
 
 
 def conv_products(node: Node, inputs: Sequence[TensorInfo | None]) -> list[tuple[int, int, int, int]]:
@@ -317,16 +328,19 @@ def register(device: OpenCLDevice) -> None:
 
 
 def _conv_kernel(device: OpenCLDevice, runner: Runner):  # noqa: ANN202  (a KernelFn)
-    def kernel(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    @device_inputs((0,))
+    def kernel(node: Node, inputs: Sequence[Tensor | None]) -> list[Tensor]:
         x, w = inputs[0], inputs[1]
         bias = inputs[2] if len(inputs) > 2 else None
-        assert x is not None and w is not None
-        x = np.ascontiguousarray(x, np.float32)
+        assert x is not None and isinstance(w, np.ndarray)
+        if isinstance(x, np.ndarray):
+            x = np.ascontiguousarray(x, np.float32)
         w = np.ascontiguousarray(w, np.float32)
         if x.ndim == 3:
             # A 1-D convolution is a 2-D one over a height of 1.
-            y = runner(device, _as_2d(node), x[:, :, None, :], w[:, :, None, :], bias)
-            return [y[:, :, 0, :]]
+            n, c, width = x.shape
+            y = runner(device, _as_2d(node), x.reshape(n, c, 1, width), w[:, :, None, :], bias)
+            return [y.reshape(y.shape[0], y.shape[1], y.shape[3])]
         return [runner(device, node, x, w, bias)]
 
     functools.update_wrapper(kernel, runner)  # tuning hashes the runner's module (and conv.cl)

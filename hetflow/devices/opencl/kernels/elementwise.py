@@ -1,11 +1,14 @@
 """OpenCL elementwise ops: Add/Sub/Mul/Div with numpy broadcasting, and Relu/LeakyRelu/Clip/Sigmoid/Tanh.
 
 ``elementwise.cl`` holds two macro templates; this module instantiates one kernel per op from its
-expression, so every op is a single line below and all of them build as one program.
+expression, so every op is a single line below and all of them build as one program. Operands may be
+host or device tensors (``common.Tensor``); constants (read-only initializers) are uploaded once, and
+the broadcast metadata of each shape combination is a device constant.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hetflow.devices.base import InputInfos
+from hetflow.devices.opencl.kernels.common import Tensor, device_inputs, on_device, on_host, result
 from hetflow.graph import Node
 
 if TYPE_CHECKING:
@@ -87,45 +91,41 @@ def _float32_all_up_to_max_rank(node: Node, inputs: InputInfos) -> str | None:
     return None
 
 
-def run_binary(device: OpenCLDevice, op_type: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def run_binary(device: OpenCLDevice, op_type: str, a: Tensor, b: Tensor) -> Tensor:
     """``a <op> b`` with broadcasting on the device."""
-    a = np.asarray(a, np.float32)
-    b = np.asarray(b, np.float32)
-    out_shape = np.broadcast_shapes(a.shape, b.shape)
-    count = int(np.prod(out_shape, dtype=np.int64))
+    out_shape = tuple(np.broadcast_shapes(tuple(a.shape), tuple(b.shape)))
+    count = math.prod(out_shape)
     if count == 0:
-        return np.empty(out_shape, np.float32)
-    same = a.shape == out_shape and b.shape == out_shape
+        return result(device, device.empty(out_shape), a, b)
+    same = tuple(a.shape) == out_shape and tuple(b.shape) == out_shape
     kernel = device.kernel(_kernel_name(op_type), SOURCE)
-    a_buf, b_buf = device.to_device(a), device.to_device(b)
-    meta_buf = device.to_device(broadcast_meta(out_shape, a.shape, b.shape))
+    a_buf, b_buf = on_device(device, a), on_device(device, b)
+    key = ("broadcast", out_shape, tuple(a.shape), tuple(b.shape))
+    meta_buf = device.constant(key, lambda: broadcast_meta(out_shape, tuple(a.shape), tuple(b.shape)))
     out = device.empty(out_shape, np.float32)
     args = (
         np.int32(count), np.int32(len(out_shape)), np.int32(same),
         a_buf.buffer, b_buf.buffer, out.buffer, meta_buf.buffer,
     )  # fmt: skip
     device.enqueue(kernel, (count,), None, args)
-    return device.to_host(out)
+    return result(device, out, a, b)
 
 
-def run_unary(
-    device: OpenCLDevice, op_type: str, x: np.ndarray, p0: float = 0.0, p1: float = 0.0
-) -> np.ndarray:
+def run_unary(device: OpenCLDevice, op_type: str, x: Tensor, p0: float = 0.0, p1: float = 0.0) -> Tensor:
     """``op(x; p0, p1)`` on the device."""
-    x = np.asarray(x, np.float32)
+    out = device.empty(tuple(x.shape), np.float32)
     if x.size == 0:
-        return np.empty(x.shape, np.float32)
+        return result(device, out, x)
     kernel = device.kernel(_kernel_name(op_type), SOURCE)
-    x_buf = device.to_device(x)
-    out = device.empty(x.shape, np.float32)
+    x_buf = on_device(device, x)
     args = (np.int32(x.size), x_buf.buffer, out.buffer, np.float32(p0), np.float32(p1))
     device.enqueue(kernel, (x.size,), None, args)
-    return device.to_host(out)
+    return result(device, out, x)
 
 
-def _clip_bounds(inputs: Sequence[np.ndarray | None]) -> tuple[float, float]:
-    low = inputs[1] if len(inputs) > 1 and inputs[1] is not None else None
-    high = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+def _clip_bounds(device: OpenCLDevice, inputs: Sequence[Tensor | None]) -> tuple[float, float]:
+    low = on_host(device, inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
+    high = on_host(device, inputs[2]) if len(inputs) > 2 and inputs[2] is not None else None
     return (
         float(np.asarray(low).reshape(())) if low is not None else -np.inf,
         float(np.asarray(high).reshape(())) if high is not None else np.inf,
@@ -140,19 +140,27 @@ def register(device: OpenCLDevice) -> None:
         device.kernels.register(op_type, supports=_float32_up_to_max_rank)(_unary_kernel(device, op_type))
 
     @device.kernels.register("Sum", supports=_float32_all_up_to_max_rank)
-    def sum_(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    @device_inputs("all")
+    def sum_(node: Node, inputs: Sequence[Tensor | None]) -> list[Tensor]:
         """Sum of any number of inputs with broadcasting: one Add launch per extra input."""
         arrays = [a for a in inputs if a is not None]
-        total = np.asarray(arrays[0], np.float32)
+        first = arrays[0]
         if len(arrays) == 1:
-            return [total.copy()]
-        for other in arrays[1:]:
-            total = run_binary(device, "Add", total, other)
+            if isinstance(first, np.ndarray):
+                return [np.array(first, np.float32)]
+            return [device.copy(on_device(device, first))]
+        total = run_binary(device, "Add", first, arrays[1])
+        for other in arrays[2:]:
+            partial = total
+            total = run_binary(device, "Add", partial, other)
+            if partial is not total and not isinstance(partial, np.ndarray):
+                device.release(partial)  # an intermediate sum, read only by the launch just queued
         return [total]
 
 
 def _binary_kernel(device: OpenCLDevice, op_type: str):  # noqa: ANN202  (a KernelFn)
-    def kernel(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    @device_inputs((0, 1))
+    def kernel(node: Node, inputs: Sequence[Tensor | None]) -> list[Tensor]:
         a, b = inputs
         assert a is not None and b is not None
         return [run_binary(device, op_type, a, b)]
@@ -162,13 +170,14 @@ def _binary_kernel(device: OpenCLDevice, op_type: str):  # noqa: ANN202  (a Kern
 
 
 def _unary_kernel(device: OpenCLDevice, op_type: str):  # noqa: ANN202  (a KernelFn)
-    def kernel(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    @device_inputs((0,))
+    def kernel(node: Node, inputs: Sequence[Tensor | None]) -> list[Tensor]:
         x = inputs[0]
         assert x is not None
         if op_type == "LeakyRelu":
             p0, p1 = float(node.attrs.alpha), 0.0
         elif op_type == "Clip":
-            p0, p1 = _clip_bounds(inputs)
+            p0, p1 = _clip_bounds(device, inputs)
         else:
             p0 = p1 = 0.0
         return [run_unary(device, op_type, x, p0, p1)]

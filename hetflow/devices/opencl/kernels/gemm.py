@@ -7,6 +7,11 @@ in the kernel's epilogue.
 
 The knobs (``GemmConfig``) are compile-time ``-D`` definitions; ``GEMM_SPACE`` declares the values a
 tuner may search.
+
+Operands on the host are packed by numpy and uploaded (weights once, through the resident cache);
+operands already on the device (``DeviceArray``: activations from the previous node) are packed by
+``pack.cl`` on the device, so a chain of OpenCL nodes never brings them back. Results come back as the
+operands came (``common.result``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,14 @@ import numpy as np
 
 from hetflow.devices.base import InputInfos
 from hetflow.devices.opencl import DeviceArray, aligned_empty
-from hetflow.devices.opencl.kernels.common import source
+from hetflow.devices.opencl.kernels.common import (
+    Tensor,
+    any_on_device,
+    device_inputs,
+    on_host,
+    result,
+    source,
+)
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import TensorInfo
@@ -29,6 +41,7 @@ if TYPE_CHECKING:
     from hetflow.devices.opencl import OpenCLDevice
 
 SOURCE = source("epilogue.cl", "gemm.cl")
+PACK_SOURCE = source("pack.cl")
 
 #: ``ACT`` codes of gemm.cl's epilogue.
 ACTIVATION_CODES = {None: 0, "Relu": 1, "LeakyRelu": 2, "Clip": 3, "Sigmoid": 4, "Tanh": 5}
@@ -187,6 +200,68 @@ def pack_b(b: np.ndarray, layout: GemmLayout) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class Strides:
+    """Where element ``(i, kk)`` of matrix ``z`` lies in a contiguous source: ``z * batch + i * row +
+    kk * depth`` (in elements)."""
+
+    batch: int
+    row: int
+    depth: int
+
+
+def pack_on_device(
+    device: OpenCLDevice, src: DeviceArray, layout: GemmLayout, side: str, batch: int, strides: Strides
+) -> DeviceArray:
+    """Pack ``batch`` matrices of the device buffer ``src`` as the GEMM's ``side`` (``"a"``: rows = M,
+    ``"b"``: rows = N) operand, on the device (pack.cl). The panels come from the device's pool; the
+    caller releases them once the GEMM is queued."""
+    rows, width, padded = (
+        (layout.m, layout.a_width, layout.mp) if side == "a" else (layout.n, layout.b_width, layout.np_)
+    )
+    per_matrix = padded // width
+    panels = device.empty((batch * per_matrix * layout.kp * width,))
+    kernel = device.kernel("pack_panels", PACK_SOURCE)
+    args = (
+        src.buffer, panels.buffer, np.int32(rows), np.int32(layout.k),
+        np.int64(strides.batch), np.int64(strides.row), np.int64(strides.depth),
+        np.int32(width), np.int32(layout.kp), np.int32(per_matrix),
+    )  # fmt: skip
+    device.enqueue(kernel, (layout.kp * width, per_matrix, batch), None, args)
+    return panels
+
+
+def a_panels(
+    device: OpenCLDevice, a: Tensor, layout: GemmLayout, trans_a: bool = False
+) -> tuple[DeviceArray, bool]:
+    """A ``[batch, M, K]`` (``[batch, K, M]`` with ``trans_a``) packed on the device, and whether the
+    panels are scratch the caller releases (True) or an upload parked until the queue is waited on."""
+    batch = a.shape[0]
+    if isinstance(a, DeviceArray):
+        m, k = layout.m, layout.k
+        strides = Strides(m * k, 1, m) if trans_a else Strides(m * k, k, 1)
+        return pack_on_device(device, a, layout, "a", batch, strides), True
+    host = np.asarray(a, np.float32)
+    panels = device.to_device(pack_a(host.transpose(0, 2, 1) if trans_a else host, layout))
+    device.park(panels)
+    return panels, False
+
+
+def b_panels(
+    device: OpenCLDevice, b: Tensor, layout: GemmLayout, trans_b: bool = False
+) -> tuple[DeviceArray, bool]:
+    """B ``[batch, K, N]`` (``[batch, N, K]`` with ``trans_b``) packed on the device; see ``a_panels``."""
+    batch = b.shape[0]
+    if isinstance(b, DeviceArray):
+        n, k = layout.n, layout.k
+        strides = Strides(n * k, k, 1) if trans_b else Strides(n * k, 1, n)
+        return pack_on_device(device, b, layout, "b", batch, strides), True
+    host = np.asarray(b, np.float32)
+    panels = device.to_device(pack_b(host.transpose(0, 2, 1) if trans_b else host, layout))
+    device.park(panels)
+    return panels, False
+
+
+@dataclass(frozen=True)
 class Bias:
     """The epilogue's ``C`` on the device: element ``(i, j)`` of matrix ``z`` is
     ``C[(z % mod) * batch_stride + i * sm + j * sn]``."""
@@ -267,13 +342,16 @@ def launch_packed(
     return GemmLaunch(device, kernel, global_size, local_size, out, args, operands)
 
 
-def matrix_bias(device: OpenCLDevice, c: np.ndarray) -> Bias:
+def matrix_bias(device: OpenCLDevice, c: Tensor) -> Bias:
     """``c`` broadcastable to ``[M, N]`` as an epilogue bias: a ``[rows, cols]`` matrix with rows in
     (1, M) and cols in (1, N), read through strides that are 0 along broadcast axes."""
+    shape = (1,) * (2 - c.ndim) + tuple(c.shape)
+    c_sm = shape[1] if shape[0] != 1 else 0
+    c_sn = 1 if shape[1] != 1 else 0
+    if isinstance(c, DeviceArray):
+        return Bias(c.reshape(shape), c_sm, c_sn)
     # A private copy: wrapping ``c`` itself would tie a resident entry to the array it is keyed by.
-    c2 = np.array(c, np.float32).reshape((1,) * (2 - c.ndim) + c.shape)
-    c_sm = c2.shape[1] if c2.shape[0] != 1 else 0
-    c_sn = 1 if c2.shape[1] != 1 else 0
+    c2 = np.array(c, np.float32).reshape(shape)
     return Bias(device.to_device(c2), c_sm, c_sn)
 
 
@@ -312,57 +390,88 @@ def prepare_gemm(
 
 def run_gemm(
     device: OpenCLDevice,
-    a: np.ndarray,
-    b: np.ndarray,
-    c: np.ndarray | None = None,
+    a: Tensor,
+    b: Tensor,
+    c: Tensor | None = None,
     *,
     alpha: float = 1.0,
     beta: float = 1.0,
     fused: FusedActivation | None = None,
     config: GemmConfig | None = None,
-) -> np.ndarray:
+) -> Tensor:
     """``act(alpha * a @ b + beta * c)`` on the device for stacks of matrices: ``[batch, M, N]`` float32
-    (see ``prepare_gemm`` for the arguments)."""
-    batch, m, _ = a.shape
-    n = b.shape[2]
+    (see ``prepare_gemm`` for the arguments). ``a`` and ``b`` may be device buffers (then so is the
+    result, and nothing crosses to the host); ``a``'s batch may be 1 (shared) as ``b``'s may."""
+    batch = max(a.shape[0], b.shape[0])
+    m, n = a.shape[1], b.shape[2]
     if batch == 0 or m == 0 or n == 0:
         return np.zeros((batch, m, n), np.float32)
-    launch = prepare_gemm(device, a, b, c, alpha=alpha, beta=beta, fused=fused, config=config)
+    if not any_on_device(a, b, c):
+        launch = prepare_gemm(device, a, b, c, alpha=alpha, beta=beta, fused=fused, config=config)  # type: ignore[arg-type]
+        launch.enqueue()
+        return launch.result()
+    k = a.shape[2]
+    config = config or device.gemm_config(m, n, k, batch)
+    layout = GemmLayout.of(config, m, n, k)
+    a_buf, a_scratch = a_panels(device, a, layout)
+    b_buf, b_scratch = b_panels(device, b, layout)
+    bias = matrix_bias(device, c) if c is not None else None
+    launch = launch_packed(
+        device, config, layout, batch, a_buf, b_buf, a_mod=a.shape[0], b_mod=b.shape[0], bias=bias,
+        alpha=alpha, beta=beta, fused=fused,
+    )  # fmt: skip
     launch.enqueue()
-    return launch.result()
+    _release_scratch(device, (a_buf, a_scratch), (b_buf, b_scratch))
+    return result(device, launch.out, a, b, c)
+
+
+def _release_scratch(device: OpenCLDevice, *panels: tuple[DeviceArray, bool]) -> None:
+    """Give packed panels that came from the pool back to it (their GEMM is queued)."""
+    for buffer, scratch in panels:
+        if scratch:
+            device.release(buffer)
 
 
 def run_weights_gemm(
     device: OpenCLDevice,
-    a: np.ndarray,
-    weights: np.ndarray,
-    b: np.ndarray,
+    a: Tensor,
+    weights: Tensor,
+    b: Tensor,
     key: tuple[object, ...],
     c: np.ndarray | None = None,
     *,
     alpha: float = 1.0,
     beta: float = 1.0,
     fused: FusedActivation | None = None,
-) -> np.ndarray:
-    """``act(alpha * a @ b + beta * c)`` for 2-D ``a`` and ``b``, where ``b`` is ``weights`` or a view of
-    it (``key`` says which): read-only weights and bias (initializers) are packed once per session,
-    activations on every call."""
-    m, k = a.shape
-    n = b.shape[1]
+    trans_a: bool = False,
+    trans_b: bool = False,
+) -> Tensor:
+    """``act(alpha * op(a) @ op(b) + beta * c)`` for 2-D ``a`` and ``b``, where ``b`` is ``weights`` or a
+    view of it (``key`` says which): read-only weights and bias (initializers) are packed once per
+    session, activations on every call (on the device when they are device buffers). ``trans_a`` /
+    ``trans_b``: ``a`` is ``[K, M]`` / ``b`` is ``[N, K]``."""
+    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+    n = b.shape[0] if trans_b else b.shape[1]
     if m == 0 or n == 0:
         return np.zeros((m, n), np.float32)
     config = device.gemm_config(m, n, k, 1)
     layout = GemmLayout.of(config, m, n, k)
-    b_panels = device.resident.get(
-        weights, (*key, config), lambda: device.to_device(pack_b(np.asarray(b, np.float32)[None], layout))
-    )
-    a_panels = device.to_device(pack_a(np.asarray(a, np.float32)[None], layout))
+    if isinstance(b, DeviceArray):
+        b_buf, b_scratch = b_panels(device, b.reshape(1, *b.shape), layout, trans_b)
+    else:
+        b_host = np.asarray(b, np.float32)
+        b_buf = device.resident.get(
+            weights, (*key, config), lambda: device.to_device(pack_b((b_host.T if trans_b else b_host)[None], layout))
+        )
+        b_scratch = False
+    a_buf, a_scratch = a_panels(device, a.reshape(1, *a.shape), layout, trans_a)
     bias = device.resident.get(c, "gemm_c", lambda: matrix_bias(device, c)) if c is not None else None
     launch = launch_packed(
-        device, config, layout, 1, a_panels, b_panels, bias=bias, alpha=alpha, beta=beta, fused=fused
+        device, config, layout, 1, a_buf, b_buf, bias=bias, alpha=alpha, beta=beta, fused=fused
     )
     launch.enqueue()
-    return launch.result()[0]
+    _release_scratch(device, (a_buf, a_scratch), (b_buf, b_scratch))
+    return result(device, launch.out.reshape(m, n), a, b)
 
 
 def _float32_only(node: Node, inputs: InputInfos) -> str | None:
@@ -395,41 +504,82 @@ def register(device: OpenCLDevice) -> None:
     """Add Gemm and MatMul to ``device``'s kernel table."""
 
     @device.kernels.register("Gemm", supports=_float32_only)
-    def gemm(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    @device_inputs((0,))
+    def gemm(node: Node, inputs: Sequence[Tensor | None]) -> list[Tensor]:
         """Gemm: transposes by packing, alpha/beta/C/fused activation in the kernel's epilogue."""
         a, b = inputs[0], inputs[1]
         c = inputs[2] if len(inputs) > 2 else None
         assert a is not None and b is not None
         attrs = node.attrs
-        a2 = a.T if attrs.transA else a
-        b2 = b.T if attrs.transB else b
         use_c = c is not None and attrs.beta != 0
         y = run_weights_gemm(
-            device, a2, b, b2, ("gemm", int(attrs.transB)), c if use_c else None,
+            device, a, b, b, ("gemm", int(attrs.transB)), on_host(device, c) if use_c else None,
             alpha=attrs.alpha, beta=attrs.beta, fused=attrs.fused,
+            trans_a=bool(attrs.transA), trans_b=bool(attrs.transB),
         )  # fmt: skip
         return [y]
 
     @device.kernels.register("MatMul", supports=_float32_only)
-    def matmul(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    @device_inputs((0, 1))
+    def matmul(node: Node, inputs: Sequence[Tensor | None]) -> list[Tensor]:
         """numpy ``matmul`` semantics: 1-D operands, broadcast batch dimensions."""
         a, b = inputs
         assert a is not None and b is not None
-        a2 = a[None] if a.ndim == 1 else a
-        b2 = b[:, None] if b.ndim == 1 else b
-        batch_shape = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
-        m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
-        if b2.ndim == 2:
-            # A stack of matrices times one matrix is one tall GEMM.
-            rows = a2.reshape(-1, k)
-            y = run_weights_gemm(device, rows, b, b2, ("matmul",)).reshape(*batch_shape, m, n)
-        else:
-            a3 = np.broadcast_to(a2, (*batch_shape, m, k)).reshape(-1, m, k)
-            b3 = np.broadcast_to(b2, (*batch_shape, k, n)).reshape(-1, k, n)
-            y = run_gemm(device, a3, b3).reshape(*batch_shape, m, n)
-        if a.ndim == 1:
-            y = y[..., 0, :]
-        if b.ndim == 1:
-            y = y[..., 0]
-        # NOTE: not ascontiguousarray, which turns the 0-d result of vector @ vector into shape (1,).
-        return [np.array(y, np.float32, order="C")]
+        if any_on_device(a, b):
+            return [_matmul_on_device(device, a, b)]
+        return [_matmul_on_host(device, a, b)]
+
+
+def _matmul_on_host(device: OpenCLDevice, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """MatMul of host operands (numpy in, numpy out)."""
+    a2 = a[None] if a.ndim == 1 else a
+    b2 = b[:, None] if b.ndim == 1 else b
+    batch_shape = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
+    if b2.ndim == 2:
+        # A stack of matrices times one matrix is one tall GEMM.
+        rows = a2.reshape(-1, k)
+        y = run_weights_gemm(device, rows, b, b2, ("matmul",)).reshape(*batch_shape, m, n)
+    else:
+        a3 = np.broadcast_to(a2, (*batch_shape, m, k)).reshape(-1, m, k)
+        b3 = np.broadcast_to(b2, (*batch_shape, k, n)).reshape(-1, k, n)
+        y = run_gemm(device, a3, b3).reshape(*batch_shape, m, n)
+    if a.ndim == 1:
+        y = y[..., 0, :]
+    if b.ndim == 1:
+        y = y[..., 0]
+    # NOTE: not ascontiguousarray, which turns the 0-d result of vector @ vector into shape (1,).
+    return np.array(y, np.float32, order="C")
+
+
+def _matmul_on_device(device: OpenCLDevice, a: Tensor, b: Tensor) -> Tensor:
+    """MatMul with at least one operand on the device; the result stays there. Batch broadcasting that
+    is not a repeat of a whole operand (``[2, 1, M, K] @ [3, K, N]``) runs on the host instead."""
+    a2 = a.reshape(1, a.shape[0]) if a.ndim == 1 else a
+    b2 = b.reshape(b.shape[0], 1) if b.ndim == 1 else b
+    batch_shape = tuple(np.broadcast_shapes(tuple(a2.shape[:-2]), tuple(b2.shape[:-2])))
+    m, k, n = a2.shape[-2], a2.shape[-1], b2.shape[-1]
+    if b2.ndim == 2:
+        y = run_weights_gemm(device, a2.reshape(-1, k), b, b2, ("matmul",))
+    elif _repeats(a2.shape[:-2], batch_shape) and _repeats(b2.shape[:-2], batch_shape):
+        a3 = a2.reshape(-1, m, k)
+        b3 = b2.reshape(-1, k, n)
+        y = run_gemm(device, a3, b3)
+    else:
+        host = _matmul_on_host(device, on_host(device, a), on_host(device, b))  # type: ignore[arg-type]
+        return host
+    out_shape = (*batch_shape, m, n)
+    if a.ndim == 1:
+        out_shape = (*out_shape[:-2], n)
+    if b.ndim == 1:
+        out_shape = out_shape[:-1]
+    return y.reshape(out_shape)
+
+
+def _repeats(shape: Sequence[int], batch_shape: Sequence[int]) -> bool:
+    """Whether an operand of batch dims ``shape`` is ``batch_shape`` itself or repeated whole along
+    leading axes (the GEMM reads matrix ``z % count``)."""
+    dims = list(shape)
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    return not dims or tuple(dims) == tuple(batch_shape[len(batch_shape) - len(dims):])

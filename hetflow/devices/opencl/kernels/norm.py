@@ -3,7 +3,8 @@
 BatchNormalization is usually folded into the preceding Conv by ``passes/fold_batchnorm.py``; this
 kernel runs the ones that remain (DenseNet's pre-activation BN, graphs run without optimisation). The
 per-channel factor ``scale / sqrt(var + epsilon)`` and shift ``bias - mean * factor`` are computed once
-per parameter set on the host and kept on the device. The training form stays on the CPU.
+per parameter set on the host and kept on the device. The training form stays on the CPU. X may be a
+host or a device tensor; Y comes back the same way (``common.result``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hetflow.devices.base import InputInfos
-from hetflow.devices.opencl.kernels.common import float32_reason, i32, source
+from hetflow.devices.opencl.kernels.common import (
+    Tensor,
+    device_inputs,
+    float32_reason,
+    i32,
+    on_device,
+    result,
+    source,
+)
 from hetflow.graph import Node
 from hetflow.ops.norm import lrn_window
 
@@ -25,7 +34,7 @@ if TYPE_CHECKING:
 SOURCE = source("norm.cl")
 
 
-def _planes(x: np.ndarray) -> tuple[int, int, int]:
+def _planes(x: Tensor) -> tuple[int, int, int]:
     return x.shape[0], x.shape[1], math.prod(x.shape[2:])
 
 
@@ -46,19 +55,20 @@ def _supports_batchnorm(node: Node, inputs: InputInfos) -> str | None:
     return float32_reason(node, inputs)
 
 
-def run_lrn(device: OpenCLDevice, node: Node, x: np.ndarray) -> np.ndarray:
+def run_lrn(device: OpenCLDevice, node: Node, x: Tensor) -> Tensor:
+    """LRN across channels of ``x`` ``[N, C, ...]``."""
     attrs = node.attrs
     n, c, p = _planes(x)
     before, after = lrn_window(attrs.size)
     kernel = device.kernel("lrn", SOURCE)
-    x_buf = device.to_device(np.ascontiguousarray(x, np.float32))
+    x_buf = on_device(device, x)
     y = device.empty(x.shape)
     args = (
         x_buf.buffer, y.buffer, *i32(c, p, before, after),
         np.float32(attrs.alpha / attrs.size), np.float32(attrs.bias), np.float32(attrs.beta),
     )  # fmt: skip
     device.enqueue(kernel, (p, c, n), None, args)
-    return device.to_host(y)
+    return result(device, y, x)
 
 
 def _folded(scale: np.ndarray, bias: np.ndarray, mean: np.ndarray, var: np.ndarray, epsilon: float) -> np.ndarray:
@@ -67,8 +77,11 @@ def _folded(scale: np.ndarray, bias: np.ndarray, mean: np.ndarray, var: np.ndarr
     return np.ascontiguousarray(np.stack([factor, shift]), np.float32)
 
 
-def run_batchnorm(device: OpenCLDevice, node: Node, inputs: Sequence[np.ndarray | None]) -> np.ndarray:
+def run_batchnorm(device: OpenCLDevice, node: Node, inputs: Sequence[Tensor | None]) -> Tensor:
+    """Inference BatchNormalization of ``x`` ``[N, C, ...]`` with host parameters (kept resident)."""
     x, scale, bias, mean, var = inputs
+    assert isinstance(scale, np.ndarray) and isinstance(bias, np.ndarray)
+    assert isinstance(mean, np.ndarray) and isinstance(var, np.ndarray)
     assert x is not None and scale is not None and bias is not None and mean is not None and var is not None
     n, c, p = _planes(x)
     epsilon = float(node.attrs.epsilon)
@@ -78,23 +91,25 @@ def run_batchnorm(device: OpenCLDevice, node: Node, inputs: Sequence[np.ndarray 
         scale, key, lambda: device.to_device(_folded(scale, bias, mean, var, epsilon))
     )
     kernel = device.kernel("batchnorm", SOURCE)
-    x_buf = device.to_device(np.ascontiguousarray(x, np.float32))
+    x_buf = on_device(device, x)
     y = device.empty(x.shape)
     device.enqueue(kernel, (p, c, n), None, (x_buf.buffer, y.buffer, params.buffer, *i32(c, p)))
-    return device.to_host(y)
+    return result(device, y, x)
 
 
 def register(device: OpenCLDevice) -> None:
     """Add LRN and BatchNormalization to ``device``'s kernel table."""
 
     @device.kernels.register("LRN", supports=_supports_lrn)
-    def lrn(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    @device_inputs((0,))
+    def lrn(node: Node, inputs: Sequence[Tensor | None]) -> list[Tensor]:
         """LRN across channels, one work-item per element."""
         x = inputs[0]
         assert x is not None
         return [run_lrn(device, node, x)]
 
     @device.kernels.register("BatchNormalization", supports=_supports_batchnorm)
-    def batchnorm(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    @device_inputs((0,))
+    def batchnorm(node: Node, inputs: Sequence[Tensor | None]) -> list[Tensor]:
         """BatchNormalization (inference), one work-item per element."""
         return [run_batchnorm(device, node, inputs)]

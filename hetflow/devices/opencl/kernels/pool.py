@@ -3,7 +3,7 @@ count_include_pad) and GlobalAveragePool / GlobalMaxPool on NCHW float32 (``pool
 
 The window geometry (output sizes, padding, ceil_mode's overhang) comes from ``hetflow.ops.spatial``,
 the same code the CPU kernels and shape inference use. MaxPool's optional Indices output stays on the
-CPU.
+CPU. X may be a host or a device tensor; Y comes back the same way (``common.result``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hetflow.devices.base import InputInfos
-from hetflow.devices.opencl.kernels.common import float32_reason, i32, source
+from hetflow.devices.opencl.kernels.common import (
+    Tensor,
+    device_inputs,
+    float32_reason,
+    i32,
+    on_device,
+    result,
+    source,
+)
 from hetflow.graph import Node
 from hetflow.ops.pool import pool_window
 from hetflow.ops.spatial import geometry
@@ -39,7 +47,7 @@ def _supports_global(node: Node, inputs: InputInfos) -> str | None:
     return float32_reason(node, inputs)
 
 
-def run_pool(device: OpenCLDevice, node: Node, x: np.ndarray) -> np.ndarray:
+def run_pool(device: OpenCLDevice, node: Node, x: Tensor) -> Tensor:
     """A MaxPool or AveragePool node on ``x`` ``[N, C, H, W]`` (or ``[N, C, W]``)."""
     spec = pool_window(node.attrs)
     geo = geometry(spec, x.shape[2:])
@@ -55,7 +63,7 @@ def run_pool(device: OpenCLDevice, node: Node, x: np.ndarray) -> np.ndarray:
     is_max = node.op_type == "MaxPool"
     include_pad = 0 if is_max else int(node.attrs.count_include_pad)
     kernel = device.kernel("pool2d", SOURCE, (f"-DMAX={int(is_max)}",))
-    x_buf = device.to_device(np.ascontiguousarray(x, np.float32))
+    x_buf = on_device(device, x)
     planes = x.shape[0] * x.shape[1]
     y = device.empty((*x.shape[:2], *geo.out))
     args = (
@@ -64,25 +72,26 @@ def run_pool(device: OpenCLDevice, node: Node, x: np.ndarray) -> np.ndarray:
              dh, width.dilation, peh, width.pad_end, include_pad),
     )  # fmt: skip
     device.enqueue(kernel, (width.out, oh, planes), None, args)
-    return device.to_host(y)
+    return result(device, y, x)
 
 
-def run_global_pool(device: OpenCLDevice, x: np.ndarray, is_max: bool) -> np.ndarray:
+def run_global_pool(device: OpenCLDevice, x: Tensor, is_max: bool) -> Tensor:
     """Mean (or maximum) over the spatial axes of ``x`` ``[N, C, ...]``, keeping them as 1s."""
     planes = x.shape[0] * x.shape[1]
     positions = int(np.prod(x.shape[2:], dtype=np.int64))
     kernel = device.kernel("global_pool", SOURCE, (f"-DMAX={int(is_max)}",))
-    x_buf = device.to_device(np.ascontiguousarray(x, np.float32))
+    x_buf = on_device(device, x)
     y = device.empty((*x.shape[:2], *(1,) * (x.ndim - 2)))
     device.enqueue(kernel, (planes,), None, (x_buf.buffer, y.buffer, np.int32(positions)))
-    return device.to_host(y)
+    return result(device, y, x)
 
 
 def register(device: OpenCLDevice) -> None:
     """Add the pooling ops to ``device``'s kernel table."""
 
     @device.kernels.register("MaxPool", "AveragePool", supports=_supports_window)
-    def pool(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+    @device_inputs((0,))
+    def pool(node: Node, inputs: Sequence[Tensor | None]) -> list[Tensor | None]:
         """Windowed pooling, one work-item per output element."""
         x = inputs[0]
         assert x is not None
@@ -90,7 +99,8 @@ def register(device: OpenCLDevice) -> None:
         return [y, None] if len(node.outputs) > 1 else [y]
 
     @device.kernels.register("GlobalAveragePool", "GlobalMaxPool", supports=_supports_global)
-    def global_pool(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    @device_inputs((0,))
+    def global_pool(node: Node, inputs: Sequence[Tensor | None]) -> list[Tensor]:
         """Global pooling, one work-item per (image, channel)."""
         x = inputs[0]
         assert x is not None

@@ -1,5 +1,6 @@
 """OpenCL Softmax and LogSoftmax along any axis (or, for opset < 13 models, over the trailing axes
-viewed as one): the input viewed as ``[outer, cols, inner]``, one work-item per row."""
+viewed as one): the input viewed as ``[outer, cols, inner]``, one work-item per row. X may be a host or
+a device tensor; the result comes back the same way (``common.result``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hetflow.devices.base import InputInfos
+from hetflow.devices.opencl.kernels.common import Tensor, device_inputs, on_device, result
 from hetflow.graph import Node
 
 if TYPE_CHECKING:
@@ -38,28 +40,26 @@ def softmax_view(shape: Sequence[int], axis: int, coerce_2d: bool) -> tuple[int,
     return math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
 
 
-def run_softmax(
-    device: OpenCLDevice, x: np.ndarray, view: tuple[int, int, int], log: bool = False
-) -> np.ndarray:
+def run_softmax(device: OpenCLDevice, x: Tensor, view: tuple[int, int, int], log: bool = False) -> Tensor:
     """(Log)Softmax of ``x`` viewed as ``view`` = (outer, cols, inner) along cols; ``x``'s shape."""
-    x = np.asarray(x, np.float32)
+    out = device.empty(tuple(x.shape))
     if x.size == 0:
-        return np.empty(x.shape, np.float32)
+        return result(device, out, x)
     outer, cols, inner = view
     rows = outer * inner
     kernel = device.kernel("softmax", SOURCE, (f"-DLOG={int(log)}",))
-    x_buf = device.to_device(x)
-    out = device.empty(x.shape)
+    x_buf = on_device(device, x)
     args = (np.int32(rows), np.int32(cols), np.int32(inner), x_buf.buffer, out.buffer)
     device.enqueue(kernel, (rows,), None, args)
-    return device.to_host(out)
+    return result(device, out, x)
 
 
 def register(device: OpenCLDevice) -> None:
     """Add Softmax and LogSoftmax to ``device``'s kernel table."""
 
     @device.kernels.register("Softmax", "LogSoftmax", supports=_supports)
-    def softmax(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    @device_inputs((0,))
+    def softmax(node: Node, inputs: Sequence[Tensor | None]) -> list[Tensor]:
         """(Log)Softmax, one work-item per row."""
         x = inputs[0]
         assert x is not None
