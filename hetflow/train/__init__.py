@@ -1,5 +1,6 @@
 """Training on the Graph hetflow runs: the ops' backward rules, losses, optimizers, a training loop,
-pickle-free checkpoints and ONNX export.
+pickle-free checkpoints and ONNX export; on the CPU or, with ``device="opencl:0"``, on an OpenCL device
+(forward and backward kernels, loss and optimizer updates there; see ``hetflow.train.device``).
 
 Example::
 

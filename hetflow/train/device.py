@@ -76,20 +76,26 @@ class PlacedNode:
     backward: BackwardFn | None
 
 
-_KERNELS: dict[str, TrainingKernels] = {}
+#: Per device object, not per id: ``OpenCLDevice(0, unified=False)`` may live beside the process-wide
+#: ``opencl:0``. NOTE: the rules refer to their device, so an entry lives as long as the process, as
+#: devices from ``get_device`` do anyway.
+_KERNELS: dict[Device, TrainingKernels] = {}
+#: What a device kind without training kernels has (the CPU: numpy rules, losses and updates).
+_NONE = TrainingKernels()
 _LOCK = threading.Lock()
 
 
 def training_kernels(device: Device) -> TrainingKernels:
-    """``device``'s training kernels (built once per process; empty for a device kind without any)."""
+    """``device``'s training kernels (built once per device object; empty for a kind without any)."""
+    registrar = TRAINING_REGISTRARS.get(device.kind)
+    if registrar is None:
+        return _NONE
     with _LOCK:
-        found = _KERNELS.get(device.id)
+        found = _KERNELS.get(device)
         if found is None:
             found = TrainingKernels()
-            registrar = TRAINING_REGISTRARS.get(device.kind)
-            if registrar is not None:
-                importlib.import_module(registrar).register_training(device, found)
-            _KERNELS[device.id] = found
+            importlib.import_module(registrar).register_training(device, found)
+            _KERNELS[device] = found
         return found
 
 

@@ -67,7 +67,9 @@ class Trainer:
         memory_budget: bytes (or ``"64MB"``) a step may hold: initializers, optimizer state, and a
             bound on the step's transient peak (kept activations, gradients, and the running kernel's or
             rule's scratch; see ``memory_report``). Under it the tape recomputes cheap activations
-            (checkpointing); a step that cannot fit raises BudgetError before running.
+            (checkpointing); a step that cannot fit raises BudgetError before running. NOTE: the scratch
+            is the ops' costed workspace (the CPU kernels'); an accelerator's kernels may add their own
+            (packed GEMM panels) on top.
         freeze: glob patterns of parameter or node names whose parameters stay fixed.
         seed: seed of the shuffling and of Dropout's masks.
 

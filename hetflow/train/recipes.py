@@ -39,15 +39,16 @@ def train_classifier(
     seed: int = 0,
     progress: bool | None = None,
     on_epoch: Callable[[EpochStats], None] | None = None,
+    device: str = "cpu",
 ) -> RecipeResult:
     """Train ``model`` from its current weights on data set ``data`` (Adam, cosine decay, random shifts)
-    and measure its test accuracy.
+    on ``device`` (see ``Trainer``) and measure its test accuracy.
 
     ``seconds`` covers the training epochs only (not loading the data or the final evaluation).
     """
     dataset = load_dataset(data, seed=seed)
     steps = epochs * -(-len(dataset.x_train) // batch_size)
-    trainer = Trainer(model, optimizer=Adam(lr, schedule=cosine(steps)), seed=seed)
+    trainer = Trainer(model, optimizer=Adam(lr, schedule=cosine(steps)), device=device, seed=seed)
     started = time.perf_counter()
     history = trainer.fit(
         dataset.x_train,

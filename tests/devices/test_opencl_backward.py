@@ -205,3 +205,34 @@ def test_optimizer_kernels_match_numpy(opencl, name):
         assert _relative(params[key], expected[key]) <= TOLERANCE, key
     for key, value in reference.state_arrays().items():
         assert _relative(ours.state_arrays()[key], value) <= TOLERANCE, key
+
+
+# -- the copy path (what a discrete GPU does) ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def copying(opencl):
+    """A second device object on the same OpenCL device that copies instead of mapping host memory."""
+    from hetflow.devices.opencl import OpenCLDevice
+
+    return OpenCLDevice(opencl.index, unified=False)
+
+
+COPY_CASES = [c for c in CASES if c.label in ("group-stride-asymmetric-pad-dilation", "1d", "trans", "3x3-overlap-pad-ceil")]
+
+
+@pytest.mark.parametrize("case", COPY_CASES, ids=[c.id for c in COPY_CASES])
+def test_backward_rules_on_the_copy_path(copying, case: Case):
+    assert not copying.unified_memory
+    _compare(copying, case, _inputs(case, np.random.default_rng(7)))
+
+
+@pytest.mark.parametrize("name", ["sgd-nesterov", "adamw"])
+def test_optimizer_kernels_write_back_on_the_copy_path(copying, name):
+    kernels = training_kernels(copying)
+    ours, reference = OPTIMIZERS[name](), OPTIMIZERS[name]()
+    params = _params(kernels, np.random.default_rng(8))
+    expected = _params(None, np.random.default_rng(8))
+    grads = {key: np.full(p.shape, 0.5, F32) for key, p in expected.items()}
+    reference.step(expected, {k: g.copy() for k, g in grads.items()})
+    ours.step(params, grads, kernels)
+    for key in expected:
+        assert _relative(params[key], expected[key]) <= TOLERANCE, key

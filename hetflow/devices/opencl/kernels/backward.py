@@ -139,8 +139,17 @@ def _supports_activation(node: Node, inputs: InputInfos) -> str | None:
 
 
 # -- shared launches -------------------------------------------------------------------------------------
+# NOTE: every uploaded operand is held in a local until the launcher's last to_host has waited for the
+# queue: on unified memory a buffer wraps host memory that must outlive the kernels reading it.
 def _contiguous(device: OpenCLDevice, array: np.ndarray) -> DeviceArray:
     return device.to_device(np.ascontiguousarray(array, np.float32))
+
+
+def _recycle(device: OpenCLDevice, *scratch: DeviceArray) -> None:
+    """Give scratch buffers (panels, partial sums) back to the device's pool once the queue has been
+    waited on, so the next step's backward pass reuses them instead of allocating."""
+    for array in scratch:
+        device.release(array)
 
 
 def channel_sums(device: OpenCLDevice, dy: DeviceArray, batch: int, channels: int, positions: int) -> np.ndarray:
@@ -148,7 +157,9 @@ def channel_sums(device: OpenCLDevice, dy: DeviceArray, batch: int, channels: in
     planes = device.empty((batch * channels,))
     device.enqueue(device.kernel("row_sums", SOURCE), (batch * channels,), None,
                    (dy.buffer, planes.buffer, np.int32(positions)))  # fmt: skip
-    return _column_sums(device, planes, batch, channels, 1.0)
+    sums = _column_sums(device, planes, batch, channels, 1.0)
+    _recycle(device, planes)
+    return sums
 
 
 def _column_sums(device: OpenCLDevice, matrix: DeviceArray, rows: int, cols: int, scale: float) -> np.ndarray:
@@ -229,12 +240,16 @@ def conv_weight_grad(device: OpenCLDevice, conv: _ConvShape, x: np.ndarray, dy: 
     launch = launch_packed(device, config, layout, batch, a_panels, b_panels, a_mod=batch, b_mod=batch)
     launch.enqueue()
     if splits == 1:
-        return launch.result()
+        dw = launch.result()
+        _recycle(device, a_panels, b_panels)
+        return dw
     out = device.empty((conv.group, conv.kg, conv.rows))
     elements = conv.kg * conv.rows
     device.enqueue(device.kernel("split_sums", SOURCE), (elements, conv.group), None,
                    (launch.out.buffer, out.buffer, *i32(splits, elements)))  # fmt: skip
-    return device.to_host(out)
+    dw = device.to_host(out)
+    _recycle(device, a_panels, b_panels, launch.out)
+    return dw
 
 
 def conv_input_grad(device: OpenCLDevice, conv: _ConvShape, w: np.ndarray, dy: DeviceArray) -> np.ndarray:
@@ -261,7 +276,9 @@ def conv_input_grad(device: OpenCLDevice, conv: _ConvShape, w: np.ndarray, dy: D
         (launch.out.buffer, dx.buffer,
          *i32(conv.c, win.height.size, win.width.size, conv.group, conv.cg), *win.conv_args),
     )  # fmt: skip
-    return device.to_host(dx)
+    result = device.to_host(dx)
+    _recycle(device, b_panels, launch.out)
+    return result
 
 
 def conv_backward(
@@ -382,7 +399,9 @@ def maxpool_backward(
     dx = device.empty(tuple(x.shape))
     device.enqueue(device.kernel("maxpool_scatter", SOURCE), (win.width.size, win.height.size, planes), None,
                    (dy_buf.buffer, winners.buffer, dx.buffer, *win.pool_args))  # fmt: skip
-    return [device.to_host(dx)]
+    result = device.to_host(dx)
+    _recycle(device, winners)
+    return [result]
 
 
 def avgpool_backward(
@@ -418,9 +437,9 @@ def global_avgpool_backward(
     positions = int(np.prod(x.shape[2:], dtype=np.int64))
     dx = device.empty(tuple(x.shape))
     if dx.nbytes:
+        dy_buf = _contiguous(device, dy)
         device.enqueue(device.kernel("spread_planes", SOURCE), (int(np.prod(x.shape)),), None,
-                       (_contiguous(device, dy).buffer, dx.buffer, np.int32(positions),
-                        np.float32(positions)))  # fmt: skip
+                       (dy_buf.buffer, dx.buffer, np.int32(positions), np.float32(positions)))  # fmt: skip
     return [device.to_host(dx)]
 
 
@@ -464,9 +483,9 @@ def activation_backward(
     dx = device.empty(tuple(dy.shape))
     if dx.nbytes:
         p0, p1 = _activation_params(node, inputs)
+        value_buf, dy_buf = _contiguous(device, value), _contiguous(device, dy)
         device.enqueue(device.kernel(name, SOURCE), (int(dy.size),), None,
-                       (_contiguous(device, value).buffer, _contiguous(device, dy).buffer, dx.buffer,
-                        np.float32(p0), np.float32(p1)))  # fmt: skip
+                       (value_buf.buffer, dy_buf.buffer, dx.buffer, np.float32(p0), np.float32(p1)))  # fmt: skip
     grads[0] = device.to_host(dx)
     return grads
 
@@ -484,10 +503,11 @@ def softmax_cross_entropy(device: OpenCLDevice, logits: np.ndarray, targets: np.
         raise ValueError(f"class labels must lie in [0, {classes}); got {labels.min()}..{labels.max()}")
     loss = device.empty((batch,))
     grad = device.empty((batch, classes))
+    logits_buf = _contiguous(device, logits)
+    labels_buf = device.to_device(labels.astype(np.int32))
     device.enqueue(
         device.kernel("softmax_xent", SOURCE), (batch,), None,
-        (_contiguous(device, logits).buffer, device.to_device(labels.astype(np.int32)).buffer,
-         loss.buffer, grad.buffer, np.int32(classes), np.float32(batch)),
+        (logits_buf.buffer, labels_buf.buffer, loss.buffer, grad.buffer, np.int32(classes), np.float32(batch)),
     )  # fmt: skip
     value = float(device.to_host(loss).mean())
     return LossResult(value, device.to_host(grad).reshape(logits.shape))
