@@ -96,6 +96,11 @@ class Tape:
             (see ``plan_recompute``); each must be produced by a node with a CHEAP_TRAITS trait.
         devices: where the nodes run (``hetflow.train.device``); the CPU alone by default.
 
+    Attributes:
+        placement: node name -> (device id of its forward kernel, device id of its backward rule:
+            ``"cpu"`` where the op's numpy rule runs).
+        peak_bytes: activations and gradients held at the last step's peak.
+
     Raises:
         TrainingError: a node on the gradient path has no backward rule, or a node has no forward
             kernel on any of the devices; every such node is listed.
@@ -119,7 +124,6 @@ class Tape:
             raise TrainingError(f"no kernel on {on} for node(s) {names}") from None
         self._kernels: list[ForwardFn] = [p.forward for p in placed]
         self._rules: list[BackwardFn | None] = [p.backward for p in placed]
-        #: Node name -> (device of its forward kernel, device of its backward rule).
         self.placement = {
             p.node.name: (p.device.id, p.device.id if p.backward is not None else "cpu") for p in placed
         }

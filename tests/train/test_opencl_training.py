@@ -15,12 +15,14 @@ TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module")
 def opencl() -> str:
-    from hetflow.devices.opencl import OpenCLDevice
+    """The OpenCL device's id, skipped with the reason where OpenCL cannot start (as
+    ``tests/devices/conftest.py``'s fixture, which this directory does not see)."""
+    from hetflow.devices.opencl import OpenCLDevice, get_opencl_device
 
     reason = OpenCLDevice.is_available()
     if reason is not None:
         pytest.skip(f"no OpenCL platform: {reason}")
-    return "opencl:0"
+    return get_opencl_device(0).id
 
 
 def _relative(actual: np.ndarray, expected: np.ndarray) -> float:
