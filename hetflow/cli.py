@@ -223,7 +223,11 @@ def _bar(share: float, width: int = 30) -> str:
 # -- profile -----------------------------------------------------------------------------------------
 def _add_profile_parser(commands: argparse._SubParsersAction) -> None:
     profile = commands.add_parser(
-        "profile", help="where each node ran, its time and the bytes copied to and from devices"
+        "profile", help="where each node ran, its time and the bytes copied to and from devices",
+        description="Values stay on a device between the nodes it runs; a node is charged the bytes "
+                    "moved for it (its inputs brought where it runs, its returned outputs brought back). "
+                    "Unified-memory devices map instead of copying (the 'mapped' column: the copies a "
+                    "discrete GPU would make); HETFLOW_OPENCL_UNIFIED=0 makes them copy.",
     )
     profile.add_argument("model", help="model path or zoo:NAME")
     profile.add_argument("--batch", type=int, default=1, help="batch size for symbolic batch dimensions (1)")
@@ -263,11 +267,18 @@ def _cmd_profile(args: argparse.Namespace) -> int:
                           "nodes": [asdict(r) for r in records]}, indent=2))
         return 0
     print(f"model   {args.model}  batch {args.batch}, {runs} profiled runs, devices {', '.join(session.get_providers())}")
-    print(f"{'node':<28} {'op':<18} {'device':<10} {'algorithm':<13} {'ms/run':>9} {'copied KiB':>11} {'mapped KiB':>11}")
+    print(f"{'node':<28} {'op':<18} {'device':<10} {'algorithm':<13} {'ms/run':>9} {'in KiB':>9} "
+          f"{'out KiB':>9} {'mapped KiB':>11}")
     for record in records[: args.top] if args.top else records:
         print(f"{record.name[:28]:<28} {record.op_type:<18} {record.device:<10} {record.algorithm:<13} "
-              f"{record.seconds / runs * 1e3:9.3f} {record.copied_bytes / runs / 1024:11.1f} "
-              f"{record.mapped_bytes / runs / 1024:11.1f}")
+              f"{record.seconds / runs * 1e3:9.3f} {record.copied_in_bytes / runs / 1024:9.1f} "
+              f"{record.copied_out_bytes / runs / 1024:9.1f} {record.mapped_bytes / runs / 1024:11.1f}")
+    moved = [r for r in records if r.copied_bytes or r.mapped_bytes]
+    copied_in = sum(r.copied_in_bytes for r in records) / runs
+    copied_out = sum(r.copied_out_bytes for r in records) / runs
+    mapped = sum(r.mapped_bytes for r in records) / runs
+    print(f"transfers per run: {len(moved)} of {len(records)} nodes move data; copied {copied_in / 1024:.1f} KiB "
+          f"in, {copied_out / 1024:.1f} KiB out; mapped instead of copied {mapped / 1024:.1f} KiB")
     tuning = ", ".join(f"{name} " + " ".join(f"{k} {v}" for k, v in counts.items())
                        for name, counts in session.tuning_report().items())
     print(f"tuning cache: {tuning}")

@@ -14,11 +14,19 @@ that the accelerator is not always faster):
 
 Host-side shape arithmetic (ops with the ``shape`` trait) stays on the CPU unless a rule
 says otherwise: moving it would only add transfers.
+
+Transfers: the executor keeps a value where its producer left it and moves it once to each other
+place that reads it (``hetflow.runtime.executor``), so a chain of nodes on one device moves nothing
+between them. The measured per-node times come from single-device runs and hold no such crossings;
+``crossing_seconds`` adds them, priced by ``measure_transfers``, wherever a placement puts a value's
+producer and a reader on different devices (weights never cross: devices keep them resident).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,6 +100,89 @@ class PlacementRules:
 NodeCosts = Mapping[str, Mapping[str, float]]
 
 
+@dataclass(frozen=True)
+class TransferCost:
+    """What moving a value between the host and one device costs: ``latency + bytes * per_byte``.
+
+    Attributes:
+        latency_s: seconds per transfer.
+        to_device_s: seconds per byte, host to device.
+        to_host_s: seconds per byte, device to host.
+    """
+
+    latency_s: float = 0.0
+    to_device_s: float = 0.0
+    to_host_s: float = 0.0
+
+    def up(self, nbytes: int) -> float:
+        return self.latency_s + nbytes * self.to_device_s
+
+    def down(self, nbytes: int) -> float:
+        return self.latency_s + nbytes * self.to_host_s
+
+
+#: device id -> its transfer cost; devices not listed work in host memory (moving costs nothing).
+TransferCosts = Mapping[str, TransferCost]
+
+
+def value_bytes(graph: Graph, name: str) -> int:
+    """Bytes of a value with a concrete shape (0 when unknown)."""
+    value = graph.values.get(name)
+    if value is None or value.shape is None or not all(isinstance(d, int) for d in value.shape):
+        return 0
+    return int(np.prod(value.shape, dtype=np.int64)) * np.dtype(value.dtype).itemsize
+
+
+def crossing_seconds(
+    graph: Graph, placement: Mapping[str, str], transfers: TransferCosts, host: str = "cpu"
+) -> float:
+    """Seconds ``placement`` (node name -> device id) spends moving values between devices, as the
+    executor moves them: a value produced on a device goes to the host once if anything elsewhere reads
+    it, and to each other device once. Weights never move; graph inputs and returned values are left
+    out: the measured time of the node that first reads or makes one on a device includes its move."""
+    producer: dict[str, str] = {}
+    for node in graph.nodes:
+        for name in node.present_outputs():
+            producer[name] = placement.get(node.name, host)
+    readers: dict[str, set[str]] = {}
+    for node in graph.nodes:
+        for name in node.present_inputs():
+            if name in producer:
+                readers.setdefault(name, set()).add(placement.get(node.name, host))
+    seconds = 0.0
+    for name, places in readers.items():
+        source = producer[name]
+        elsewhere = places - {source}
+        if not elsewhere:
+            continue
+        nbytes = value_bytes(graph, name)
+        if source in transfers:
+            seconds += transfers[source].down(nbytes)
+        seconds += sum(transfers[place].up(nbytes) for place in elsewhere if place in transfers)
+    return seconds
+
+
+def input_seconds(
+    graph: Graph, node: Node, device_id: str, where: Mapping[str, str], transfers: TransferCosts
+) -> float:
+    """Seconds to bring ``node``'s inputs to ``device_id`` from where their producers were placed
+    (``where``: value name -> device id). Weights and graph inputs are left out, as in
+    ``crossing_seconds``."""
+    seconds = 0.0
+    for name in node.present_inputs():
+        if name not in where:
+            continue
+        source = where[name]
+        if source == device_id:
+            continue
+        nbytes = value_bytes(graph, name)
+        if source in transfers:
+            seconds += transfers[source].down(nbytes)
+        if device_id in transfers:
+            seconds += transfers[device_id].up(nbytes)
+    return seconds
+
+
 def keeps_on_host(node: Node) -> bool:
     """Whether ``node`` is host-side shape arithmetic that no accelerator should take."""
     definition = registry.lookup(node.op_type, node.domain)
@@ -114,19 +205,33 @@ def candidate_devices(node: Node, devices: Sequence[Device], rules: PlacementRul
     return list(devices)
 
 
-def cheapest(node: Node, usable: Sequence[Device], costs: NodeCosts | None) -> Device:
+def cheapest(
+    node: Node,
+    usable: Sequence[Device],
+    costs: NodeCosts | None,
+    moving: Callable[[Device], float] | None = None,
+) -> Device:
     """Among ``usable`` (priority order, every one able to run ``node``), the measured-fastest one.
 
     Without measurements for the node the first device wins; another wins only when faster by more
-    than ``MIN_GAIN`` (so a noisy tie keeps the priority order).
+    than ``MIN_GAIN`` (so a noisy tie keeps the priority order). ``moving(device)``: seconds to bring
+    the node's inputs to ``device`` (``input_seconds``), added to its time, so that a node leaves the
+    device its inputs are on only when it gains more than the crossing costs.
     """
     best = usable[0]
     times = costs.get(node.name) if costs else None
     if not times or len(usable) == 1:
         return best
-    for device in usable[1:]:
+
+    def total(device: Device) -> float | None:
         seconds = times.get(device.id)
-        best_seconds = times.get(best.id)
+        if seconds is None:
+            return None
+        return seconds + (moving(device) if moving is not None else 0.0)
+
+    for device in usable[1:]:
+        seconds = total(device)
+        best_seconds = total(best)
         if seconds is None:
             continue
         if best_seconds is None or seconds < best_seconds * (1 - MIN_GAIN):
@@ -141,34 +246,87 @@ MIN_MIX_GAIN = 0.10
 
 
 def best_single_device(
-    graph: Graph, devices: Sequence[Device], costs: NodeCosts
+    graph: Graph, devices: Sequence[Device], costs: NodeCosts, transfers: TransferCosts | None = None
 ) -> Device | None:
     """The device that should run the whole graph alone, or None when a per-node mix is worth it.
 
     A device's total is its measured time for every node it can run plus the CPU's time for the
-    rest; the mix's total is every node's fastest time. The mix wins only when it is faster than the
-    best single total by more than ``MIN_MIX_GAIN``.
+    rest; the mix's total is every node's fastest time. Each total also pays for the values its
+    placement moves between devices (``crossing_seconds`` with ``transfers``). The mix wins only when
+    it is faster than the best single total by more than ``MIN_MIX_GAIN``.
     """
     host = next((d for d in devices if d.kind == "cpu"), None)
     if host is None:
         return None
     totals: dict[str, float] = {}
+    placements: dict[str, dict[str, str]] = {d.id: {} for d in devices}
+    mixed_placement: dict[str, str] = {}
     mixed = 0.0
     for node in graph.nodes:
         times = costs.get(node.name)
         if not times:
             continue
-        mixed += min(times.values())
+        fastest = min(times, key=times.__getitem__)
+        mixed += times[fastest]
+        mixed_placement[node.name] = fastest
         for device in devices:
-            seconds = times.get(device.id, times.get(host.id))
+            place = device.id if device.id in times else host.id
+            seconds = times.get(place)
             if seconds is not None:
                 totals[device.id] = totals.get(device.id, 0.0) + seconds
+                placements[device.id][node.name] = place
     if not totals:
         return None
+    if transfers:
+        for device_id in totals:
+            totals[device_id] += crossing_seconds(graph, placements[device_id], transfers, host.id)
+        mixed += crossing_seconds(graph, mixed_placement, transfers, host.id)
     best_id = min(totals, key=totals.__getitem__)
     if mixed < totals[best_id] * (1 - MIN_MIX_GAIN):
         return None
     return next(d for d in devices if d.id == best_id)
+
+
+def measure_transfers(devices: Sequence[Device], nbytes: int = 1 << 20, rounds: int = 5) -> dict[str, TransferCost]:
+    """The transfer cost of each device that keeps values resident (it answers ``device_inputs``): the
+    fastest of ``rounds`` moves of 64 bytes (the latency) and of ``nbytes`` each way. On unified memory
+    a move is a map, and costs next to nothing. The devices' transfer counters are left as they were."""
+    found: dict[str, TransferCost] = {}
+    for device in devices:
+        if not callable(getattr(device, "device_inputs", None)):
+            continue
+        stats = getattr(device, "transfers", None)
+        saved = dict(vars(stats)) if stats is not None else {}
+        found[device.id] = _transfer_cost(device, nbytes, rounds)
+        if stats is not None:
+            vars(stats).update(saved)
+    return found
+
+
+def _transfer_cost(device: Device, nbytes: int, rounds: int) -> TransferCost:
+    small, large = np.zeros(16, np.float32), np.zeros(nbytes // 4, np.float32)
+    up = [_fastest(functools.partial(_upload, device, a), rounds) for a in (small, large)]
+    down = [_fastest(functools.partial(device.to_host, device.to_device(a)), rounds) for a in (small, large)]
+    span = large.nbytes - small.nbytes
+    return TransferCost(
+        latency_s=min(up[0], down[0]),
+        to_device_s=max(up[1] - up[0], 0.0) / span,
+        to_host_s=max(down[1] - down[0], 0.0) / span,
+    )
+
+
+def _upload(device: Device, array: np.ndarray) -> None:
+    device.to_device(array)
+    device.synchronize()
+
+
+def _fastest(fn: Callable[[], object], rounds: int) -> float:
+    best = float("inf")
+    for _ in range(max(rounds, 1)):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return best
 
 
 def measure_costs(

@@ -9,7 +9,14 @@ from hetflow.errors import UnsupportedNode, UnsupportedOpsError
 from hetflow.graph import Graph, Node
 from hetflow.graph.shapes import is_static
 from hetflow.ops.base import TensorInfo
-from hetflow.runtime.placement import NodeCosts, PlacementRules, candidate_devices, cheapest
+from hetflow.runtime.placement import (
+    NodeCosts,
+    PlacementRules,
+    TransferCosts,
+    candidate_devices,
+    cheapest,
+    input_seconds,
+)
 from hetflow.runtime.plan import Plan, Step
 from hetflow.tuning.select import Tuner
 
@@ -20,10 +27,12 @@ def make_plan(
     tuner: Tuner | None = None,
     rules: PlacementRules | None = None,
     costs: NodeCosts | None = None,
+    transfers: TransferCosts | None = None,
 ) -> Plan:
     """Assign each node to a device that has a kernel for it, and pick the kernel.
 
-    The device is the one ``rules`` pins the node to, else the measured-fastest per ``costs``, else the
+    The device is the one ``rules`` pins the node to, else the measured-fastest per ``costs`` (counting,
+    with ``transfers``, the moves of its inputs from where their producers were placed), else the
     first in priority order (``hetflow.runtime.placement``); host-side shape arithmetic stays on the
     CPU.
 
@@ -40,6 +49,7 @@ def make_plan(
     steps: list[Step] = []
     missing: list[UnsupportedNode] = []
     rules = rules or PlacementRules()
+    where: dict[str, str] = {}  # value -> the device its producer was placed on
     for node in graph.nodes:
         inputs = input_infos(graph, node)
         allowed = candidate_devices(node, devices, rules)
@@ -48,7 +58,12 @@ def make_plan(
             reasons = _reasons(node, inputs, allowed, rules)
             missing.append(UnsupportedNode(node.name, node.op_type, node.domain, reasons))
             continue
-        device = cheapest(node, usable, costs)
+        moving = None
+        if transfers:
+            def moving(device: Device, node: Node = node) -> float:
+                return input_seconds(graph, node, device.id, where, transfers)
+        device = cheapest(node, usable, costs, moving)
+        where.update(dict.fromkeys(node.present_outputs(), device.id))
         kernel = device.kernels.lookup(node, inputs)
         assert kernel is not None
         choice = tuner.choose(device, node, inputs) if inputs is not None else None

@@ -22,8 +22,13 @@ class NodeRecord:
         algorithm: the kernel's algorithm.
         seconds: wall time summed over the observed runs.
         calls: how many times it ran.
-        copied_bytes: host<->device bytes copied while it ran (OpenCL devices; 0 on the CPU).
-        mapped_bytes: bytes that a host-unified-memory device mapped instead of copying.
+        copied_bytes: host<->device bytes copied for it (OpenCL devices; 0 on the CPU): its inputs
+            brought where it runs, and its outputs brought to the host when they are returned. Values
+            passed between nodes on one device are never copied.
+        copied_in_bytes: of those, host to device.
+        copied_out_bytes: of those, device to host.
+        mapped_bytes: bytes that a host-unified-memory device mapped instead of copying (the copies a
+            discrete GPU would make).
     """
 
     name: str
@@ -33,6 +38,8 @@ class NodeRecord:
     seconds: float = 0.0
     calls: int = 0
     copied_bytes: int = 0
+    copied_in_bytes: int = 0
+    copied_out_bytes: int = 0
     mapped_bytes: int = 0
 
 
@@ -41,8 +48,9 @@ class Profiler:
     """Accumulates wall time (and transfer bytes) per node and per op type over one or more runs.
 
     Pass ``profiler.observe`` as the ``observer`` of ``InferenceSession.run``. With ``devices`` given,
-    each node is also charged the bytes those devices copied or mapped while it ran (read from their
-    ``transfers`` counters, so only a sequential observed run attributes them exactly).
+    each node is also charged the bytes those devices copied or mapped for it (read from their
+    ``transfers`` counters; an observed run is sequential and moves a value just before the node that
+    reads it, and a returned value just after the node that makes it, so the attribution is exact).
     """
 
     devices: Sequence[Device] = ()
@@ -50,7 +58,7 @@ class Profiler:
     op_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     node_op: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
-    _last_transfers: tuple[int, int] = (0, 0)
+    _last_transfers: tuple[int, int, int] = (0, 0, 0)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -68,19 +76,24 @@ class Profiler:
                 self.nodes[node.name] = record
             record.seconds += seconds
             record.calls += 1
-            copied, mapped = self._transfer_totals()
-            record.copied_bytes += copied - self._last_transfers[0]
-            record.mapped_bytes += mapped - self._last_transfers[1]
-            self._last_transfers = (copied, mapped)
+            totals = self._transfer_totals()
+            copied_in, copied_out, mapped = (now - last for now, last in zip(totals, self._last_transfers))
+            record.copied_in_bytes += copied_in
+            record.copied_out_bytes += copied_out
+            record.copied_bytes += copied_in + copied_out
+            record.mapped_bytes += mapped
+            self._last_transfers = totals
 
-    def _transfer_totals(self) -> tuple[int, int]:
-        copied = mapped = 0
+    def _transfer_totals(self) -> tuple[int, int, int]:
+        """(copied in, copied out, mapped) bytes over ``devices`` so far."""
+        copied_in = copied_out = mapped = 0
         for device in self.devices:
             stats = getattr(device, "transfers", None)
             if stats is not None:
-                copied += stats.copied_in + stats.copied_out
+                copied_in += stats.copied_in
+                copied_out += stats.copied_out
                 mapped += stats.mapped
-        return copied, mapped
+        return copied_in, copied_out, mapped
 
     def op_type_shares(self) -> list[tuple[str, float, float]]:
         """(op type, seconds, share of the total) sorted by time, largest first."""

@@ -21,7 +21,7 @@ from hetflow.passes.manager import optimize as optimize_graph
 from hetflow.runtime.budget import Residency, WeightStore, fit_plan, transformed_weight_bytes
 from hetflow.runtime.executor import ExecutionMode, Observer, check_mode, check_threads, execute, memory_plan
 from hetflow.runtime.memory import MemoryReport
-from hetflow.runtime.placement import PlacementRules, best_single_device, measure_costs
+from hetflow.runtime.placement import PlacementRules, best_single_device, measure_costs, measure_transfers
 from hetflow.runtime.plan import Plan
 from hetflow.runtime.planner import make_plan
 from hetflow.tuning.select import Tuner
@@ -223,17 +223,18 @@ class InferenceSession:
         )
 
     def _make_plan(self, graph: Graph) -> Plan:
-        devices, costs = self._devices, None
+        devices, costs, transfers = self._devices, None, None
         if self._measure_placement and _is_concrete(graph):
             costs = measure_costs(graph, self._devices)
-            single = best_single_device(graph, self._devices, costs)
+            transfers = measure_transfers(self._devices)
+            single = best_single_device(graph, self._devices, costs, transfers)
             if single is not None:
                 # NOTE: the CPU stays as the fallback for what the chosen device has no kernel for.
                 kept = [single] + [d for d in self._devices if d.kind == "cpu" and d is not single]
                 pinned = [d for d in self._devices if d.id in self._rules.device_ids() and d not in kept]
                 devices = kept + pinned
                 costs = None
-        return make_plan(graph, devices, self._tuner, self._rules, costs)
+        return make_plan(graph, devices, self._tuner, self._rules, costs, transfers)
 
     def get_inputs(self) -> list[NodeArg]:
         """The feeds ``run`` expects."""
