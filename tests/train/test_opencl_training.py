@@ -98,3 +98,14 @@ def test_parameters_live_in_memory_the_device_updates_in_place(opencl):
     for name, array in trainer.params.items():
         assert array is before[name], "the update replaced a parameter array instead of writing it"
         assert array.ctypes.data % HOST_ALIGNMENT == 0
+
+
+def test_a_float64_model_stays_on_the_cpu(opencl):
+    from tests.train.test_trainer import as_float64
+
+    device = Trainer(as_float64(small_cnn(dropout=False)), optimizer=SGD(0.05), device=opencl)
+    assert set(device.tape.placement.values()) == {("cpu", "cpu")}, "the OpenCL kernels run float32 only"
+    cpu = Trainer(as_float64(small_cnn(dropout=False)), optimizer=SGD(0.05))
+    batches = [(x.astype(np.float64), y) for x, y in _batches((3, 9, 9), 4, 4, 2)]
+    _assert_same_training(cpu, device, batches)
+    assert all(p.dtype == np.float64 for p in device.params.values())
