@@ -35,9 +35,11 @@ import numpy as np
 
 from hetflow.devices.base import InputInfos
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, scratch_bytes
-from hetflow.devices.cpu.kernels.epilogue import finish_channels
+from hetflow.devices.cpu.kernels.epilogue import apply_activation, finish_channels
+from hetflow.devices.cpu.kernels.jit_depthwise import depthwise_2d
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
+from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import TensorInfo
 from hetflow.ops.conv import (
     AUTO,
@@ -61,6 +63,14 @@ ScratchFn = Callable[[Node, tuple[int, ...], tuple[int, ...], np.dtype], list[tu
 
 #: Algorithm name -> its body, for the ``auto`` dispatcher (winograd.py adds its own).
 BODIES: dict[str, ConvBody] = {}
+#: A body that also adds the bias and, where it can, the fused activation (one pass over Y instead of
+#: three): (node, X, W, Y or None, scratch, B or None) -> (Y, whether the activation was applied).
+FinishingBody = Callable[
+    [Node, np.ndarray, np.ndarray, "np.ndarray | None", Scratch, "np.ndarray | None"], tuple[np.ndarray, bool]
+]
+#: Registered body -> its finishing form, used when that algorithm is the node's kernel (``auto``
+#: dispatches to the plain body and finishes Y itself).
+FINISHING: dict[ConvBody, FinishingBody] = {}
 #: Algorithm name -> the workspace bytes it takes.
 WORKSPACES: dict[str, Callable[[Node, tuple[int, ...], tuple[int, ...], np.dtype], int]] = {}
 
@@ -125,8 +135,14 @@ def run_conv(
         target.dtype != compute or not (target.flags.c_contiguous or image_contiguous(target))
     ):
         target = None
-    y = body(node, x, w, target, Scratch(workspace))
-    finish_channels(y, bias, node.attrs.fused)
+    finishing = FINISHING.get(body)
+    if finishing is None:
+        y = body(node, x, w, target, Scratch(workspace))
+        finish_channels(y, bias, node.attrs.fused)
+    else:
+        y, activated = finishing(node, x, w, target, Scratch(workspace), bias)
+        if not activated:
+            apply_activation(y, node.attrs.fused)
     if y.dtype != dtype:
         return deliver(out, 0, y.astype(dtype))
     return deliver(out, 0, y)
@@ -344,16 +360,14 @@ def _whole_chunk_gemm(geo: Geometry, x: np.ndarray, weights: np.ndarray, y: np.n
 def _depthwise_scratch(
     node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype
 ) -> list[tuple[tuple[int, ...], np.dtype]]:
-    """Stride 1: the padded input (one extra slab), the wide result when cropped, the products.
-    Strided: the padded input and the products."""
+    """2-D: nothing (the compiled kernel keeps one padded input plane per thread). Otherwise, stride 1:
+    the padded input (one extra slab), the wide result when cropped, the products; strided: the padded
+    input and the products."""
     geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
     batch, channels = int(x_shape[0]), int(x_shape[1])
     multiplier = int(w_shape[0]) // channels
-    if _phased(geo):
-        rows, cols = geo.axes
-        planes_shape = (rows.stride, cols.stride, batch, channels, *_phase_plane(geo))
-        wide = ((batch, channels, multiplier, rows.out * planes_shape[-1]), dtype)
-        return [*padding_scratch(geo, x_shape, dtype), (planes_shape, dtype), wide, wide]
+    if _compiled(geo):
+        return []
     if not all(a.stride == 1 for a in geo.axes):
         products = ((batch, channels, multiplier, *geo.out), dtype)
         return [*padding_scratch(geo, x_shape, dtype), products]
@@ -373,64 +387,50 @@ def _flat_crops(geo: Geometry) -> bool:
 
 @conv_kernel(DEPTHWISE, supports=_supports_depthwise, workspace=lambda *a: scratch_bytes(_depthwise_scratch(*a)))
 def depthwise(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
-    """Depthwise Conv (group == C, any channel multiplier): direct accumulation over the kernel taps."""
-    geo = geometry(conv_window(node.attrs, w.shape), x.shape[2:])
-    batch, channels = x.shape[:2]
-    multiplier = w.shape[0] // channels  # output channels per input channel
-    # Weights per tap as [C, multiplier, 1, ...] so they broadcast over the output positions.
-    taps = w.reshape(channels, multiplier, -1)
-    y = target_y(y, (batch, channels * multiplier, *geo.out), x.dtype)
-    if all(a.stride == 1 for a in geo.axes):
-        _accumulate_taps_flat(x, taps, geo, y, scratch)
-    elif _phased(geo):
-        _accumulate_taps_phased(x, taps, geo, y, scratch)
-    else:
-        _accumulate_taps_strided(x, taps, geo, y, scratch)
+    """Depthwise Conv (group == C, any channel multiplier): direct accumulation over the kernel taps.
+
+    2-D layers run the compiled kernel (``jit_depthwise``); other ranks accumulate one numpy pass per tap.
+    """
+    y, _ = _depthwise(node, x, w, y, scratch, None, None)
     return y
 
 
-def _phased(geo: Geometry) -> bool:
-    """Whether the strided 2-D method applies (two spatial axes, a stride above 1)."""
-    return len(geo.axes) == 2 and any(a.stride > 1 for a in geo.axes)
+def _depthwise_finishing(
+    node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch, bias: np.ndarray | None
+) -> tuple[np.ndarray, bool]:
+    """``depthwise`` with the bias added and the fused activation applied where the kernel can."""
+    return _depthwise(node, x, w, y, scratch, bias, node.attrs.fused)
 
 
-def _phase_plane(geo: Geometry) -> tuple[int, int]:
-    """Rows and columns of one phase plane: ceil(padded / stride), plus a row for the flat runs' overrun."""
-    rows, cols = geo.axes
-    return -(-rows.padded // rows.stride) + 1, -(-cols.padded // cols.stride)
+FINISHING[depthwise] = _depthwise_finishing
 
 
-def _accumulate_taps_phased(x: np.ndarray, taps: np.ndarray, geo: Geometry, y: np.ndarray, scratch: Scratch) -> None:
-    """Strided 2-D depthwise accumulation as stride-1 work on phase planes.
+def _depthwise(
+    node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch,
+    bias: np.ndarray | None, fused: FusedActivation | None,
+) -> tuple[np.ndarray, bool]:
+    geo = geometry(conv_window(node.attrs, w.shape), x.shape[2:])
+    batch, channels = x.shape[:2]
+    multiplier = w.shape[0] // channels  # output channels per input channel
+    y = target_y(y, (batch, channels * multiplier, *geo.out), x.dtype)
+    if _compiled(geo):
+        rows, cols = geo.axes
+        activated = depthwise_2d(x, w, bias, y, (rows.stride, cols.stride), (rows.dilation, cols.dilation),
+                                 (rows.pad_begin, cols.pad_begin), fused)
+        return y, activated
+    # Weights per tap as [C, multiplier, 1, ...] so they broadcast over the output positions.
+    taps = w.reshape(channels, multiplier, -1)
+    if all(a.stride == 1 for a in geo.axes):
+        _accumulate_taps_flat(x, taps, geo, y, scratch)
+    else:
+        _accumulate_taps_strided(x, taps, geo, y, scratch)
+    finish_channels(y, bias, fused)
+    return y, True
 
-    With stride (sh, sw), tap (i, j) of output (r, c) reads padded (r*sh + i, c*sw + j): plane
-    (i % sh, j % sw) of the input split into sh*sw phase planes, at (r + i // sh, c + j // sw). Each
-    plane is contiguous, so every tap becomes one shifted run of the flattened plane, as in the
-    stride-1 method (``_accumulate_taps_flat``): long contiguous loops instead of strided slices, about
-    twice as fast for MobileNet's stride-2 layers. The split costs one pass over the input.
-    """
-    batch, channels, multiplier = x.shape[0], taps.shape[0], taps.shape[1]
-    rows, cols = geo.axes
-    plane_rows, plane_cols = _phase_plane(geo)
-    padded = pad_into(geo, x, scratch)
-    planes = scratch.take((rows.stride, cols.stride, batch, channels, plane_rows, plane_cols), x.dtype)
-    planes.fill(0)  # NOTE: the workspace holds other steps' data; plane borders must read as zeros
-    for phase_row in range(rows.stride):
-        for phase_col in range(cols.stride):
-            part = padded[:, :, phase_row :: rows.stride, phase_col :: cols.stride]
-            planes[phase_row, phase_col, :, :, : part.shape[2], : part.shape[3]] = part
-    flat = planes.reshape(rows.stride, cols.stride, batch, channels, 1, plane_rows * plane_cols)
-    length = rows.out * plane_cols
-    shape = (batch, channels, multiplier, length)
-    acc = scratch.take(shape, x.dtype)
-    products = scratch.take(shape, x.dtype)
-    for index, (i, j) in enumerate(geo.taps()):
-        down, across = i * rows.dilation, j * cols.dilation
-        offset = (down // rows.stride) * plane_cols + across // cols.stride
-        source = flat[down % rows.stride, across % cols.stride, ..., offset : offset + length]
-        _multiply_accumulate(acc, source, taps[:, :, index, None], products, first=index == 0)
-    wide = acc.reshape(batch, channels, multiplier, rows.out, plane_cols)
-    np.copyto(as_view(y, (batch, channels, multiplier, *geo.out)), wide[..., : cols.out])
+
+def _compiled(geo: Geometry) -> bool:
+    """Whether the compiled 2-D kernel runs this depthwise layer."""
+    return len(geo.axes) == 2
 
 
 def _accumulate_taps_strided(x: np.ndarray, taps: np.ndarray, geo: Geometry, y: np.ndarray, scratch: Scratch) -> None:

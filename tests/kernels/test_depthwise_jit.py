@@ -1,0 +1,112 @@
+"""The compiled 2-D depthwise kernel against an independent float64 direct sum: strides, dilations,
+asymmetric pads, channel multipliers, every fused activation, strided outputs, split over threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetflow.devices.cpu import CPUDevice
+from hetflow.devices.cpu.threads import BLAS
+from hetflow.graph import Node
+from hetflow.ops.activation import FusedActivation
+from hetflow.ops.base import TensorInfo
+from hetflow.ops.conv import DEPTHWISE, ConvAttrs
+from tests.kernels.test_conv_algorithms import _direct_conv
+
+KERNEL = {k.algorithm: k for k in CPUDevice().kernels.kernels["Conv"]}[DEPTHWISE]
+RNG = np.random.default_rng(11)
+
+CASES = [
+    ((2, 5, 9, 11), 1, (3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=5)),
+    ((1, 4, 12, 10), 1, (3, 3), ConvAttrs(pads=(1, 0, 0, 1), strides=(2, 2), group=4)),
+    ((3, 3, 13, 14), 2, (5, 3), ConvAttrs(pads=(2, 1, 1, 2), strides=(3, 2), group=3)),
+    ((1, 6, 11, 11), 1, (3, 3), ConvAttrs(pads=(2, 2, 2, 2), dilations=(2, 2), group=6)),
+    ((2, 2, 7, 9), 3, (1, 4), ConvAttrs(pads=(0, 2, 0, 1), strides=(1, 3), group=2)),
+    ((1, 8, 5, 5), 1, (5, 5), ConvAttrs(group=8)),  # one output position
+]
+
+ACTIVATIONS = [None, FusedActivation("Relu"), FusedActivation("Clip", 0.0, 6.0),
+               FusedActivation("LeakyRelu", 0.1), FusedActivation("Sigmoid"), FusedActivation("Tanh")]
+
+
+def _activate(y: np.ndarray, fused: FusedActivation | None) -> np.ndarray:
+    if fused is None:
+        return y
+    return {
+        "Relu": lambda v: np.maximum(v, 0),
+        "Clip": lambda v: np.clip(v, fused.alpha, fused.beta),
+        "LeakyRelu": lambda v: np.where(v < 0, v * fused.alpha, v),
+        "Sigmoid": lambda v: 1 / (1 + np.exp(-v)),
+        "Tanh": np.tanh,
+    }[fused.op_type](y)
+
+
+def _case(x_shape, multiplier, kernel, dtype=np.float32):
+    channels = x_shape[1]
+    x = RNG.standard_normal(x_shape).astype(dtype)
+    w = RNG.standard_normal((channels * multiplier, 1, *kernel)).astype(dtype)
+    b = RNG.standard_normal(channels * multiplier).astype(dtype)
+    return x, w, b
+
+
+def _run(attrs: ConvAttrs, x, w, b, out=None):
+    node = Node("Conv", "dw", ["x", "w", "b"], ["y"], attrs)
+    infos = [TensorInfo(a.shape, a.dtype) for a in (x, w, b)]
+    assert KERNEL.reason_unsupported(node, infos) is None
+    assert KERNEL.workspace(node, infos) == 0  # the compiled path needs no workspace
+    return KERNEL.fn(node, [x, w, b], None if out is None else [out], None)[0]
+
+
+@pytest.mark.parametrize("fused", ACTIVATIONS, ids=lambda f: "none" if f is None else f.op_type)
+@pytest.mark.parametrize(("x_shape", "multiplier", "kernel", "attrs"), CASES)
+def test_matches_a_direct_sum(x_shape, multiplier, kernel, attrs, fused):
+    x, w, b = _case(x_shape, multiplier, kernel)
+    attrs = ConvAttrs(**{**attrs.__dict__, "fused": fused})
+    expected = _activate(_direct_conv(x, w, b, attrs), fused)
+    got = _run(attrs, x, w, b)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_float64_is_computed_in_float64():
+    x, w, b = _case((1, 3, 8, 8), 1, (3, 3), np.float64)
+    attrs = ConvAttrs(pads=(1, 1, 1, 1), group=3)
+    got = _run(attrs, x, w, b)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, _direct_conv(x, w, b, attrs), rtol=1e-12, atol=1e-12)
+
+
+def test_writes_into_a_strided_slice():
+    x, w, b = _case((2, 4, 9, 9), 1, (3, 3))
+    attrs = ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2), group=4, fused=FusedActivation("Relu"))
+    concat = np.full((2, 7, 5, 5), np.nan, np.float32)
+    got = _run(attrs, x, w, b, out=concat[:, 2:6])
+    expected = _activate(_direct_conv(x, w, b, attrs), attrs.fused)
+    np.testing.assert_allclose(concat[:, 2:6], expected, rtol=1e-5, atol=1e-5)
+    assert np.shares_memory(got, concat)
+    assert np.isnan(concat[:, :2]).all() and np.isnan(concat[:, 6:]).all()
+
+
+def test_nan_passes_through_the_fused_activation():
+    x, w, b = _case((1, 2, 6, 6), 1, (3, 3))
+    x[0, 1, 3, 3] = np.nan
+    attrs = ConvAttrs(pads=(1, 1, 1, 1), group=2, fused=FusedActivation("Relu"))
+    got = _run(attrs, x, w, b)
+    assert np.isnan(got[0, 1, 2:5, 2:5]).all() and not np.isnan(got[0, 0]).any()
+
+
+def test_two_threads_split_the_planes_and_agree_with_one(monkeypatch):
+    from hetflow.devices.cpu.kernels import jit_depthwise
+
+    x, w, b = _case((4, 16, 20, 20), 1, (3, 3))
+    attrs = ConvAttrs(pads=(1, 1, 1, 1), group=16)
+    monkeypatch.setattr(jit_depthwise, "MIN_ELEMENTS_PER_THREAD", 1)
+    previous = BLAS.hold(1)
+    try:
+        single = _run(attrs, x, w, b)
+        BLAS.set(2)
+        split = _run(attrs, x, w, b)
+    finally:
+        BLAS.restore(previous) if previous is not None else BLAS.set(1)
+    np.testing.assert_array_equal(single, split)
