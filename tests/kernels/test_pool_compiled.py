@@ -1,0 +1,95 @@
+"""The compiled 2-D pools against the plain numpy loop over window taps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetflow.devices.cpu import CPUDevice
+from hetflow.devices.cpu.kernels import buffers
+from hetflow.devices.cpu.kernels import pool as cpu_pool
+from hetflow.graph import Node
+from hetflow.ops import registry
+from hetflow.ops.base import TensorInfo
+from hetflow.ops.pool import pool_window
+from hetflow.ops.spatial import geometry
+
+CPU = CPUDevice()
+RNG = np.random.default_rng(3)
+
+CASES = [  # every one a compiled window (COMMON_WINDOWS): pads, ceil mode, odd sizes, a 1x1 output
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (0, 0, 1, 1)}, (2, 3, 11, 12)),
+    ({"kernel_shape": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}, (1, 4, 7, 9)),
+    ({"kernel_shape": (2, 2), "strides": (2, 2), "pads": (1, 0, 0, 1)}, (2, 2, 9, 8)),
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (1, 3, 10, 11)),
+    ({"kernel_shape": (2, 2), "strides": (1, 1)}, (3, 2, 5, 6)),
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}, (1, 2, 3, 3)),
+]
+
+
+def _pool(op_type: str, attrs: dict, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    node = Node(op_type, "pool", ["x"], ["y"], registry.get(op_type).Attrs(**attrs))
+    (kernel,) = CPU.kernels.candidates(node, [TensorInfo(x.shape, x.dtype)])
+    nbytes = kernel.workspace(node, [TensorInfo(x.shape, x.dtype)]) if kernel.workspace else 0
+    workspace = np.full(nbytes, 0xFF, np.uint8)  # dirty, as another step may have left it
+    return kernel.fn(node, [x], None if out is None else [out], workspace)[0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize(("attrs", "shape"), CASES)
+def test_compiled_pool_matches_the_tap_loop(monkeypatch, op_type, attrs, shape, dtype):
+    if op_type == "AveragePool":
+        attrs = {**attrs, "count_include_pad": int(sum(shape) % 2)}
+    x = RNG.standard_normal(shape).astype(dtype)
+    node = Node(op_type, "pool", ["x"], ["y"], registry.get(op_type).Attrs(**attrs))
+    assert cpu_pool._compiled(node, geometry(pool_window(node.attrs), shape[2:]), x.dtype)
+    overflows = buffers.OVERFLOWS[0]
+    compiled = _pool(op_type, attrs, x)
+    assert buffers.OVERFLOWS[0] == overflows  # fits the workspace it declared
+    monkeypatch.setattr(cpu_pool, "_compiled", lambda node, rank, dtype: False)
+    looped = _pool(op_type, attrs, x)
+    assert compiled.shape == looped.shape and compiled.dtype == looped.dtype == dtype
+    np.testing.assert_allclose(compiled, looped, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_compiled_pool_writes_into_a_strided_slice(op_type):
+    attrs, shape = CASES[0]
+    x = RNG.standard_normal(shape).astype(np.float32)
+    expected = _pool(op_type, attrs, x)
+    concat = np.full((shape[0], shape[1] + 2, *expected.shape[2:]), np.nan, np.float32)
+    got = _pool(op_type, attrs, x, out=concat[:, 1 : 1 + shape[1]])
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    np.testing.assert_allclose(concat[:, 1 : 1 + shape[1]], expected, rtol=1e-6)
+    assert np.isnan(concat[:, 0]).all() and np.isnan(concat[:, -1]).all()
+
+
+def test_average_pool_float16_sums_in_float32():
+    x = (RNG.standard_normal((1, 2, 9, 9)) * 100).astype(np.float16)
+    y = _pool("AveragePool", {"kernel_shape": (3, 3), "strides": (2, 2)}, x)  # compiled in float32
+    assert y.dtype == np.float16
+    windows = np.lib.stride_tricks.sliding_window_view(x.astype(np.float64), (3, 3), axis=(2, 3))[:, :, ::2, ::2]
+    np.testing.assert_allclose(y, windows.mean(axis=(-1, -2)), rtol=2e-3)
+
+
+def test_max_pool_keeps_nan_and_ignores_padding():
+    x = -np.abs(RNG.standard_normal((1, 2, 5, 5))).astype(np.float32)  # all negative: padding must not win
+    x[0, 1, 2, 2] = np.nan
+    y = _pool("MaxPool", {"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}, x)
+    assert (y[0, 0] < 0).all()
+    assert np.isnan(y[0, 1, 1:4, 1:4]).all() and np.isnan(y[0, 1]).sum() == 9
+
+
+def test_uncommon_windows_and_integer_pools_keep_the_numpy_loop():
+    dilated = Node("MaxPool", "p", ["x"], ["y"], registry.get("MaxPool").Attrs(kernel_shape=(3, 3), dilations=(2, 2)))
+    five = Node("MaxPool", "p", ["x"], ["y"], registry.get("MaxPool").Attrs(kernel_shape=(5, 5)))
+    common = Node("MaxPool", "p", ["x"], ["y"], registry.get("MaxPool").Attrs(kernel_shape=(3, 3)))
+    shape = (9, 9)
+    assert not cpu_pool._compiled(dilated, geometry(pool_window(dilated.attrs), shape), np.dtype(np.float32))
+    assert not cpu_pool._compiled(five, geometry(pool_window(five.attrs), shape), np.dtype(np.float32))
+    assert not cpu_pool._compiled(common, geometry(pool_window(common.attrs), shape), np.dtype(np.int8))
+    x = RNG.integers(-100, 100, (1, 2, 9, 9)).astype(np.int8)
+    y = _pool("MaxPool", {"kernel_shape": (3, 3)}, x)
+    windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))
+    np.testing.assert_array_equal(y, windows.max(axis=(-1, -2)))
