@@ -14,8 +14,14 @@ from tests.helpers import add_relu_model
 
 
 def _blas_threads_now() -> int:
-    """Read through threadpoolctl itself, not through hetflow's cached controller."""
-    return next(info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas")
+    """numpy's BLAS pool size (the one hetflow's kernels run on), read through threadpoolctl itself, not
+    through hetflow's cached controller. NOTE: by filepath: scipy's own OpenBLAS, loaded by other tests
+    (scikit-learn's digits), can come first in threadpool_info."""
+    return next(
+        info["num_threads"]
+        for info in threadpool_info()
+        if info["user_api"] == "blas" and "numpy" in info["filepath"]
+    )
 
 
 @pytest.fixture
