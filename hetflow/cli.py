@@ -609,7 +609,9 @@ def _device_cell(key: str, value: object) -> str:
 
 # -- train -------------------------------------------------------------------------------------------
 def _add_train_parser(commands: argparse._SubParsersAction) -> None:
-    train = commands.add_parser("train", help="train a model on a real data set and export it as .onnx")
+    train = commands.add_parser(
+        "train", help="train a model on a real data set (on the CPU or --device opencl:N) and export it as .onnx"
+    )
     train.add_argument("model", help="model path or zoo:NAME (trained from its current weights)")
     train.add_argument("--data", default="digits", choices=["digits"],
                        help="data set: digits = scikit-learn's handwritten digits at 1x28x28 (digits)")
@@ -617,6 +619,9 @@ def _add_train_parser(commands: argparse._SubParsersAction) -> None:
     train.add_argument("--batch-size", type=int, default=32, help="examples per step (32)")
     train.add_argument("--lr", type=float, default=2e-3, help="Adam's learning rate, cosine-decayed (0.002)")
     train.add_argument("--seed", type=int, default=0, help="seed of the split, shuffling and augmentation (0)")
+    train.add_argument("--device", default="cpu",
+                       help="cpu | opencl:N | auto: where the steps run; the CPU takes the nodes the device "
+                            "has no kernels for (cpu)")
     train.add_argument("--out", type=Path, help="write the trained model here (.onnx)")
     train.add_argument("--json", action="store_true",
                        help='end with one JSON line {"epochs", "seconds", "train_loss", "test_accuracy"}')
@@ -634,11 +639,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     try:
         result = train_classifier(args.model, data=args.data, epochs=args.epochs, batch_size=args.batch_size,
-                                  lr=args.lr, seed=args.seed, on_epoch=report)
+                                  lr=args.lr, seed=args.seed, on_epoch=report, device=args.device)
     except ImportError as error:
         print(f"hetflow: error: {error}", file=sys.stderr)
         return 1
-    print(f"trained {args.model} on {args.data} in {result.seconds:.1f} s: "
+    print(f"trained {args.model} on {args.data} with {result.trainer.device} in {result.seconds:.1f} s: "
           f"test accuracy {result.test_accuracy:.4f} on {len(result.dataset.y_test)} held-out examples")
     if args.out is not None:
         result.trainer.export(args.out)

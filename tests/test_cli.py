@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from hetflow.cli import main
+from tests.devices.conftest import opencl  # noqa: F401  (skips where no OpenCL platform exists)
 from tests.helpers import add_relu_model, make_model
 
 
@@ -94,3 +95,45 @@ def test_session_reports_tuning_cache_use(classifier_path):
     report = session.tuning_report()
     assert set(report["algorithms"]) == {"hits", "misses", "measured"}
     assert all(count >= 0 for count in report["algorithms"].values())
+
+
+@pytest.fixture
+def digits_classifier_path(tmp_path):
+    """Softmax regression over the digits' 1x28x28 pixels: trains in a fraction of a second."""
+    weights = np.random.default_rng(0).standard_normal((784, 10)).astype(np.float32) * 0.01
+    model = make_model(
+        [
+            helper.make_node("Flatten", ["data"], ["flat"]),
+            helper.make_node("Gemm", ["flat", "w", "b"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["prob"]),
+        ],
+        [("data", TensorProto.FLOAT, ["N", 1, 28, 28])],
+        [("prob", TensorProto.FLOAT, ["N", 10])],
+        {"w": weights, "b": np.zeros(10, np.float32)},
+    )
+    path = tmp_path / "digits_classifier.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def _train(path, device, capsys):
+    pytest.importorskip("sklearn")
+    import json
+
+    argv = ["train", str(path), "--epochs", "1", "--batch-size", "128", "--lr", "0.01", "--device", device, "--json"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(out[-1])
+    assert summary["epochs"] == 1 and summary["test_accuracy"] > 0.5  # chance is 0.1
+    return out
+
+
+def test_train_runs_on_the_device_named(digits_classifier_path, capsys):
+    out = _train(digits_classifier_path, "cpu", capsys)
+    assert any(line.startswith(f"trained {digits_classifier_path} on digits with cpu in") for line in out)
+
+
+@pytest.mark.usefixtures("opencl")
+def test_train_on_opencl(digits_classifier_path, capsys):
+    out = _train(digits_classifier_path, "opencl:0", capsys)
+    assert any(" on digits with opencl:0 in " in line for line in out), out
