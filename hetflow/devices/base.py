@@ -16,10 +16,11 @@ from hetflow.ops.base import TensorInfo
 #: Kernels that declare ``writes_out`` also accept ``(node, inputs, out, workspace)``: see ``Kernel``.
 KernelFn = Callable[..., Sequence[np.ndarray | None]]
 #: What is known of a node's inputs: one TensorInfo per input (None for an omitted one), or None as a
-#: whole when the shapes are not known yet (e.g. a graph whose batch is still symbolic).
+#: whole when they are not known. Shapes may hold symbols (a batch not bound yet); dtypes are known.
 InputInfos = Sequence[TensorInfo | None] | None
 #: ``supports(node, inputs)`` returns None when the kernel can run ``node``, else the reason it cannot.
-#: A kernel whose constraints depend on shapes answers with a reason when ``inputs`` is None.
+#: A kernel whose constraints depend on shapes answers with a reason when ``inputs`` is None or the
+#: dimensions it needs are symbols.
 SupportsFn = Callable[[Node, InputInfos], str | None]
 #: ``workspace(node, inputs)``: scratch bytes the kernel wants for concrete input shapes.
 WorkspaceFn = Callable[[Node, Sequence[TensorInfo | None]], int]

@@ -36,11 +36,16 @@ def make_plan(
     first in priority order (``hetflow.runtime.placement``); host-side shape arithmetic stays on the
     CPU.
 
+    Kernels are asked with what is known of the node's inputs (``known_infos``): with a symbolic
+    batch the shapes hold symbols but the dtypes are known, so a float64 node is never placed on a
+    float32-only kernel.
+
     Where a node's input shapes are concrete (bind the batch first: ``passes.bind_batch``) and its
     device has several kernels for it (Conv's algorithms), ``tuner`` chooses one: a measurement from
     the tuning cache, else the cost model (``hetflow.tuning.select``). Without ``tuner`` the choice is
     the cost model's and no file is read. Nodes with symbolic shapes get the device's first kernel
-    (for Conv a dispatcher that applies the cost model at run time).
+    that supports what is known of them (for Conv on the CPU a dispatcher that applies the cost model
+    at run time).
 
     Raises:
         UnsupportedOpsError: listing every node no device can run.
@@ -52,10 +57,11 @@ def make_plan(
     where: dict[str, str] = {}  # value -> the device its producer was placed on
     for node in graph.nodes:
         inputs = input_infos(graph, node)
+        known = inputs if inputs is not None else known_infos(graph, node)
         allowed = candidate_devices(node, devices, rules)
-        usable = [d for d in allowed if d.kernels.lookup(node, inputs) is not None]
+        usable = [d for d in allowed if d.kernels.lookup(node, known) is not None]
         if not usable:
-            reasons = _reasons(node, inputs, allowed, rules)
+            reasons = _reasons(node, known, allowed, rules)
             missing.append(UnsupportedNode(node.name, node.op_type, node.domain, reasons))
             continue
         moving = None
@@ -64,7 +70,7 @@ def make_plan(
                 return input_seconds(graph, node, device.id, where, transfers)
         device = cheapest(node, usable, costs, moving)
         where.update(dict.fromkeys(node.present_outputs(), device.id))
-        kernel = device.kernels.lookup(node, inputs)
+        kernel = device.kernels.lookup(node, known)
         assert kernel is not None
         choice = tuner.choose(device, node, inputs) if inputs is not None else None
         steps.append(Step(node, choice.kernel if choice else kernel, device))
@@ -92,6 +98,20 @@ def input_infos(graph: Graph, node: Node) -> list[TensorInfo | None] | None:
             continue
         value = graph.values.get(name)
         if value is None or value.shape is None or not is_static(value.shape):
+            return None
+        infos.append(TensorInfo(tuple(value.shape), value.dtype))
+    return infos
+
+
+def known_infos(graph: Graph, node: Node) -> list[TensorInfo | None] | None:
+    """The node's input shapes (symbolic dimensions kept) and dtypes; None when one is unknown."""
+    infos: list[TensorInfo | None] = []
+    for name in node.inputs:
+        if not name:
+            infos.append(None)
+            continue
+        value = graph.values.get(name)
+        if value is None or value.shape is None:
             return None
         infos.append(TensorInfo(tuple(value.shape), value.dtype))
     return infos

@@ -25,7 +25,6 @@ import numpy as np
 
 from hetflow.devices.base import Device, KernelTable
 from hetflow.graph import Graph, Node
-from hetflow.ops.base import TensorInfo
 from hetflow.train.kernels import ForwardFn, training_kernel
 
 #: ``rule(node, inputs, outputs, grad_outputs, wanted) -> grads``, as ``OpDef.backward`` is called.
@@ -125,48 +124,16 @@ class TrainingDevices:
         Raises:
             UnsupportedOpsError: no device has a forward kernel for some nodes (all are listed).
         """
-        from hetflow.runtime.planner import input_infos, make_plan
+        from hetflow.runtime.planner import known_infos, make_plan
 
         plan = make_plan(graph, self.devices)
-        host = self.devices[-1]
         placed = []
         for step in plan.steps:
             node, device, kernel = step.node, step.device, step.kernel
-            if device is not host and kernel.reason_unsupported(node, _at_batch_one(graph, node)):
-                # NOTE: with a symbolic batch the planner asks kernels without shapes, and some accept
-                # then what the dtypes rule out (a float64 model on a float32-only device).
-                device = host
-                kernel = host.kernels.lookup(node, input_infos(graph, node)) or kernel
             forward = training_kernel(node) if device.kind == "cpu" else None
-            rule = training_kernels(device).backward.lookup(node, value_infos(graph, node))
+            rule = training_kernels(device).backward.lookup(node, known_infos(graph, node))
             placed.append(PlacedNode(node, device, forward or kernel.fn, rule.fn if rule else None))
         return placed
-
-
-def value_infos(graph: Graph, node: Node) -> list[TensorInfo | None] | None:
-    """The node's input shapes (symbolic dimensions kept) and dtypes; None when one is unknown."""
-    infos: list[TensorInfo | None] = []
-    for name in node.inputs:
-        if not name:
-            infos.append(None)
-            continue
-        value = graph.values.get(name)
-        if value is None or value.shape is None:
-            return None
-        infos.append(TensorInfo(tuple(value.shape), value.dtype))
-    return infos
-
-
-def _at_batch_one(graph: Graph, node: Node) -> list[TensorInfo | None] | None:
-    """``value_infos`` with every symbolic dimension set to 1: dtypes, ranks and the other sizes for a
-    kernel's ``supports``."""
-    infos = value_infos(graph, node)
-    if infos is None:
-        return None
-    return [
-        None if info is None else TensorInfo(tuple(d if isinstance(d, int) else 1 for d in info.shape), info.dtype)
-        for info in infos
-    ]
 
 
 def training_devices(device: str) -> TrainingDevices:

@@ -167,6 +167,24 @@ def test_session_rules_by_op_type_run_and_match(monkeypatch):
         hetflow.InferenceSession(_mlp(), placement={"NoSuchOp": "cpu"})
 
 
+def test_kernels_are_asked_with_the_dtypes_while_the_batch_is_symbolic():
+    def float32_only(node, inputs):
+        if inputs is not None and any(i is not None and i.dtype != np.float32 for i in inputs):
+            return "float32 only"
+        return None
+
+    fake = FakeAccelerator(())
+    fake.kernels.register("MatMul", "Relu", supports=float32_only)(CPUDevice().kernels.kernels["Relu"][0].fn)
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"), helper.make_node("Relu", ["h"], ["y"], name="act")],
+        [("x", TensorProto.DOUBLE, ["N", 7])],
+        [("y", TensorProto.DOUBLE, ["N", 5])],
+        {"w": np.ones((7, 5))},
+    )
+    graph = load_model(model)  # the batch stays symbolic
+    assert make_plan(graph, [fake, CPUDevice()]).placement() == {"fc": "cpu", "act": "cpu"}
+
+
 opencl = pytest.importorskip("hetflow.devices.opencl")
 
 
