@@ -15,12 +15,15 @@ from onnx import TensorProto, helper
 
 import hetflow
 from hetflow.devices.opencl import DeviceArray, OpenCLDevice
+from hetflow.devices.opencl.kernels.conv import DIRECT
 from hetflow.devices.opencl.kernels.elementwise import run_binary
 from hetflow.devices.registry import get_device
+from hetflow.ops.conv import DEPTHWISE, IM2COL
 from hetflow.options import OPENCL_UNIFIED_ENV
 from hetflow.runtime.placement import TransferCost, best_single_device, crossing_seconds
 from hetflow.runtime.planner import make_plan
 from hetflow.runtime.profiler import Profiler
+from tests.devices.opencl_helpers import infos, make_node
 from tests.helpers import make_model
 
 BATCH = 2
@@ -90,6 +93,41 @@ def test_a_chain_on_the_device_copies_only_its_input_and_output(copying):
     expected = hetflow.InferenceSession(chain_model(), device="cpu").run(None, {"x": _input()})
     _assert_close(got, expected)
 
+
+def test_a_1d_conv_uploads_its_weights_once(copying):
+    # NOTE: a 1-D Conv runs as a 2-D one on a view of W: the view is new on every run, W is not.
+    rng = np.random.default_rng(2)
+    weights = {"w": rng.standard_normal((4, 3, 5)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32)}
+    model = make_model(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv1d", pads=[2, 2])],
+        [("x", TensorProto.FLOAT, ["N", 3, 16])],
+        [("y", TensorProto.FLOAT, ["N", 4, 16])],
+        weights,
+    )
+    session = hetflow.InferenceSession(model, device="opencl:0")
+    assert session.placement(BATCH) == {"conv1d": "opencl:0"}
+    feeds = {"x": rng.standard_normal((BATCH, 3, 16)).astype(np.float32)}
+    copied_in, copied_out, got = _copied(copying, session, feeds)
+    assert (copied_in, copied_out) == (BATCH * 3 * 16 * 4, BATCH * 4 * 16 * 4)
+    expected = hetflow.InferenceSession(model, device="cpu").run(None, feeds)
+    _assert_close(got, expected)
+
+
+
+@pytest.mark.parametrize("algorithm, group", [(IM2COL, 1), (DIRECT, 1), (DEPTHWISE, 4)])
+def test_each_1d_conv_algorithm_keeps_its_weights_resident(copying, algorithm, group):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((BATCH, 4, 12)).astype(np.float32)
+    w = rng.standard_normal((4, 4 // group, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    w.flags.writeable = b.flags.writeable = False  # as a graph's initializers are
+    node = make_node("Conv", [x, w, b], pads=(1, 1), group=group)
+    [kernel] = [k for k in copying.kernels.candidates(node, infos([x, w, b])) if k.algorithm == algorithm]
+    kernel.fn(node, [x, w, b])
+    before = (copying.transfers.copied_in, copying.transfers.copied_out)
+    [y] = kernel.fn(node, [x, w, b])
+    copied = (copying.transfers.copied_in - before[0], copying.transfers.copied_out - before[1])
+    assert copied == (x.nbytes, y.nbytes)
 
 def test_a_mixed_placement_copies_each_crossing_once(copying):
     session = hetflow.InferenceSession(

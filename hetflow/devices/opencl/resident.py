@@ -3,7 +3,9 @@ packed GEMM panels, Winograd-transformed kernels), kept for as long as the host 
 
 Kernels take numpy arrays, so a layer's weights arrive as the same initializer array on every run: keyed
 by the array's identity (and what was derived from it), the packed copy is made once per session. A
-weak reference drops the entry when the array goes away.
+weak reference drops the entry when the array goes away. A view of a read-only array (a 1-D Conv's W
+seen as 2-D, made afresh on every call) is keyed by the array it views and where it looks in it, so it
+hits the entry its previous calls made.
 
 Only read-only arrays are cached: a graph's initializers are (the loader freezes them), while
 activations are writable and may be rewritten in place between runs (the runtime's memory arena hands
@@ -27,7 +29,7 @@ class Resident:
     ``array`` lives (every call for a writable one)."""
 
     def __init__(self, park: Callable[[Any], None] | None = None) -> None:
-        self._entries: dict[tuple[int, Hashable], tuple[weakref.ref, Any]] = {}
+        self._entries: dict[tuple[Hashable, ...], tuple[weakref.ref, Any]] = {}
         self._lock = threading.Lock()
         self._park = park
 
@@ -37,19 +39,20 @@ class Resident:
             if self._park is not None:
                 self._park(value)
             return value
-        slot = (id(array), key)
+        owner, view = _owner(array)
+        slot = (id(owner), key) if view is None else (id(owner), key, view)
         with self._lock:
             entry = self._entries.get(slot)
-        if entry is not None and entry[0]() is array:
+        if entry is not None and entry[0]() is owner:
             return entry[1]
         value = make()
         entries = self._entries
 
-        def forget(_ref: weakref.ref, slot: tuple[int, Hashable] = slot) -> None:
+        def forget(_ref: weakref.ref, slot: tuple[Hashable, ...] = slot) -> None:
             entries.pop(slot, None)
 
         try:
-            ref = weakref.ref(array, forget)
+            ref = weakref.ref(owner, forget)
         except TypeError:  # an object that cannot be weakly referenced is simply not cached
             return value
         with self._lock:
@@ -78,3 +81,21 @@ class Resident:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+
+
+def _owner(array: np.ndarray) -> tuple[np.ndarray, Hashable | None]:
+    """The array whose lifetime an entry for read-only ``array`` follows, and how ``array`` views it
+    (None: ``array`` itself).
+
+    NOTE: only a read-only base stands in for its view; a read-only view of a writable array may see
+    its data change, so it is keyed by itself as before.
+    """
+    base = array.base
+    if not isinstance(base, np.ndarray):
+        return array, None
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    if base.flags.writeable:
+        return array, None
+    offset = array.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    return base, (offset, array.shape, array.strides, array.dtype.str)
