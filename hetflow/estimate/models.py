@@ -91,7 +91,7 @@ def features(cost: Cost, gemm: GemmModel, memory: MemoryModel, strided: bool = F
 
     overhead: one microsecond (its coefficient is the fixed cost per call in us); gemm: the GEMM
     model's time for ``cost.gemm`` (``count`` products) plus any MACs outside it at the peak rate;
-    calls: one microsecond per GEMM call; io: inputs + outputs over the bandwidth of the working set;
+    calls: one microsecond per GEMM call, or per loop (``cost.loops``: a per-plane kernel's planes); io: inputs + outputs over the bandwidth of the working set;
     workspace / strided_workspace: the scratch buffer written and read back, in the second slot when it
     is gathered through a strided window (``strided``: a stride > 1, much slower per byte); flops:
     elementwise work at the measured rate, or at the bandwidth of the working set (8 bytes per
@@ -108,6 +108,8 @@ def features(cost: Cost, gemm: GemmModel, memory: MemoryModel, strided: bool = F
         gemm_time = single + (dims.count - 1) * max(single - gemm.overhead_s, 0.1 * single)
         macs_left = max(0.0, macs_left - float(dims.n) * dims.m * dims.k * dims.count)
         calls = dims.count
+    else:
+        calls = cost.loops
     gemm_time += macs_left / (gemm.peak_gflops * 0.5e9)
     io_bytes = float(cost.bytes_read + cost.bytes_written)
     working_set = io_bytes + cost.workspace_bytes
@@ -125,6 +127,42 @@ def features(cost: Cost, gemm: GemmModel, memory: MemoryModel, strided: bool = F
     )
     assert len(values) == len(FEATURES)
     return np.asarray(values, dtype=np.float64)
+
+
+# -- the residual curve --------------------------------------------------------------------------
+def curve_factor(knots: Sequence[float], values: Sequence[float], base_seconds: float) -> float:
+    """The factor a key's residual curve applies to its linear model's ``base_seconds`` (1 without one).
+
+    The curve is piecewise linear in log(base) through (``knots``, ``values``), values being
+    log(measured / base), clamped at the end knots: no extrapolation past the calibrated range.
+    """
+    if not knots or base_seconds <= 0:
+        return 1.0
+    return math.exp(float(np.interp(math.log(base_seconds), knots, values)))
+
+
+def fit_curve(base: np.ndarray, seconds: np.ndarray, ridge: float = 0.5) -> tuple[list[float], list[float]]:
+    """Knots and values of a residual curve: log(seconds / base) as a piecewise-linear function of log(base).
+
+    A linear model over physical features misses how efficiency changes with size (on this machine its
+    small convolutions ran 30-50% slower than it predicted, its large ones 20-60% faster); the curve is
+    that trend, fitted by least squares on hat functions at quantiles of log(base) (four knots from 12
+    samples on, two from 6, none below), pulled towards 0 by ``ridge`` so a sparse stretch stays flat.
+    """
+    count = len(base)
+    if count < 6:
+        return [], []
+    x = np.log(np.maximum(base, 1e-12))
+    y = np.log(np.maximum(seconds, 1e-12) / np.maximum(base, 1e-12))
+    quantiles = (0.05, 0.35, 0.65, 0.95) if count >= 12 else (0.1, 0.9)
+    knots = np.unique(np.quantile(x, quantiles))
+    if len(knots) < 2:
+        return [], []
+    hats = np.stack([np.interp(x, knots, np.eye(len(knots))[i]) for i in range(len(knots))], axis=1)
+    rows = np.vstack([hats, np.sqrt(ridge) * np.eye(len(knots))])
+    targets = np.concatenate([y, np.zeros(len(knots))])
+    values = np.linalg.lstsq(rows, targets, rcond=None)[0]
+    return [round(float(k), 5) for k in knots], [round(float(v), 5) for v in values]
 
 
 # -- fitting -------------------------------------------------------------------------------------

@@ -255,6 +255,8 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
 
     Reports keep the op's cost (Augur's convention); only features and memory use this one.
     """
+    if key in PER_PLANE_KEYS:
+        cost = dataclasses.replace(cost, loops=_output_planes(node, graph))
     if node.op_type != "Conv":
         return cost
     from hetflow.ops import conv as conv_op
@@ -279,6 +281,21 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
     elif algorithm == getattr(conv_op, "DEPTHWISE", "depthwise"):
         changes.update(gemm=None, macs=0, flops=cost.flops + 2 * cost.macs)
     return dataclasses.replace(cost, **changes)
+
+
+#: Kernels compiled to loop over output planes (``hetflow.devices.cpu.kernels.jit_*``): each plane pays a
+#: fixed cost (a copy into a padded buffer, the loop set-up), so many small planes cost more than their
+#: bytes and arithmetic say (960 planes of 7x7 take as long as 32 of 112x112).
+PER_PLANE_KEYS = frozenset({"Conv/depthwise", "MaxPool/default", "AveragePool/default"})
+
+
+def _output_planes(node: Node, graph: Graph) -> int:
+    """N * C of the node's first output when its shape is known and 4-D (the planes a 2-D kernel loops over)."""
+    value = graph.values.get(node.outputs[0]) if node.outputs else None
+    shape = value.shape if value is not None else None
+    if shape is None or len(shape) != 4 or not all(isinstance(d, int) for d in shape[:2]):
+        return 0
+    return int(shape[0]) * int(shape[1])
 
 
 def im2col_bytes(node: Node, graph: Graph) -> int:
@@ -377,7 +394,7 @@ def op_model(profile: DeviceProfile, key: str) -> tuple[OpModel, str]:
 def predict_seconds(profile: DeviceProfile, key: str, cost: Cost, strided: bool = False) -> float:
     """Predicted seconds of one call of a kernel with profile key ``key`` doing ``cost``."""
     model, _ = op_model(profile, key)
-    return float(np.dot(model.coef, features(cost, profile.gemm, profile.memory, strided)))
+    return model.seconds(features(cost, profile.gemm, profile.memory, strided))
 
 
 # -- the estimate ----------------------------------------------------------------------------------

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hetflow.errors import HetflowError
 from hetflow.options import home_dir
 
@@ -104,6 +106,8 @@ class OpModel:
             padded input (``hetflow.estimate.predict.memory_terms``).
         retained: fraction of the output bytes a call leaves allocated (0 for views of an input).
         samples: calibration points the fit used; fit_mape: their mean absolute relative error.
+        curve_knots, curve_values: the residual curve over the linear model's time (log seconds ->
+            log(measured / linear); ``hetflow.estimate.models.fit_curve``); empty: none.
     """
 
     coef: list[float]
@@ -111,6 +115,15 @@ class OpModel:
     retained: float = 1.0
     samples: int = 0
     fit_mape: float = 0.0
+    curve_knots: list[float] = field(default_factory=list)
+    curve_values: list[float] = field(default_factory=list)
+
+    def seconds(self, features: np.ndarray) -> float:
+        """Predicted seconds of one call with these feature values: the linear model times its curve."""
+        from hetflow.estimate.models import curve_factor
+
+        base = float(np.dot(self.coef, features))
+        return base * curve_factor(self.curve_knots, self.curve_values, base)
 
 
 @dataclass

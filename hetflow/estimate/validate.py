@@ -56,6 +56,7 @@ def layer_seconds(
 
     def visit(index: int, node: Node, kernel: Kernel, inputs: list[np.ndarray | None]) -> Sequence | None:
         sync = device[node.name].synchronize
+        kernel.fn(node, inputs)  # warm-up: a compiled kernel's first call compiles it
         outputs, first = timed_call(lambda: kernel.fn(node, inputs), sync)
         measured[node.name] = amortised_seconds(lambda: kernel.fn(node, inputs), min_time=min_time,
                                                 rounds=rounds, synchronize=sync, first_seconds=first)

@@ -45,6 +45,9 @@ class Cost:
         bytes_written: bytes of every output written once.
         gemm: the im2col GEMM the op reduces to, if any.
         workspace_bytes: scratch memory beyond inputs and outputs (e.g. the im2col buffer).
+        loops: separate loop bodies a kernel runs one after another (the output planes of a kernel
+            compiled per plane); 0 when the op's cost says nothing about it. The estimator charges a
+            fixed cost per loop, as per GEMM call.
     """
 
     macs: int = 0
@@ -53,6 +56,7 @@ class Cost:
     bytes_written: int = 0
     gemm: GemmDims | None = None
     workspace_bytes: int = 0
+    loops: int = 0
 
 
 def nbytes(info: TensorInfo | None) -> int:
