@@ -462,7 +462,9 @@ def estimate(
     memory = plan_memory(graph, steps, keys, costs, plan.release_after, profile, limit)
     arena_peak = _arena_peak(session, plan, graph)
     if arena_peak is not None:
-        memory.peak_bytes, memory.peak_layer = arena_peak, "the arena"
+        own, layer = _largest_own_allocation(graph, steps, keys, costs, profile)
+        memory.peak_bytes = arena_peak + own
+        memory.peak_layer = "the arena" if not own else f"the arena, plus {layer}'s own allocations"
     memory.workspace_bytes = sum(im2col_bytes(node, graph) if node.op_type == "Conv" else raw[node.name].workspace_bytes
                                  for node, _ in steps)
     overhead = (len(steps) * profile.dispatch_s + profile.run_overhead_s) * 1e3
@@ -489,6 +491,24 @@ def _arena_peak(session: InferenceSession, plan: Any, graph: Graph) -> int | Non
     if planned is None:
         return None
     return int(planned.arena_bytes) + sum(_value_bytes(graph, name) for name in outputs)
+
+
+def _largest_own_allocation(
+    graph: Graph, steps: Sequence[tuple[Node, Kernel]], keys: Sequence[str], costs: Mapping[str, Cost],
+    profile: DeviceProfile,
+) -> tuple[int, str]:
+    """The most a kernel outside the arena allocates during its call (its results and scratch: the
+    profile's transient model), and which node; (0, "") when every kernel writes into the arena."""
+    largest, layer = 0, ""
+    for (node, kernel), key in zip(steps, keys):
+        if kernel.writes_out:
+            continue
+        model, _ = op_model(profile, key)
+        terms = memory_terms(node, costs[node.name], graph)
+        own = int(np.dot(model.transient[:len(terms)], terms[:len(model.transient)]))
+        if own > largest:
+            largest, layer = own, node.name
+    return largest, layer
 
 
 def _device_label(profile: DeviceProfile) -> str:
