@@ -97,16 +97,18 @@ def test_nan_passes_through_the_fused_activation():
 
 
 def test_two_threads_split_the_planes_and_agree_with_one(monkeypatch):
-    from hetflow.devices.cpu.kernels import jit_depthwise
+    from hetflow.devices.cpu import threads
 
     x, w, b = _case((4, 16, 20, 20), 1, (3, 3))
     attrs = ConvAttrs(pads=(1, 1, 1, 1), group=16)
-    monkeypatch.setattr(jit_depthwise, "MIN_ELEMENTS_PER_THREAD", 1)
-    previous = BLAS.hold(1)
+    monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    previous = BLAS.get()
     try:
+        BLAS.set(1)
         single = _run(attrs, x, w, b)
         BLAS.set(2)
         split = _run(attrs, x, w, b)
     finally:
-        BLAS.restore(previous) if previous is not None else BLAS.set(1)
+        if previous is not None:
+            BLAS.set(previous)
     np.testing.assert_array_equal(single, split)

@@ -93,3 +93,23 @@ def test_uncommon_windows_and_integer_pools_keep_the_numpy_loop():
     y = _pool("MaxPool", {"kernel_shape": (3, 3)}, x)
     windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))
     np.testing.assert_array_equal(y, windows.max(axis=(-1, -2)))
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_two_threads_split_the_planes_and_agree_with_one(monkeypatch, op_type):
+    from hetflow.devices.cpu import threads
+    from hetflow.devices.cpu.threads import BLAS
+
+    x = RNG.standard_normal((3, 7, 12, 12)).astype(np.float32)
+    attrs = {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}
+    monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    previous = BLAS.get()
+    try:
+        BLAS.set(1)
+        single = _pool(op_type, attrs, x)
+        BLAS.set(2)
+        split = _pool(op_type, attrs, x)
+    finally:
+        if previous is not None:
+            BLAS.set(previous)
+    np.testing.assert_array_equal(single, split)

@@ -109,6 +109,19 @@ def parallel_for(body: Callable[[int], None], count: int, threads: int | None = 
     state.wait()
 
 
+#: Below this many output elements a range of planes is not worth a thread hand-off (~20 us).
+MIN_ELEMENTS_PER_THREAD = 32_768
+
+
+def parallel_planes(body: Callable[[int, int], None], planes: int, elements_per_plane: int) -> None:
+    """Run ``body(first, last)`` over contiguous ranges of ``planes`` output planes, one range per thread
+    (``intra_op_threads``), with no more threads than ranges of at least ``MIN_ELEMENTS_PER_THREAD``
+    output elements (for the compiled per-plane kernels, which release the GIL)."""
+    threads = max(1, min(intra_op_threads(), planes, planes * elements_per_plane // MIN_ELEMENTS_PER_THREAD))
+    bounds = [planes * part // threads for part in range(threads + 1)]  # NOTE: np.linspace costs ~30 us
+    parallel_for(lambda part: body(bounds[part], bounds[part + 1]), threads, threads)
+
+
 class _Shared:
     """Work items handed out one at a time to whichever thread asks next."""
 

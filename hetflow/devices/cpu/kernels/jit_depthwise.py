@@ -22,16 +22,12 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
+from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.activation import FusedActivation
 
 #: Activation codes the compiled loop applies itself; others run afterwards in numpy.
 NO_ACTIVATION, RELU, CLIP, LEAKY_RELU = 0, 1, 2, 3
 _CODES = {"Relu": RELU, "Clip": CLIP, "LeakyRelu": LEAKY_RELU}
-
-#: Below this many output elements a plane range is not worth a thread hand-off (~20 us).
-MIN_ELEMENTS_PER_THREAD = 32_768
-
 
 def activation_code(fused: FusedActivation | None) -> tuple[int, float, float]:
     """(code, alpha, beta) for the compiled epilogue; code 0 when it cannot apply ``fused`` itself."""
@@ -58,17 +54,13 @@ def depthwise_2d(
     code, alpha, beta = activation_code(fused)
     # The epilogue's constants in Y's dtype, so the compiled store never widens to float64.
     constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
-    planes = y.shape[0] * y.shape[1]
     bias = np.zeros(y.shape[1], y.dtype) if bias is None else np.ascontiguousarray(bias, y.dtype)
-    per_plane = int(y.shape[2]) * int(y.shape[3])
-    threads = max(1, min(intra_op_threads(), planes, planes * per_plane // MIN_ELEMENTS_PER_THREAD))
-    bounds = np.linspace(0, planes, threads + 1).astype(np.int64)
 
-    def run(part: int) -> None:
-        _planes(x, w, bias, y, int(bounds[part]), int(bounds[part + 1]), strides[0], strides[1],
-                dilations[0], dilations[1], pads_begin[0], pads_begin[1], code, constants)
+    def run(first: int, last: int) -> None:
+        _planes(x, w, bias, y, first, last, strides[0], strides[1], dilations[0], dilations[1],
+                pads_begin[0], pads_begin[1], code, constants)
 
-    parallel_for(run, threads, threads)
+    parallel_planes(run, y.shape[0] * y.shape[1], int(y.shape[2]) * int(y.shape[3]))
     return code != NO_ACTIVATION or fused is None
 
 

@@ -26,11 +26,9 @@ from collections.abc import Callable
 import numba
 import numpy as np
 
-from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
+from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.spatial import Geometry
 
-#: Below this many output elements a plane range is not worth a thread hand-off (~20 us).
-MIN_ELEMENTS_PER_THREAD = 32_768
 #: dtypes the compiled loops run (MaxPool's integer types keep the numpy path).
 COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -64,18 +62,14 @@ def pool_2d(x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | Non
     padded = (rows.out - 1) * rows.stride + (rows.kernel - 1) * rows.dilation + 1
     weights = np.ones((1, 1), x.dtype) if scale is None else np.ascontiguousarray(scale, x.dtype)
     fill = -np.inf if scale is None else 0.0
-    planes = y.shape[0] * y.shape[1]
-    threads = max(1, min(intra_op_threads(), planes, planes * rows.out * cols.out // MIN_ELEMENTS_PER_THREAD))
-    bounds = np.linspace(0, planes, threads + 1).astype(np.int64)
+    width = (cols.out - 1) * cols.stride + (cols.kernel - 1) * cols.dilation + 1
 
-    def run(part: int) -> None:
-        buffer = np.full((padded, (cols.out - 1) * cols.stride + (cols.kernel - 1) * cols.dilation + 1),
-                         fill, x.dtype)
+    def run(first: int, last: int) -> None:
+        buffer = np.full((padded, width), fill, x.dtype)  # one per thread: its border keeps the padding
         partial = np.empty((padded, cols.out), x.dtype)
-        loop(x, y, int(bounds[part]), int(bounds[part + 1]), rows.pad_begin, cols.pad_begin, buffer, partial,
-             weights)
+        loop(x, y, first, last, rows.pad_begin, cols.pad_begin, buffer, partial, weights)
 
-    parallel_for(run, threads, threads)
+    parallel_planes(run, y.shape[0] * y.shape[1], rows.out * cols.out)
 
 
 def _loop(window: tuple[int, ...], reduction: str) -> Callable[..., None]:
