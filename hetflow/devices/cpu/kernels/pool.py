@@ -9,6 +9,7 @@ The geometry comes from ``hetflow.ops.spatial`` like Conv's.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -121,13 +122,12 @@ def average_pool(
     assert x is not None
     geo = geometry(pool_window(node.attrs), x.shape[2:])
     compute = _compute_dtype(node, x.dtype)
-    counts = geo.window_counts(include_pad=bool(node.attrs.count_include_pad))
+    include_pad = bool(node.attrs.count_include_pad)
     if _compiled(node, geo, compute):
         total = output(out, 0, (*x.shape[:2], *geo.out), compute) if compute == x.dtype else None
         if total is None:
             total = np.empty((*x.shape[:2], *geo.out), compute)
-        scale = 1.0 / counts.astype(compute)
-        pool_2d(np.ascontiguousarray(x, dtype=compute), total, geo, scale)
+        pool_2d(np.ascontiguousarray(x, dtype=compute), total, geo, _reciprocal_counts(geo, include_pad, compute))
         return [deliver(out, 0, total.astype(x.dtype, copy=False))]
     padded = pad_into(geo, x.astype(compute, copy=False), Scratch(workspace))
     summed: np.ndarray | None = None
@@ -139,8 +139,17 @@ def average_pool(
         else:
             summed += source
     assert summed is not None
-    summed /= counts.astype(compute)
+    summed /= geo.window_counts(include_pad=include_pad).astype(compute)
     return [deliver(out, 0, summed.astype(x.dtype, copy=False))]
+
+
+@functools.lru_cache(maxsize=256)
+def _reciprocal_counts(geo: Geometry, include_pad: bool, dtype: np.dtype) -> np.ndarray:
+    """1 / the number of elements each window averages, per output position (read-only; computing it
+    took ~30 us a call, half the compiled pool's time on CIFAR-sized maps)."""
+    scale = 1.0 / geo.window_counts(include_pad=include_pad).astype(dtype)
+    scale.flags.writeable = False
+    return scale
 
 
 def _spatial_axes(x: np.ndarray) -> tuple[int, ...]:
