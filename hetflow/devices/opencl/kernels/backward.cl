@@ -113,6 +113,17 @@ __kernel void conv_dx_pack_dy(__global const float* restrict dy, __global float*
     panels[(((long)z * (Np / width) + p / width) * Kp + r) * width + p % width] = v;
 }
 
+// The output index along one axis whose window reads input index i through tap k; -1 when none does.
+inline int covering_output(const int i, const int k, const int out, const int stride, const int pad,
+                           const int dilation)
+{
+    const int t = i + pad - k * dilation;
+    if (t < 0 || t % stride)
+        return -1;
+    const int o = t / stride;
+    return o < out ? o : -1;
+}
+
 // dX[n, c, h, w]: the sum of the column entries (matrix n * G + g, row (c', kh, kw), position (oh, ow))
 // of every tap whose window reads (h, w). Global size (W, H, N * C).
 __kernel void conv_col2im(__global const float* restrict dcols, __global float* restrict dx,
@@ -130,18 +141,12 @@ __kernel void conv_col2im(__global const float* restrict dcols, __global float* 
     __global const float* cols = dcols + ((long)(n * G + g) * CG + cl) * KH * KW * P;
     float acc = 0.0f;
     for (int kh = 0; kh < KH; ++kh) {
-        const int th = h + PH - kh * DH;
-        if (th < 0 || th % SH)
-            continue;
-        const int oh = th / SH;
-        if (oh >= OH)
+        const int oh = covering_output(h, kh, OH, SH, PH, DH);
+        if (oh < 0)
             continue;
         for (int kw = 0; kw < KW; ++kw) {
-            const int tw = w + PW - kw * DW;
-            if (tw < 0 || tw % SW)
-                continue;
-            const int ow = tw / SW;
-            if (ow < OW)
+            const int ow = covering_output(w, kw, OW, SW, PW, DW);
+            if (ow >= 0)
                 acc += cols[(long)(kh * KW + kw) * P + oh * OW + ow];
         }
     }
@@ -192,18 +197,12 @@ __kernel void maxpool_scatter(__global const float* restrict dy, __global const 
     const long plane = (long)nc * OH * OW;
     float acc = 0.0f;
     for (int kh = 0; kh < KH; ++kh) {
-        const int th = h + PH - kh * DH;
-        if (th < 0 || th % SH)
-            continue;
-        const int oh = th / SH;
-        if (oh >= OH)
+        const int oh = covering_output(h, kh, OH, SH, PH, DH);
+        if (oh < 0)
             continue;
         for (int kw = 0; kw < KW; ++kw) {
-            const int tw = w + PW - kw * DW;
-            if (tw < 0 || tw % SW)
-                continue;
-            const int ow = tw / SW;
-            if (ow < OW && winners[plane + oh * OW + ow] == kh * KW + kw)
+            const int ow = covering_output(w, kw, OW, SW, PW, DW);
+            if (ow >= 0 && winners[plane + oh * OW + ow] == kh * KW + kw)
                 acc += dy[plane + oh * OW + ow];
         }
     }
@@ -237,19 +236,13 @@ __kernel void avgpool_scatter(__global const float* restrict dy, __global float*
     const long plane = (long)nc * OH * OW;
     float acc = 0.0f;
     for (int kh = 0; kh < KH; ++kh) {
-        const int th = h + PH - kh * DH;
-        if (th < 0 || th % SH)
-            continue;
-        const int oh = th / SH;
-        if (oh >= OH)
+        const int oh = covering_output(h, kh, OH, SH, PH, DH);
+        if (oh < 0)
             continue;
         const int rows = window_count(oh, H, KH, SH, PH, DH, PEH, include_pad);
         for (int kw = 0; kw < KW; ++kw) {
-            const int tw = w + PW - kw * DW;
-            if (tw < 0 || tw % SW)
-                continue;
-            const int ow = tw / SW;
-            if (ow < OW) {
+            const int ow = covering_output(w, kw, OW, SW, PW, DW);
+            if (ow >= 0) {
                 const int cols = window_count(ow, W, KW, SW, PW, DW, PEW, include_pad);
                 acc += dy[plane + oh * OW + ow] / (float)(rows * cols);
             }
