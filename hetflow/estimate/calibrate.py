@@ -157,9 +157,10 @@ def _calibrate(device: str, quick: bool, progress: bool | None) -> DeviceProfile
         for _ in range(settings.passes - 1):
             gemm_sweeps.append(_time_gemm_grid(settings, grid, hardware, bar.update))
             measured = _fastest(measured, _time_probes(probes, settings, hardware, gemm, memory, bar))
-        # Features depend on the GEMM model: refit it on the fastest sweep, then recompute them.
-        gemm = _fit_gemm_grid(settings, grid, hardware, gemm_sweeps)
-        measured = [[_with_features(s, gemm, memory) for s in group] for group in measured]
+        if len(gemm_sweeps) > 1:
+            # Features depend on the GEMM model: refit it on the fastest sweep, then recompute them.
+            gemm = _fit_gemm_grid(settings, grid, hardware, gemm_sweeps)
+            measured = [[_with_features(s, gemm, memory) for s in group] for group in measured]
         bar.set_postfix_str("re-measuring outliers", refresh=True)
         samples = _remeasure_outliers(probes, measured, settings, hardware, gemm, memory)
     from hetflow import __version__

@@ -493,6 +493,13 @@ def _arena_peak(session: InferenceSession, plan: Any, graph: Graph) -> int | Non
     return int(planned.arena_bytes) + sum(_value_bytes(graph, name) for name in outputs)
 
 
+def _transient_bytes(profile: DeviceProfile, key: str, node: Node, cost: Cost, graph: Graph) -> float:
+    """Bytes a kernel allocates during one call (outputs and scratch): the profile's transient model."""
+    model, _ = op_model(profile, key)
+    terms = memory_terms(node, cost, graph)
+    return float(np.dot(model.transient[:len(terms)], terms[:len(model.transient)]))
+
+
 def _largest_own_allocation(
     graph: Graph, steps: Sequence[tuple[Node, Kernel]], keys: Sequence[str], costs: Mapping[str, Cost],
     profile: DeviceProfile,
@@ -503,9 +510,7 @@ def _largest_own_allocation(
     for (node, kernel), key in zip(steps, keys):
         if kernel.writes_out:
             continue
-        model, _ = op_model(profile, key)
-        terms = memory_terms(node, costs[node.name], graph)
-        own = int(np.dot(model.transient[:len(terms)], terms[:len(model.transient)]))
+        own = int(_transient_bytes(profile, key, node, costs[node.name], graph))
         if own > largest:
             largest, layer = own, node.name
     return largest, layer
@@ -585,8 +590,7 @@ def plan_memory(
         model, _ = op_model(profile, key)
         activations = [n for n in node.present_inputs() if n not in graph.initializers]
         outputs = node.present_outputs()
-        terms = memory_terms(node, costs[node.name], graph)
-        transient = float(np.dot(model.transient[:len(terms)], terms[:len(model.transient)]))
+        transient = _transient_bytes(profile, key, node, costs[node.name], graph)
         if live + transient > peak:
             peak, peak_layer = int(live + transient), node.name
         for name in outputs:
