@@ -5,15 +5,12 @@ A 3x3 stride-1 convolution computes each m x m output tile from an a x a input t
 the whole layer is a^2 independent GEMMs ``[K, C] x [C, tiles]`` with (m + 2)^2 / (9 m^2) of direct
 convolution's multiplications (0.44x for F(2,3), 0.25x for F(4,3)).
 
-Layout, chosen so that every step is either one copy or one BLAS call on contiguous memory:
-
-1. the input, zero-padded to whole tiles, is viewed through ``as_strided`` as
-   ``[a, a, C, N, tiles_h, tiles_w]`` and copied once: ``D [a*a, C*T]`` (T = N * tiles_h * tiles_w);
-2. input transform: ``V = (B^T (x) B^T) D``, one GEMM with the 2-D transform written as a Kronecker
-   product (a 16x16 or 36x36 matrix), giving ``V [a*a, C, T]`` directly in the next GEMM's layout;
-3. ``M = U V``: one batched ``matmul`` ``[a*a, K, C] x [a*a, C, T]``; U = the transformed weights;
-4. output transform: ``(A^T (x) A^T) M`` -> ``[m, m, K, N, tiles_h, tiles_w]``, scattered into NCHW by
-   one transposing copy (plus a crop when the output is not a whole number of tiles).
+Layout: ``V [a*a, C, T]`` (T = N * tiles_h * tiles_w tiles), so that the products are one batched BLAS
+``matmul`` ``[a*a, K, C] x [a*a, C, T]``; the transforms on either side of it are compiled
+(``jit_winograd``): the input transform reads X directly (padding and partial tiles read as zero) and
+writes V; the output transform reads the products and writes Y's rows with the bias added, the fused
+activation applied and the partial tiles cropped. (They were a gather copy, two Kronecker-matrix GEMMs
+and a scatter copy in numpy: 1.8x slower on VGG-19's 64x224x224 layer, on one core.)
 
 U depends only on the weights: it is computed once per weight array (in float64, then rounded) and
 kept in ``TRANSFORMED_WEIGHTS`` for as long as that array lives, so a session's steady-state run never
@@ -37,8 +34,10 @@ import numpy as np
 
 from hetflow.devices.base import InputInfos
 from hetflow.devices.cpu.kernels.buffers import Scratch, aligned
-from hetflow.devices.cpu.kernels.conv import as_view, conv_kernel, target_y, window_of
+from hetflow.devices.cpu.kernels.conv import FINISHING, FinishingBody, conv_kernel, target_y, window_of
+from hetflow.devices.cpu.kernels.jit_winograd import input_transform, output_transform
 from hetflow.graph import Node
+from hetflow.ops.activation import FusedActivation
 from hetflow.ops.conv import WINOGRAD_F23, WINOGRAD_F43, WINOGRAD_TILE, conv_window, winograd_unsupported
 from hetflow.ops.spatial import geometry
 
@@ -119,13 +118,6 @@ def transforms(m: int, r: int = 3) -> Transforms:
     return Transforms(m, r, as_array(at), as_array(g), as_array(bt))
 
 
-@cache
-def _kron(name: str, m: int, dtype: np.dtype) -> np.ndarray:
-    """The 2-D transform ``T (x) T`` of transform ``name`` ("at" or "bt") in ``dtype`` (row-major tiles)."""
-    matrix = getattr(transforms(m), name)
-    return np.ascontiguousarray(np.kron(matrix, matrix).astype(dtype))
-
-
 # -- transformed weights, once per weight array --------------------------------------------------------
 class WeightCache:
     """Transformed weights U ``[a*a, K, C]`` per (weight array, tile size), dropped with the array.
@@ -189,84 +181,74 @@ def _supports_winograd(node: Node, inputs: InputInfos) -> str | None:
 def _winograd_scratch(
     node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype, m: int
 ) -> tuple[int, int]:
-    """Bytes of the two regions the temporaries take turns in.
-
-    Region 1: the padded input, then the transformed tiles V ``[a*a, C, T]``, then the output tiles
-    ``[m*m, K*T]``. Region 2: the gathered tiles ``[a*a, C*T]``, then the products ``[a*a, K, T]``, then
-    the uncropped output when the output is not a whole number of tiles. Each temporary is dead before
-    the next one in its region is written.
-    """
+    """Bytes of the transformed input ``V [a*a, C, T]`` and the products ``M [a*a, K, T]``."""
     geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
     rows, cols = geo.axes
     batch, channels, kernels = int(x_shape[0]), int(x_shape[1]), int(w_shape[0])
     alpha = m + 2
-    tiles_h, tiles_w = -(-rows.out // m), -(-cols.out // m)
-    tiles = batch * tiles_h * tiles_w
+    tiles = batch * (-(-rows.out // m)) * (-(-cols.out // m))
     itemsize = np.dtype(dtype).itemsize
-    padded = batch * channels * (tiles_h * m + 2) * (tiles_w * m + 2)
-    crop = tiles_h * m != rows.out or tiles_w * m != cols.out
-    wide = batch * kernels * tiles_h * m * tiles_w * m if crop else 0
-    first = max(padded, alpha * alpha * channels * tiles, m * m * kernels * tiles)
-    second = max(alpha * alpha * channels * tiles, alpha * alpha * kernels * tiles, wide)
-    return aligned(first * itemsize), aligned(second * itemsize)
+    return aligned(alpha * alpha * channels * tiles * itemsize), aligned(alpha * alpha * kernels * tiles * itemsize)
 
 
 def winograd_workspace(m: int) -> Callable[[Node, tuple[int, ...], tuple[int, ...], np.dtype], int]:
     return lambda node, x_shape, w_shape, dtype: sum(_winograd_scratch(node, x_shape, w_shape, dtype, m))
 
 
-def winograd(node: Node, x: np.ndarray, w: np.ndarray, m: int, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
-    """3x3 stride-1 Conv by Winograd F(m x m, 3 x 3); any H, W, padding and batch; x's dtype."""
+@cache
+def _matrices(m: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(B^T, A^T) of F(m, 3) in ``dtype``, for the compiled transforms."""
+    found = transforms(m)
+    return np.ascontiguousarray(found.bt, dtype), np.ascontiguousarray(found.at, dtype)
+
+
+def winograd(
+    node: Node, x: np.ndarray, w: np.ndarray, m: int, y: np.ndarray | None, scratch: Scratch,
+    bias: np.ndarray | None = None, fused: FusedActivation | None = None,
+) -> tuple[np.ndarray, bool]:
+    """3x3 stride-1 Conv by Winograd F(m x m, 3 x 3); any H, W, padding and batch; x's dtype.
+
+    Adds ``bias`` and applies ``fused`` on the way out; returns Y and whether the activation was applied
+    (the caller applies any the compiled output transform does not).
+    """
     geo = geometry(conv_window(node.attrs, w.shape), x.shape[2:])
     rows, cols = geo.axes
     batch, channels = x.shape[:2]
     kernels = w.shape[0]
     alpha = m + 2
-    tiles_h, tiles_w = -(-rows.out // m), -(-cols.out // m)
+    tiles = (-(-rows.out // m), -(-cols.out // m))
+    count = batch * tiles[0] * tiles[1]
+    bt, at = _matrices(m, x.dtype)
     first_bytes, second_bytes = _winograd_scratch(node, x.shape, w.shape, x.dtype, m)
-    first, second = scratch.region(first_bytes), scratch.region(second_bytes)
-    # Zero-padded to whole tiles: the last tiles read zeros past the end padding, cropped at the end.
-    padded = first.take((batch, channels, tiles_h * m + 2, tiles_w * m + 2), x.dtype)
-    padded.fill(0)
-    padded[:, :, rows.pad_begin : rows.pad_begin + rows.size, cols.pad_begin : cols.pad_begin + cols.size] = x
-    s_n, s_c, s_h, s_w = padded.strides
-    tiles = np.lib.stride_tricks.as_strided(
-        padded,
-        (alpha, alpha, channels, batch, tiles_h, tiles_w),
-        (s_h, s_w, s_c, s_n, m * s_h, m * s_w),
-        writeable=False,
-    )
-    count = batch * tiles_h * tiles_w
-    gathered = second.take((alpha * alpha, channels * count), x.dtype)
-    np.copyto(gathered.reshape(tiles.shape), tiles)  # the one gather copy
-    first.reset()
-    v = first.take((alpha * alpha, channels, count), x.dtype)
-    np.matmul(_kron("bt", m, x.dtype), gathered, out=v.reshape(alpha * alpha, -1))
-    second.reset()
-    products = second.take((alpha * alpha, kernels, count), x.dtype)
+    v = scratch.region(first_bytes).take((alpha * alpha, channels, count), x.dtype)
+    input_transform(x, bt, m, (rows.pad_begin, cols.pad_begin), tiles, v)
+    products = scratch.region(second_bytes).take((alpha * alpha, kernels, count), x.dtype)
     np.matmul(TRANSFORMED_WEIGHTS.get(w, m), v, out=products)
-    first.reset()
-    out_tiles = first.take((m * m, kernels * count), x.dtype)
-    np.matmul(_kron("at", m, x.dtype), products.reshape(alpha * alpha, -1), out=out_tiles)
-    scattered = out_tiles.reshape(m, m, kernels, batch, tiles_h, tiles_w).transpose(3, 2, 4, 0, 5, 1)
     y = target_y(y, (batch, kernels, rows.out, cols.out), x.dtype)
-    if tiles_h * m == rows.out and tiles_w * m == cols.out:
-        np.copyto(as_view(y, (batch, kernels, tiles_h, m, tiles_w, m)), scattered)
-    else:
-        second.reset()
-        wide = second.take((batch, kernels, tiles_h, m, tiles_w, m), x.dtype)
-        np.copyto(wide, scattered)
-        np.copyto(y, wide.reshape(batch, kernels, tiles_h * m, tiles_w * m)[:, :, : rows.out, : cols.out])
-    return y
+    activated = output_transform(products, at, bias, y, tiles, fused)
+    return y, activated
+
+
+def _finishing(m: int) -> FinishingBody:
+    def finish(
+        node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch, bias: np.ndarray | None
+    ) -> tuple[np.ndarray, bool]:
+        return winograd(node, x, w, m, y, scratch, bias, node.attrs.fused)
+
+    return finish
 
 
 @conv_kernel(WINOGRAD_F23, supports=_supports_winograd, workspace=winograd_workspace(WINOGRAD_TILE[WINOGRAD_F23]))
 def winograd_f23(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """3x3 stride-1 Conv by Winograd F(2x2, 3x3): 16 GEMMs, 2.25x fewer multiplications."""
-    return winograd(node, x, w, WINOGRAD_TILE[WINOGRAD_F23], y, scratch)
+    return winograd(node, x, w, WINOGRAD_TILE[WINOGRAD_F23], y, scratch)[0]
 
 
 @conv_kernel(WINOGRAD_F43, supports=_supports_winograd, workspace=winograd_workspace(WINOGRAD_TILE[WINOGRAD_F43]))
 def winograd_f43(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """3x3 stride-1 Conv by Winograd F(4x4, 3x3): 36 GEMMs, 4x fewer multiplications."""
-    return winograd(node, x, w, WINOGRAD_TILE[WINOGRAD_F43], y, scratch)
+    return winograd(node, x, w, WINOGRAD_TILE[WINOGRAD_F43], y, scratch)[0]
+
+
+FINISHING[winograd_f23] = _finishing(WINOGRAD_TILE[WINOGRAD_F23])
+FINISHING[winograd_f43] = _finishing(WINOGRAD_TILE[WINOGRAD_F43])

@@ -1,0 +1,106 @@
+"""Winograd F(2,3) and F(4,3) with the compiled transforms, against an independent float64 direct sum:
+asymmetric pads, maps that are not whole tiles, bands of tile rows, every fused activation, strided
+outputs, float64, split over threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetflow.devices.cpu import CPUDevice
+from hetflow.devices.cpu.kernels import jit_winograd
+from hetflow.devices.cpu.threads import BLAS
+from hetflow.graph import Node
+from hetflow.ops.activation import FusedActivation
+from hetflow.ops.base import TensorInfo
+from hetflow.ops.conv import WINOGRAD_F23, WINOGRAD_F43, ConvAttrs
+from tests.kernels.test_conv_algorithms import _direct_conv
+from tests.kernels.test_depthwise_jit import ACTIVATIONS, _activate
+
+KERNELS = {k.algorithm: k for k in CPUDevice().kernels.kernels["Conv"]}
+WINOGRADS = (WINOGRAD_F23, WINOGRAD_F43)
+RNG = np.random.default_rng(23)
+
+CASES = [
+    ((2, 5, 9, 11), 4, (1, 1, 1, 1)),
+    ((1, 3, 12, 10), 6, (1, 0, 0, 1)),  # asymmetric: the last tiles read past X
+    ((3, 2, 7, 7), 3, (0, 0, 0, 0)),  # a 5x5 output: F(4,3)'s second tile is cropped
+    ((1, 4, 3, 3), 2, (2, 2, 2, 2)),  # padding larger than one
+    ((1, 3, 40, 6), 5, (1, 1, 1, 1)),  # tall: several bands of tile rows at F(2,3)'s 3-tile rows
+]
+
+
+def _case(x_shape, kernels, dtype=np.float32):
+    x = RNG.standard_normal(x_shape).astype(dtype)
+    w = RNG.standard_normal((kernels, x_shape[1], 3, 3)).astype(dtype)
+    b = RNG.standard_normal(kernels).astype(dtype)
+    return x, w, b
+
+
+def _run(algorithm: str, attrs: ConvAttrs, x, w, b, out=None):
+    node = Node("Conv", "c", ["x", "w", "b"], ["y"], attrs)
+    infos = [TensorInfo(a.shape, a.dtype) for a in (x, w, b)]
+    kernel = KERNELS[algorithm]
+    assert kernel.reason_unsupported(node, infos) is None
+    workspace = np.empty(kernel.workspace(node, infos) + 64, np.uint8)
+    return kernel.fn(node, [x, w, b], None if out is None else [out], workspace)[0]
+
+
+@pytest.mark.parametrize("algorithm", WINOGRADS)
+@pytest.mark.parametrize(("x_shape", "kernels", "pads"), CASES)
+def test_matches_a_direct_sum(algorithm, x_shape, kernels, pads, monkeypatch):
+    monkeypatch.setattr(jit_winograd, "BAND_TILES", 7)  # several bands, a partial last one, on small maps
+    x, w, b = _case(x_shape, kernels)
+    attrs = ConvAttrs(pads=pads)
+    got = _run(algorithm, attrs, x, w, b)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, _direct_conv(x, w, b, attrs), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fused", ACTIVATIONS, ids=lambda f: "none" if f is None else f.op_type)
+@pytest.mark.parametrize("algorithm", WINOGRADS)
+def test_every_fused_activation(algorithm, fused):
+    x, w, b = _case((2, 3, 10, 9), 5)
+    attrs = ConvAttrs(pads=(1, 1, 1, 1), fused=fused)
+    expected = _activate(_direct_conv(x, w, b, ConvAttrs(pads=(1, 1, 1, 1))), fused)
+    np.testing.assert_allclose(_run(algorithm, attrs, x, w, b), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("algorithm", WINOGRADS)
+def test_float64_is_computed_in_float64(algorithm):
+    x, w, b = _case((2, 3, 9, 8), 4, np.float64)
+    attrs = ConvAttrs(pads=(1, 1, 0, 1))
+    got = _run(algorithm, attrs, x, w, b)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, _direct_conv(x, w, b, attrs), rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("algorithm", WINOGRADS)
+def test_writes_into_a_strided_slice(algorithm):
+    x, w, b = _case((2, 4, 9, 9), 3)
+    attrs = ConvAttrs(pads=(1, 1, 1, 1), fused=FusedActivation("Relu"))
+    concat = np.full((2, 7, 9, 9), np.nan, np.float32)
+    got = _run(algorithm, attrs, x, w, b, out=concat[:, 2:5])
+    expected = _activate(_direct_conv(x, w, b, attrs), attrs.fused)
+    np.testing.assert_allclose(concat[:, 2:5], expected, rtol=1e-4, atol=1e-4)
+    assert np.shares_memory(got, concat)
+    assert np.isnan(concat[:, :2]).all() and np.isnan(concat[:, 5:]).all()
+
+
+@pytest.mark.parametrize("algorithm", WINOGRADS)
+def test_two_threads_split_the_planes_and_agree_with_one(algorithm, monkeypatch):
+    from hetflow.devices.cpu import threads
+
+    x, w, b = _case((3, 6, 14, 13), 8)
+    attrs = ConvAttrs(pads=(1, 1, 1, 1))
+    monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    previous = BLAS.get()
+    try:
+        BLAS.set(1)
+        single = _run(algorithm, attrs, x, w, b)
+        BLAS.set(2)
+        split = _run(algorithm, attrs, x, w, b)
+    finally:
+        if previous is not None:
+            BLAS.set(previous)
+    np.testing.assert_allclose(split, single, rtol=1e-6, atol=1e-6)
