@@ -140,9 +140,9 @@ def conv_workspace_bytes(
     """Scratch memory ``algorithm`` needs beyond X, W and Y.
 
     im2col: the column buffer ``[N, C*taps, P]``. Winograd F(m, 3) with a = m + 2: the transformed weights
-    ``[a*a, K, C]`` (kept for the session: 1.8x the raw 3x3 weights for F(2,3), 4x for F(4,3)), the input
-    tiles before and after their transform ``2 x [a*a, C, T]`` and the products ``[a*a, K, T]``, with T
-    the number of m x m output tiles. Pointwise and depthwise need none.
+    ``[a*a, K, C]`` (kept for the session: 1.8x the raw 3x3 weights for F(2,3), 4x for F(4,3)), the
+    transformed input tiles ``[a*a, C, T]`` and the products ``[a*a, K, T]``, with T the number of m x m
+    output tiles. Pointwise and depthwise need none.
     """
     batch, channels = int(x_shape[0]), int(x_shape[1])
     kernels = int(w_shape[0])
@@ -154,7 +154,7 @@ def conv_workspace_bytes(
         tile = WINOGRAD_TILE[algorithm]
         elems = (tile + 2) ** 2
         tiles = batch * -(-int(y_shape[2]) // tile) * -(-int(y_shape[3]) // tile)
-        return elems * (kernels * channels + 2 * channels * tiles + kernels * tiles) * itemsize
+        return elems * (kernels * channels + channels * tiles + kernels * tiles) * itemsize
     return 0
 
 
