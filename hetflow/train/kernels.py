@@ -1,13 +1,12 @@
 """Training-side forward kernels: faster versions of CPU kernels for the shapes a training step runs.
 
 A training step runs every layer over a whole batch (128 CIFAR images, say) where inference runs a few
-images. The inference Conv kernel builds its columns a few images at a time and multiplies them with
-numpy's stacked matmul (one BLAS call per image, a weight operand broadcast over the images); here one
-channel-major column buffer (``hetflow.ops.conv.channel_columns``, the layout the backward rule uses)
-feeds one 2-D GEMM per group over the whole batch. NOTE: measured side by side on the mentee at batch
-128 on a loaded machine, both reach about the same best step, but the per-image route's median step
-was several times its best and this one's stays close to it. The buffer's size is the Conv's costed
-im2col workspace, so the step's memory bound (``Trainer.scratch_bytes``) still holds.
+images. The training Conv (``hetflow.devices.cpu.kernels.conv_train``) builds its im2col columns a few
+images at a time, in the channel-major layout the CPU's backward rule rebuilds them in, and multiplies
+each chunk while its columns are in cache: whole-batch columns (the route before, 150 MB for the
+mentee's second layer at batch 128) ran the GEMM at half its in-cache rate. Its temporaries are a chunk's
+columns and products, well inside the Conv's costed im2col workspace, so the step's memory bound
+(``Trainer.scratch_bytes``) still holds.
 
 ``training_kernel(node)`` returns the function to run instead of the CPU device's kernel, or None.
 """
@@ -18,39 +17,23 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from hetflow.devices.cpu.kernels import conv_train
 from hetflow.graph import Node
-from hetflow.ops.conv import channel_columns, conv_window
-from hetflow.ops.spatial import geometry
 
 #: ``fn(node, inputs) -> outputs``, as the CPU device's kernels are called.
 ForwardFn = Callable[[Node, Sequence[np.ndarray | None]], list[np.ndarray]]
 
 
 def conv_forward(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-    """Conv (any rank, group, stride, padding, dilation; no fused activation) as one GEMM per group
-    over the whole batch: ``W [K/G, C/G*taps] @ cols [C/G*taps, N*P]``, then bias and layout in one pass."""
+    """Conv (any rank, group, stride, padding, dilation; no fused activation) a chunk of images at a
+    time: ``W [K/G, C/G*taps] @ cols [C/G*taps, n*P]`` per group, bias added as Y is laid out."""
     x, w = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     assert x is not None and w is not None
-    group = node.attrs.group
-    geom = geometry(conv_window(node.attrs, w.shape), x.shape[2:])
-    batch, kernels = x.shape[0], w.shape[0]
-    positions = int(np.prod(geom.out, dtype=np.int64))
-    per_group = w.shape[1] * int(np.prod(geom.kernel, dtype=np.int64))
-    cols = channel_columns(x, geom).reshape(group, per_group, batch * positions)
-    weights = w.reshape(group, kernels // group, per_group)
-    products = np.empty((group, kernels // group, batch * positions), np.result_type(x, w))
-    for g in range(group):
-        np.matmul(weights[g], cols[g], out=products[g])
-    del cols
-    # [K, N, P] -> [N, K, P]: the copy the layout needs anyway also adds the bias.
-    y = np.empty((batch, kernels, positions), products.dtype)
-    spread = np.moveaxis(products.reshape(kernels, batch, positions), 0, 1)
-    if bias is None:
-        np.copyto(y, spread)
-    else:
-        np.add(spread, bias.reshape(1, kernels, 1), out=y)
-    return [y.reshape(batch, kernels, *geom.out)]
+    dtype = np.result_type(x, w)
+    x = np.ascontiguousarray(x, dtype)
+    w = np.ascontiguousarray(w, dtype)
+    return [conv_train.conv_forward(x, w, bias, node.attrs)]
 
 
 def _conv_supported(node: Node) -> bool:
