@@ -1,0 +1,119 @@
+"""The compiled MaxPool and Relu backward passes against a direct per-window reference and the ops'
+numpy rules."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from hetflow.devices.cpu import threads
+from hetflow.devices.cpu.kernels import jit_backward
+from hetflow.graph import Node
+from hetflow.ops import registry
+from hetflow.ops.pool import MaxPoolAttrs, pool_window
+from hetflow.ops.spatial import Geometry, geometry
+
+RNG = np.random.default_rng(5)
+
+#: (attrs, X shape): non-overlapping and overlapping windows, pads, strides, dilations, ceil mode.
+POOL_CASES = [
+    (MaxPoolAttrs(kernel_shape=(2, 2), strides=(2, 2)), (2, 3, 8, 8)),
+    (MaxPoolAttrs(kernel_shape=(2, 2), strides=(2, 2)), (1, 2, 7, 9)),
+    (MaxPoolAttrs(kernel_shape=(3, 3), strides=(2, 2), pads=(1, 1, 1, 1)), (2, 3, 9, 7)),
+    (MaxPoolAttrs(kernel_shape=(3, 2), strides=(1, 2), pads=(0, 1, 2, 1), dilations=(2, 1)), (2, 3, 9, 7)),
+    (MaxPoolAttrs(kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1), (1, 2, 8, 8)),
+    (MaxPoolAttrs(kernel_shape=(3, 3), strides=(1, 1), pads=(2, 2, 2, 2)), (1, 1, 2, 3)),
+]
+POOL_IDS = ["2x2", "2x2-odd", "3x3-pad", "dilated-asym", "ceil", "pad-past-input"]
+
+
+def direct_max_pool_backward(x: np.ndarray, dy: np.ndarray, geom: Geometry) -> np.ndarray:
+    """Window by window: dY to the first maximum in row-major tap order, padding reading -inf."""
+    dx = np.zeros_like(x)
+    rows, cols = geom.axes
+    for n, c, oy, ox in itertools.product(*map(range, dy.shape)):
+        taps = []
+        for i, j in itertools.product(range(rows.kernel), range(cols.kernel)):
+            iy = oy * rows.stride + i * rows.dilation - rows.pad_begin
+            ix = ox * cols.stride + j * cols.dilation - cols.pad_begin
+            inside = 0 <= iy < x.shape[2] and 0 <= ix < x.shape[3]
+            taps.append((x[n, c, iy, ix] if inside else -np.inf, (iy, ix) if inside else None))
+        winner = taps[int(np.argmax([value for value, _ in taps]))][1]
+        if winner is not None:
+            dx[n, c, winner[0], winner[1]] += dy[n, c, oy, ox]
+    return dx
+
+
+def _pool_inputs(
+    attrs: MaxPoolAttrs, shape: tuple[int, ...], dtype: type
+) -> tuple[np.ndarray, np.ndarray, Geometry]:
+    geom = geometry(pool_window(attrs), shape[2:])
+    x = RNG.standard_normal(shape).astype(dtype)
+    x[0, 0, 0, :2] = x[0, 0, 1, 0]  # ties: the first in tap order wins
+    dy = RNG.standard_normal((shape[0], shape[1], *geom.out)).astype(dtype)
+    return x, dy, geom
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("attrs", "shape"), POOL_CASES, ids=POOL_IDS)
+def test_max_pool_backward_matches_the_direct_loop(attrs, shape, dtype):
+    x, dy, geom = _pool_inputs(attrs, shape, dtype)
+    got = jit_backward.max_pool_backward_2d(x, dy, geom)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, direct_max_pool_backward(x, dy, geom), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("attrs", "shape"), POOL_CASES, ids=POOL_IDS)
+def test_max_pool_backward_agrees_with_the_numpy_rule(attrs, shape):
+    x, dy, geom = _pool_inputs(attrs, shape, np.float64)
+    node = Node("MaxPool", "pool", ["x"], ["y"], attrs)
+    reference = registry.get("MaxPool").backward(node, [x], [None], [dy])[0]
+    got = jit_backward.max_pool_backward_2d(x, dy, geom)
+    if all(a.stride >= (a.kernel - 1) * a.dilation + 1 for a in geom.axes):
+        np.testing.assert_array_equal(got, reference)  # each input in one window: the same sums
+    else:
+        np.testing.assert_allclose(got, reference, rtol=1e-14, atol=1e-14)
+
+
+def test_max_pool_backward_nan_and_infinite_windows():
+    """A NaN wins its window (the first NaN), and a window of -inf keeps its first tap, as ``argmax``."""
+    attrs, shape = POOL_CASES[2]
+    x, dy, geom = _pool_inputs(attrs, shape, np.float64)
+    x[0, 0, 1, 1] = np.nan
+    x[0, 0, 2, 2] = np.nan
+    x[1, 2, :3, :3] = -np.inf
+    node = Node("MaxPool", "pool", ["x"], ["y"], attrs)
+    reference = registry.get("MaxPool").backward(node, [x], [None], [dy])[0]
+    got = jit_backward.max_pool_backward_2d(x, dy, geom)
+    np.testing.assert_allclose(got, reference, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(got, direct_max_pool_backward(x, dy, geom), rtol=1e-14, atol=1e-14)
+
+
+def test_max_pool_backward_split_over_threads(monkeypatch):
+    monkeypatch.setattr(threads, "intra_op_threads", lambda: 2)
+    monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    attrs, shape = POOL_CASES[3]
+    x, dy, geom = _pool_inputs(attrs, shape, np.float32)
+    np.testing.assert_allclose(
+        jit_backward.max_pool_backward_2d(x, dy, geom), direct_max_pool_backward(x, dy, geom), rtol=1e-6
+    )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(3, 5, 7, 2), (10_000,), (2, 4099)])
+def test_relu_backward_is_the_numpy_rule(monkeypatch, shape, dtype):
+    monkeypatch.setattr(threads, "intra_op_threads", lambda: 2)
+    monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    x = RNG.standard_normal(shape).astype(dtype)
+    x.reshape(-1)[:3] = (0.0, -0.0, np.nan)
+    dy = RNG.standard_normal(shape).astype(dtype)
+    dy.reshape(-1)[3:6] = (np.nan, -np.inf, -1.0)
+    x.reshape(-1)[3:6] = (-1.0, -1.0, -2.0)  # dY * 0: NaN, NaN and -0.0, as numpy gives
+    node = Node("Relu", "relu", ["x"], ["y"])
+    reference = registry.get("Relu").backward(node, [x], [None], [dy])[0]
+    got = jit_backward.relu_backward(x, dy)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, reference)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(reference))
