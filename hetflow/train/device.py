@@ -30,7 +30,10 @@ from hetflow.train.kernels import ForwardFn, training_kernel
 #: ``rule(node, inputs, outputs, grad_outputs, wanted) -> grads``, as ``OpDef.backward`` is called.
 BackwardFn = Callable[..., list]
 #: Device kind -> module with ``register_training(device, kernels)``.
-TRAINING_REGISTRARS: dict[str, str] = {"opencl": "hetflow.devices.opencl.kernels"}
+TRAINING_REGISTRARS: dict[str, str] = {
+    "cpu": "hetflow.devices.cpu.training",
+    "opencl": "hetflow.devices.opencl.kernels",
+}
 
 
 @dataclass
@@ -79,7 +82,7 @@ class PlacedNode:
 #: ``opencl:0``. NOTE: the rules refer to their device, so an entry lives as long as the process, as
 #: devices from ``get_device`` do anyway.
 _KERNELS: dict[Device, TrainingKernels] = {}
-#: What a device kind without training kernels has (the CPU: numpy rules, losses and updates).
+#: What a device kind without training kernels has (numpy rules, losses and updates).
 _NONE = TrainingKernels()
 _LOCK = threading.Lock()
 

@@ -1,0 +1,109 @@
+"""The CPU's training kernels: backward rules for the layers a CNN spends its training step in.
+
+Registered through ``hetflow.train.device.TRAINING_REGISTRARS`` like an accelerator's, so the tape runs
+them for every node placed on the CPU and the ops' numpy rules (``OpDef.backward``, the reference the
+gradient checks test) for everything else. Each rule falls back to the op's numpy rule where its
+compiled loops do not apply (other dtypes, ranks or windows), so its ``supports`` only states what is
+known before the step runs.
+
+* Conv: ``conv_train.conv_backward``, dW and dX a few images at a time with the columns in cache;
+* MaxPool (2-D): ``jit_backward.max_pool_backward_2d``, one pass per plane;
+* Relu: ``jit_backward.relu_backward``, one pass.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hetflow.devices.base import Device, InputInfos
+from hetflow.devices.cpu.kernels import conv_train, jit_backward
+from hetflow.graph import Node
+from hetflow.ops import registry
+from hetflow.ops.base import Arrays, Grads, Wanted, wants
+from hetflow.ops.pool import pool_window
+from hetflow.ops.spatial import geometry
+
+if TYPE_CHECKING:
+    from hetflow.train.device import TrainingKernels
+
+#: dtypes the CPU's training rules compute themselves (the numpy rules take the others).
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def register_training(device: Device, kernels: TrainingKernels) -> None:
+    """Register the CPU's backward rules into ``kernels`` (see ``hetflow.train.device``)."""
+    table = kernels.backward
+    table.register("Conv", algorithm="chunked", supports=_supports_conv)(conv_backward)
+    table.register("MaxPool", algorithm="compiled", supports=_supports_max_pool)(max_pool_backward)
+    table.register("Relu", algorithm="compiled")(relu_backward)
+
+
+def conv_backward(
+    node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+) -> Grads:
+    """Conv's gradients by ``conv_train`` (float32 / float64), else by the numpy rule."""
+    x, w = inputs[0], inputs[1]
+    dy = grad_outputs[0]
+    if dy is None or not _computes(x, w, dy):
+        return _numpy_rule(node, inputs, outputs, grad_outputs, wanted)
+    assert x is not None and w is not None
+    grads: Grads = [None] * len(inputs)
+    bias = inputs[2] if len(inputs) > 2 else None
+    if bias is not None and wants(wanted, 2):
+        grads[2] = dy.sum(axis=(0, *range(2, dy.ndim))).astype(bias.dtype, copy=False)
+    grads[0], grads[1] = conv_train.conv_backward(
+        np.ascontiguousarray(x),
+        np.ascontiguousarray(w),
+        np.ascontiguousarray(dy),
+        node.attrs,
+        want_x=wants(wanted, 0),
+        want_w=wants(wanted, 1),
+    )
+    return grads
+
+
+def max_pool_backward(
+    node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+) -> Grads:
+    """2-D MaxPool's dX by the compiled loop (float32 / float64), else by the numpy rule."""
+    x, dy = inputs[0], grad_outputs[0]
+    if dy is None or not wants(wanted, 0) or x is None or x.ndim != 4 or not _computes(x, dy):
+        return _numpy_rule(node, inputs, outputs, grad_outputs, wanted)
+    geom = geometry(pool_window(node.attrs), x.shape[2:])
+    return [jit_backward.max_pool_backward_2d(np.ascontiguousarray(x), np.ascontiguousarray(dy), geom)]
+
+
+def relu_backward(
+    node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+) -> Grads:
+    """Relu's dX by the compiled loop (float32 / float64, same shapes), else by the numpy rule."""
+    x, dy = inputs[0], grad_outputs[0]
+    if dy is None or not wants(wanted, 0) or x is None or x.shape != dy.shape or not _computes(x, dy):
+        return _numpy_rule(node, inputs, outputs, grad_outputs, wanted)
+    return [jit_backward.relu_backward(np.ascontiguousarray(x), np.ascontiguousarray(dy))]
+
+
+def _computes(*arrays: np.ndarray | None) -> bool:
+    """Whether the arrays are present and of one float dtype the compiled rules handle."""
+    first = arrays[0]
+    if first is None or first.dtype not in FLOAT_DTYPES:
+        return False
+    return all(a is not None and a.dtype == first.dtype for a in arrays)
+
+
+def _numpy_rule(node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted) -> Grads:
+    return registry.get(node.op_type, node.domain).backward(node, inputs, outputs, grad_outputs, wanted)
+
+
+def _supports_conv(node: Node, inputs: InputInfos) -> str | None:
+    if node.attrs.fused is not None:
+        return "a Conv with a fused activation has no backward rule (train the unoptimised graph)"
+    return None
+
+
+def _supports_max_pool(node: Node, inputs: InputInfos) -> str | None:
+    if len(pool_window(node.attrs).kernel) != 2:
+        return "the compiled MaxPool backward is 2-D"
+    return None
