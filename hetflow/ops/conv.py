@@ -111,21 +111,21 @@ def winograd_unsupported(spec: WindowSpec, group: int) -> str | None:
 def heuristic_conv_algorithm(spec: WindowSpec, x_shape: Sequence[int], kernels: int, group: int) -> str:
     """The cost model's algorithm when no measurement exists (see ``hetflow.tuning``).
 
-    Winograd's batched GEMMs run at the sgemm rate once C and K are wide enough, and its tile gather and
-    transforms are memory-bound passes that cost relatively more on wide, shallow layers. Measured on the
-    2-core AVX-512 reference machine (interleaved minimums, batch 1): F(4,3) beats im2col from C, K >= 128
-    at 28x28 and up (1.4-1.8x); F(2,3) wins at 14x14 with C, K >= 256; 64-channel layers tie at 56x56 and
-    lose at 224x224, where im2col's single copy is cheaper than the tile gather.
+    Winograd's transforms are compiled single passes (``jit_winograd``), so it wins wherever its tiles
+    fill the vector loops. Measured with ``hetflow tune`` on the zoo's 3x3 stride-1 layers (2-core
+    AVX-512 reference machine, one thread, batch 1, 2026-11-23): F(4,3) is fastest from 24x24 maps up
+    (1.3-2.3x over im2col at 28x28..224x224, down to 32 output channels); F(2,3) at 13x13 and 14x14 with
+    C, K >= 64 (1.1-1.5x); im2col at 7x7 and below, where a row holds two tiles.
     """
     structural = conv_algorithm(spec, int(x_shape[1]), group)
     if structural != IM2COL or winograd_unsupported(spec, group) is not None:
         return structural
     channels, height, width = int(x_shape[1]), int(x_shape[2]), int(x_shape[3])
     narrow = min(channels, kernels)
-    area = height * width
-    if narrow >= 128 and area >= 28 * 28:
+    side = min(height, width)
+    if narrow >= 32 and side >= 24:
         return WINOGRAD_F43
-    if narrow >= 256 and area >= 14 * 14:
+    if narrow >= 64 and side >= 12:
         return WINOGRAD_F23
     return IM2COL
 
