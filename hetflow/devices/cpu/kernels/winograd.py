@@ -35,7 +35,12 @@ import numpy as np
 from hetflow.devices.base import InputInfos
 from hetflow.devices.cpu.kernels.buffers import Scratch, aligned
 from hetflow.devices.cpu.kernels.conv import FINISHING, FinishingBody, conv_kernel, target_y, window_of
-from hetflow.devices.cpu.kernels.jit_winograd import input_transform, output_transform
+from hetflow.devices.cpu.kernels.jit_winograd import (
+    Coefficients,
+    coefficients,
+    input_transform,
+    output_transform,
+)
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.conv import WINOGRAD_F23, WINOGRAD_F43, WINOGRAD_TILE, conv_window, winograd_unsupported
@@ -196,10 +201,10 @@ def winograd_workspace(m: int) -> Callable[[Node, tuple[int, ...], tuple[int, ..
 
 
 @cache
-def _matrices(m: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """(B^T, A^T) of F(m, 3) in ``dtype``, for the compiled transforms."""
+def _matrices(m: int, dtype: np.dtype) -> tuple[Coefficients, Coefficients]:
+    """(B^T, A^T) of F(m, 3) in ``dtype``, as the compiled transforms take them."""
     found = transforms(m)
-    return np.ascontiguousarray(found.bt, dtype), np.ascontiguousarray(found.at, dtype)
+    return coefficients(found.bt, dtype), coefficients(found.at, dtype)
 
 
 def winograd(
