@@ -4,6 +4,7 @@ over the window taps in float64."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
@@ -109,15 +110,25 @@ def test_forward_matches_the_direct_sum(chunking, attrs, x_shape, w_shape):
 def test_backward_matches_the_direct_sum(chunking, attrs, x_shape, w_shape):
     x, w = RNG.standard_normal(x_shape), RNG.standard_normal(w_shape)
     dy = RNG.standard_normal(direct_conv(x, w, None, attrs).shape)
-    dx, dw = conv_train.conv_backward(x, w, dy, attrs, want_x=True, want_w=True)
+    grads = conv_train.conv_backward(x, w, dy, attrs, want_x=True, want_w=True, want_b=True)
     expected_dx, expected_dw = direct_grads(x, w, dy, attrs)
-    np.testing.assert_allclose(dx, expected_dx, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(dw, expected_dw, rtol=1e-12, atol=1e-12)
-    only_w = conv_train.conv_backward(x, w, dy, attrs, want_x=False, want_w=True)
-    only_x = conv_train.conv_backward(x, w, dy, attrs, want_x=True, want_w=False)
-    assert only_w[0] is None and only_x[1] is None
-    np.testing.assert_array_equal(only_w[1], dw)
-    np.testing.assert_array_equal(only_x[0], dx)
+    np.testing.assert_allclose(grads.x, expected_dx, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grads.w, expected_dw, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grads.b, dy.sum(axis=(0, *range(2, dy.ndim))), rtol=1e-12, atol=1e-12)
+
+
+def test_backward_computes_only_what_is_wanted(chunking):
+    attrs, x_shape, w_shape = CASES[3]
+    x, w = RNG.standard_normal(x_shape), RNG.standard_normal(w_shape)
+    dy = RNG.standard_normal(direct_conv(x, w, None, attrs).shape)
+    every = conv_train.conv_backward(x, w, dy, attrs, want_x=True, want_w=True, want_b=True)
+    for want in itertools.product([False, True], repeat=3):
+        some = conv_train.conv_backward(x, w, dy, attrs, *want)
+        for wanted, got, full in zip(want, some, every):
+            if wanted:
+                np.testing.assert_array_equal(got, full)
+            else:
+                assert got is None
 
 
 @pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), CASES[:5], ids=IDS[:5])
@@ -126,9 +137,9 @@ def test_backward_agrees_with_the_numpy_rule(attrs, x_shape, w_shape):
     node = Node("Conv", "conv", ["x", "w", "b"], ["y"], attrs)
     dy = RNG.standard_normal(direct_conv(x, w, b, attrs).shape)
     reference = Conv().backward(node, [x, w, b], [None], [dy])
-    dx, dw = conv_train.conv_backward(x, w, dy, attrs, want_x=True, want_w=True)
-    np.testing.assert_allclose(dx, reference[0], rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(dw, reference[1], rtol=1e-12, atol=1e-12)
+    grads = conv_train.conv_backward(x, w, dy, attrs, want_x=True, want_w=True, want_b=True)
+    for ours, theirs in zip(grads, reference):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-12)
 
 
 def test_float32_matches_float64(chunking):
@@ -136,7 +147,7 @@ def test_float32_matches_float64(chunking):
     x, w = RNG.standard_normal(x_shape), RNG.standard_normal(w_shape)
     dy = RNG.standard_normal(direct_conv(x, w, None, attrs).shape)
     y32 = conv_train.conv_forward(x.astype(np.float32), w.astype(np.float32), None, attrs)
-    dx32, dw32 = conv_train.conv_backward(*(a.astype(np.float32) for a in (x, w, dy)), attrs, True, True)
+    dx32, dw32, _ = conv_train.conv_backward(*(a.astype(np.float32) for a in (x, w, dy)), attrs, True, True)
     assert y32.dtype == dx32.dtype == dw32.dtype == np.float32
     expected_dx, expected_dw = direct_grads(x, w, dy, attrs)
     np.testing.assert_allclose(y32, direct_conv(x, w, None, attrs), rtol=1e-4, atol=1e-4)
@@ -145,7 +156,7 @@ def test_float32_matches_float64(chunking):
 
 
 def test_two_threads_split_the_batch_and_sum_dw(monkeypatch):
-    """Each thread takes whole chunks with BLAS at one thread; dW sums the threads' partial sums."""
+    """Each thread takes whole chunks with BLAS at one thread; dW and dB sum the threads' partial sums."""
     monkeypatch.setattr(conv_train, "CHUNK_BYTES", 1)
     monkeypatch.setattr(conv_train, "intra_op_threads", lambda: 2)
     held: list[int] = []
@@ -153,10 +164,11 @@ def test_two_threads_split_the_batch_and_sum_dw(monkeypatch):
     attrs, x_shape, w_shape = CASES[3]
     x, w = RNG.standard_normal(x_shape), RNG.standard_normal(w_shape)
     dy = RNG.standard_normal(direct_conv(x, w, None, attrs).shape)
-    dx, dw = conv_train.conv_backward(x, w, dy, attrs, want_x=True, want_w=True)
+    dx, dw, db = conv_train.conv_backward(x, w, dy, attrs, want_x=True, want_w=True, want_b=True)
     expected_dx, expected_dw = direct_grads(x, w, dy, attrs)
     np.testing.assert_allclose(dx, expected_dx, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dw, expected_dw, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(db, dy.sum(axis=(0, 2, 3)), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(
         conv_train.conv_forward(x, w, None, attrs), direct_conv(x, w, None, attrs), rtol=1e-12
     )

@@ -49,19 +49,17 @@ def conv_backward(
     if dy is None or not _computes(x, w, dy):
         return _numpy_rule(node, inputs, outputs, grad_outputs, wanted)
     assert x is not None and w is not None
-    grads: Grads = [None] * len(inputs)
-    bias = inputs[2] if len(inputs) > 2 else None
-    if bias is not None and wants(wanted, 2):
-        grads[2] = dy.sum(axis=(0, *range(2, dy.ndim))).astype(bias.dtype, copy=False)
-    grads[0], grads[1] = conv_train.conv_backward(
+    has_bias = len(inputs) > 2 and inputs[2] is not None
+    found = conv_train.conv_backward(
         np.ascontiguousarray(x),
         np.ascontiguousarray(w),
         np.ascontiguousarray(dy),
         node.attrs,
         want_x=wants(wanted, 0),
         want_w=wants(wanted, 1),
+        want_b=has_bias and wants(wanted, 2),
     )
-    return grads
+    return [found.x, found.w, found.b] if len(inputs) > 2 else [found.x, found.w]
 
 
 def max_pool_backward(
