@@ -1,5 +1,6 @@
 """The compiled 2-D depthwise kernel against an independent float64 direct sum: strides, dilations,
-asymmetric pads, channel multipliers, every fused activation, strided outputs, split over threads."""
+asymmetric pads, channel multipliers, blocks of rows, every fused activation, strided outputs, split
+over threads."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ CASES = [
     ((1, 6, 11, 11), 1, (3, 3), ConvAttrs(pads=(2, 2, 2, 2), dilations=(2, 2), group=6)),
     ((2, 2, 7, 9), 3, (1, 4), ConvAttrs(pads=(0, 2, 0, 1), strides=(1, 3), group=2)),
     ((1, 8, 5, 5), 1, (5, 5), ConvAttrs(group=8)),  # one output position
+    ((1, 2, 80, 75), 1, (3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=2)),  # two blocks of rows, the last partial
 ]
 
 ACTIVATIONS = [None, FusedActivation("Relu"), FusedActivation("Clip", 0.0, 6.0),

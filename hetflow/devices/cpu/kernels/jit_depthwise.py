@@ -2,16 +2,17 @@
 
 Depthwise layers do 9 multiply-adds per output element, so numpy's one-pass-per-tap form is memory
 bound: every tap reads and writes the whole output again (9 passes plus the epilogue's). Here each
-output row is accumulated in registers over the taps and written once, with the bias and the
-activation applied on the way out. Measured on one core against the numpy kernel (minimums,
-3x3, pad 1, ReLU6): MobileNet-v2's 32x112x112 stride 1 5.5 -> 0.6 ms, 144x56x56 4.3 -> 1.0 ms,
-96x112x112 stride 2 4.4 -> 2.5 ms, 576x14x14 stride 2 15.8 -> 7.5 ms at batch 16 (numpy's per-tap
-passes over the output: 9 reads and writes of it instead of one).
+block of output rows is accumulated in an L1-sized buffer over the taps and written once, with the bias
+and the activation applied on the way out.
 
-Each input plane is copied once into a zero-bordered buffer, so the taps need no bounds tests and
-every tap's read is a contiguous run that the compiler vectorises: at stride 1 the padded plane itself,
-at stride sw its sw phase planes (padded column c*sw + q is column c of plane q), filled straight from
-X (a gathering tap loop measured 1.5x slower).
+Each input plane is copied once into zero-bordered phase planes (one at stride 1; sh x sw at stride
+sh x sw), flattened, so that every tap over a whole block of output rows is one contiguous run the
+compiler vectorises: rows of a 14x14 map are too short for the vector loops, a block of them is not.
+Measured on one core (minimums, 3x3, pad 1, ReLU6, per image): numpy's tap passes -> a compiled loop
+per output row, 32x112x112 5.5 -> 0.6 ms, 144x56x56 4.3 -> 1.0 ms, 96x112x112 stride 2 4.4 -> 2.5 ms;
+that loop -> the flat blocks (A/B in one process), 576x14x14 0.72 -> 0.26 ms, 960x7x7 1.02 -> 0.46 ms,
+144x56x56 1.08 -> 0.59 ms, 96x112x112 stride 2 1.43 -> 0.88 ms. The loops take no array views and
+add only unsigned offsets to their indices (see ``jit_winograd``).
 
 The compiled function releases the GIL; ``depthwise_2d`` splits the planes over the CPU's kernel
 threads (``parallel_for``), so the session's thread count holds here as for every other kernel.
@@ -64,6 +65,11 @@ def depthwise_2d(
     return code != NO_ACTIVATION or fused is None
 
 
+#: Output elements a plane is accumulated in per pass (a block of whole rows): 16 KiB of float32, so
+#: the accumulator stays in the L1 cache through the taps' passes.
+BLOCK_ELEMENTS = 4096
+
+
 @numba.njit(nogil=True, cache=True, fastmath=True)
 def _planes(x, w, bias, y, first, last, sh, sw, dh, dw, pad_top, pad_left, code, constants):  # noqa: ANN001
     """Output planes ``first .. last - 1`` (plane p = image p // K, channel p % K)."""
@@ -71,51 +77,74 @@ def _planes(x, w, bias, y, first, last, sh, sw, dh, dw, pad_top, pad_left, code,
     kernels, kh, kw = w.shape[0], w.shape[2], w.shape[3]
     multiplier = kernels // channels
     out_h, out_w = y.shape[2], y.shape[3]
-    # The padded rows and columns the windows read; X's part of them is copied in per plane, and the
-    # border, never written, stays zero.
-    rows = (out_h - 1) * sh + (kh - 1) * dh + 1
-    cols = (out_w - 1) * sw + (kw - 1) * dw + 1
-    padded = np.zeros((rows if sw == 1 else 0, cols), x.dtype)
-    copy_rows = max(0, min(height, rows - pad_top))
-    copy_cols = max(0, min(width, cols - pad_left))
-    # Strided layers read phase planes: padded column c*sw + q is column c of plane q, so tap j reads
-    # plane (j*dw) % sw from column (j*dw) // sw on, a contiguous run (gathers do not vectorise).
-    phase_cols = (cols + sw - 1) // sw
-    phases = np.zeros((sw if sw > 1 else 0, rows, phase_cols), x.dtype)
-    acc = np.empty(out_w, x.dtype)
+    # Phase plane (qr, qc) holds padded[qr::sh, qc::sw], flattened with rows of ``span``: tap (i, j) of
+    # output (r, c) reads phase ((i*dh) % sh, (j*dw) % sw) at row r + (i*dh)//sh, column c + (j*dw)//sw,
+    # so one tap over a block of output rows is one contiguous run (columns past OW are computed and
+    # dropped). Their borders are written once, as zeros; each plane rewrites only X's part.
+    span = out_w + ((kw - 1) * dw) // sw
+    depth = out_h + ((kh - 1) * dh) // sh + 1  # one extra row: the last row's run overflows into it
+    phases = np.zeros((sh * sw, depth * span), x.dtype)
+    block_rows = max(1, min(out_h, BLOCK_ELEMENTS // span))
+    acc = np.empty(block_rows * span, x.dtype)
+    step = np.uint64(sw)
     for plane in range(first, last):
         image, kernel = plane // kernels, plane % kernels
         channel = kernel // multiplier
         if plane == first or kernel % multiplier == 0:
-            source_plane = x[image, channel]
-            if sw == 1:
-                padded[pad_top : pad_top + copy_rows, pad_left : pad_left + copy_cols] = (
-                    source_plane[:copy_rows, :copy_cols]
-                )
-            else:
-                for q in range(sw):
-                    # Input columns landing in plane q: col0, col0 + sw, ... (padded column col + pad_left).
-                    col0 = (q - pad_left) % sw
-                    count = (copy_cols - col0 + sw - 1) // sw
-                    if count > 0:
-                        start = (col0 + pad_left) // sw
-                        phases[q, pad_top : pad_top + copy_rows, start : start + count] = (
-                            source_plane[:copy_rows, col0 :: sw][:, :count]
-                        )
-        for r in range(out_h):
-            acc[:] = bias[kernel]
+            for qr in range(sh):
+                for qc in range(sw):
+                    index = qr * sw + qc
+                    # Phase column pc reads X's column pc*sw + shift: inside X for lo <= pc < hi.
+                    shift = qc - pad_left
+                    lo = 0 if shift >= 0 else min(span, (-shift + sw - 1) // sw)
+                    hi = max(lo, min(span, (width - shift + sw - 1) // sw))
+                    source_col = np.uint64(lo * sw + shift) if hi > lo else np.uint64(0)
+                    for pr in range(depth):
+                        source_row = pr * sh + qr - pad_top
+                        if source_row < 0 or source_row >= height:
+                            continue
+                        base = np.uint64(pr * span + lo)
+                        for t in range(np.uint64(hi - lo)):
+                            phases[index, base + t] = x[image, channel, source_row, source_col + t * step]
+        for first_row in range(0, out_h, block_rows):
+            rows = min(block_rows, out_h - first_row)
+            count = np.uint64(rows * span)
+            for p in range(count):
+                acc[p] = bias[kernel]
             for i in range(kh):
-                row = r * sh + i * dh
                 for j in range(kw):
                     weight = w[kernel, 0, i, j]
-                    offset = j * dw
-                    if sw == 1:
-                        source = padded[row, offset : offset + out_w]
-                    else:
-                        source = phases[offset % sw, row, offset // sw : offset // sw + out_w]
-                    for c in range(out_w):
-                        acc[c] += weight * source[c]
-            _store(acc, y[image, kernel, r], code, constants)
+                    index = ((i * dh) % sh) * sw + (j * dw) % sw
+                    offset = np.uint64((first_row + (i * dh) // sh) * span + (j * dw) // sw)
+                    for p in range(count):
+                        acc[p] += weight * phases[index, offset + p]
+            _store_rows(acc, span, y, image, kernel, first_row, rows, code, constants)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _store_rows(acc, span, y, image, kernel, first_row, rows, code, constants):  # noqa: ANN001
+    """``y[image, kernel, first_row + r, :]`` = activation of ``acc[r*span : r*span + OW]`` (see ``_store``)."""
+    alpha, beta, zero = constants[0], constants[1], constants[2]
+    out_w = y.shape[3]
+    for index in range(rows):
+        row = first_row + index
+        base = np.uint64(index * span)
+        if code == RELU:
+            for c in range(out_w):
+                value = acc[base + c]
+                y[image, kernel, row, c] = zero if value < zero else value
+        elif code == CLIP:
+            for c in range(out_w):
+                value = acc[base + c]
+                value = alpha if value < alpha else value
+                y[image, kernel, row, c] = beta if value > beta else value
+        elif code == LEAKY_RELU:
+            for c in range(out_w):
+                value = acc[base + c]
+                y[image, kernel, row, c] = value * alpha if value < zero else value
+        else:
+            for c in range(out_w):
+                y[image, kernel, row, c] = acc[base + c]
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
