@@ -17,13 +17,17 @@ from hetflow.ops.spatial import geometry
 CPU = CPUDevice()
 RNG = np.random.default_rng(3)
 
-CASES = [  # every one a compiled window (COMMON_WINDOWS): pads, ceil mode, odd sizes, a 1x1 output
+CASES = [  # pads, ceil mode, odd sizes, a 1x1 output, dilation, large and strided windows, blocks of rows
     ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (0, 0, 1, 1)}, (2, 3, 11, 12)),
     ({"kernel_shape": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}, (1, 4, 7, 9)),
     ({"kernel_shape": (2, 2), "strides": (2, 2), "pads": (1, 0, 0, 1)}, (2, 2, 9, 8)),
     ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (1, 3, 10, 11)),
     ({"kernel_shape": (2, 2), "strides": (1, 1)}, (3, 2, 5, 6)),
     ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}, (1, 2, 3, 3)),
+    ({"kernel_shape": (3, 3), "dilations": (2, 2), "pads": (2, 1, 1, 2)}, (2, 2, 11, 10)),
+    ({"kernel_shape": (5, 4), "strides": (3, 2), "pads": (2, 1, 2, 1), "ceil_mode": 1}, (1, 3, 13, 12)),
+    ({"kernel_shape": (7, 7)}, (2, 3, 7, 7)),  # global-sized
+    ({"kernel_shape": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}, (1, 2, 70, 66)),  # two row blocks
 ]
 
 
@@ -81,14 +85,13 @@ def test_max_pool_keeps_nan_and_ignores_padding():
     assert np.isnan(y[0, 1, 1:4, 1:4]).all() and np.isnan(y[0, 1]).sum() == 9
 
 
-def test_uncommon_windows_and_integer_pools_keep_the_numpy_loop():
-    dilated = Node("MaxPool", "p", ["x"], ["y"], registry.get("MaxPool").Attrs(kernel_shape=(3, 3), dilations=(2, 2)))
-    five = Node("MaxPool", "p", ["x"], ["y"], registry.get("MaxPool").Attrs(kernel_shape=(5, 5)))
+def test_integer_pools_and_indices_keep_the_numpy_loop():
     common = Node("MaxPool", "p", ["x"], ["y"], registry.get("MaxPool").Attrs(kernel_shape=(3, 3)))
-    shape = (9, 9)
-    assert not cpu_pool._compiled(dilated, geometry(pool_window(dilated.attrs), shape), np.dtype(np.float32))
-    assert not cpu_pool._compiled(five, geometry(pool_window(five.attrs), shape), np.dtype(np.float32))
-    assert not cpu_pool._compiled(common, geometry(pool_window(common.attrs), shape), np.dtype(np.int8))
+    with_indices = Node("MaxPool", "p", ["x"], ["y", "i"], registry.get("MaxPool").Attrs(kernel_shape=(3, 3)))
+    geo = geometry(pool_window(common.attrs), (9, 9))
+    assert cpu_pool._compiled(common, geo, np.dtype(np.float32))
+    assert not cpu_pool._compiled(common, geo, np.dtype(np.int8))
+    assert not cpu_pool._compiled(with_indices, geo, np.dtype(np.float32))
     x = RNG.integers(-100, 100, (1, 2, 9, 9)).astype(np.int8)
     y = _pool("MaxPool", {"kernel_shape": (3, 3)}, x)
     windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))

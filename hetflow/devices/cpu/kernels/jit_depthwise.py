@@ -5,14 +5,12 @@ bound: every tap reads and writes the whole output again (9 passes plus the epil
 block of output rows is accumulated in an L1-sized buffer over the taps and written once, with the bias
 and the activation applied on the way out.
 
-Each input plane is copied once into zero-bordered phase planes (one at stride 1; sh x sw at stride
-sh x sw), flattened, so that every tap over a whole block of output rows is one contiguous run the
-compiler vectorises: rows of a 14x14 map are too short for the vector loops, a block of them is not.
-Measured on one core (minimums, 3x3, pad 1, ReLU6, per image): numpy's tap passes -> a compiled loop
-per output row, 32x112x112 5.5 -> 0.6 ms, 144x56x56 4.3 -> 1.0 ms, 96x112x112 stride 2 4.4 -> 2.5 ms;
-that loop -> the flat blocks (A/B in one process), 576x14x14 0.72 -> 0.26 ms, 960x7x7 1.02 -> 0.46 ms,
-144x56x56 1.08 -> 0.59 ms, 96x112x112 stride 2 1.43 -> 0.88 ms. The loops take no array views and
-add only unsigned offsets to their indices (see ``jit_winograd``).
+Each input plane is copied once into zero-bordered phase planes (``jit_phases``), so that every tap over
+a whole block of output rows is one contiguous vector loop. Measured on one core (minimums, 3x3, pad 1,
+ReLU6, per image): numpy's tap passes -> a compiled loop per output row, 32x112x112 5.5 -> 0.6 ms,
+144x56x56 4.3 -> 1.0 ms, 96x112x112 stride 2 4.4 -> 2.5 ms; that loop -> the flat blocks (A/B in one
+process), 576x14x14 0.72 -> 0.26 ms, 960x7x7 1.02 -> 0.46 ms, 144x56x56 1.08 -> 0.59 ms, 96x112x112
+stride 2 1.43 -> 0.88 ms.
 
 The compiled function releases the GIL; ``depthwise_2d`` splits the planes over the CPU's kernel
 threads (``parallel_for``), so the session's thread count holds here as for every other kernel.
@@ -23,6 +21,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout
 from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.activation import FusedActivation
 
@@ -65,47 +64,21 @@ def depthwise_2d(
     return code != NO_ACTIVATION or fused is None
 
 
-#: Output elements a plane is accumulated in per pass (a block of whole rows): 16 KiB of float32, so
-#: the accumulator stays in the L1 cache through the taps' passes.
-BLOCK_ELEMENTS = 4096
-
-
 @numba.njit(nogil=True, cache=True, fastmath=True)
 def _planes(x, w, bias, y, first, last, sh, sw, dh, dw, pad_top, pad_left, code, constants):  # noqa: ANN001
     """Output planes ``first .. last - 1`` (plane p = image p // K, channel p % K)."""
-    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    channels = x.shape[1]
     kernels, kh, kw = w.shape[0], w.shape[2], w.shape[3]
     multiplier = kernels // channels
     out_h, out_w = y.shape[2], y.shape[3]
-    # Phase plane (qr, qc) holds padded[qr::sh, qc::sw], flattened with rows of ``span``: tap (i, j) of
-    # output (r, c) reads phase ((i*dh) % sh, (j*dw) % sw) at row r + (i*dh)//sh, column c + (j*dw)//sw,
-    # so one tap over a block of output rows is one contiguous run (columns past OW are computed and
-    # dropped). Their borders are written once, as zeros; each plane rewrites only X's part.
-    span = out_w + ((kw - 1) * dw) // sw
-    depth = out_h + ((kh - 1) * dh) // sh + 1  # one extra row: the last row's run overflows into it
-    phases = np.zeros((sh * sw, depth * span), x.dtype)
-    block_rows = max(1, min(out_h, BLOCK_ELEMENTS // span))
+    span, depth, block_rows = layout(out_h, out_w, kh, kw, sh, sw, dh, dw)
+    phases = np.zeros((sh * sw, depth * span), x.dtype)  # zero padding, written once
     acc = np.empty(block_rows * span, x.dtype)
-    step = np.uint64(sw)
     for plane in range(first, last):
         image, kernel = plane // kernels, plane % kernels
         channel = kernel // multiplier
         if plane == first or kernel % multiplier == 0:
-            for qr in range(sh):
-                for qc in range(sw):
-                    index = qr * sw + qc
-                    # Phase column pc reads X's column pc*sw + shift: inside X for lo <= pc < hi.
-                    shift = qc - pad_left
-                    lo = 0 if shift >= 0 else min(span, (-shift + sw - 1) // sw)
-                    hi = max(lo, min(span, (width - shift + sw - 1) // sw))
-                    source_col = np.uint64(lo * sw + shift) if hi > lo else np.uint64(0)
-                    for pr in range(depth):
-                        source_row = pr * sh + qr - pad_top
-                        if source_row < 0 or source_row >= height:
-                            continue
-                        base = np.uint64(pr * span + lo)
-                        for t in range(np.uint64(hi - lo)):
-                            phases[index, base + t] = x[image, channel, source_row, source_col + t * step]
+            fill_phases(x, image, channel, phases, sh, sw, pad_top, pad_left, span, depth)
         for first_row in range(0, out_h, block_rows):
             rows = min(block_rows, out_h - first_row)
             count = np.uint64(rows * span)

@@ -1,9 +1,8 @@
 """CPU kernels: pooling.
 
-2-D float pools with a common window and no Indices run the compiled kernel (``jit_pool``: separable,
-in cache). The rest (other windows and ranks, integer MaxPool, MaxPool with Indices) loop over the
-window taps in numpy; each tap
-is one strided slice of the padded input covering every output position of every image and channel.
+2-D float pools without Indices run the compiled kernel (``jit_pool``: any window, in cache). The rest
+(other ranks, integer MaxPool, MaxPool with Indices) loop over the window taps in numpy; each tap is one
+strided slice of the padded input covering every output position of every image and channel.
 The geometry comes from ``hetflow.ops.spatial`` like Conv's.
 """
 
@@ -44,7 +43,7 @@ def _compute_dtype(node: Node, dtype: np.dtype) -> np.dtype:
 
 
 def _compiled(node: Node, geo: Geometry, dtype: np.dtype) -> bool:
-    """Whether the compiled 2-D kernel runs this pool: a common window, float, no Indices output."""
+    """Whether the compiled 2-D kernel runs this pool: 2-D, float, no Indices output."""
     wants_indices = len(node.outputs) > 1 and bool(node.outputs[1])
     return compiled_window(geo) and not wants_indices and np.dtype(dtype) in COMPILED_DTYPES
 
@@ -60,7 +59,7 @@ def max_pool(
 ) -> list[np.ndarray | None]:
     """MaxPool on ``[N, C, *spatial]``, any dtype it allows; Indices (int64) when the node asks for them.
 
-    Common 2-D float windows without Indices run compiled (``jit_pool``); the rest loop over the taps.
+    2-D float pools without Indices run compiled (``jit_pool``); the rest loop over the taps.
     """
     x = inputs[0]
     assert x is not None
