@@ -9,6 +9,7 @@ import numpy as np
 
 from hetflow.graph import Node
 from hetflow.graph.shapes import Dim, Shape, format_shape
+from hetflow.ops.activation import FusedActivation
 from hetflow.ops.attrs import required
 from hetflow.ops.base import (
     Arrays,
@@ -124,6 +125,8 @@ class BatchNormalizationAttrs:
     momentum: float = 0.9
     training_mode: int = 0
     spatial: int = 1
+    #: hetflow-internal, not an ONNX attribute: the activation fused into the output (inference form).
+    fused: FusedActivation | None = None
 
 
 def batchnorm_param_shape(x_shape: Shape, spatial: int) -> Shape:
@@ -220,6 +223,8 @@ class BatchNormalization(OpDef):
         if dy is None:
             return grads
         attrs = node.attrs
+        if attrs.fused is not None:
+            raise ValueError(f"BatchNormalization '{node.name}' has a fused activation; train the unoptimised graph")
         axes = batchnorm_reduce_axes(x.ndim, attrs.spatial)
         shape = (1, *scale.shape) + (1,) * (x.ndim - 1 - scale.ndim)
         if attrs.training_mode:

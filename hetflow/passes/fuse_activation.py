@@ -3,8 +3,8 @@
 An activation is fusable when its op has the ``"fusable"`` trait and its parameters fit a
 ``FusedActivation`` (``_PARAMETERS`` below says how; PRelu's slope tensor does not, and a Clip bound
 that is not a constant cannot). A producer can take it when its attrs have a ``fused`` field (Conv,
-Gemm) that is still empty, its output is float, and the activation is its only reader. The producer
-then writes the activation's output name and the activation node goes.
+Gemm, inference BatchNormalization) that is still empty, its output is float, and the activation is its
+only reader. The producer then writes the activation's output name and the activation node goes.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ def _accepts_activation(rewriter: Rewriter, producer: Node, output: str) -> bool
     if not is_dataclass(attrs) or "fused" not in {f.name for f in fields(attrs)}:
         return False
     if attrs.fused is not None or producer.outputs[:1] != [output]:
+        return False
+    if getattr(attrs, "training_mode", 0):  # a training-form BatchNormalization's Y feeds its backward
         return False
     value = rewriter.graph.values.get(output)
     return value is not None and value.dtype.kind == "f"

@@ -72,6 +72,19 @@ def test_batchnorm_inference(opencl, x_shape):
     assert_close(got[0], expected[0])
 
 
+@pytest.mark.parametrize(
+    "fused",
+    [FusedActivation("Relu"), FusedActivation("Clip", 0.0, 6.0), FusedActivation("LeakyRelu", 0.1),
+     FusedActivation("Sigmoid")],
+    ids=lambda f: f.op_type,
+)  # fmt: skip
+def test_batchnorm_with_a_fused_activation(opencl, fused):
+    params = [random(RNG, 5), random(RNG, 5), random(RNG, 5)]
+    inputs = [random(RNG, 2, 5, 4, 3) * 3, *params, np.abs(random(RNG, 5)) + 0.1]
+    got, expected = run_both(opencl, make_node("BatchNormalization", inputs, fused=fused), inputs)
+    assert_close(got[0], expected[0])
+
+
 def test_batchnorm_training_stays_on_the_cpu(opencl):
     inputs = [random(RNG, 2, 3, 4)] + [random(RNG, 3) for _ in range(4)]
     node = make_node("BatchNormalization", inputs, outputs=3, training_mode=1)

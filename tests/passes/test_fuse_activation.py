@@ -1,5 +1,5 @@
-"""fuse_activation: Relu, LeakyRelu, Clip, Sigmoid and Tanh fuse into the producing Conv or Gemm epilogue
-when they are its only reader; everything else stays as it was."""
+"""fuse_activation: Relu, LeakyRelu, Clip, Sigmoid and Tanh fuse into the producing Conv, Gemm or inference
+BatchNormalization when they are its only reader; everything else stays as it was."""
 
 from __future__ import annotations
 
@@ -63,6 +63,20 @@ def test_activation_fuses_into_gemm(spec: tuple, trans_b: int):
     proto = model(nodes, [("a", FLOAT, ["N", 6])], Y, {"B": b, "C": weights(7), **spec[2]})
     graph = check_pass(proto, fuse_activation, batches=(1, 5))
     assert op_types(graph) == ["Gemm"] and graph.nodes[0].attrs.fused == spec[4]
+
+
+@pytest.mark.parametrize("spec", ACTIVATIONS, ids=IDS)
+def test_activation_fuses_into_a_batchnorm_no_conv_precedes(spec: tuple):
+    # DenseNet's pre-activation blocks: BatchNormalization -> Relu -> Conv, nothing to fold the BN into.
+    nodes = [batchnorm("x", "b", "bn"), activation(spec, "b", "y")]
+    graph = check_pass(model(nodes, X, Y, {**batchnorm_params("bn", 3), **spec[2]}), fuse_activation)
+    assert op_types(graph) == ["BatchNormalization"] and graph.nodes[0].attrs.fused == spec[4]
+
+
+def test_training_mode_batchnorm_is_not_a_fusing_producer():
+    nodes = [batchnorm("x", "b", "bn", training_mode=1), node("Relu", ["b"], ["y"])]
+    graph = fuse_activation(hetflow.load_model(model(nodes, X, Y, batchnorm_params("bn", 3))))
+    assert op_types(graph) == ["BatchNormalization", "Relu"] and graph.nodes[0].attrs.fused is None
 
 
 def test_producer_with_two_readers_is_not_fused():

@@ -29,8 +29,8 @@ EXPECTED_LEFT = {
     # Conv -> BatchNormalization -> Mul -> Add -> Relu collapses into one Conv.
     "inception_v2": {"BatchNormalization": 0, "Mul": 0, "Add": 0, "Relu": 0},
     # Pre-activation BatchNormalizations read a Concat or a pool: Mul and Add fold into them, and the
-    # Relu after them stays; the ones after a 1x1 Conv fold into it.
-    "densenet121": {"BatchNormalization": 62, "Mul": 0, "Add": 0, "Relu": 62},
+    # Relu after them fuses into them; the ones after a 1x1 Conv fold into it.
+    "densenet121": {"BatchNormalization": 62, "Mul": 0, "Add": 0, "Relu": 0},
     "googlenet": {"Relu": 0, "Dropout": 0},
     "squeezenet": {"Relu": 0, "Dropout": 0},
 }

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, aligned, deliver, output
+from hetflow.devices.cpu.kernels.epilogue import apply_activation
+from hetflow.devices.cpu.kernels.jit_affine import COMPILED_DTYPES, channel_affine
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.devices.cpu.threads import available_cores, parallel_for
 from hetflow.graph import Node
@@ -195,8 +197,31 @@ def batch_normalization(
     if compute != x.dtype:
         y = np.multiply(x, factor.reshape(shape), dtype=compute)
         y += shift.reshape(shape)
+        apply_activation(y, attrs.fused)
         return [deliver(out, 0, y.astype(x.dtype)), *running]
     y = output(out, 0, x.shape, x.dtype)
-    np.multiply(x, factor.reshape(shape), out=y)
-    y += shift.reshape(shape)
+    if _compiled(x, y, attrs.spatial):
+        activated = channel_affine(x, factor, shift, y, attrs.fused)
+    else:
+        np.multiply(x, factor.reshape(shape), out=y)
+        y += shift.reshape(shape)
+        activated = False
+    if not activated:
+        apply_activation(y, attrs.fused)
     return [y, *running]
+
+
+def _compiled(x: np.ndarray, y: np.ndarray, spatial: int) -> bool:
+    """Whether the compiled one-pass kernel takes this BatchNormalization: per-channel parameters, a float
+    dtype it compiles, and X and Y each viewable as ``[N, C, P]`` (a Concat slice is, per image)."""
+    if not spatial or x.ndim < 3 or x.dtype not in COMPILED_DTYPES:
+        return False
+    return _planes_view(x) and _planes_view(y)
+
+
+def _planes_view(a: np.ndarray) -> bool:
+    try:
+        np.reshape(a, (a.shape[0], a.shape[1], -1), copy=False)
+    except ValueError:
+        return False
+    return True

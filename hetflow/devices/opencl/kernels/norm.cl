@@ -23,10 +23,11 @@ __kernel void lrn(__global const float* restrict x, __global float* restrict y,
 }
 
 // BatchNormalization, inference form, with the statistics folded on the host into one factor and one
-// shift per channel, stored as params = [factor[0..C), shift[0..C)]: y = x * factor[c] + shift[c].
-// Global size (P, C, N).
+// shift per channel, stored as params = [factor[0..C), shift[0..C)]: y = x * factor[c] + shift[c],
+// then the fused activation (epilogue.cl, chosen with -DACT). Global size (P, C, N).
 __kernel void batchnorm(__global const float* restrict x, __global float* restrict y,
-                        __global const float* restrict params, const int C, const int P)
+                        __global const float* restrict params, const int C, const int P,
+                        const float act_a, const float act_b)
 {
     const int p = get_global_id(0);
     const int c = get_global_id(1);
@@ -34,5 +35,5 @@ __kernel void batchnorm(__global const float* restrict x, __global float* restri
     if (p >= P)
         return;
     const long i = ((long)n * C + c) * P + p;
-    y[i] = x[i] * params[c] + params[C + c];
+    y[i] = activate(x[i] * params[c] + params[C + c], act_a, act_b);
 }

@@ -18,6 +18,8 @@ import numpy as np
 from hetflow.devices.base import InputInfos
 from hetflow.devices.opencl.kernels.common import (
     Tensor,
+    act_args,
+    act_options,
     device_inputs,
     float32_reason,
     i32,
@@ -31,7 +33,7 @@ from hetflow.ops.norm import lrn_window
 if TYPE_CHECKING:
     from hetflow.devices.opencl import OpenCLDevice
 
-SOURCE = source("norm.cl")
+SOURCE = source("epilogue.cl", "norm.cl")
 
 
 def _planes(x: Tensor) -> tuple[int, int, int]:
@@ -90,10 +92,11 @@ def run_batchnorm(device: OpenCLDevice, node: Node, inputs: Sequence[Tensor | No
     params = device.resident.get(
         scale, key, lambda: device.to_device(_folded(scale, bias, mean, var, epsilon))
     )
-    kernel = device.kernel("batchnorm", SOURCE)
+    fused = node.attrs.fused
+    kernel = device.kernel("batchnorm", SOURCE, act_options(fused))
     x_buf = on_device(device, x)
     y = device.empty(x.shape)
-    device.enqueue(kernel, (p, c, n), None, (x_buf.buffer, y.buffer, params.buffer, *i32(c, p)))
+    device.enqueue(kernel, (p, c, n), None, (x_buf.buffer, y.buffer, params.buffer, *i32(c, p), *act_args(fused)))
     return result(device, y, x)
 
 

@@ -1,0 +1,68 @@
+"""Per-channel scale and shift, then an activation, in one compiled pass (inference BatchNormalization).
+
+numpy's form is three passes over the tensor (multiply, add, then the activation fused into the
+BatchNormalization by ``passes/fuse_activation``). DenseNet's pre-activation blocks run 62 of them on
+values no Conv precedes, so they cannot be folded away: one pass per plane reads X once and writes Y
+once. Planes are split over the session's kernel threads; the loop releases the GIL.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from hetflow.devices.cpu.kernels.jit_depthwise import CLIP, LEAKY_RELU, NO_ACTIVATION, RELU, activation_code
+from hetflow.devices.cpu.threads import parallel_planes
+from hetflow.ops.activation import FusedActivation
+
+#: dtypes the compiled pass runs.
+COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def channel_affine(
+    x: np.ndarray, factor: np.ndarray, shift: np.ndarray, y: np.ndarray, fused: FusedActivation | None
+) -> bool:
+    """``y[n, c] = activation(x[n, c] * factor[c] + shift[c])`` for ``x`` ``[N, C, ...]`` (y may be x;
+    each must be viewable as ``[N, C, P]``).
+
+    Returns whether the activation was applied (Relu, Clip and LeakyRelu are; the caller applies any
+    other).
+    """
+    code, alpha, beta = activation_code(fused)
+    constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
+    planes = np.reshape(x, (x.shape[0], x.shape[1], -1), copy=False)
+    targets = np.reshape(y, planes.shape, copy=False)  # a view, so the writes land in y
+    factor = np.ascontiguousarray(factor, y.dtype)
+    shift = np.ascontiguousarray(shift, y.dtype)
+
+    def run(first: int, last: int) -> None:
+        _planes(planes, factor, shift, targets, first, last, code, constants)
+
+    parallel_planes(run, planes.shape[0] * planes.shape[1], planes.shape[2])
+    return code != NO_ACTIVATION or fused is None
+
+
+@numba.njit(nogil=True, cache=True, fastmath=True)
+def _planes(x, factor, shift, y, first, last, code, constants):  # noqa: ANN001
+    """Planes ``first .. last - 1`` (plane p = image p // C, channel p % C) of ``[N, C, P]`` arrays."""
+    channels, size = x.shape[1], x.shape[2]
+    alpha, beta, zero = constants[0], constants[1], constants[2]
+    for plane in range(first, last):
+        image, channel = plane // channels, plane % channels
+        a, b = factor[channel], shift[channel]
+        if code == RELU:
+            for p in range(size):
+                value = x[image, channel, p] * a + b
+                y[image, channel, p] = zero if value < zero else value
+        elif code == CLIP:
+            for p in range(size):
+                value = x[image, channel, p] * a + b
+                value = alpha if value < alpha else value
+                y[image, channel, p] = beta if value > beta else value
+        elif code == LEAKY_RELU:
+            for p in range(size):
+                value = x[image, channel, p] * a + b
+                y[image, channel, p] = value * alpha if value < zero else value
+        else:
+            for p in range(size):
+                y[image, channel, p] = x[image, channel, p] * a + b
