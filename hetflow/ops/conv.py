@@ -239,7 +239,8 @@ class Conv(OpDef):
         )
 
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
-        return (0, 1), ()
+        # A fused Relu's gradient mask is read from Y (Y > 0 exactly where the Conv's sum is).
+        return (0, 1), ((0,) if _fused_relu(node.attrs) else ())
 
     def backward_workspace(
         self, node: Node, inputs: Sequence[TensorInfo | None], outputs: Sequence[TensorInfo | None]
@@ -266,7 +267,8 @@ class Conv(OpDef):
             padded = max(padded, int(np.prod(y_shape[:2], dtype=np.int64)) * int(
                 np.prod([a.padded for a in full_geom.axes], dtype=np.int64)
             ))
-        return 2 * columns + 3 * nbytes(y) + 2 * nbytes(x) + 2 * padded * x.dtype.itemsize
+        masked = nbytes(y) if _fused_relu(node.attrs) else 0  # dY * (Y > 0)
+        return 2 * columns + 3 * nbytes(y) + 2 * nbytes(x) + 2 * padded * x.dtype.itemsize + masked
 
     def backward(
         self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
@@ -279,15 +281,22 @@ class Conv(OpDef):
         weights (one GEMM over dY's columns); otherwise the transposed GEMM (``W^T @ dY``) into column
         form followed by col2im: one strided add per window tap, so Python loops over the kernel's taps,
         never over pixels.
+
+        A fused Relu (the training graph's Conv + Relu, see ``hetflow.train.graph.fuse_conv_relu``) is
+        differentiated first: ``dY * (Y > 0)``, Y being the fused output. Other fused activations raise.
         """
         x, w = inputs[0], inputs[1]
         dy = grad_outputs[0]
         assert x is not None and w is not None
         grads: Grads = [None] * len(inputs)
-        if node.attrs.fused is not None:
+        if node.attrs.fused is not None and not _fused_relu(node.attrs):
             raise ValueError(f"Conv '{node.name}' has a fused activation; train the unoptimised graph")
         if dy is None:
             return grads
+        if node.attrs.fused is not None:
+            y = outputs[0]
+            assert y is not None
+            dy = dy * (y > 0)
         if len(inputs) > 2 and inputs[2] is not None and wants(wanted, 2):
             grads[2] = dy.sum(axis=(0, *range(2, dy.ndim))).astype(inputs[2].dtype, copy=False)
         want_x, want_w = wants(wanted, 0), wants(wanted, 1)
@@ -322,6 +331,11 @@ class Conv(OpDef):
                 np.matmul(w_groups[g].T, dy_flat[g], out=dcols[g])
             grads[0] = channel_col2im(dcols, geom, x.shape).astype(x.dtype, copy=False)
         return grads
+
+
+def _fused_relu(attrs: ConvAttrs) -> bool:
+    """Whether ``attrs`` carry a fused Relu (the one fused activation Conv's backward handles)."""
+    return attrs.fused is not None and attrs.fused.op_type == "Relu"
 
 
 def _full_correlation_attrs(

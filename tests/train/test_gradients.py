@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hetflow.ops import registry
+from hetflow.ops.activation import FusedActivation
 from hetflow.ops.loss import LOSSES
 from tests.train.gradcheck import STEP, TOLERANCE, Case, check_gradients, relative_error
 
@@ -44,6 +45,19 @@ CASES: list[Case] = [
     Case("Conv", [(2, 3, 8), (2, 3, 3)], {"pads": (2, 0)}, label="stride1-1d"),
     Case("Conv", [(1, 3, 4, 3, 5), (2, 3, 2, 2, 3), (2,)], {"pads": (1, 0, 1, 0, 1, 1)}, label="stride1-3d"),
     Case("Conv", [(2, 2, 5, 5), (3, 2, 2, 2)], {"pads": (2, 2, 2, 2)}, label="pad-past-kernel"),
+    # The training graph's Conv + Relu (``fuse_conv_relu``): dY masked by the fused output first.
+    Case(
+        "Conv",
+        [(2, 3, 6, 5), (4, 3, 3, 3), (4,)],
+        {"pads": (1, 1, 1, 1), "fused": FusedActivation("Relu")},
+        label="fused-relu",
+    ),
+    Case(
+        "Conv",
+        [(1, 4, 7, 6), (6, 2, 3, 2)],
+        {"group": 2, "strides": (2, 1), "pads": (1, 0, 2, 1), "fused": FusedActivation("Relu")},
+        label="fused-relu-group-stride",
+    ),
     # -- matrix products --------------------------------------------------------------------------
     Case("Gemm", [(3, 5), (5, 4), (4,)], label="bias-row"),
     Case(
