@@ -25,8 +25,9 @@ ForwardFn = Callable[[Node, Sequence[np.ndarray | None]], list[np.ndarray]]
 
 
 def conv_forward(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-    """Conv (any rank, group, stride, padding, dilation; no fused activation) a chunk of images at a
-    time: ``W [K/G, C/G*taps] @ cols [C/G*taps, n*P]`` per group, bias added as Y is laid out."""
+    """Conv (any rank, group, stride, padding, dilation; a fused Relu or none) a chunk of images at a
+    time: ``W [K/G, C/G*taps] @ cols [C/G*taps, n*P]`` per group, bias added as Y is laid out and the
+    Relu applied while the chunk is in cache."""
     x, w = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     assert x is not None and w is not None
@@ -37,8 +38,9 @@ def conv_forward(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.nda
 
 
 def _conv_supported(node: Node) -> bool:
-    # NOTE: a fused activation only appears in optimised (inference) graphs; leave those to the device.
-    return node.attrs.fused is None
+    # NOTE: the training graph fuses only Relu (``hetflow.train.graph.fuse_conv_relu``); other fused
+    # activations come from optimised (inference) graphs: leave those to the device.
+    return node.attrs.fused is None or node.attrs.fused.op_type == "Relu"
 
 
 #: op type -> (constraint, forward function).

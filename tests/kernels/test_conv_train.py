@@ -11,6 +11,7 @@ import pytest
 
 from hetflow.devices.cpu.kernels import conv_train, jit_columns
 from hetflow.graph import Node
+from hetflow.ops.activation import FusedActivation
 from hetflow.ops.conv import Conv, ConvAttrs, channel_col2im, channel_columns, conv_window
 from hetflow.ops.spatial import Geometry, geometry
 
@@ -115,6 +116,55 @@ def test_backward_matches_the_direct_sum(chunking, attrs, x_shape, w_shape):
     np.testing.assert_allclose(grads.x, expected_dx, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(grads.w, expected_dw, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(grads.b, dy.sum(axis=(0, *range(2, dy.ndim))), rtol=1e-12, atol=1e-12)
+
+
+RELU = FusedActivation("Relu")
+
+
+@pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), CASES, ids=IDS)
+def test_fused_relu_forward_is_the_relu_of_the_direct_sum(chunking, attrs, x_shape, w_shape):
+    x, w, b = RNG.standard_normal(x_shape), RNG.standard_normal(w_shape), RNG.standard_normal(w_shape[0])
+    fused = dataclasses.replace(attrs, fused=RELU)
+    expected = np.maximum(direct_conv(x, w, b, attrs), 0)
+    np.testing.assert_allclose(conv_train.conv_forward(x, w, b, fused), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), CASES, ids=IDS)
+def test_fused_relu_backward_masks_dy_by_the_output(chunking, attrs, x_shape, w_shape):
+    """dX, dW and dB of Relu(Conv) are the Conv's for ``dY * (Y > 0)``, Y the fused output."""
+    x, w, b = RNG.standard_normal(x_shape), RNG.standard_normal(w_shape), RNG.standard_normal(w_shape[0])
+    y = np.maximum(direct_conv(x, w, b, attrs), 0)
+    assert 0 < (y > 0).mean() < 1
+    dy = RNG.standard_normal(y.shape)
+    fused = dataclasses.replace(attrs, fused=RELU)
+    grads = conv_train.conv_backward(x, w, dy, fused, want_x=True, want_w=True, want_b=True, y=y)
+    masked = dy * (y > 0)
+    expected_dx, expected_dw = direct_grads(x, w, masked, attrs)
+    np.testing.assert_allclose(grads.x, expected_dx, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grads.w, expected_dw, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(grads.b, masked.sum(axis=(0, *range(2, dy.ndim))), rtol=1e-12, atol=1e-12)
+
+
+def test_fused_relu_two_threads(monkeypatch):
+    monkeypatch.setattr(conv_train, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(conv_train, "intra_op_threads", lambda: 2)
+    attrs, x_shape, w_shape = CASES[1]
+    fused = dataclasses.replace(attrs, fused=RELU)
+    x, w = RNG.standard_normal(x_shape), RNG.standard_normal(w_shape)
+    y = conv_train.conv_forward(x, w, None, fused)
+    np.testing.assert_allclose(y, np.maximum(direct_conv(x, w, None, attrs), 0), rtol=1e-12, atol=1e-12)
+    dy = RNG.standard_normal(y.shape)
+    dx, dw, _ = conv_train.conv_backward(x, w, dy, fused, want_x=True, want_w=True, y=y)
+    expected_dx, expected_dw = direct_grads(x, w, dy * (y > 0), attrs)
+    np.testing.assert_allclose(dx, expected_dx, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dw, expected_dw, rtol=1e-12, atol=1e-12)
+
+
+def test_other_fused_activations_are_refused():
+    attrs, x_shape, w_shape = CASES[0]
+    x, w = RNG.standard_normal(x_shape), RNG.standard_normal(w_shape)
+    with pytest.raises(ValueError, match="only Relu"):
+        conv_train.conv_forward(x, w, None, dataclasses.replace(attrs, fused=FusedActivation("Sigmoid")))
 
 
 def test_backward_computes_only_what_is_wanted(chunking):

@@ -117,3 +117,21 @@ def test_relu_backward_is_the_numpy_rule(monkeypatch, shape, dtype):
     assert got.dtype == dtype
     np.testing.assert_array_equal(got, reference)
     np.testing.assert_array_equal(np.signbit(got), np.signbit(reference))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("first", "count"), [(0, 1), (2, 1), (1, 3), (0, 4)])
+def test_relu_masked_chunk_is_dy_times_the_mask_laid_out_by_kernel(first, count, dtype):
+    """``out[k, n*P + p] = dY[first + n, k, p] * (Y > 0)``: the numpy Relu rule's numbers (NaN and inf in
+    dY, -0.0 and NaN in Y), in the training Conv's ``[K, count*P]`` chunk layout."""
+    y = RNG.standard_normal((4, 3, 7)).astype(dtype)
+    dy = RNG.standard_normal((4, 3, 7)).astype(dtype)
+    y[first, 0, :3] = (0.0, -0.0, np.nan)
+    dy[first, 1, :3] = (np.nan, -np.inf, np.inf)
+    y[first, 1, :3] = (-1.0, 2.0, -2.0)
+    out = np.full((3, count * 7), 7.0, dtype)
+    jit_backward.relu_masked_chunk(dy, y, first, count, out)
+    part = slice(first, first + count)
+    with np.errstate(invalid="ignore"):  # inf * 0
+        expected = (dy[part] * (y[part] > 0)).transpose(1, 0, 2).reshape(3, count * 7)
+    np.testing.assert_array_equal(out, expected)

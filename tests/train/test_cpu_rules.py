@@ -70,8 +70,23 @@ def test_rules_hand_other_dtypes_to_the_numpy_rules(dtype):
         np.testing.assert_array_equal(got, expected)
 
 
-def test_conv_rule_refuses_fused_activations():
-    node = Node("Conv", "conv", ["x", "w"], ["y"], ConvAttrs(fused=FusedActivation("Relu")))
+def test_conv_rule_refuses_fused_activations_other_than_relu():
+    node = Node("Conv", "conv", ["x", "w"], ["y"], ConvAttrs(fused=FusedActivation("Sigmoid")))
     kernels = training_kernels(get_device("cpu")).backward
     assert kernels.lookup(node) is None
-    assert "fused" in kernels.reason_unsupported(node)
+    assert "fused Sigmoid" in kernels.reason_unsupported(node)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_conv_rule_with_a_fused_relu_matches_the_numpy_rule(dtype):
+    attrs = ConvAttrs(pads=(1, 0, 2, 1), strides=(2, 1), fused=FusedActivation("Relu"))
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], attrs)
+    x, w, b = (RNG.standard_normal(s).astype(dtype) for s in ((3, 4, 9, 8), (6, 4, 3, 2), (6,)))
+    y = np.maximum(RNG.standard_normal((3, 6, 5, 8)), 0).astype(dtype)
+    dy = RNG.standard_normal(y.shape).astype(dtype)
+    got = _rule(node)(node, [x, w, b], [y], [dy], None)
+    reference = registry.get("Conv").backward(node, [x, w, b], [y], [dy], None)
+    tolerance = 1e-4 if dtype == np.float32 else 1e-12
+    for ours, theirs in zip(got, reference):
+        assert ours.dtype == dtype
+        np.testing.assert_allclose(ours, theirs, rtol=tolerance, atol=tolerance)

@@ -6,7 +6,8 @@ gradient checks test) for everything else. Each rule falls back to the op's nump
 compiled loops do not apply (other dtypes, ranks or windows), so its ``supports`` only states what is
 known before the step runs.
 
-* Conv: ``conv_train.conv_backward``, dW and dX a few images at a time with the columns in cache;
+* Conv (also with a fused Relu, the training graph's Conv + Relu): ``conv_train.conv_backward``, dW and
+  dX a few images at a time with the columns in cache, the Relu's mask applied to each chunk of dY;
 * MaxPool (2-D): ``jit_backward.max_pool_backward_2d``, one pass per plane;
 * Relu: ``jit_backward.relu_backward``, one pass.
 """
@@ -46,7 +47,10 @@ def conv_backward(
     """Conv's gradients by ``conv_train`` (float32 / float64), else by the numpy rule."""
     x, w = inputs[0], inputs[1]
     dy = grad_outputs[0]
-    if dy is None or not _computes(x, w, dy):
+    # A fused Relu's output, whose mask conv_train applies to dY.
+    fused = node.attrs.fused is not None
+    y = outputs[0] if fused else None
+    if dy is None or not _computes(x, w, dy) or (fused and not _computes(dy, y)):
         return _numpy_rule(node, inputs, outputs, grad_outputs, wanted)
     assert x is not None and w is not None
     has_bias = len(inputs) > 2 and inputs[2] is not None
@@ -58,6 +62,7 @@ def conv_backward(
         want_x=wants(wanted, 0),
         want_w=wants(wanted, 1),
         want_b=has_bias and wants(wanted, 2),
+        y=None if y is None else np.ascontiguousarray(y),
     )
     return [found.x, found.w, found.b] if len(inputs) > 2 else [found.x, found.w]
 
@@ -96,8 +101,9 @@ def _numpy_rule(node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Array
 
 
 def _supports_conv(node: Node, inputs: InputInfos) -> str | None:
-    if node.attrs.fused is not None:
-        return "a Conv with a fused activation has no backward rule (train the unoptimised graph)"
+    fused = node.attrs.fused
+    if fused is not None and fused.op_type != "Relu":
+        return f"a Conv with a fused {fused.op_type} has no backward rule (train the unoptimised graph)"
     return None
 
 

@@ -7,10 +7,12 @@ batch and at 57 GFLOP/s over one image's columns (1.2 MB, in the L2 cache). So e
 batch in chunks of ``CHUNK_BYTES`` of columns: build the chunk's columns (``jit_columns`` for 2-D, else
 ``channel_columns``), use them at once, and reuse the buffer for the next chunk.
 
-* forward: ``Y_chunk = W @ cols`` (one GEMM per group), bias added while the products are laid out;
+* forward: ``Y_chunk = W @ cols`` (one GEMM per group), bias added while the products are laid out
+  and a fused Relu applied to the chunk while it is in cache (the training graph's Conv + Relu);
 * dW: ``dW^T += cols @ dY_chunk^T`` (the form OpenBLAS runs fast; see ``hetflow.ops.conv.Conv.backward``),
   and dB summed from the same chunk of dY;
-* dX: ``dcols = W^T @ dY_chunk`` then col2im (compiled for 2-D), in the same pass as dW.
+* dX: ``dcols = W^T @ dY_chunk`` then col2im (compiled for 2-D), in the same pass as dW;
+* a fused Relu's mask ``Y > 0`` applied to each chunk of dY as it is copied into the GEMMs' layout.
 
 The chunks are split over the CPU's kernel threads, each thread with its own buffers and BLAS held at
 one thread meanwhile (whole images per thread scale better than splitting these small GEMMs).
@@ -28,6 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from hetflow.devices.cpu.kernels.jit_backward import relu_masked_chunk
 from hetflow.devices.cpu.kernels.jit_columns import col2im_2d, im2col_2d
 from hetflow.devices.cpu.threads import BLAS, intra_op_threads, parallel_for
 from hetflow.ops.conv import ConvAttrs, channel_col2im, channel_columns, conv_window
@@ -88,7 +91,9 @@ def conv_layout(
 
 
 def conv_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: ConvAttrs) -> np.ndarray:
-    """``Y = W * X + B`` (any rank, group, stride, padding, dilation), X and W C-contiguous, one dtype."""
+    """``Y = W * X + B`` (any rank, group, stride, padding, dilation), X and W C-contiguous, one dtype;
+    ``max(Y, 0)`` when ``attrs.fused`` is a Relu (the only fused activation accepted)."""
+    relu = fused_relu(attrs)
     layout = conv_layout(attrs, x.shape, w.shape, x.itemsize)
     y = np.empty((layout.batch, layout.kernels, layout.positions), x.dtype)
     weights = w.reshape(layout.group, layout.kernels // layout.group, layout.per_group)
@@ -108,12 +113,15 @@ def conv_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: C
             if count == 1:
                 if bias_column is not None:
                     products += bias_column
-                continue
-            spread = products.reshape(layout.kernels, count, layout.positions).transpose(1, 0, 2)
-            if bias_column is None:
-                np.copyto(y[start : start + count], spread)
             else:
-                np.add(spread, bias_column, out=y[start : start + count])
+                spread = products.reshape(layout.kernels, count, layout.positions).transpose(1, 0, 2)
+                if bias_column is None:
+                    np.copyto(y[start : start + count], spread)
+                else:
+                    np.add(spread, bias_column, out=y[start : start + count])
+            if relu:
+                # While the chunk's Y is still in cache: no separate Relu pass over the batch.
+                np.maximum(y[start : start + count], 0, out=y[start : start + count])
 
     _over_images(run, layout)
     return y.reshape(layout.batch, layout.kernels, *layout.geom.out)
@@ -135,11 +143,14 @@ def conv_backward(
     want_x: bool,
     want_w: bool,
     want_b: bool = False,
+    y: np.ndarray | None = None,
 ) -> ConvGrads:
     """dX, dW and dB of ``Y = W * X + B`` from dY, in one pass over the batch.
 
     X, W and dY are C-contiguous and of one dtype. Per chunk: ``dW^T += cols @ dY^T``, ``dB += sum(dY)``
-    (while the chunk's dY is in cache) and ``dcols = W^T @ dY`` scattered back by col2im.
+    (while the chunk's dY is in cache) and ``dcols = W^T @ dY`` scattered back by col2im. ``y``: the
+    output of a fused Relu (C-contiguous, dY's shape); dY is then taken as ``dY * (y > 0)``, chunk by
+    chunk as it is laid out for the GEMMs.
 
     NOTE: the numpy rule computes a stride-1 dX as a correlation of dY with the flipped weights, which
     saves the whole-batch column buffer's strided adds; with the columns in cache and a compiled col2im,
@@ -149,6 +160,7 @@ def conv_backward(
     group, kernels, positions = layout.group, layout.kernels, layout.positions
     per_kernel = kernels // group
     dy_images = dy.reshape(layout.batch, kernels, positions)
+    y_images = None if y is None else y.reshape(layout.batch, kernels, positions)
     weights = w.reshape(group, per_kernel, layout.per_group)
     dx = np.empty(x.shape, x.dtype) if want_x else None
     # Per thread, its dW^T and dB sums over its images (added up at the end).
@@ -162,7 +174,7 @@ def conv_backward(
         dw_sum, db_sum = np.zeros_like(product), np.zeros(kernels, x.dtype)
         for start in range(first, last, layout.images):
             count = min(layout.images, last - start)
-            grads = _chunk_grads(dy_images, start, count, dy_buffer)
+            grads = _chunk_grads(dy_images, y_images, start, count, dy_buffer)
             if want_b:
                 db_sum += grads.sum(axis=1)
             if want_w:
@@ -199,14 +211,34 @@ def _sum_over_threads(parts: list[np.ndarray]) -> np.ndarray:
     return total
 
 
-def _chunk_grads(dy_images: np.ndarray, start: int, count: int, buffer: np.ndarray) -> np.ndarray:
-    """dY of images ``start .. start + count - 1`` as ``[K, count * P]`` (one image's is a view)."""
+def _chunk_grads(
+    dy_images: np.ndarray, y_images: np.ndarray | None, start: int, count: int, buffer: np.ndarray
+) -> np.ndarray:
+    """dY of images ``start .. start + count - 1`` as ``[K, count * P]`` (one image's is a view), masked
+    by ``y_images > 0`` (a fused Relu's output) when given."""
     kernels, positions = dy_images.shape[1:]
+    if y_images is not None:
+        grads = _view(buffer, (kernels, count * positions))
+        relu_masked_chunk(dy_images, y_images, start, count, grads)
+        return grads
     if count == 1:
         return dy_images[start]
     grads = _view(buffer, (kernels, count, positions))
     np.copyto(grads, dy_images[start : start + count].transpose(1, 0, 2))
     return grads.reshape(kernels, count * positions)
+
+
+def fused_relu(attrs: ConvAttrs) -> bool:
+    """Whether ``attrs`` fuse a Relu into the Conv.
+
+    Raises:
+        ValueError: another activation is fused (the training Conv computes only Relu).
+    """
+    if attrs.fused is None:
+        return False
+    if attrs.fused.op_type != "Relu":
+        raise ValueError(f"the training Conv fuses only Relu, not {attrs.fused.op_type}")
+    return True
 
 
 def _grouped_matmul(weights: np.ndarray, cols: np.ndarray, out: np.ndarray, group: int) -> None:

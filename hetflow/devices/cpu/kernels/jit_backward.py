@@ -64,6 +64,26 @@ def relu_backward(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
     return dx
 
 
+def relu_masked_chunk(dy: np.ndarray, y: np.ndarray, first: int, count: int, out: np.ndarray) -> None:
+    """``out [K, count*P] = dY * (Y > 0)`` of images ``first .. first + count - 1``, laid out for the
+    training Conv's GEMMs (``conv_train``): a fused Relu's gradient, taken while the chunk of dY is
+    copied into cache. ``dy`` and ``y`` ``[N, K, P]``, ``out`` C-contiguous, one dtype."""
+    _relu_mask_chunk(dy, y, first, count, out)
+
+
+@numba.njit(nogil=True, cache=True)
+def _relu_mask_chunk(dy, y, first, count, out):  # noqa: ANN001, ANN202
+    kernels, positions = dy.shape[1], dy.shape[2]
+    one, zero = out.dtype.type(1), out.dtype.type(0)
+    for k in range(kernels):
+        for n in range(count):
+            grads, values = dy[first + n, k], y[first + n, k]
+            target = out[k, n * positions : (n + 1) * positions]
+            for p in range(positions):
+                # A product, not a select, as the numpy rule: a NaN or inf in dY stays NaN.
+                target[p] = grads[p] * (one if values[p] > 0 else zero)
+
+
 @numba.njit(nogil=True, cache=True)
 def _relu_grad(x, dy, dx, start, stop):  # noqa: ANN001, ANN202
     one, zero = dx.dtype.type(1), dx.dtype.type(0)
