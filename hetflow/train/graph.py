@@ -16,7 +16,9 @@ import numpy as np
 
 from hetflow.graph import Graph, Value
 from hetflow.ops import registry
+from hetflow.ops.activation import FusedActivation
 from hetflow.ops.attrs import replace
+from hetflow.passes.rewrite import Rewriter
 
 
 @dataclass
@@ -80,6 +82,33 @@ def training_graph(graph: Graph, reads_logits: bool) -> TrainingGraph:
     # NOTE: remove_unused keeps only what the scores depend on; the running-statistic outputs are
     # written by nodes it keeps, so they survive.
     return result
+
+
+def fuse_conv_relu(graph: Graph) -> int:
+    """Fold each Relu that alone reads a Conv's output into that Conv (``fused`` Relu), in place;
+    returns how many were folded.
+
+    The CPU's training Conv applies the Relu while each chunk of Y is in cache and the Relu's mask to
+    each chunk of dY inside its backward pass, so the two separate passes over the activation (and the
+    Conv's own output, kept only for the Relu's backward) go. Conv's backward rules differentiate a
+    fused Relu (``hetflow.ops.conv.Conv.backward``); no other fused activation has one.
+    """
+    rewriter = Rewriter(graph)
+    fused = 0
+    for node in list(graph.nodes):
+        if node.op_type != "Relu" or node.domain not in ("", "ai.onnx") or not node.inputs:
+            continue
+        source = node.inputs[0]
+        producer = rewriter.producers.get(source)
+        if producer is None or producer.op_type != "Conv" or producer.attrs.fused is not None:
+            continue
+        if producer.outputs[:1] != [source] or not rewriter.only_reader_is(source, node):
+            continue
+        producer.attrs = replace(producer.attrs, fused=FusedActivation("Relu"))
+        rewriter.take_over_output(producer, source, node)
+        fused += 1
+    rewriter.finish()
+    return fused
 
 
 def set_dropout_seed(train: TrainingGraph, seed: int) -> None:

@@ -22,7 +22,13 @@ from hetflow.ops.loss import READS_LOGITS, LossResult, get_loss
 from hetflow.train.autograd import Tape, TrainingError
 from hetflow.train.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from hetflow.train.device import training_devices
-from hetflow.train.graph import TrainingGraph, parameter_names, set_dropout_seed, training_graph
+from hetflow.train.graph import (
+    TrainingGraph,
+    fuse_conv_relu,
+    parameter_names,
+    set_dropout_seed,
+    training_graph,
+)
 from hetflow.train.optim import Adam, Optimizer
 
 LossFn = Callable[[np.ndarray, np.ndarray], LossResult]
@@ -102,6 +108,10 @@ class Trainer:
             self._loss = loss
             reads_logits = False
         self._train = training_graph(self.graph, reads_logits)
+        if all(d.kind == "cpu" for d in self.devices.devices):
+            # NOTE: only where the CPU runs every node: its training Conv computes the fused Relu in
+            # place of two passes over the activation; an accelerator's rules do not fuse.
+            fuse_conv_relu(self._train.graph)
         self.optimizer = optimizer or Adam(lr=1e-3)
         self.memory_budget = _parse_budget(memory_budget)
         self._rng = np.random.default_rng(seed)
