@@ -25,8 +25,16 @@ POOL_CASES = [
     (MaxPoolAttrs(kernel_shape=(3, 2), strides=(1, 2), pads=(0, 1, 2, 1), dilations=(2, 1)), (2, 3, 9, 7)),
     (MaxPoolAttrs(kernel_shape=(3, 3), strides=(2, 2), ceil_mode=1), (1, 2, 8, 8)),
     (MaxPoolAttrs(kernel_shape=(3, 3), strides=(1, 1), pads=(2, 2, 2, 2)), (1, 1, 2, 3)),
+    # Windows that tile the plane (stride = window), with padding, ceil mode and uncovered borders.
+    (MaxPoolAttrs(kernel_shape=(3, 2), strides=(3, 2), pads=(1, 0, 2, 1)), (2, 3, 10, 7)),
+    (MaxPoolAttrs(kernel_shape=(2, 2), strides=(2, 2), pads=(1, 1, 0, 0), ceil_mode=1), (1, 2, 6, 7)),
+    (MaxPoolAttrs(kernel_shape=(3, 3), strides=(3, 3)), (1, 2, 11, 10)),
+    (MaxPoolAttrs(kernel_shape=(2, 2), strides=(2, 2), pads=(3, 3, 3, 3)), (1, 1, 2, 3)),
 ]
-POOL_IDS = ["2x2", "2x2-odd", "3x3-pad", "dilated-asym", "ceil", "pad-past-input"]
+POOL_IDS = [
+    "2x2", "2x2-odd", "3x3-pad", "dilated-asym", "ceil", "pad-past-input",
+    "tiled-3x2-pad", "tiled-ceil-pad", "tiled-3x3-uncovered", "tiled-pad-past-input",
+]  # fmt: skip
 
 
 def direct_max_pool_backward(x: np.ndarray, dy: np.ndarray, geom: Geometry) -> np.ndarray:
@@ -91,10 +99,11 @@ def test_max_pool_backward_nan_and_infinite_windows():
     np.testing.assert_allclose(got, direct_max_pool_backward(x, dy, geom), rtol=1e-14, atol=1e-14)
 
 
-def test_max_pool_backward_split_over_threads(monkeypatch):
+@pytest.mark.parametrize("case", [3, 6], ids=["dilated-asym", "tiled-3x2-pad"])
+def test_max_pool_backward_split_over_threads(monkeypatch, case):
     monkeypatch.setattr(threads, "intra_op_threads", lambda: 2)
     monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
-    attrs, shape = POOL_CASES[3]
+    attrs, shape = POOL_CASES[case]
     x, dy, geom = _pool_inputs(attrs, shape, np.float32)
     np.testing.assert_allclose(
         jit_backward.max_pool_backward_2d(x, dy, geom), direct_max_pool_backward(x, dy, geom), rtol=1e-6
