@@ -97,8 +97,15 @@ def _forcing_images(layout_fn, images: int):
     return layout
 
 
+@pytest.fixture(params=["chunk GEMMs", "per-image GEMMs"])
+def forward_gemms(request, monkeypatch):
+    """Whether the forward multiplies a chunk of several images by one GEMM or by one per image."""
+    monkeypatch.setattr(conv_train, "PER_IMAGE_POSITIONS", 1 if request.param == "per-image GEMMs" else 10**9)
+    return request.param
+
+
 @pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), CASES, ids=IDS)
-def test_forward_matches_the_direct_sum(chunking, attrs, x_shape, w_shape):
+def test_forward_matches_the_direct_sum(chunking, forward_gemms, attrs, x_shape, w_shape):
     x, w, b = RNG.standard_normal(x_shape), RNG.standard_normal(w_shape), RNG.standard_normal(w_shape[0])
     y = conv_train.conv_forward(x, w, b, attrs)
     np.testing.assert_allclose(y, direct_conv(x, w, b, attrs), rtol=1e-12, atol=1e-12)
@@ -122,7 +129,7 @@ RELU = FusedActivation("Relu")
 
 
 @pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), CASES, ids=IDS)
-def test_fused_relu_forward_is_the_relu_of_the_direct_sum(chunking, attrs, x_shape, w_shape):
+def test_fused_relu_forward_is_the_relu_of_the_direct_sum(chunking, forward_gemms, attrs, x_shape, w_shape):
     x, w, b = RNG.standard_normal(x_shape), RNG.standard_normal(w_shape), RNG.standard_normal(w_shape[0])
     fused = dataclasses.replace(attrs, fused=RELU)
     expected = np.maximum(direct_conv(x, w, b, attrs), 0)
