@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from hetflow.graph import Node
 from hetflow.graph.shapes import broadcast
+from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import Arrays, Grads, OpDef, TensorInfo, Wanted, reduce_to_shape, wants
 from hetflow.ops.registry import register_op
 
@@ -46,11 +48,26 @@ class BinaryOp(BroadcastOp):
     num_inputs = (2, 2)
 
 
+@dataclass(frozen=True)
+class SumAttrs:
+    """Add's and Sum's attributes: none in ONNX."""
+
+    #: hetflow-internal, not an ONNX attribute: the activation fused into the output (ResNet's residual
+    #: Add followed by Relu).
+    fused: FusedActivation | None = None
+
+
+def _refuse_fused(node: Node) -> None:
+    if getattr(node.attrs, "fused", None) is not None:
+        raise ValueError(f"{node.op_type} '{node.name}' has a fused activation; train the unoptimised graph")
+
+
 @register_op
 class Add(BinaryOp):
     """``A + B`` with broadcasting."""
 
     op_type = "Add"
+    Attrs = SumAttrs
 
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (), ()
@@ -58,6 +75,7 @@ class Add(BinaryOp):
     def backward(
         self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
     ) -> Grads:
+        _refuse_fused(node)
         return _broadcast_grads(inputs, grad_outputs[0], wanted, lambda i, dy: dy)
 
 
@@ -115,6 +133,7 @@ class Sum(VariadicOp):
     """Sum of any number of inputs, with broadcasting."""
 
     op_type = "Sum"
+    Attrs = SumAttrs
 
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
         return (), ()
@@ -122,6 +141,7 @@ class Sum(VariadicOp):
     def backward(
         self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
     ) -> Grads:
+        _refuse_fused(node)
         return _broadcast_grads(inputs, grad_outputs[0], wanted, lambda i, dy: dy)
 
 

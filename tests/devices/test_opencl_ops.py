@@ -85,6 +85,17 @@ def test_batchnorm_with_a_fused_activation(opencl, fused):
     assert_close(got[0], expected[0])
 
 
+@pytest.mark.parametrize("op_type, count", [("Add", 2), ("Sum", 2), ("Sum", 3)])
+@pytest.mark.parametrize(
+    "fused", [FusedActivation("Relu"), FusedActivation("Clip", -0.5, 0.5), FusedActivation("LeakyRelu", 0.1)],
+    ids=lambda f: f.op_type,
+)
+def test_residual_sum_with_a_fused_activation(opencl, op_type, count, fused):
+    inputs = [random(RNG, 2, 3, 4, 5) for _ in range(count)]
+    got, expected = run_both(opencl, make_node(op_type, inputs, fused=fused), inputs)
+    assert_close(got[0], expected[0])
+
+
 def test_batchnorm_training_stays_on_the_cpu(opencl):
     inputs = [random(RNG, 2, 3, 4)] + [random(RNG, 3) for _ in range(4)]
     node = make_node("BatchNormalization", inputs, outputs=3, training_mode=1)

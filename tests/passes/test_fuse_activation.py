@@ -73,6 +73,16 @@ def test_activation_fuses_into_a_batchnorm_no_conv_precedes(spec: tuple):
     assert op_types(graph) == ["BatchNormalization"] and graph.nodes[0].attrs.fused == spec[4]
 
 
+@pytest.mark.parametrize("spec", ACTIVATIONS, ids=IDS)
+@pytest.mark.parametrize("op_type", ["Add", "Sum"])
+def test_activation_fuses_into_the_residual_add(spec: tuple, op_type: str):
+    # ResNet's block end: Relu(Add(branch, shortcut)).
+    inits = {"W": weights(3, 3, 1, 1), **spec[2]}
+    nodes = [node("Conv", ["x", "W"], ["c"]), node(op_type, ["c", "x"], ["s"]), activation(spec, "s", "y")]
+    graph = check_pass(model(nodes, X, Y, inits), fuse_activation)
+    assert op_types(graph) == ["Conv", op_type] and graph.nodes[1].attrs.fused == spec[4]
+
+
 def test_training_mode_batchnorm_is_not_a_fusing_producer():
     nodes = [batchnorm("x", "b", "bn", training_mode=1), node("Relu", ["b"], ["y"])]
     graph = fuse_activation(hetflow.load_model(model(nodes, X, Y, batchnorm_params("bn", 3))))

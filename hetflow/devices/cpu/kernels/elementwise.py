@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetflow.devices.cpu.kernels.buffers import Out, deliver
+from hetflow.devices.cpu.kernels.epilogue import apply_activation
+from hetflow.devices.cpu.kernels.jit_residual import add_activate, compiled
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
 
@@ -28,9 +30,27 @@ def _binary(ufunc: np.ufunc, a: np.ndarray | None, b: np.ndarray | None, out: Ou
 
 @cpu_kernel("Add", writes_out=True, inplace=True)
 def add(node: Node, inputs: Inputs, out: Out = None, workspace: Workspace = None) -> list[np.ndarray]:
-    """Broadcasting ``a + b``; may run in place (the residual Add writes into a dying input)."""
+    """Broadcasting ``a + b``, then the fused activation; may run in place (the residual Add writes into a
+    dying input)."""
     a, b = inputs
-    return [_binary(np.add, a, b, out)]
+    return [_sum_activated(node, a, b, out)]
+
+
+def _sum_activated(node: Node, a: np.ndarray | None, b: np.ndarray | None, out: Out) -> np.ndarray:
+    """``activation(a + b)``: one compiled pass for same-shape float operands with an activation, else
+    numpy's add and the activation after it."""
+    fused = getattr(node.attrs, "fused", None)  # NOTE: nodes built by hand may carry no attrs
+    assert a is not None and b is not None
+    target = out[0] if out is not None else None
+    if fused is not None and a.shape == b.shape:
+        y = target if target is not None and target.shape == a.shape else np.empty(a.shape, a.dtype)
+        if compiled(a, b, y):
+            if not add_activate(a, b, y, fused):
+                apply_activation(y, fused)
+            return y
+    y = _binary(np.add, a, b, out)
+    apply_activation(y, fused)
+    return y
 
 
 @cpu_kernel("Sub", writes_out=True, inplace=True)
@@ -77,8 +97,13 @@ def _reduce_variadic(ufunc: np.ufunc, inputs: Inputs, out: Out) -> list[np.ndarr
 
 @cpu_kernel("Sum", writes_out=True, inplace=True)
 def sum_(node: Node, inputs: Inputs, out: Out = None, workspace: Workspace = None) -> list[np.ndarray]:
-    """Variadic broadcasting sum; may run in place."""
-    return _reduce_variadic(np.add, inputs, out)
+    """Variadic broadcasting sum, then the fused activation; may run in place."""
+    arrays = [x for x in inputs if x is not None]
+    if len(arrays) == 2:
+        return [deliver(out, 0, _sum_activated(node, arrays[0], arrays[1], out))]
+    (y,) = _reduce_variadic(np.add, inputs, out)
+    apply_activation(y, getattr(node.attrs, "fused", None))
+    return [y]
 
 
 @cpu_kernel("Max", writes_out=True, inplace=True)

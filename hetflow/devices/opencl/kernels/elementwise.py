@@ -155,7 +155,20 @@ def register(device: OpenCLDevice) -> None:
             total = run_binary(device, "Add", partial, other)
             if partial is not total and not isinstance(partial, np.ndarray):
                 device.release(partial)  # an intermediate sum, read only by the launch just queued
-        return [total]
+        return [activated(device, node, total)]
+
+
+def activated(device: OpenCLDevice, node: Node, value: Tensor) -> Tensor:
+    """``value`` (a new array the caller owns) with the node's fused activation applied by a second
+    launch (Add's and Sum's), or ``value`` itself when there is none."""
+    fused = getattr(node.attrs, "fused", None)
+    if fused is None:
+        return value
+    # UNARY_OPS read LeakyRelu's slope and Clip's bounds from p0, p1, as FusedActivation holds them.
+    applied = run_unary(device, fused.op_type, value, fused.alpha, fused.beta)
+    if not isinstance(value, np.ndarray):
+        device.release(value)  # the sum, read only by the launch just queued
+    return applied
 
 
 def _binary_kernel(device: OpenCLDevice, op_type: str):  # noqa: ANN202  (a KernelFn)
@@ -163,9 +176,9 @@ def _binary_kernel(device: OpenCLDevice, op_type: str):  # noqa: ANN202  (a Kern
     def kernel(node: Node, inputs: Sequence[Tensor | None]) -> list[Tensor]:
         a, b = inputs
         assert a is not None and b is not None
-        return [run_binary(device, op_type, a, b)]
+        return [activated(device, node, run_binary(device, op_type, a, b))]
 
-    kernel.__doc__ = f"OpenCL {op_type} with numpy broadcasting."
+    kernel.__doc__ = f"OpenCL {op_type} with numpy broadcasting (then Add's fused activation, if any)."
     return kernel
 
 

@@ -1,0 +1,74 @@
+"""The residual Add (or two-input Sum) and its fused activation in one compiled pass.
+
+ResNet's blocks end in ``Relu(Add(branch, shortcut))``: numpy's add and then the activation are two
+passes over the tensor (read two, write one; read one, write one); here each plane is read from both
+inputs and written once. Planes are split over the session's kernel threads; the loop releases the GIL.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from hetflow.devices.cpu.kernels.jit_depthwise import CLIP, LEAKY_RELU, NO_ACTIVATION, RELU, activation_code
+from hetflow.devices.cpu.threads import parallel_planes
+from hetflow.ops.activation import FusedActivation
+
+#: dtypes the compiled pass runs.
+COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def planes_view(array: np.ndarray) -> np.ndarray | None:
+    """``array`` as ``[N, C, P]`` without a copy (``[1, 1, size]`` below rank 3), or None if impossible."""
+    shape = (array.shape[0], array.shape[1], -1) if array.ndim >= 3 else (1, 1, -1)
+    try:
+        return np.reshape(array, shape, copy=False)
+    except ValueError:
+        return None
+
+
+def compiled(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> bool:
+    """Whether ``add_activate`` takes these arrays: one shape (no broadcasting), one compiled dtype, and
+    each viewable as ``[N, C, P]``."""
+    if not (a.shape == b.shape == y.shape and a.dtype == b.dtype == y.dtype and y.dtype in COMPILED_DTYPES):
+        return False
+    return all(planes_view(array) is not None for array in (a, b, y))
+
+
+def add_activate(a: np.ndarray, b: np.ndarray, y: np.ndarray, fused: FusedActivation | None) -> bool:
+    """``y = activation(a + b)`` (``compiled(a, b, y)`` must hold; y may be a or b). Returns whether the
+    activation was applied (Relu, Clip and LeakyRelu are; the caller applies any other)."""
+    code, alpha, beta = activation_code(fused)
+    constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
+    a3, b3, y3 = planes_view(a), planes_view(b), planes_view(y)
+
+    def run(first: int, last: int) -> None:
+        _planes(a3, b3, y3, first, last, code, constants)
+
+    parallel_planes(run, y3.shape[0] * y3.shape[1], y3.shape[2])
+    return code != NO_ACTIVATION or fused is None
+
+
+@numba.njit(nogil=True, cache=True, fastmath=True)
+def _planes(a, b, y, first, last, code, constants):  # noqa: ANN001
+    """Planes ``first .. last - 1`` (plane p = image p // C, channel p % C) of ``[N, C, P]`` arrays."""
+    channels, size = y.shape[1], y.shape[2]
+    alpha, beta, zero = constants[0], constants[1], constants[2]
+    for plane in range(first, last):
+        image, channel = plane // channels, plane % channels
+        if code == RELU:
+            for p in range(size):
+                value = a[image, channel, p] + b[image, channel, p]
+                y[image, channel, p] = zero if value < zero else value
+        elif code == CLIP:
+            for p in range(size):
+                value = a[image, channel, p] + b[image, channel, p]
+                value = alpha if value < alpha else value
+                y[image, channel, p] = beta if value > beta else value
+        elif code == LEAKY_RELU:
+            for p in range(size):
+                value = a[image, channel, p] + b[image, channel, p]
+                y[image, channel, p] = value * alpha if value < zero else value
+        else:
+            for p in range(size):
+                y[image, channel, p] = a[image, channel, p] + b[image, channel, p]
