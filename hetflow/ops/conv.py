@@ -112,20 +112,21 @@ def heuristic_conv_algorithm(spec: WindowSpec, x_shape: Sequence[int], kernels: 
     """The cost model's algorithm when no measurement exists (see ``hetflow.tuning``).
 
     Winograd's transforms are compiled single passes (``jit_winograd``), so it wins wherever its tiles
-    fill the vector loops. Measured with ``hetflow tune`` on the zoo's 3x3 stride-1 layers (2-core
-    AVX-512 reference machine, one thread, batch 1, 2026-11-23): F(4,3) is fastest from 24x24 maps up
-    (1.3-2.3x over im2col at 28x28..224x224, down to 32 output channels); F(2,3) at 13x13 and 14x14 with
-    C, K >= 64 (1.1-1.5x); im2col at 7x7 and below, where a row holds two tiles.
+    fill the vector loops and there are enough input channels to share each transformed tile. Measured
+    with ``hetflow tune`` on the zoo's 3x3 stride-1 layers (2-core AVX-512 reference machine, 2 threads,
+    batch 1 and 16, 2026-11-23): F(4,3) is fastest from 24x24 maps up with C >= 64 (1.1-2.8x over
+    im2col; with C = 16 or 32, SqueezeNet's expand layers, it ties or loses at batch 16); F(2,3) at 12x12
+    to 23x23 with C >= 112 (up to 1.4x; GoogLeNet's C = 96 and SqueezeNet's C = 48, 64 lose by 10-40%);
+    im2col at 7x7 and below, where a row holds two tiles.
     """
     structural = conv_algorithm(spec, int(x_shape[1]), group)
     if structural != IM2COL or winograd_unsupported(spec, group) is not None:
         return structural
     channels, height, width = int(x_shape[1]), int(x_shape[2]), int(x_shape[3])
-    narrow = min(channels, kernels)
     side = min(height, width)
-    if narrow >= 32 and side >= 24:
+    if kernels >= 32 and channels >= 64 and side >= 24:
         return WINOGRAD_F43
-    if narrow >= 64 and side >= 12:
+    if kernels >= 32 and channels >= 112 and side >= 12:
         return WINOGRAD_F23
     return IM2COL
 
