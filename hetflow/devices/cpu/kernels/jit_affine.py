@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hetflow.devices.cpu.kernels.jit_depthwise import CLIP, LEAKY_RELU, NO_ACTIVATION, RELU, activation_code
+from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, NO_ACTIVATION, RELU, activation_code
 from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.activation import FusedActivation
 

@@ -21,19 +21,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, NO_ACTIVATION, RELU, activation_code
 from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout
 from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.activation import FusedActivation
-
-#: Activation codes the compiled loop applies itself; others run afterwards in numpy.
-NO_ACTIVATION, RELU, CLIP, LEAKY_RELU = 0, 1, 2, 3
-_CODES = {"Relu": RELU, "Clip": CLIP, "LeakyRelu": LEAKY_RELU}
-
-def activation_code(fused: FusedActivation | None) -> tuple[int, float, float]:
-    """(code, alpha, beta) for the compiled epilogue; code 0 when it cannot apply ``fused`` itself."""
-    if fused is None or fused.op_type not in _CODES:
-        return NO_ACTIVATION, 0.0, 0.0
-    return _CODES[fused.op_type], float(fused.alpha), float(fused.beta)
 
 
 def depthwise_2d(
@@ -96,7 +87,7 @@ def _planes(x, w, bias, y, first, last, sh, sw, dh, dw, pad_top, pad_left, code,
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _store_rows(acc, span, y, image, kernel, first_row, rows, code, constants):  # noqa: ANN001
-    """``y[image, kernel, first_row + r, :]`` = activation of ``acc[r*span : r*span + OW]`` (see ``_store``)."""
+    """``y[image, kernel, first_row + r, :]`` = activation of ``acc[r*span : r*span + OW]`` (see ``jit_epilogue.store_activated``)."""
     alpha, beta, zero = constants[0], constants[1], constants[2]
     out_w = y.shape[3]
     for index in range(rows):
@@ -118,24 +109,3 @@ def _store_rows(acc, span, y, image, kernel, first_row, rows, code, constants): 
         else:
             for c in range(out_w):
                 y[image, kernel, row, c] = acc[base + c]
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _store(acc, target, code, constants):  # noqa: ANN001
-    """``target = activation(acc)``; comparisons written so that NaN passes through, as in numpy.
-    ``constants`` holds (alpha, beta, 0) in the output's dtype. One loop per activation: a branch on the
-    activation inside the loop keeps the compiler from vectorising it."""
-    alpha, beta, zero = constants[0], constants[1], constants[2]
-    if code == RELU:
-        for c in range(acc.shape[0]):
-            target[c] = zero if acc[c] < zero else acc[c]
-    elif code == CLIP:
-        for c in range(acc.shape[0]):
-            value = acc[c]
-            value = alpha if value < alpha else value
-            target[c] = beta if value > beta else value
-    elif code == LEAKY_RELU:
-        for c in range(acc.shape[0]):
-            target[c] = acc[c] * alpha if acc[c] < zero else acc[c]
-    else:
-        target[:] = acc

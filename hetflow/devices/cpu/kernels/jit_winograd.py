@@ -25,7 +25,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hetflow.devices.cpu.kernels.jit_depthwise import NO_ACTIVATION, _store, activation_code
+from hetflow.devices.cpu.kernels.jit_epilogue import NO_ACTIVATION, activation_code, store_activated
 from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.activation import FusedActivation
 
@@ -170,7 +170,7 @@ def _output_planes(products, at, bias, y, first, last, tiles_h, tiles_w, band, c
                         for r in range(1, a):
                             total += row[r] * columns[r, j, t]
                         lines[i, j, t] = total
-            _store(flat_lines, flat_lines, code, constants)
+            store_activated(flat_lines, flat_lines, code, constants)
             for tile_row in range(band_start, band_start + band_rows):
                 base = np.uint64((tile_row - band_start) * tiles_w)
                 for i in range(m):

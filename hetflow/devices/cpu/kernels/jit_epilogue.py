@@ -1,0 +1,44 @@
+"""The activation epilogue shared by the compiled CPU kernels (``jit_*``): which fused activations a
+compiled loop applies itself, and the store that applies one to a run of values.
+
+Relu, Clip and LeakyRelu are applied inside the loops; Sigmoid and Tanh (transcendental, rare after the
+kernels that fuse them) are left to ``epilogue.apply_activation`` afterwards.
+"""
+
+from __future__ import annotations
+
+import numba
+
+from hetflow.ops.activation import FusedActivation
+
+#: Activation codes the compiled loop applies itself; others run afterwards in numpy.
+NO_ACTIVATION, RELU, CLIP, LEAKY_RELU = 0, 1, 2, 3
+_CODES = {"Relu": RELU, "Clip": CLIP, "LeakyRelu": LEAKY_RELU}
+
+
+def activation_code(fused: FusedActivation | None) -> tuple[int, float, float]:
+    """(code, alpha, beta) for the compiled epilogue; code 0 when it cannot apply ``fused`` itself."""
+    if fused is None or fused.op_type not in _CODES:
+        return NO_ACTIVATION, 0.0, 0.0
+    return _CODES[fused.op_type], float(fused.alpha), float(fused.beta)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def store_activated(acc, target, code, constants):  # noqa: ANN001
+    """``target = activation(acc)``; comparisons written so that NaN passes through, as in numpy.
+    ``constants`` holds (alpha, beta, 0) in the output's dtype. One loop per activation: a branch on the
+    activation inside the loop keeps the compiler from vectorising it."""
+    alpha, beta, zero = constants[0], constants[1], constants[2]
+    if code == RELU:
+        for c in range(acc.shape[0]):
+            target[c] = zero if acc[c] < zero else acc[c]
+    elif code == CLIP:
+        for c in range(acc.shape[0]):
+            value = acc[c]
+            value = alpha if value < alpha else value
+            target[c] = beta if value > beta else value
+    elif code == LEAKY_RELU:
+        for c in range(acc.shape[0]):
+            target[c] = acc[c] * alpha if acc[c] < zero else acc[c]
+    else:
+        target[:] = acc
