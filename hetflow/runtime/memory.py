@@ -10,7 +10,9 @@ Made once per plan with concrete shapes (``InferenceSession.plan_for`` binds the
   that may alias the arena is copied out at the end of a run (``copy_out``);
 * **Concat without copies**: an input of a Concat whose producer writes into ``out`` is placed in its
   slice of the Concat's buffer (a strided view when the batch is > 1 or the axis is not the first
-  non-batch one), so the Concat finds its inputs already in place and copies nothing;
+  non-batch one), so the Concat finds its inputs already in place and copies nothing; a Concat that is
+  itself the input of a Concat along the same axis nests (DenseNet's chain of growing Concats shares
+  the last one's buffer);
 * **in place**: an elementwise kernel that declared ``inplace`` (the residual Add/Sum, activations)
   writes into an input buffer whose last reader it is;
 * workspace: each kernel's scratch (``Kernel.workspace``: im2col columns, Winograd tiles, padding) is a
@@ -185,6 +187,7 @@ class _Planner:
         self.inplace: dict[str, str] = {}
         self.parts: dict[str, tuple[str, tuple[int, int, int]]] = {}  # value -> (Concat output, slice)
         self.concats: set[str] = set()  # Concat outputs holding parts
+        self.concat_axes: dict[str, int] = {}  # Concat output holding parts -> its axis
         self.descendants = _descendants(plan) if order == "parallel" else []
 
     # -- the whole pass ----------------------------------------------------------------------------
@@ -194,8 +197,9 @@ class _Planner:
         for name, step in owned.items():
             if name not in self.parts:
                 self.home[name] = (self._new_buffer(self._nbytes(name), step), None)
-        for name, (concat, part) in self.parts.items():
-            buffer = self.home[concat][0]
+        for name in self.parts:
+            root, part = self._outermost(name)
+            buffer = self.home[root][0]
             self.home[name] = (buffer, part)
             self.buffers[buffer].writes.add(owned[name])
             self.buffers[buffer].accesses.add(owned[name])
@@ -212,7 +216,7 @@ class _Planner:
             if part is None:
                 placements[name] = Placement(offset, _shape(value.shape), value.dtype)
             else:
-                concat = self.graph.values[self.parts[name][0]]
+                concat = self.graph.values[self._outermost(name)[0]]
                 placements[name] = Placement(offset, _shape(concat.shape), value.dtype, part)
         return MemoryPlan(
             arena_bytes=arena_bytes,
@@ -279,18 +283,28 @@ class _Planner:
             start = 0
             for name, size in zip(node.inputs, sizes):
                 assert size is not None
-                # NOTE: a Concat output that holds parts of its own stays whole (no nesting), and a
-                # value read twice by the same Concat can only sit in one of its slices.
+                # NOTE: a value read twice by the same Concat can only sit in one of its slices. A Concat
+                # output that holds parts of its own nests (DenseNet's growing Concats then share the
+                # last one's buffer) when it joins along the same axis, so its parts' slices compose.
                 if (
                     name in owned
                     and name not in self.parts
-                    and name not in self.concats
+                    and (name not in self.concats or self.concat_axes[name] == axis)
                     and node.inputs.count(name) == 1
                     and self.graph.values[name].dtype == out.dtype
                 ):
                     self.parts[name] = (node.outputs[0], (axis, start, start + size))
                     self.concats.add(node.outputs[0])
+                    self.concat_axes[node.outputs[0]] = axis
                 start += size
+
+    def _outermost(self, name: str) -> tuple[str, tuple[int, int, int]]:
+        """The outermost Concat output whose buffer holds part ``name``, and ``name``'s slice of it."""
+        concat, (axis, start, stop) = self.parts[name]
+        while concat in self.parts:  # a nested Concat: shift the slice by the Concat's own offset
+            concat, (_, offset, _) = self.parts[concat]
+            start, stop = start + offset, stop + offset
+        return concat, (axis, start, stop)
 
     # -- lifetimes ---------------------------------------------------------------------------------
     def _record_accesses(self) -> dict[str, set[int]]:

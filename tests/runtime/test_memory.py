@@ -253,6 +253,54 @@ def test_concat_inputs_are_written_into_their_slices(batch):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
+def dense_block_model() -> object:
+    """DenseNet's pattern: each layer reads the running Concat (through a BatchNormalization and a Relu)
+    and its output is concatenated onto it, three times."""
+    rng = np.random.default_rng(4)
+    nodes, weights, features, channels = [], {}, "x", 3
+    for layer in range(3):
+        prefix = f"l{layer}"
+        nodes += [
+            helper.make_node("BatchNormalization", [features, f"{prefix}_s", f"{prefix}_b", f"{prefix}_m",
+                                                    f"{prefix}_v"], [f"{prefix}_bn"], name=f"{prefix}_bn"),
+            helper.make_node("Relu", [f"{prefix}_bn"], [f"{prefix}_r"], name=f"{prefix}_relu"),
+            _conv(f"{prefix}_conv", f"{prefix}_r", f"{prefix}_new", f"{prefix}_w", pads=[1, 1, 1, 1]),
+            helper.make_node("Concat", [features, f"{prefix}_new"], [f"{prefix}_cat"], name=f"{prefix}_cat", axis=1),
+        ]
+        weights.update({
+            f"{prefix}_s": _weights(rng, channels) + 1, f"{prefix}_b": _weights(rng, channels),
+            f"{prefix}_m": _weights(rng, channels), f"{prefix}_v": np.abs(_weights(rng, channels)) + 0.5,
+            f"{prefix}_w": _weights(rng, 2, channels, 3, 3),
+        })  # fmt: skip
+        features, channels = f"{prefix}_cat", channels + 2
+    nodes.append(_conv("head", features, "y", "wh"))
+    weights["wh"] = _weights(rng, 4, channels, 1, 1)
+    return make_model(nodes, [("x", FLOAT, ["N", 3, 6, 5])], [("y", FLOAT, None)], weights)
+
+
+@pytest.mark.parametrize("order", ["sequential", "parallel"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_chain_of_concats_shares_the_last_ones_buffer(batch, order):
+    model = dense_block_model()
+    session = hetflow.InferenceSession(model, execution_mode=order)
+    plan = _bound(session, batch)
+    memory = plan_memory(plan, order=order)
+    # The first two Concats are parts of the next one; every new layer output is a part of its Concat.
+    assert memory.concat_parts["l0_cat"] == "l1_cat" and memory.concat_parts["l1_cat"] == "l2_cat"
+    assert {memory.concat_parts[f"l{i}_new"] for i in range(3)} == {"l0_cat", "l1_cat", "l2_cat"}
+    views = memory.views(memory.new_arena())
+    last = views["l2_cat"]
+    assert np.shares_memory(views["l0_cat"], last[:, :5]) and np.shares_memory(views["l1_new"], last[:, 5:7])
+    assert not np.shares_memory(views["l0_new"], last[:, 5:])  # l0's output sits at channels 3-4
+    if order == "parallel":
+        _assert_parallel_safe(plan, memory)
+    feed = _feed(session, batch)
+    for _ in range(2):  # the second run reuses the arena
+        [got] = session.run(None, feed)
+        [expected] = run_onnxruntime(model, feed)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
 def test_residual_add_runs_in_place():
     model = residual_model()
     session = hetflow.InferenceSession(model, optimize=False)
