@@ -43,6 +43,8 @@ def depthwise_2d(
     was applied too (Relu, Clip and LeakyRelu are; the caller applies any other).
     """
     code, alpha, beta = activation_code(fused)
+    if y.size == 0:
+        return True
     # The epilogue's constants in Y's dtype, so the compiled store never widens to float64.
     constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
     bias = np.zeros(y.shape[1], y.dtype) if bias is None else np.ascontiguousarray(bias, y.dtype)

@@ -40,6 +40,8 @@ def pool_2d(x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | Non
     ``scale`` None: the maximum (padding never wins; NaN propagates, as with np.maximum). Otherwise the
     sum times ``scale`` ``[OH, OW]`` (the reciprocal window counts: an average), padding adding zero.
     """
+    if y.size == 0:
+        return
     rows, cols = geo.axes
     is_max = scale is None
     weights = np.ones((1, 1), x.dtype) if is_max else np.ascontiguousarray(scale, x.dtype)
