@@ -8,6 +8,10 @@ mentee's second layer at batch 128) ran the GEMM at half its in-cache rate. Its 
 columns and products, well inside the Conv's costed im2col workspace, so the step's memory bound
 (``Trainer.scratch_bytes``) still holds.
 
+The training Gemm (``hetflow.devices.cpu.kernels.gemm_train``) splits its product's rows over the
+kernel threads with BLAS at one thread, as its backward rule does: a GEMM left to OpenBLAS's threads
+leaves its workers busy-waiting beside the next layers' split.
+
 ``training_kernel(node)`` returns the function to run instead of the CPU device's kernel, or None.
 """
 
@@ -17,7 +21,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hetflow.devices.cpu.kernels import conv_train
+from hetflow.devices.cpu.kernels import conv_train, gemm_train
+from hetflow.devices.cpu.kernels.gemm import gemm as gemm_kernel
 from hetflow.graph import Node
 
 #: ``fn(node, inputs) -> outputs``, as the CPU device's kernels are called.
@@ -43,9 +48,30 @@ def _conv_supported(node: Node) -> bool:
     return node.attrs.fused is None or node.attrs.fused.op_type == "Relu"
 
 
+def gemm_forward(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """Gemm of 2-D float32 / float64 operands of one dtype by ``gemm_train`` (the product's rows split
+    over the kernel threads); other operands by the CPU device's kernel."""
+    a, b = inputs[0], inputs[1]
+    c = inputs[2] if len(inputs) > 2 else None
+    assert a is not None and b is not None
+    operands = [a, b] if c is None else [a, b, c]
+    if any(o.dtype not in _SPLIT_DTYPES or o.dtype != a.dtype for o in operands) or a.ndim != 2:
+        return gemm_kernel(node, inputs)
+    return [gemm_train.gemm_forward(a, b, c, node.attrs)]
+
+
+#: dtypes the training Gemm splits (others run the CPU device's kernel).
+_SPLIT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _gemm_supported(node: Node) -> bool:
+    return node.attrs.fused is None
+
+
 #: op type -> (constraint, forward function).
 _KERNELS: dict[str, tuple[Callable[[Node], bool], ForwardFn]] = {
     "Conv": (_conv_supported, conv_forward),
+    "Gemm": (_gemm_supported, gemm_forward),
 }
 
 

@@ -12,6 +12,7 @@ from hetflow.ops import registry
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import TensorInfo
 from hetflow.ops.conv import ConvAttrs
+from hetflow.ops.gemm import GemmAttrs
 from hetflow.ops.pool import MaxPoolAttrs
 from hetflow.train.device import training_kernels
 
@@ -90,3 +91,36 @@ def test_conv_rule_with_a_fused_relu_matches_the_numpy_rule(dtype):
     for ours, theirs in zip(got, reference):
         assert ours.dtype == dtype
         np.testing.assert_allclose(ours, theirs, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("wanted", [None, [True, False, True], [False, True, False]])
+def test_gemm_rule_matches_the_numpy_rule(wanted):
+    node = Node("Gemm", "fc", ["a", "b", "c"], ["y"], GemmAttrs(transB=1, alpha=0.5, beta=1.5))
+    a, b, c, dy = (RNG.standard_normal(s) for s in ((6, 5), (4, 5), (4,), (6, 4)))
+    got = _rule(node)(node, [a, b, c], [None], [dy], wanted)
+    reference = registry.get("Gemm").backward(node, [a, b, c], [None], [dy], wanted)
+    for ours, theirs in zip(got, reference):
+        assert (ours is None) == (theirs is None)
+        if theirs is not None:
+            np.testing.assert_allclose(ours, theirs, rtol=1e-13, atol=1e-13)
+
+
+def test_gemm_rule_hands_integers_and_mixed_dtypes_to_the_numpy_rule():
+    node = Node("Gemm", "fc", ["a", "b"], ["y"], GemmAttrs())
+    for a, b in (
+        (np.arange(6, dtype=np.int32).reshape(2, 3), np.arange(12, dtype=np.int32).reshape(3, 4)),
+        (RNG.standard_normal((2, 3)).astype(np.float32), RNG.standard_normal((3, 4))),
+    ):
+        dy = np.ones((2, 4), np.result_type(a, b))
+        got = _rule(node)(node, [a, b], [None], [dy], None)
+        expected = registry.get("Gemm").backward(node, [a, b], [None], [dy], None)
+        for ours, theirs in zip(got, expected):
+            assert ours.dtype == theirs.dtype
+            np.testing.assert_array_equal(ours, theirs)
+
+
+def test_gemm_rule_refuses_fused_activations():
+    node = Node("Gemm", "fc", ["a", "b"], ["y"], GemmAttrs(fused=FusedActivation("Relu")))
+    kernels = training_kernels(get_device("cpu")).backward
+    assert kernels.lookup(node) is None
+    assert "fused Relu" in kernels.reason_unsupported(node)

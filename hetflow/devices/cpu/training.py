@@ -8,6 +8,8 @@ known before the step runs.
 
 * Conv (also with a fused Relu, the training graph's Conv + Relu): ``conv_train.conv_backward``, dW and
   dX a few images at a time with the columns in cache, the Relu's mask applied to each chunk of dY;
+* Gemm (2-D, no fused activation): ``gemm_train.gemm_backward``, its products split over the kernel
+  threads with BLAS at one thread (so OpenBLAS's own workers never busy-wait beside the next layers);
 * MaxPool (2-D): ``jit_backward.max_pool_backward_2d``, one pass per plane;
 * Relu: ``jit_backward.relu_backward``, one pass.
 """
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hetflow.devices.base import Device, InputInfos
-from hetflow.devices.cpu.kernels import conv_train, jit_backward
+from hetflow.devices.cpu.kernels import conv_train, gemm_train, jit_backward
 from hetflow.graph import Node
 from hetflow.ops import registry
 from hetflow.ops.base import Arrays, Grads, Wanted, wants
@@ -37,6 +39,7 @@ def register_training(device: Device, kernels: TrainingKernels) -> None:
     """Register the CPU's backward rules into ``kernels`` (see ``hetflow.train.device``)."""
     table = kernels.backward
     table.register("Conv", algorithm="chunked", supports=_supports_conv)(conv_backward)
+    table.register("Gemm", algorithm="split", supports=_supports_gemm)(gemm_backward)
     table.register("MaxPool", algorithm="compiled", supports=_supports_max_pool)(max_pool_backward)
     table.register("Relu", algorithm="compiled")(relu_backward)
 
@@ -65,6 +68,28 @@ def conv_backward(
         y=None if y is None else np.ascontiguousarray(y),
     )
     return [found.x, found.w, found.b] if len(inputs) > 2 else [found.x, found.w]
+
+
+def gemm_backward(
+    node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
+) -> Grads:
+    """Gemm's gradients by ``gemm_train`` (2-D float32 / float64 operands of one dtype), else by the numpy
+    rule."""
+    a, b = inputs[0], inputs[1]
+    c = inputs[2] if len(inputs) > 2 else None
+    dy = grad_outputs[0]
+    if dy is None or not _computes(a, b, dy) or (c is not None and not _computes(dy, c)):
+        return _numpy_rule(node, inputs, outputs, grad_outputs, wanted)
+    assert a is not None and b is not None
+    found = gemm_train.gemm_backward(
+        a,
+        b,
+        None if c is None else c.shape,
+        dy,
+        node.attrs,
+        (wants(wanted, 0), wants(wanted, 1), wants(wanted, 2)),
+    )
+    return [found.a, found.b, found.c] if len(inputs) > 2 else [found.a, found.b]
 
 
 def max_pool_backward(
@@ -104,6 +129,12 @@ def _supports_conv(node: Node, inputs: InputInfos) -> str | None:
     fused = node.attrs.fused
     if fused is not None and fused.op_type != "Relu":
         return f"a Conv with a fused {fused.op_type} has no backward rule (train the unoptimised graph)"
+    return None
+
+
+def _supports_gemm(node: Node, inputs: InputInfos) -> str | None:
+    if node.attrs.fused is not None:
+        return f"a Gemm with a fused {node.attrs.fused.op_type} has no backward rule (train the unoptimised graph)"
     return None
 
 
