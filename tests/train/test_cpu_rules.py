@@ -33,18 +33,23 @@ def test_cpu_registers_training_rules(op_type):
     _rule(node, [TensorInfo(("N", 3, 8, 8), np.dtype(np.float32))])
 
 
+def _assert_matches_the_numpy_rule(node: Node, inputs: list, dy: np.ndarray, wanted, tolerance: float) -> None:
+    """The CPU rule's gradients equal the op's numpy rule's, the same ones present."""
+    got = _rule(node)(node, inputs, [None], [dy], wanted)
+    reference = registry.get(node.op_type).backward(node, inputs, [None], [dy], wanted)
+    for ours, theirs in zip(got, reference):
+        assert (ours is None) == (theirs is None)
+        if theirs is not None:
+            np.testing.assert_allclose(ours, theirs, rtol=tolerance, atol=tolerance)
+
+
 @pytest.mark.parametrize("wanted", [None, [False, True, True], [True, False, False]])
 def test_conv_rule_matches_the_numpy_rule(wanted):
     attrs = ConvAttrs(group=2, pads=(1, 0, 2, 1), strides=(2, 1), dilations=(1, 2))
     node = Node("Conv", "conv", ["x", "w", "b"], ["y"], attrs)
     x, w, b = RNG.standard_normal((3, 4, 9, 8)), RNG.standard_normal((6, 2, 3, 2)), RNG.standard_normal(6)
     dy = RNG.standard_normal((3, 6, 5, 7))
-    got = _rule(node)(node, [x, w, b], [None], [dy], wanted)
-    reference = registry.get("Conv").backward(node, [x, w, b], [None], [dy], wanted)
-    for ours, theirs in zip(got, reference):
-        assert (ours is None) == (theirs is None)
-        if theirs is not None:
-            np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-12)
+    _assert_matches_the_numpy_rule(node, [x, w, b], dy, wanted, 1e-12)
 
 
 def test_max_pool_rule_matches_the_numpy_rule():
@@ -97,12 +102,7 @@ def test_conv_rule_with_a_fused_relu_matches_the_numpy_rule(dtype):
 def test_gemm_rule_matches_the_numpy_rule(wanted):
     node = Node("Gemm", "fc", ["a", "b", "c"], ["y"], GemmAttrs(transB=1, alpha=0.5, beta=1.5))
     a, b, c, dy = (RNG.standard_normal(s) for s in ((6, 5), (4, 5), (4,), (6, 4)))
-    got = _rule(node)(node, [a, b, c], [None], [dy], wanted)
-    reference = registry.get("Gemm").backward(node, [a, b, c], [None], [dy], wanted)
-    for ours, theirs in zip(got, reference):
-        assert (ours is None) == (theirs is None)
-        if theirs is not None:
-            np.testing.assert_allclose(ours, theirs, rtol=1e-13, atol=1e-13)
+    _assert_matches_the_numpy_rule(node, [a, b, c], dy, wanted, 1e-13)
 
 
 def test_gemm_rule_hands_integers_and_mixed_dtypes_to_the_numpy_rule():
