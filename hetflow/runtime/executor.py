@@ -38,7 +38,7 @@ from typing import Literal
 import numpy as np
 
 from hetflow.devices.base import Device
-from hetflow.devices.cpu.threads import BLAS, available_cores
+from hetflow.devices.cpu.threads import available_cores, blas_threads, own_threads
 from hetflow.devices.opencl import DeviceArray
 from hetflow.errors import HetflowError
 from hetflow.graph import Node
@@ -102,17 +102,22 @@ def execute(
     wanted = tuple(plan.graph.outputs) if outputs is None else tuple(outputs)
     program = compiled(plan, wanted)
     count = available_cores() if threads is None else threads
-    previous = BLAS.hold(count)
-    try:
+    # A batch: hetflow splits the GEMMs over the images itself, with BLAS at one thread, so that
+    # OpenBLAS's spinning workers never take the cores the compiled kernels' splits need.
+    with own_threads(count) if count > 1 and _batched(feeds) else blas_threads(count):
         if observer is not None:
             env = program.run_observed(feeds, observer)
         elif mode == "parallel" and count > 1 and program.branches:
             env = program.run_parallel(feeds, count)
         else:
             env = program.run(feeds)
-    finally:
-        BLAS.restore(previous)
     return {name: env[slot] for name, slot in zip(wanted, program.output_slots)}
+
+
+def _batched(feeds: Mapping[str, np.ndarray]) -> bool:
+    """Whether the run's first input holds more than one example (its leading dimension)."""
+    first = next(iter(feeds.values()), None)
+    return first is not None and getattr(first, "ndim", 0) > 0 and first.shape[0] > 1
 
 
 def memory_plan(plan: Plan, outputs: Sequence[str] | None = None, order: Order = "sequential") -> MemoryPlan | None:

@@ -34,19 +34,25 @@ def blas_at_two():
 
 @pytest.mark.parametrize("mode", ["sequential", "parallel"])
 @pytest.mark.parametrize("threads", [1, 3])
-def test_threads_set_the_blas_pool_during_run_and_restore_it(blas_at_two, threads, mode):
+@pytest.mark.parametrize("batch", [1, 2])
+def test_threads_set_the_blas_pool_during_run_and_restore_it(blas_at_two, threads, mode, batch):
     session = hetflow.InferenceSession(add_relu_model(), threads=threads, execution_mode=mode)
     seen: list[tuple[int, int]] = []
-    session.run(None, {"x": np.ones((2, 3), np.float32)},
+    session.run(None, {"x": np.ones((batch, 3), np.float32)},
                 observer=lambda step, seconds: seen.append((_blas_threads_now(), intra_op_threads())))
-    assert seen == [(threads, threads)] * len(session.plan.steps)
+    # A batch on several threads: BLAS at one thread, hetflow splitting the work over the session's.
+    blas = 1 if batch > 1 and threads > 1 else threads
+    assert seen == [(blas, threads)] * len(session.plan.steps)
     assert _blas_threads_now() == 2
 
 
 def test_default_is_every_available_core(blas_at_two):
     session = hetflow.InferenceSession(add_relu_model())
     seen: list[int] = []
-    session.run(None, {"x": np.ones((2, 3), np.float32)}, observer=lambda step, seconds: seen.append(BLAS.get()))
+    session.run(None, {"x": np.ones((1, 3), np.float32)}, observer=lambda step, seconds: seen.append(BLAS.get()))
+    assert set(seen) == {available_cores()}
+    seen.clear()
+    session.run(None, {"x": np.ones((2, 3), np.float32)}, observer=lambda step, seconds: seen.append(intra_op_threads()))
     assert set(seen) == {available_cores()}
 
 
@@ -101,3 +107,35 @@ def test_nested_parallel_for_from_pool_threads_does_not_deadlock():
 
     parallel_for(outer, 8, threads=4)
     np.testing.assert_array_equal(totals, np.arange(8))
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape"),
+    [((6, 40), (3, 40, 900)),  # pointwise: W @ X[n] per image
+     ((5, 6, 40), (5, 40, 900)),  # Winograd: U[e] @ V[e] per tile element
+     ((2, 3, 40), (3, 2, 40, 900)),  # grouped: W[g] @ X[n, g] per image
+     ((70, 300), (300, 120))],  # a single GEMM: split by rows
+    ids=["stacked-x", "stacked-both", "grouped", "rows"],
+)  # fmt: skip
+def test_split_matmul_equals_one_matmul(a_shape, b_shape, monkeypatch):
+    from hetflow.devices.cpu import threads
+
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    expected = np.matmul(a, b)
+    monkeypatch.setattr(threads, "MIN_MACS_PER_SPLIT", 1)
+    with threads.own_threads(2):
+        assert intra_op_threads() == 2 and _blas_threads_now() == 1
+        out = np.full(expected.shape, np.nan)
+        got = threads.split_matmul(a, b, out=out)
+    assert got is out
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_batch_on_two_threads_equals_one_thread():
+    session_one = hetflow.InferenceSession("zoo:squeezenet", threads=1)
+    session_two = hetflow.InferenceSession("zoo:squeezenet", threads=2)
+    x = np.random.default_rng(6).standard_normal((3, 3, 224, 224)).astype(np.float32)
+    name = session_one.get_inputs()[0].name
+    [one], [two] = session_one.run(None, {name: x}), session_two.run(None, {name: x})
+    np.testing.assert_allclose(two, one, rtol=1e-5, atol=1e-6)

@@ -2,9 +2,12 @@
 their own work (numpy's ufuncs are single-threaded but release the GIL on large arrays).
 
 A session's thread count is the BLAS pool size while it runs; kernels that split work read the same
-number back (``intra_op_threads``), so ``threads=1`` makes a whole run single-threaded.
+number back (``intra_op_threads``), so ``threads=1`` makes a whole run single-threaded. A run over a
+batch instead holds BLAS at one thread and splits its GEMMs over the images itself (``own_threads``,
+``split_matmul``): OpenBLAS's idle workers spin for ~0.1 s after each call, on the cores hetflow's own
+splits need next.
 
-NOTE: the BLAS pool size is process-wide state. Two sessions asking for different counts at the same time
+NOTE: the BLAS pool size (and ``own_threads``' count) is process-wide state. Two sessions asking for different counts at the same time
 from two threads get correct results, but each may run with the other's count while they overlap.
 """
 
@@ -16,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 from threadpoolctl import ThreadpoolController
 
 
@@ -72,9 +76,83 @@ class BlasThreads:
 BLAS = BlasThreads()
 
 
+#: Set while a run splits its GEMMs itself (``own_threads``): the run's thread count; BLAS is at one.
+_own_threads: int | None = None
+
+
 def intra_op_threads() -> int:
-    """How many threads a kernel may split its own work over: the session's count, as BLAS holds it."""
-    return BLAS.get() or 1
+    """How many threads a kernel may split its own work over: the session's count (as BLAS holds it,
+    or as ``own_threads`` set it)."""
+    return _own_threads or BLAS.get() or 1
+
+
+class own_threads:  # noqa: N801  (used as a context manager, like threadpoolctl's)
+    """While active: BLAS at one thread and ``split_matmul`` splitting products over ``count`` threads.
+
+    OpenBLAS's worker threads spin for about 0.1 s after each multi-threaded call, on the cores that
+    hetflow's own splits (the compiled kernels' planes) need next; with BLAS at one thread they never
+    wake. Measured at batch 16, 2 threads, one process, A/B: googlenet 903 -> 705 ms, shufflenet 274 ->
+    199, mobilenetv2 418 -> 341, resnet50 1697 -> 1556. At batch 1 the single GEMMs are better left to
+    OpenBLAS (resnet50 136 -> 186 ms split by rows), so the executor uses this for batches only.
+    """
+
+    def __init__(self, count: int):
+        self.count = count
+        self.previous: int | None = None
+
+    def __enter__(self) -> own_threads:
+        global _own_threads
+        self.previous = BLAS.hold(1)
+        _own_threads = self.count
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _own_threads
+        _own_threads = None
+        BLAS.restore(self.previous)
+
+
+class blas_threads:  # noqa: N801  (a context manager)
+    """While active: BLAS at ``count`` threads (the previous count restored on exit)."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.previous: int | None = None
+
+    def __enter__(self) -> blas_threads:
+        self.previous = BLAS.hold(self.count)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        BLAS.restore(self.previous)
+
+
+#: Below this many multiply-adds a product is not worth a thread hand-off (~20 us).
+MIN_MACS_PER_SPLIT = 2_000_000
+
+
+def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``np.matmul(a, b, out=out)``, with the product split over the run's threads when ``own_threads``
+    is active: along the stacked leading axis of ``out`` (images, Winograd's tile elements) when it has
+    one, else along ``out``'s rows."""
+    threads = _own_threads or 1
+    macs = a.shape[-1] * out.size
+    if threads <= 1 or macs < MIN_MACS_PER_SPLIT:
+        return np.matmul(a, b, out=out)
+    stacked = out.ndim >= 3 and out.shape[0] > 1
+    length = out.shape[0] if stacked else out.shape[-2]
+    threads = min(threads, length)
+    bounds = [length * part // threads for part in range(threads + 1)]
+
+    def part(index: int) -> None:
+        rows = slice(bounds[index], bounds[index + 1])
+        if stacked:
+            np.matmul(a[rows] if a.ndim == out.ndim else a, b[rows] if b.ndim == out.ndim else b, out=out[rows])
+        else:
+            np.matmul(a[..., rows, :], b, out=out[..., rows, :])
+
+    parallel_for(part, threads, threads)
+    return out
 
 
 _pool: ThreadPoolExecutor | None = None

@@ -38,6 +38,7 @@ from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, scratch_b
 from hetflow.devices.cpu.kernels.epilogue import apply_activation, finish_channels
 from hetflow.devices.cpu.kernels.jit_depthwise import depthwise_2d
 from hetflow.devices.cpu.table import cpu_kernel
+from hetflow.devices.cpu.threads import split_matmul
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import TensorInfo
@@ -248,11 +249,11 @@ def pointwise(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, sc
     positions = math.prod(spatial)
     y = target_y(y, (batch, kernels, *spatial), x.dtype)
     if group == 1:
-        np.matmul(w.reshape(kernels, channels), x.reshape(batch, channels, positions),
-                  out=as_view(y, (batch, kernels, positions)))
+        split_matmul(w.reshape(kernels, channels), x.reshape(batch, channels, positions),
+                     out=as_view(y, (batch, kernels, positions)))
     else:
         weights = w.reshape(group, kernels // group, channels // group)
-        np.matmul(weights, x.reshape(batch, group, channels // group, positions),
+        split_matmul(weights, x.reshape(batch, group, channels // group, positions),
                   out=as_view(y, (batch, group, kernels // group, positions)))
     return y
 
@@ -336,9 +337,9 @@ def _per_image_gemm(
     columns = scratch.take((count, channels * math.prod(geo.kernel), positions), x.dtype)
     np.copyto(columns.reshape(windows.shape), windows)
     if group == 1:
-        np.matmul(weights, columns, out=as_view(y, (count, kernels, positions)))
+        split_matmul(weights, columns, out=as_view(y, (count, kernels, positions)))
     else:
-        np.matmul(
+        split_matmul(
             weights,
             columns.reshape(count, group, weights.shape[-1], positions),
             out=as_view(y, (count, group, kernels // group, positions)),
@@ -353,7 +354,7 @@ def _whole_chunk_gemm(geo: Geometry, x: np.ndarray, weights: np.ndarray, y: np.n
     columns = scratch.take((channels, math.prod(geo.kernel), count, *geo.out), x.dtype)
     channel_columns(x, geo, out=columns, padded=padded)
     products = scratch.take((kernels, count * positions), x.dtype)
-    np.matmul(weights, columns.reshape(weights.shape[1], count * positions), out=products)
+    split_matmul(weights, columns.reshape(weights.shape[1], count * positions), out=products)
     np.copyto(y, products.reshape(kernels, count, positions).transpose(1, 0, 2))
 
 

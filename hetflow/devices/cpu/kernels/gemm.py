@@ -9,6 +9,7 @@ import numpy as np
 from hetflow.devices.cpu.kernels.buffers import Out, deliver, output
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.table import cpu_kernel
+from hetflow.devices.cpu.threads import split_matmul
 from hetflow.graph import Node
 
 
@@ -29,7 +30,7 @@ def gemm(
     a = a.T if attrs.transA else a
     b = b.T if attrs.transB else b
     y = output(out, 0, (a.shape[0], b.shape[1]), np.result_type(a, b))
-    np.matmul(a, b, out=y)
+    split_matmul(a, b, out=y)
     if attrs.alpha != 1:
         y = _scaled(y, attrs.alpha, out=y)
     if c is not None and attrs.beta != 0:

@@ -41,6 +41,7 @@ from hetflow.devices.cpu.kernels.jit_winograd import (
     input_transform,
     output_transform,
 )
+from hetflow.devices.cpu.threads import split_matmul
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.conv import WINOGRAD_F23, WINOGRAD_F43, WINOGRAD_TILE, conv_window, winograd_unsupported
@@ -230,7 +231,7 @@ def winograd(
     v = scratch.region(first_bytes).take((alpha * alpha, channels, count), x.dtype)
     input_transform(x, bt, m, (rows.pad_begin, cols.pad_begin), tiles, v)
     products = scratch.region(second_bytes).take((alpha * alpha, kernels, count), x.dtype)
-    np.matmul(TRANSFORMED_WEIGHTS.get(w, m), v, out=products)
+    split_matmul(TRANSFORMED_WEIGHTS.get(w, m), v, out=products)
     y = target_y(y, (batch, kernels, rows.out, cols.out), x.dtype)
     activated = output_transform(products, at, bias, y, tiles, fused)
     return y, activated
