@@ -28,6 +28,7 @@ device's pool after the last step that reads it or any view of it.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -102,9 +103,11 @@ def execute(
     wanted = tuple(plan.graph.outputs) if outputs is None else tuple(outputs)
     program = compiled(plan, wanted)
     count = available_cores() if threads is None else threads
-    # A batch: hetflow splits the GEMMs over the images itself, with BLAS at one thread, so that
-    # OpenBLAS's spinning workers never take the cores the compiled kernels' splits need.
-    with own_threads(count) if count > 1 and _batched(feeds) else blas_threads(count):
+    # A batch of a convolutional network: hetflow splits the GEMMs over the images itself, with BLAS at
+    # one thread, so that OpenBLAS's spinning workers never take the cores the compiled kernels' splits
+    # need (see OWN_THREADS_MIN_CONV_MACS).
+    own = count > 1 and program.conv_macs >= OWN_THREADS_MIN_CONV_MACS and _batched(feeds)
+    with own_threads(count) if own else blas_threads(count):
         if observer is not None:
             env = program.run_observed(feeds, observer)
         elif mode == "parallel" and count > 1 and program.branches:
@@ -112,6 +115,29 @@ def execute(
         else:
             env = program.run(feeds)
     return {name: env[slot] for name, slot in zip(wanted, program.output_slots)}
+
+
+#: Convolution multiply-adds per run from which a batch runs on hetflow's own threads (``own_threads``).
+#: Measured at batch 16, 2 threads (``benchmarks/compare.py``): the convolutional zoo models from
+#: shufflenet's 2 GMAC up gain 8-28%; lenet, cifar10-quick and mentee (under 0.5 GMAC, many small
+#: products) lost up to 2.4x, and lstm-gesture (no Conv, per-step GEMMs) lost 1.3x.
+OWN_THREADS_MIN_CONV_MACS = 1_000_000_000
+
+
+def _conv_macs(plan: Plan) -> int:
+    """Multiply-adds of the plan's Conv nodes whose shapes are concrete (0 when none are)."""
+    total = 0
+    values = plan.graph.values
+    for step in plan.steps:
+        node = step.node
+        if node.op_type != "Conv" or len(node.inputs) < 2:
+            continue
+        weights, output = values.get(node.inputs[1]), values.get(node.outputs[0])
+        shapes = (weights.shape if weights else None, output.shape if output else None)
+        if any(shape is None or not all(isinstance(d, int) for d in shape) for shape in shapes):
+            continue
+        total += math.prod(shapes[1]) * math.prod(shapes[0][1:])  # each output sums C/group * taps terms
+    return total
 
 
 def _batched(feeds: Mapping[str, np.ndarray]) -> bool:
@@ -171,6 +197,7 @@ class Program:
         self.waiting = tuple(_producer_counts(self.ops))
         self.roots = tuple(i for i, count in enumerate(self.waiting) if count == 0)
         self.branches = _has_branches(self.ops, self.waiting)
+        self.conv_macs = _conv_macs(plan)
         self._plan = plan
         self._wanted = tuple(wanted)
         self._memory: dict[Order, MemoryPlan | None] = {"sequential": self._plan_memory("sequential")}

@@ -35,7 +35,10 @@ def blas_at_two():
 @pytest.mark.parametrize("mode", ["sequential", "parallel"])
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_threads_set_the_blas_pool_during_run_and_restore_it(blas_at_two, threads, mode, batch):
+def test_threads_set_the_blas_pool_during_run_and_restore_it(blas_at_two, threads, mode, batch, monkeypatch):
+    from hetflow.runtime import executor
+
+    monkeypatch.setattr(executor, "OWN_THREADS_MIN_CONV_MACS", 0)  # this tiny network counts as large
     session = hetflow.InferenceSession(add_relu_model(), threads=threads, execution_mode=mode)
     seen: list[tuple[int, int]] = []
     session.run(None, {"x": np.ones((batch, 3), np.float32)},
@@ -46,7 +49,18 @@ def test_threads_set_the_blas_pool_during_run_and_restore_it(blas_at_two, thread
     assert _blas_threads_now() == 2
 
 
-def test_default_is_every_available_core(blas_at_two):
+def test_a_batch_of_a_small_network_keeps_blas_threads(blas_at_two):
+    session = hetflow.InferenceSession(add_relu_model(), threads=3)
+    seen: list[tuple[int, int]] = []
+    session.run(None, {"x": np.ones((4, 3), np.float32)},
+                observer=lambda step, seconds: seen.append((_blas_threads_now(), intra_op_threads())))
+    assert set(seen) == {(3, 3)}
+
+
+def test_default_is_every_available_core(blas_at_two, monkeypatch):
+    from hetflow.runtime import executor
+
+    monkeypatch.setattr(executor, "OWN_THREADS_MIN_CONV_MACS", 0)
     session = hetflow.InferenceSession(add_relu_model())
     seen: list[int] = []
     session.run(None, {"x": np.ones((1, 3), np.float32)}, observer=lambda step, seconds: seen.append(BLAS.get()))
@@ -114,8 +128,8 @@ def test_nested_parallel_for_from_pool_threads_does_not_deadlock():
     [((6, 40), (3, 40, 900)),  # pointwise: W @ X[n] per image
      ((5, 6, 40), (5, 40, 900)),  # Winograd: U[e] @ V[e] per tile element
      ((2, 3, 40), (3, 2, 40, 900)),  # grouped: W[g] @ X[n, g] per image
-     ((70, 300), (300, 120))],  # a single GEMM: split by rows
-    ids=["stacked-x", "stacked-both", "grouped", "rows"],
+     ((16, 300), (300, 120))],  # a single GEMM (an FC layer): split by columns
+    ids=["stacked-x", "stacked-both", "grouped", "columns"],
 )  # fmt: skip
 def test_split_matmul_equals_one_matmul(a_shape, b_shape, monkeypatch):
     from hetflow.devices.cpu import threads

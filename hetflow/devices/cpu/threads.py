@@ -93,7 +93,8 @@ class own_threads:  # noqa: N801  (used as a context manager, like threadpoolctl
     hetflow's own splits (the compiled kernels' planes) need next; with BLAS at one thread they never
     wake. Measured at batch 16, 2 threads, one process, A/B: googlenet 903 -> 705 ms, shufflenet 274 ->
     199, mobilenetv2 418 -> 341, resnet50 1697 -> 1556. At batch 1 the single GEMMs are better left to
-    OpenBLAS (resnet50 136 -> 186 ms split by rows), so the executor uses this for batches only.
+    OpenBLAS (resnet50 136 -> 186 ms split by rows), and small networks lose to the hand-offs, so the
+    executor uses this for batches of convolutional networks only (``OWN_THREADS_MIN_CONV_MACS``).
     """
 
     def __init__(self, count: int):
@@ -132,24 +133,25 @@ MIN_MACS_PER_SPLIT = 2_000_000
 
 
 def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``np.matmul(a, b, out=out)``, with the product split over the run's threads when ``own_threads``
-    is active: along the stacked leading axis of ``out`` (images, Winograd's tile elements) when it has
-    one, else along ``out``'s rows."""
+    """``np.matmul(a, b, out=out)``; while ``own_threads`` is active, split over the run's threads: a
+    stacked product (images, Winograd's tile elements) along ``out``'s leading axis, a single one (a
+    fully connected layer, a whole-chunk im2col GEMM) along ``out``'s columns (row halves of a 16-row
+    product measured slower: AlexNet's FC layers). Each part is one single-threaded BLAS call, so the
+    result does not depend on which thread runs which part."""
     threads = _own_threads or 1
-    macs = a.shape[-1] * out.size
-    if threads <= 1 or macs < MIN_MACS_PER_SPLIT:
+    if threads <= 1 or a.shape[-1] * out.size < MIN_MACS_PER_SPLIT:
         return np.matmul(a, b, out=out)
     stacked = out.ndim >= 3 and out.shape[0] > 1
-    length = out.shape[0] if stacked else out.shape[-2]
+    length = out.shape[0] if stacked else out.shape[-1]
     threads = min(threads, length)
     bounds = [length * part // threads for part in range(threads + 1)]
 
     def part(index: int) -> None:
-        rows = slice(bounds[index], bounds[index + 1])
+        span = slice(bounds[index], bounds[index + 1])
         if stacked:
-            np.matmul(a[rows] if a.ndim == out.ndim else a, b[rows] if b.ndim == out.ndim else b, out=out[rows])
+            np.matmul(a[span] if a.ndim == out.ndim else a, b[span] if b.ndim == out.ndim else b, out=out[span])
         else:
-            np.matmul(a[..., rows, :], b, out=out[..., rows, :])
+            np.matmul(a, b[..., span], out=out[..., span])
 
     parallel_for(part, threads, threads)
     return out
