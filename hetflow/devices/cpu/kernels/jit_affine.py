@@ -11,7 +11,14 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, NO_ACTIVATION, RELU, activation_code
+from hetflow.devices.cpu.kernels.jit_epilogue import (
+    CLIP,
+    LEAKY_RELU,
+    NO_ACTIVATION,
+    RELU,
+    activation_code,
+    planes_view,
+)
 from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.activation import FusedActivation
 
@@ -30,8 +37,8 @@ def channel_affine(
     """
     code, alpha, beta = activation_code(fused)
     constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
-    planes = np.reshape(x, (x.shape[0], x.shape[1], -1), copy=False)
-    targets = np.reshape(y, planes.shape, copy=False)  # a view, so the writes land in y
+    planes, targets = planes_view(x), planes_view(y)
+    assert planes is not None and targets is not None
     factor = np.ascontiguousarray(factor, y.dtype)
     shift = np.ascontiguousarray(shift, y.dtype)
 

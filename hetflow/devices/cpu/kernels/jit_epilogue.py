@@ -8,12 +8,23 @@ kernels that fuse them) are left to ``epilogue.apply_activation`` afterwards.
 from __future__ import annotations
 
 import numba
+import numpy as np
 
 from hetflow.ops.activation import FusedActivation
 
 #: Activation codes the compiled loop applies itself; others run afterwards in numpy.
 NO_ACTIVATION, RELU, CLIP, LEAKY_RELU = 0, 1, 2, 3
 _CODES = {"Relu": RELU, "Clip": CLIP, "LeakyRelu": LEAKY_RELU}
+
+
+def planes_view(array: np.ndarray) -> np.ndarray | None:
+    """``array`` as ``[N, C, P]`` without a copy (``[1, 1, size]`` below rank 3), or None if impossible
+    (the compiled per-plane loops write through it, so a copy would lose their writes)."""
+    shape = (array.shape[0], array.shape[1], -1) if array.ndim >= 3 else (1, 1, -1)
+    try:
+        return np.reshape(array, shape, copy=False)
+    except ValueError:
+        return None
 
 
 def activation_code(fused: FusedActivation | None) -> tuple[int, float, float]:

@@ -10,21 +10,19 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, NO_ACTIVATION, RELU, activation_code
+from hetflow.devices.cpu.kernels.jit_epilogue import (
+    CLIP,
+    LEAKY_RELU,
+    NO_ACTIVATION,
+    RELU,
+    activation_code,
+    planes_view,
+)
 from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.activation import FusedActivation
 
 #: dtypes the compiled pass runs.
 COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def planes_view(array: np.ndarray) -> np.ndarray | None:
-    """``array`` as ``[N, C, P]`` without a copy (``[1, 1, size]`` below rank 3), or None if impossible."""
-    shape = (array.shape[0], array.shape[1], -1) if array.ndim >= 3 else (1, 1, -1)
-    try:
-        return np.reshape(array, shape, copy=False)
-    except ValueError:
-        return None
 
 
 def compiled(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> bool:

@@ -15,6 +15,7 @@ import numpy as np
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, aligned, deliver, output
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.kernels.jit_affine import COMPILED_DTYPES, channel_affine
+from hetflow.devices.cpu.kernels.jit_epilogue import planes_view
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.devices.cpu.threads import available_cores, parallel_for
 from hetflow.graph import Node
@@ -216,12 +217,4 @@ def _compiled(x: np.ndarray, y: np.ndarray, spatial: int) -> bool:
     dtype it compiles, and X and Y each viewable as ``[N, C, P]`` (a Concat slice is, per image)."""
     if not spatial or x.ndim < 3 or x.dtype not in COMPILED_DTYPES:
         return False
-    return _planes_view(x) and _planes_view(y)
-
-
-def _planes_view(a: np.ndarray) -> bool:
-    try:
-        np.reshape(a, (a.shape[0], a.shape[1], -1), copy=False)
-    except ValueError:
-        return False
-    return True
+    return planes_view(x) is not None and planes_view(y) is not None
