@@ -108,11 +108,8 @@ def replay(
 def threads_held(count: int | None) -> Iterator[int]:
     """Run the body with the BLAS pool (and the kernels that split their own work) at ``count`` threads,
     as ``session.run`` does; None means every core. Yields the count in force."""
-    from hetflow.devices.cpu.threads import BLAS, available_cores
+    from hetflow.devices.cpu.threads import available_cores, blas_threads
 
     wanted = available_cores() if count is None else count
-    previous = BLAS.hold(wanted)
-    try:
+    with blas_threads(wanted):
         yield wanted
-    finally:
-        BLAS.restore(previous)

@@ -9,6 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
+from hetflow.devices.cpu import threads
 from hetflow.devices.cpu.kernels import conv_train, jit_columns
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
@@ -217,7 +218,7 @@ def test_two_threads_split_the_batch_and_sum_dw(monkeypatch):
     monkeypatch.setattr(conv_train, "CHUNK_BYTES", 1)
     monkeypatch.setattr(conv_train, "intra_op_threads", lambda: 2)
     held: list[int] = []
-    monkeypatch.setattr(conv_train.BLAS, "hold", lambda count: held.append(count))
+    monkeypatch.setattr(threads.BLAS, "hold", lambda count: held.append(count))
     attrs, x_shape, w_shape = CASES[3]
     x, w = RNG.standard_normal(x_shape), RNG.standard_normal(w_shape)
     dy = RNG.standard_normal(direct_conv(x, w, None, attrs).shape)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from hetflow.devices.cpu.kernels import gemm_train
+from hetflow.devices.cpu.threads import BLAS
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.gemm import Gemm, GemmAttrs
@@ -62,8 +63,8 @@ def test_split_matmul_is_the_product(threads, rows, depth, columns, transposed):
 
 def test_split_matmul_holds_blas_at_one_thread(monkeypatch):
     held: list[int] = []
-    monkeypatch.setattr(gemm_train.BLAS, "hold", lambda count: held.append(count))
-    monkeypatch.setattr(gemm_train.BLAS, "restore", lambda previous: None)
+    monkeypatch.setattr(BLAS, "hold", lambda count: held.append(count))
+    monkeypatch.setattr(BLAS, "restore", lambda previous: None)
     a, b = RNG.standard_normal((4, 3)), RNG.standard_normal((3, 2))
     gemm_train.split_matmul(a, b)
     assert held == [1]

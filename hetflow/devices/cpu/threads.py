@@ -7,8 +7,9 @@ batch instead holds BLAS at one thread and splits its GEMMs over the images itse
 ``split_matmul``): OpenBLAS's idle workers spin for ~0.1 s after each call, on the cores hetflow's own
 splits need next.
 
-NOTE: the BLAS pool size (and ``own_threads``' count) is process-wide state. Two sessions asking for different counts at the same time
-from two threads get correct results, but each may run with the other's count while they overlap.
+NOTE: the BLAS pool size (and ``own_threads``' count) is process-wide state. Two sessions asking for
+different counts at the same time from two threads get correct results, but each may run with the
+other's count while they overlap.
 """
 
 from __future__ import annotations
@@ -86,34 +87,7 @@ def intra_op_threads() -> int:
     return _own_threads or BLAS.get() or 1
 
 
-class own_threads:  # noqa: N801  (used as a context manager, like threadpoolctl's)
-    """While active: BLAS at one thread and ``split_matmul`` splitting products over ``count`` threads.
-
-    OpenBLAS's worker threads spin for about 0.1 s after each multi-threaded call, on the cores that
-    hetflow's own splits (the compiled kernels' planes) need next; with BLAS at one thread they never
-    wake. Measured at batch 16, 2 threads, one process, A/B: googlenet 903 -> 705 ms, shufflenet 274 ->
-    199, mobilenetv2 418 -> 341, resnet50 1697 -> 1556. At batch 1 the single GEMMs are better left to
-    OpenBLAS (resnet50 136 -> 186 ms split by rows), and small networks lose to the hand-offs, so the
-    executor uses this for batches of convolutional networks only (``OWN_THREADS_MIN_CONV_MACS``).
-    """
-
-    def __init__(self, count: int):
-        self.count = count
-        self.previous: int | None = None
-
-    def __enter__(self) -> own_threads:
-        global _own_threads
-        self.previous = BLAS.hold(1)
-        _own_threads = self.count
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        global _own_threads
-        _own_threads = None
-        BLAS.restore(self.previous)
-
-
-class blas_threads:  # noqa: N801  (a context manager)
+class blas_threads:  # noqa: N801  (a context manager, like threadpoolctl's)
     """While active: BLAS at ``count`` threads (the previous count restored on exit)."""
 
     def __init__(self, count: int):
@@ -126,6 +100,33 @@ class blas_threads:  # noqa: N801  (a context manager)
 
     def __exit__(self, *exc: object) -> None:
         BLAS.restore(self.previous)
+
+
+class own_threads(blas_threads):  # noqa: N801
+    """While active: BLAS at one thread and ``split_matmul`` splitting products over ``count`` threads.
+
+    OpenBLAS's worker threads spin for about 0.1 s after each multi-threaded call, on the cores that
+    hetflow's own splits (the compiled kernels' planes) need next; with BLAS at one thread they never
+    wake. Measured at batch 16, 2 threads, one process, A/B: googlenet 903 -> 705 ms, shufflenet 274 ->
+    199, mobilenetv2 418 -> 341, resnet50 1697 -> 1556. At batch 1 the single GEMMs are better left to
+    OpenBLAS (resnet50 136 -> 186 ms split by rows), and small networks lose to the hand-offs, so the
+    executor uses this for batches of convolutional networks only (``OWN_THREADS_MIN_CONV_MACS``).
+    """
+
+    def __init__(self, count: int):
+        super().__init__(1)
+        self.threads = count
+
+    def __enter__(self) -> own_threads:
+        global _own_threads
+        super().__enter__()
+        _own_threads = self.threads
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _own_threads
+        _own_threads = None
+        super().__exit__(*exc)
 
 
 #: Below this many multiply-adds a product is not worth a thread hand-off (~20 us).

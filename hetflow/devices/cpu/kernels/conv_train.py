@@ -32,7 +32,7 @@ import numpy as np
 
 from hetflow.devices.cpu.kernels.jit_backward import relu_masked_chunk
 from hetflow.devices.cpu.kernels.jit_columns import col2im_2d, im2col_2d
-from hetflow.devices.cpu.threads import BLAS, intra_op_threads, parallel_for
+from hetflow.devices.cpu.threads import blas_threads, intra_op_threads, parallel_for
 from hetflow.ops.conv import ConvAttrs, channel_col2im, channel_columns, conv_window
 from hetflow.ops.spatial import Geometry, geometry
 
@@ -306,8 +306,5 @@ def _over_images(body: Callable[[int, int], None], layout: ConvLayout) -> None:
         body(0, layout.batch)
         return
     bounds = [min(layout.batch, chunks * part // threads * layout.images) for part in range(threads + 1)]
-    previous = BLAS.hold(1)
-    try:
+    with blas_threads(1):
         parallel_for(lambda part: body(bounds[part], bounds[part + 1]), threads, threads)
-    finally:
-        BLAS.restore(previous)

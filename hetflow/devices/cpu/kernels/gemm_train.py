@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hetflow.devices.cpu.threads import BLAS, intra_op_threads, parallel_for
+from hetflow.devices.cpu.threads import blas_threads, intra_op_threads, parallel_for
 from hetflow.ops.base import reduce_to_shape
 from hetflow.ops.gemm import GemmAttrs
 
@@ -41,11 +41,8 @@ def split_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         block = slice(bounds[part], bounds[part + 1])
         np.matmul(a[block], b, out=out[block])
 
-    previous = BLAS.hold(1)
-    try:
+    with blas_threads(1):
         parallel_for(rows_of, threads, threads)
-    finally:
-        BLAS.restore(previous)
     return out
 
 
