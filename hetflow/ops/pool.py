@@ -112,6 +112,11 @@ def _scatter_taps(geom: Geometry, x_shape: Sequence[int], per_tap, dtype: np.dty
     return padded[(slice(None), slice(None), *interior)]
 
 
+def has_indices(node: Node) -> bool:
+    """Whether a MaxPool node has its optional Indices output."""
+    return len(node.outputs) > 1 and bool(node.outputs[1])
+
+
 @register_op
 class MaxPool(WindowPool):
     """Maximum over each window; padding never wins. N-d (1-D, 2-D, 3-D...).
@@ -138,7 +143,9 @@ class MaxPool(WindowPool):
         return [y, TensorInfo(y.shape, np.dtype(np.int64))]
 
     def backward_reads(self, node: Node) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
-        return (0,), ()
+        """X; and the Indices when the node has them (the CPU's rule scatters dY by them instead of
+        finding the winners again: ``hetflow.devices.cpu.training``; this rule ignores them)."""
+        return (0,), ((1,) if has_indices(node) else ())
 
     def backward(
         self, node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None

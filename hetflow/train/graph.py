@@ -18,7 +18,12 @@ from hetflow.graph import Graph, Value
 from hetflow.ops import registry
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.attrs import replace
+from hetflow.ops.pool import has_indices
 from hetflow.passes.rewrite import Rewriter
+from hetflow.train.kernels import computes_pool_indices
+
+#: dtypes whose MaxPools get Indices for the backward pass (the compiled training MaxPool's).
+POOL_INDEX_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 @dataclass
@@ -109,6 +114,31 @@ def fuse_conv_relu(graph: Graph) -> int:
         fused += 1
     rewriter.finish()
     return fused
+
+
+def record_pool_indices(graph: Graph) -> int:
+    """Give each 2-D float MaxPool without an Indices output one (``{node}__indices``, int64, Y's
+    shape), in place; returns how many got one.
+
+    The CPU's training MaxPool fills them in the pass that computes Y (``hetflow.train.kernels``) and the
+    CPU's backward rule scatters dY by them, where it searched every window of X again. Measured on the
+    mentee at batch 128, one core, two A/B runs in one process (minimum of 10 and of 20 steps): the
+    three pools' forward 11.9 -> 18.5 and 17.1 -> 26.6 ms a step, their backward 25.3 -> 10.0 and 28.4
+    -> 12.7 ms (6-9 ms a step saved). NOTE: the Indices are int64, 8 bytes a pooled output, kept
+    for the backward pass (the mentee's: 14 MB at batch 128).
+    """
+    added = 0
+    for node in graph.nodes:
+        if node.op_type != "MaxPool" or node.domain not in ("", "ai.onnx") or has_indices(node):
+            continue
+        x = graph.values.get(node.inputs[0])
+        if x is None or x.dtype not in POOL_INDEX_DTYPES or not computes_pool_indices(node):
+            continue
+        name = f"{node.name}__indices"
+        graph.values[name] = Value(name, graph.values[node.outputs[0]].shape, np.dtype(np.int64))
+        node.outputs = [node.outputs[0], name]
+        added += 1
+    return added
 
 
 def set_dropout_seed(train: TrainingGraph, seed: int) -> None:

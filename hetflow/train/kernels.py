@@ -8,6 +8,10 @@ mentee's second layer at batch 128) ran the GEMM at half its in-cache rate. Its 
 columns and products, well inside the Conv's costed im2col workspace, so the step's memory bound
 (``Trainer.scratch_bytes``) still holds.
 
+The training MaxPool (2-D, with the Indices output ``hetflow.train.graph.record_pool_indices`` adds)
+finds each window's winner once, in the forward pass (``jit_backward.max_pool_indices_2d``): the CPU's
+MaxPool backward rule then only scatters dY by the Indices instead of searching every window again.
+
 The training Gemm (``hetflow.devices.cpu.kernels.gemm_train``) splits its product's rows over the
 kernel threads with BLAS at one thread, as its backward rule does: a GEMM left to OpenBLAS's threads
 leaves its workers busy-waiting beside the next layers' split.
@@ -21,9 +25,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hetflow.devices.cpu.kernels import conv_train, gemm_train
+from hetflow.devices.cpu.kernels import conv_train, gemm_train, jit_backward
 from hetflow.devices.cpu.kernels.gemm import gemm as gemm_kernel
+from hetflow.devices.cpu.kernels.pool import max_pool as max_pool_kernel
 from hetflow.graph import Node
+from hetflow.ops.pool import has_indices, pool_window
+from hetflow.ops.spatial import geometry
 
 #: ``fn(node, inputs) -> outputs``, as the CPU device's kernels are called.
 ForwardFn = Callable[[Node, Sequence[np.ndarray | None]], list[np.ndarray]]
@@ -68,10 +75,33 @@ def _gemm_supported(node: Node) -> bool:
     return node.attrs.fused is None
 
 
+def max_pool_forward(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+    """Y and Indices of a 2-D MaxPool (float32 / float64) in one compiled pass over X; other dtypes by
+    the CPU device's kernel."""
+    x = inputs[0]
+    assert x is not None
+    if x.dtype not in jit_backward.COMPILED_DTYPES or x.ndim != 4:
+        return max_pool_kernel(node, inputs)
+    geom = geometry(pool_window(node.attrs), x.shape[2:])
+    y, indices = jit_backward.max_pool_indices_2d(np.ascontiguousarray(x), geom)
+    return [y, indices]
+
+
+def computes_pool_indices(node: Node) -> bool:
+    """Whether the training MaxPool computes this MaxPool's Indices: a 2-D window, row-major Indices."""
+    return len(pool_window(node.attrs).kernel) == 2 and node.attrs.storage_order == 0
+
+
+def _max_pool_supported(node: Node) -> bool:
+    # NOTE: without Indices, the device's MaxPool (no winners to record) is the faster forward.
+    return has_indices(node) and computes_pool_indices(node)
+
+
 #: op type -> (constraint, forward function).
 _KERNELS: dict[str, tuple[Callable[[Node], bool], ForwardFn]] = {
     "Conv": (_conv_supported, conv_forward),
     "Gemm": (_gemm_supported, gemm_forward),
+    "MaxPool": (_max_pool_supported, max_pool_forward),
 }
 
 

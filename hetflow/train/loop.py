@@ -26,6 +26,7 @@ from hetflow.train.graph import (
     TrainingGraph,
     fuse_conv_relu,
     parameter_names,
+    record_pool_indices,
     set_dropout_seed,
     training_graph,
 )
@@ -110,8 +111,10 @@ class Trainer:
         self._train = training_graph(self.graph, reads_logits)
         if all(d.kind == "cpu" for d in self.devices.devices):
             # NOTE: only where the CPU runs every node: its training Conv computes the fused Relu in
-            # place of two passes over the activation; an accelerator's rules do not fuse.
+            # place of two passes over the activation, and its MaxPool backward scatters by Indices
+            # its forward records; an accelerator's rules do neither.
             fuse_conv_relu(self._train.graph)
+            record_pool_indices(self._train.graph)
         self.optimizer = optimizer or Adam(lr=1e-3)
         self.memory_budget = _parse_budget(memory_budget)
         self._rng = np.random.default_rng(seed)

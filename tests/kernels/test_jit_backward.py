@@ -1,5 +1,5 @@
-"""The compiled MaxPool and Relu backward passes against a direct per-window reference and the ops'
-numpy rules."""
+"""The compiled MaxPool and Relu backward passes (and MaxPool's Indices forward) against a direct
+per-window reference and the ops' numpy rules."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import pytest
 
 from hetflow.devices.cpu import threads
 from hetflow.devices.cpu.kernels import jit_backward
+from hetflow.devices.cpu.kernels.jit_pool import pool_2d
+from hetflow.devices.cpu.kernels.pool import max_pool
 from hetflow.graph import Node
 from hetflow.ops import registry
 from hetflow.ops.pool import MaxPoolAttrs, pool_window
@@ -108,6 +110,51 @@ def test_max_pool_backward_split_over_threads(monkeypatch, case):
     np.testing.assert_allclose(
         jit_backward.max_pool_backward_2d(x, dy, geom), direct_max_pool_backward(x, dy, geom), rtol=1e-6
     )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("attrs", "shape"), POOL_CASES, ids=POOL_IDS)
+def test_max_pool_indices_give_the_forward_and_the_backward(attrs, shape, dtype):
+    """Y is the compiled max pool's; dY scattered by the Indices is the per-window search's dX, bit for
+    bit; the Indices are the CPU kernel's ONNX Indices (ties to the first tap)."""
+    x, dy, geom = _pool_inputs(attrs, shape, dtype)
+    y, indices = jit_backward.max_pool_indices_2d(x, geom)
+    expected_y = np.empty_like(y)
+    pool_2d(x, expected_y, geom, None)
+    np.testing.assert_array_equal(y, expected_y)
+    node = Node("MaxPool", "pool", ["x"], ["y", "indices"], attrs)
+    expected_indices = max_pool(node, [x])[1]
+    real = indices >= 0  # -1: the padding won (a window of padding only, in "pad-past-input")
+    np.testing.assert_array_equal(indices[real], expected_indices[real])
+    dx = jit_backward.max_pool_scatter_2d(indices, dy, x.shape)
+    np.testing.assert_array_equal(dx, jit_backward.max_pool_backward_2d(x, dy, geom))
+
+
+def test_max_pool_indices_nan_and_infinite_windows():
+    """As the search: a NaN wins its window (the first NaN), a window of -inf keeps its first tap, and a
+    window whose first tap is padding and the rest -inf drops its gradient."""
+    attrs, shape = POOL_CASES[2]
+    x, dy, geom = _pool_inputs(attrs, shape, np.float64)
+    x[0, 0, 1, 1] = x[0, 0, 2, 2] = np.nan
+    x[1, 2, :3, :3] = -np.inf
+    y, indices = jit_backward.max_pool_indices_2d(x, geom)
+    assert indices[1, 2, 0, 0] == -1 and np.isnan(y[0, 0, 0, 0])
+    dx = jit_backward.max_pool_scatter_2d(indices, dy, x.shape)
+    np.testing.assert_array_equal(dx, direct_max_pool_backward(x, dy, geom))
+
+
+@pytest.mark.parametrize("case", [3, 6], ids=["dilated-asym", "tiled-3x2-pad"])
+def test_max_pool_indices_split_over_threads(monkeypatch, case):
+    attrs, shape = POOL_CASES[case]
+    x, dy, geom = _pool_inputs(attrs, shape, np.float32)
+    y, indices = jit_backward.max_pool_indices_2d(x, geom)
+    dx = jit_backward.max_pool_scatter_2d(indices, dy, x.shape)
+    monkeypatch.setattr(threads, "intra_op_threads", lambda: 2)
+    monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    split_y, split_indices = jit_backward.max_pool_indices_2d(x, geom)
+    np.testing.assert_array_equal(split_y, y)
+    np.testing.assert_array_equal(split_indices, indices)
+    np.testing.assert_array_equal(jit_backward.max_pool_scatter_2d(indices, dy, x.shape), dx)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

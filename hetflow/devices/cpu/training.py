@@ -10,7 +10,9 @@ known before the step runs.
   dX a few images at a time with the columns in cache, the Relu's mask applied to each chunk of dY;
 * Gemm (2-D, no fused activation): ``gemm_train.gemm_backward``, its products split over the kernel
   threads with BLAS at one thread (so OpenBLAS's own workers never busy-wait beside the next layers);
-* MaxPool (2-D): ``jit_backward.max_pool_backward_2d``, one pass per plane;
+* MaxPool (2-D): dY scattered by the Indices the training forward recorded
+  (``jit_backward.max_pool_scatter_2d``), else ``jit_backward.max_pool_backward_2d`` (winners found
+  again from X);
 * Relu: ``jit_backward.relu_backward``, one pass.
 """
 
@@ -25,7 +27,7 @@ from hetflow.devices.cpu.kernels import conv_train, gemm_train, jit_backward
 from hetflow.graph import Node
 from hetflow.ops import registry
 from hetflow.ops.base import Arrays, Grads, Wanted, wants
-from hetflow.ops.pool import pool_window
+from hetflow.ops.pool import has_indices, pool_window
 from hetflow.ops.spatial import geometry
 
 if TYPE_CHECKING:
@@ -95,10 +97,15 @@ def gemm_backward(
 def max_pool_backward(
     node: Node, inputs: Arrays, outputs: Arrays, grad_outputs: Arrays, wanted: Wanted = None
 ) -> Grads:
-    """2-D MaxPool's dX by the compiled loop (float32 / float64), else by the numpy rule."""
+    """2-D MaxPool's dX by the compiled loops (float32 / float64): dY scattered by the node's Indices
+    (row-major), else by the winners found again from X; other dtypes by the numpy rule."""
     x, dy = inputs[0], grad_outputs[0]
     if dy is None or not wants(wanted, 0) or x is None or x.ndim != 4 or not _computes(x, dy):
         return _numpy_rule(node, inputs, outputs, grad_outputs, wanted)
+    indices = outputs[1] if has_indices(node) and node.attrs.storage_order == 0 else None
+    if indices is not None and indices.dtype == np.int64 and indices.shape == dy.shape:
+        dy = np.ascontiguousarray(dy)
+        return [jit_backward.max_pool_scatter_2d(np.ascontiguousarray(indices), dy, x.shape)]
     geom = geometry(pool_window(node.attrs), x.shape[2:])
     return [jit_backward.max_pool_backward_2d(np.ascontiguousarray(x), np.ascontiguousarray(dy), geom)]
 
