@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from hetflow.devices.cpu.kernels.buffers import StepBuffers, step_buffers
 from hetflow.errors import BudgetError
 from hetflow.frontends import ModelSource, load_model
 from hetflow.frontends.onnx_export import save_model
@@ -134,6 +135,9 @@ class Trainer:
         self._tape: Tape | None = None
         self._planned_batch: int | None = None
         self._bound_graphs: dict[int, Graph] = {}
+        # The steps' large outputs, reused from step to step. NOTE: not under a budget: the pool keeps
+        # each shape's arrays between steps, more than the step's peak of live bytes.
+        self._step_buffers = StepBuffers() if self.memory_budget is None else None
         self.freeze(*freeze)
         self.input_name = self.graph.input_values()[0].name
         self.steps = 0
@@ -293,12 +297,13 @@ class Trainer:
         self._plan_memory(len(x))
         set_dropout_seed(self._train, self._seed * 100003 + self.steps)
         started = time.perf_counter()
-        forward = tape.forward({self.input_name: x}, outputs=self._train.running)
-        scores = forward.values[self._train.scores]
-        result = self._loss(scores, y)
-        forward_done = time.perf_counter()
-        grads = tape.backward(forward, {self._train.scores: result.grad})
-        backward_done = time.perf_counter()
+        with step_buffers(self._step_buffers):
+            forward = tape.forward({self.input_name: x}, outputs=self._train.running)
+            scores = forward.values[self._train.scores]
+            result = self._loss(scores, y)
+            forward_done = time.perf_counter()
+            grads = tape.backward(forward, {self._train.scores: result.grad})
+            backward_done = time.perf_counter()
         if self.memory_budget is not None and tape.peak_bytes + self.fixed_bytes() > self.memory_budget:
             # NOTE: the plan bounds what the tape measures (plus scratch); this guards that promise.
             raise BudgetError(

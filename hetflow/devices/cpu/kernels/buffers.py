@@ -5,12 +5,17 @@ A kernel registered with ``writes_out=True`` is called as ``fn(node, inputs, out
 a kernel's temporaries out of its workspace in a fixed order, so that the byte count the kernel declares
 (``scratch_bytes`` of the same shapes) and what it takes always agree. Without a runtime (tests, tuning,
 constant folding) both fall back to fresh arrays.
+
+``StepBuffers`` keeps a training step's large outputs from one step to the next (``step_empty``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import numpy as np
 
@@ -88,3 +93,67 @@ class Scratch:
     def reset(self) -> None:
         """Start carving from the beginning again (earlier temporaries must be dead)."""
         self.used = 0
+
+
+#: Arrays below this size come from the allocator's heap without page faults: not worth pooling.
+MIN_POOLED_BYTES = 1 << 16
+
+
+class StepBuffers:
+    """Large arrays a training step's kernels allocate, kept from step to step and handed out again.
+
+    Every step allocates the same activations and gradients; fresh ones are paged in again each time
+    (the mentee at batch 128: ~6,000 page faults and 20-30 ms of system time a step). With the training
+    kernels' outputs taken from here (Conv's Y and dX, MaxPool's Y, Indices and dX, Relu's dX, Gemm's
+    products) a steady-state step faults no pages: measured on the mentee at batch 128, one core, A/B in
+    one process (minimum of 12 steps), step 539 -> 484 ms, forward 214 -> 170 ms; the pool holds 144 MB.
+
+    An array here is free again once this pool holds the only reference to it: the tape has dropped it
+    and no view of it is alive (``sys.getrefcount``), so nothing anyone still reads is ever handed out.
+    One step at a time.
+    """
+
+    def __init__(self) -> None:
+        self._buckets: dict[tuple[tuple[int, ...], np.dtype], list[np.ndarray]] = {}
+        # The reference count of an array only the pool holds, as ``empty``'s loop sees it.
+        probe = [np.empty(0)]
+        self._unreferenced = next(sys.getrefcount(array) for array in probe)
+
+    def empty(self, shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
+        """An uninitialised array: a free one of this shape and dtype, else a new one the pool keeps."""
+        dtype = np.dtype(dtype)
+        shape = tuple(int(d) for d in shape)
+        if math.prod(shape) * dtype.itemsize < MIN_POOLED_BYTES:
+            return np.empty(shape, dtype)
+        bucket = self._buckets.setdefault((shape, dtype), [])
+        for array in bucket:
+            if sys.getrefcount(array) == self._unreferenced:
+                return array
+        array = np.empty(shape, dtype)
+        bucket.append(array)
+        return array
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the pool holds (free or handed out)."""
+        return sum(array.nbytes for bucket in self._buckets.values() for array in bucket)
+
+
+_STEP_BUFFERS: ContextVar[StepBuffers | None] = ContextVar("hetflow_step_buffers", default=None)
+
+
+def step_empty(shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array for a kernel's output: from the active ``StepBuffers`` (``step_buffers``),
+    else new."""
+    pool = _STEP_BUFFERS.get()
+    return np.empty(shape, dtype) if pool is None else pool.empty(shape, dtype)
+
+
+@contextmanager
+def step_buffers(pool: StepBuffers | None) -> Iterator[None]:
+    """While active (in this thread): ``step_empty`` takes from ``pool`` (None: fresh arrays)."""
+    token = _STEP_BUFFERS.set(pool)
+    try:
+        yield
+    finally:
+        _STEP_BUFFERS.reset(token)

@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from hetflow.devices.cpu.kernels.buffers import step_empty
 from hetflow.devices.cpu.kernels.jit_backward import relu_masked_chunk
 from hetflow.devices.cpu.kernels.jit_columns import col2im_2d, im2col_2d
 from hetflow.devices.cpu.threads import blas_threads, intra_op_threads, parallel_for
@@ -101,7 +102,7 @@ def conv_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: C
     ``max(Y, 0)`` when ``attrs.fused`` is a Relu (the only fused activation accepted)."""
     relu = fused_relu(attrs)
     layout = conv_layout(attrs, x.shape, w.shape, x.itemsize)
-    y = np.empty((layout.batch, layout.kernels, layout.positions), x.dtype)
+    y = step_empty((layout.batch, layout.kernels, layout.positions), x.dtype)
     weights = w.reshape(layout.group, layout.kernels // layout.group, layout.per_group)
     bias_column = None if bias is None else bias.astype(x.dtype, copy=False).reshape(layout.kernels, 1)
 
@@ -174,7 +175,7 @@ def conv_backward(
     dy_images = dy.reshape(layout.batch, kernels, positions)
     y_images = None if y is None else y.reshape(layout.batch, kernels, positions)
     weights = w.reshape(group, per_kernel, layout.per_group)
-    dx = np.empty(x.shape, x.dtype) if want_x else None
+    dx = step_empty(x.shape, x.dtype) if want_x else None
     # Per thread, its dW^T and dB sums over its images (added up at the end).
     partials: list[tuple[np.ndarray, np.ndarray]] = []
 

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from hetflow.devices.cpu.kernels.buffers import step_empty
 from hetflow.devices.cpu.threads import blas_threads, intra_op_threads, parallel_for
 from hetflow.ops.base import reduce_to_shape
 from hetflow.ops.gemm import GemmAttrs
@@ -33,7 +34,7 @@ def split_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     place), in ranges of a's rows over the kernel threads, with BLAS at one thread throughout."""
     rows, depth = a.shape
     columns = b.shape[1]
-    out = np.empty((rows, columns), np.result_type(a, b))
+    out = step_empty((rows, columns), np.result_type(a, b))
     threads = max(1, min(intra_op_threads(), rows, rows * depth * columns // MIN_MACS_PER_THREAD))
     bounds = [rows * part // threads for part in range(threads + 1)]
 

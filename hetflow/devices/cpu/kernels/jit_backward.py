@@ -30,6 +30,7 @@ from collections.abc import Callable
 import numba
 import numpy as np
 
+from hetflow.devices.cpu.kernels.buffers import step_empty
 from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout
 from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.spatial import Geometry
@@ -49,8 +50,8 @@ def max_pool_indices_2d(x: np.ndarray, geom: Geometry) -> tuple[np.ndarray, np.n
     window's first maximum. A window whose winner is padding (its first tap, the rest -inf) gets -1.
     """
     rows, cols = geom.axes
-    y = np.empty((x.shape[0], x.shape[1], rows.out, cols.out), x.dtype)
-    indices = np.empty(y.shape, np.int64)
+    y = step_empty((x.shape[0], x.shape[1], rows.out, cols.out), x.dtype)
+    indices = step_empty(y.shape, np.dtype(np.int64))
     window = (rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation, cols.dilation)
 
     def run(first: int, last: int) -> None:
@@ -63,7 +64,7 @@ def max_pool_indices_2d(x: np.ndarray, geom: Geometry) -> tuple[np.ndarray, np.n
 def max_pool_scatter_2d(indices: np.ndarray, dy: np.ndarray, x_shape: tuple[int, ...]) -> np.ndarray:
     """dX of a 2-D MaxPool: each output's dY added at its ``indices`` (``max_pool_indices_2d``'s; -1:
     dropped), in output order. ``indices`` and ``dy`` ``[N, C, OH, OW]``, C-contiguous."""
-    dx = np.empty(x_shape, dy.dtype)
+    dx = step_empty(x_shape, dy.dtype)
 
     def run(first: int, last: int) -> None:
         _scatter_planes(indices, dy, dx, first, last)
@@ -76,7 +77,7 @@ def max_pool_backward_2d(x: np.ndarray, dy: np.ndarray, geom: Geometry) -> np.nd
     """dX of a 2-D MaxPool over ``geom``'s windows: each window's dY added to the input position of its
     first maximum. ``x`` ``[N, C, H, W]`` and ``dy`` ``[N, C, OH, OW]`` are C-contiguous, one dtype."""
     rows, cols = geom.axes
-    dx = np.empty_like(x)
+    dx = step_empty(x.shape, x.dtype)
     window = (rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation, cols.dilation)
     pads = (rows.pad_begin, cols.pad_begin)
 
@@ -91,7 +92,7 @@ def max_pool_backward_2d(x: np.ndarray, dy: np.ndarray, geom: Geometry) -> np.nd
 
 def relu_backward(x: np.ndarray, dy: np.ndarray) -> np.ndarray:
     """``dY * (X > 0)`` in one pass; ``x`` and ``dy`` C-contiguous, one shape and dtype."""
-    dx = np.empty_like(dy)
+    dx = step_empty(dy.shape, dy.dtype)
     flat_x, flat_dy, flat_dx = x.reshape(-1), dy.reshape(-1), dx.reshape(-1)
     # Ranges of whole 4096-element blocks, split over the kernel threads like planes.
     block = 4096
