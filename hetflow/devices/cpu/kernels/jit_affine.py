@@ -22,9 +22,6 @@ from hetflow.devices.cpu.kernels.jit_epilogue import (
 from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.activation import FusedActivation
 
-#: dtypes the compiled pass runs.
-COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
 
 def channel_affine(
     x: np.ndarray, factor: np.ndarray, shift: np.ndarray, y: np.ndarray, fused: FusedActivation | None

@@ -1,5 +1,6 @@
-"""The activation epilogue shared by the compiled CPU kernels (``jit_*``): which fused activations a
-compiled loop applies itself, and the store that applies one to a run of values.
+"""What the compiled CPU kernels (``jit_*``) share: the dtypes they run, and the activation epilogue
+(which fused activations a compiled loop applies itself, and the store that applies one to a run of
+values).
 
 Relu, Clip and LeakyRelu are applied inside the loops; Sigmoid and Tanh (transcendental, rare after the
 kernels that fuse them) are left to ``epilogue.apply_activation`` afterwards.
@@ -11,6 +12,9 @@ import numba
 import numpy as np
 
 from hetflow.ops.activation import FusedActivation
+
+#: dtypes the compiled loops run (other dtypes keep the kernels' numpy paths).
+COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 #: Activation codes the compiled loop applies itself; others run afterwards in numpy.
 NO_ACTIVATION, RELU, CLIP, LEAKY_RELU = 0, 1, 2, 3

@@ -25,9 +25,6 @@ from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout
 from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.spatial import Geometry
 
-#: dtypes the compiled loop runs (MaxPool's integer types keep the numpy path).
-COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
 
 def compiled_window(geo: Geometry) -> bool:
     """Whether ``geo`` is a 2-D window (the compiled loop takes any of those)."""

@@ -12,6 +12,7 @@ import numpy as np
 
 from hetflow.devices.cpu.kernels.jit_epilogue import (
     CLIP,
+    COMPILED_DTYPES,
     LEAKY_RELU,
     NO_ACTIVATION,
     RELU,
@@ -20,9 +21,6 @@ from hetflow.devices.cpu.kernels.jit_epilogue import (
 )
 from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.activation import FusedActivation
-
-#: dtypes the compiled pass runs.
-COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def compiled(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> bool:

@@ -14,8 +14,8 @@ import numpy as np
 
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, aligned, deliver, output
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
-from hetflow.devices.cpu.kernels.jit_affine import COMPILED_DTYPES, channel_affine
-from hetflow.devices.cpu.kernels.jit_epilogue import planes_view
+from hetflow.devices.cpu.kernels.jit_affine import channel_affine
+from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES, planes_view
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.devices.cpu.threads import available_cores, parallel_for
 from hetflow.graph import Node

@@ -15,7 +15,8 @@ import numpy as np
 
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, output, scratch_bytes
 from hetflow.devices.cpu.kernels.conv import pad_into, padding_scratch
-from hetflow.devices.cpu.kernels.jit_pool import COMPILED_DTYPES, compiled_window, pool_2d
+from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
+from hetflow.devices.cpu.kernels.jit_pool import compiled_window, pool_2d
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
