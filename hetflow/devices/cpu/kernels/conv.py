@@ -37,6 +37,8 @@ from hetflow.devices.base import InputInfos
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, scratch_bytes
 from hetflow.devices.cpu.kernels.epilogue import apply_activation, finish_channels
 from hetflow.devices.cpu.kernels.jit_depthwise import depthwise_2d
+from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
+from hetflow.devices.cpu.kernels.jit_im2col import im2col as compiled_im2col
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.devices.cpu.threads import split_matmul
 from hetflow.graph import Node
@@ -287,15 +289,17 @@ def _whole_chunk(count: int, group: int, positions: int) -> bool:
 def _im2col_scratch(
     node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype
 ) -> list[tuple[tuple[int, ...], np.dtype]]:
-    """Per chunk of images: the padded input (when padded) and the columns ``[n, C*taps, P]``; a whole-
-    chunk GEMM also takes its products ``[K, n*P]`` (its padded input is channel-major, same size)."""
+    """Per chunk of images: the padded input (when padded and the columns are not compiled) and the
+    columns ``[n, C*taps, P]``; a whole-chunk GEMM also takes its products ``[K, n*P]`` (its padded input
+    is channel-major, same size)."""
     geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
     taps = math.prod(geo.kernel)
     positions = math.prod(geo.out)
     chunk = _im2col_chunk(int(x_shape[0]), int(x_shape[1]), taps, positions, np.dtype(dtype).itemsize)
     part = (chunk, *x_shape[1:])
     columns = ((chunk, int(x_shape[1]) * taps, positions), dtype)
-    requests = [*padding_scratch(geo, part, dtype), columns]
+    padding = [] if _compiled_columns(geo, dtype) else padding_scratch(geo, part, dtype)
+    requests = [*padding, columns]
     if _whole_chunk(chunk, node.attrs.group, positions):
         requests.append(((int(w_shape[0]), chunk * positions), dtype))
     return requests
@@ -326,16 +330,24 @@ def im2col(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scrat
     return y
 
 
+def _compiled_columns(geo: Geometry, dtype: np.dtype) -> bool:
+    """Whether im2col's columns are built by the compiled loop (``jit_im2col``: 2-D, float)."""
+    return len(geo.axes) == 2 and np.dtype(dtype) in COMPILED_DTYPES
+
+
 def _per_image_gemm(
     geo: Geometry, x: np.ndarray, weights: np.ndarray, y: np.ndarray, group: int, scratch: Scratch
 ) -> None:
     """Columns ``[n, C*taps, P]`` and numpy's stacked matmul (one BLAS call per image and group)."""
     count, channels = x.shape[:2]
     kernels, positions = y.shape[1], math.prod(geo.out)
-    windows = geo.windows(pad_into(geo, x, scratch))  # [n, C, *kernel, *out], a view
     # The im2col copy; rows ordered (c, taps...) like W's flattening.
     columns = scratch.take((count, channels * math.prod(geo.kernel), positions), x.dtype)
-    np.copyto(columns.reshape(windows.shape), windows)
+    if _compiled_columns(geo, x.dtype):
+        compiled_im2col(x, geo, columns)
+    else:
+        windows = geo.windows(pad_into(geo, x, scratch))  # [n, C, *kernel, *out], a view
+        np.copyto(columns.reshape(windows.shape), windows)
     if group == 1:
         split_matmul(weights, columns, out=as_view(y, (count, kernels, positions)))
     else:
@@ -350,9 +362,13 @@ def _whole_chunk_gemm(geo: Geometry, x: np.ndarray, weights: np.ndarray, y: np.n
     """Channel-major columns ``[C*taps, n*P]``, one GEMM, then the products laid out as ``y [n, K, P]``."""
     count, channels = x.shape[:2]
     kernels, positions = weights.shape[0], y.shape[2]
-    padded = scratch.take((channels, count, *(a.padded for a in geo.axes)), x.dtype) if geo.needs_padding else None
-    columns = scratch.take((channels, math.prod(geo.kernel), count, *geo.out), x.dtype)
-    channel_columns(x, geo, out=columns, padded=padded)
+    if _compiled_columns(geo, x.dtype):
+        columns = scratch.take((channels, math.prod(geo.kernel), count, *geo.out), x.dtype)
+        compiled_im2col(x, geo, columns, channel_major=True)
+    else:
+        padded = scratch.take((channels, count, *(a.padded for a in geo.axes)), x.dtype) if geo.needs_padding else None
+        columns = scratch.take((channels, math.prod(geo.kernel), count, *geo.out), x.dtype)
+        channel_columns(x, geo, out=columns, padded=padded)
     products = scratch.take((kernels, count * positions), x.dtype)
     split_matmul(weights, columns.reshape(weights.shape[1], count * positions), out=products)
     np.copyto(y, products.reshape(kernels, count, positions).transpose(1, 0, 2))
