@@ -27,6 +27,7 @@ import numpy as np
 
 from hetflow.devices.cpu.kernels import conv_train, gemm_train, jit_backward
 from hetflow.devices.cpu.kernels.gemm import gemm as gemm_kernel
+from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.pool import max_pool as max_pool_kernel
 from hetflow.graph import Node
 from hetflow.ops.pool import has_indices, pool_window
@@ -80,7 +81,7 @@ def max_pool_forward(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np
     the CPU device's kernel."""
     x = inputs[0]
     assert x is not None
-    if x.dtype not in jit_backward.COMPILED_DTYPES or x.ndim != 4:
+    if x.dtype not in COMPILED_DTYPES or x.ndim != 4:
         return max_pool_kernel(node, inputs)
     geom = geometry(pool_window(node.attrs), x.shape[2:])
     y, indices = jit_backward.max_pool_indices_2d(np.ascontiguousarray(x), geom)

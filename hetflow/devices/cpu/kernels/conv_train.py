@@ -33,6 +33,7 @@ import numpy as np
 from hetflow.devices.cpu.kernels.buffers import step_empty
 from hetflow.devices.cpu.kernels.jit_backward import relu_masked_chunk
 from hetflow.devices.cpu.kernels.jit_columns import col2im_2d, im2col_2d
+from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.threads import blas_threads, intra_op_threads, parallel_for
 from hetflow.ops.conv import ConvAttrs, channel_col2im, channel_columns, conv_window
 from hetflow.ops.spatial import Geometry, geometry
@@ -46,8 +47,6 @@ CHUNK_BYTES = 1 << 20
 #: 32x32) 15.3 -> 10.4 ms at batch 128, 32 -> 64 channels at 16x16 (256 positions) 20.2 -> 18.5 ms;
 #: at 8x8 (64 positions) the single GEMM measured faster.
 PER_IMAGE_POSITIONS = 256
-#: dtypes the compiled im2col / col2im handle (others use the numpy column builders).
-COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 @dataclass(frozen=True)

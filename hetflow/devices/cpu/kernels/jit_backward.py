@@ -35,9 +35,6 @@ from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout
 from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.spatial import Geometry
 
-#: dtypes the compiled loops run (others keep the numpy rules).
-COMPILED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
 #: (kh, kw, sh, sw, dh, dw) -> its compiled MaxPool backward plane loop.
 _LOOPS: dict[tuple[int, ...], Callable[..., None]] = {}
 _LOOPS_LOCK = threading.Lock()
