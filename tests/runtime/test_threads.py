@@ -9,6 +9,7 @@ import pytest
 from threadpoolctl import threadpool_info
 
 import hetflow
+from hetflow.devices.cpu import threads
 from hetflow.devices.cpu.threads import BLAS, available_cores, intra_op_threads, parallel_for
 from tests.helpers import add_relu_model
 
@@ -153,3 +154,15 @@ def test_a_batch_on_two_threads_equals_one_thread():
     name = session_one.get_inputs()[0].name
     [one], [two] = session_one.run(None, {name: x}), session_two.run(None, {name: x})
     np.testing.assert_allclose(two, one, rtol=1e-5, atol=1e-6)
+
+
+def test_intra_op_threads_reads_the_held_count_without_asking_blas(blas_at_two, monkeypatch):
+    with threads.blas_threads(3):
+        with monkeypatch.context() as patched:
+            patched.setattr(BLAS, "get", lambda: pytest.fail("intra_op_threads queried the BLAS library"))
+            assert intra_op_threads() == 3
+        with threads.blas_threads(1):
+            assert intra_op_threads() == 1
+        assert intra_op_threads() == 3
+    assert threads._held_threads is None
+    assert intra_op_threads() == 2

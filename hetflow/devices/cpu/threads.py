@@ -81,10 +81,15 @@ BLAS = BlasThreads()
 _own_threads: int | None = None
 
 
+#: Set while a run holds BLAS at its count (``blas_threads``): that count, so that the kernels asking
+#: ``intra_op_threads`` several times a run do not each query the BLAS library (~5 us a query).
+_held_threads: int | None = None
+
+
 def intra_op_threads() -> int:
-    """How many threads a kernel may split its own work over: the session's count (as BLAS holds it,
-    or as ``own_threads`` set it)."""
-    return _own_threads or BLAS.get() or 1
+    """How many threads a kernel may split its own work over: the session's count (as ``own_threads``
+    set it, or as BLAS holds it)."""
+    return _own_threads or _held_threads or BLAS.get() or 1
 
 
 class blas_threads:  # noqa: N801  (a context manager, like threadpoolctl's)
@@ -93,12 +98,17 @@ class blas_threads:  # noqa: N801  (a context manager, like threadpoolctl's)
     def __init__(self, count: int):
         self.count = count
         self.previous: int | None = None
+        self.outer: int | None = None
 
     def __enter__(self) -> blas_threads:
+        global _held_threads
         self.previous = BLAS.hold(self.count)
+        self.outer, _held_threads = _held_threads, self.count
         return self
 
     def __exit__(self, *exc: object) -> None:
+        global _held_threads
+        _held_threads = self.outer
         BLAS.restore(self.previous)
 
 

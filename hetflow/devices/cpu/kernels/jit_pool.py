@@ -21,6 +21,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout
 from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.spatial import Geometry
@@ -29,6 +30,10 @@ from hetflow.ops.spatial import Geometry
 def compiled_window(geo: Geometry) -> bool:
     """Whether ``geo`` is a 2-D window (the compiled loop takes any of those)."""
     return len(geo.axes) == 2
+
+
+#: The scale argument of a max pool (unread; the compiled loop takes an array of X's dtype either way).
+_UNUSED_SCALE = {dtype: np.ones((1, 1), dtype) for dtype in COMPILED_DTYPES}
 
 
 def pool_2d(x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | None) -> None:
@@ -41,7 +46,7 @@ def pool_2d(x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | Non
         return
     rows, cols = geo.axes
     is_max = scale is None
-    weights = np.ones((1, 1), x.dtype) if is_max else np.ascontiguousarray(scale, x.dtype)
+    weights = _UNUSED_SCALE[x.dtype] if is_max else np.ascontiguousarray(scale, x.dtype)
     window = (rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation, cols.dilation)
 
     def run(first: int, last: int) -> None:

@@ -9,6 +9,7 @@ inputs, so sharing memory is safe.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -119,9 +120,8 @@ def flatten(node: Node, inputs: Inputs) -> list[np.ndarray]:
     (x,) = inputs
     assert x is not None
     axis = flatten_axis(node.attrs.axis, x.ndim)
-    outer = int(np.prod(x.shape[:axis], dtype=np.int64))
-    inner = int(np.prod(x.shape[axis:], dtype=np.int64))
-    return [x.reshape(outer, inner)]
+    # NOTE: math.prod, not np.prod: this runs once per run for every Flatten, and np.prod costs ~5 us.
+    return [x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))]
 
 
 @cpu_kernel("Transpose", writes_out=True)
