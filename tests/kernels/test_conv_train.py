@@ -98,10 +98,12 @@ def _forcing_images(layout_fn, images: int):
     return layout
 
 
-@pytest.fixture(params=["chunk GEMMs", "per-image GEMMs"])
+@pytest.fixture(params=["chunk GEMMs", "per-image GEMMs", "position-major columns"])
 def forward_gemms(request, monkeypatch):
-    """Whether the forward multiplies a chunk of several images by one GEMM or by one per image."""
+    """Whether the forward multiplies channel-major columns, a chunk of several images by one GEMM or by
+    one per image, or position-major columns (wherever the layer allows: 2-D, one group)."""
     monkeypatch.setattr(conv_train, "PER_IMAGE_POSITIONS", 1 if request.param == "per-image GEMMs" else 10**9)
+    monkeypatch.setattr(conv_train, "POSITION_MAJOR_CHANNELS", 1 if request.param == "position-major columns" else 10**9)
     return request.param
 
 
@@ -248,6 +250,34 @@ def test_im2col_2d_matches_channel_columns(attrs, x_shape, w_shape, first, count
     jit_columns.im2col_2d(x, first, count, geom, cols)
     expected = channel_columns(x[first : first + count], geom).reshape(cols.shape)
     np.testing.assert_array_equal(cols, expected)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), COLUMN_CASES)
+@pytest.mark.parametrize(("first", "count"), [(0, 1), (1, 1), (0, 2)])
+def test_position_columns_2d_are_the_channel_columns_reordered(attrs, x_shape, w_shape, first, count, dtype):
+    """Rows (image, oy, ox), columns (i, j, c); one scratch serves every call, its padding staying zero."""
+    x = RNG.standard_normal(x_shape).astype(dtype)
+    geom = _geometry(attrs, x_shape, w_shape)
+    channels, taps, positions = x_shape[1], int(np.prod(geom.kernel)), int(np.prod(geom.out))
+    scratch = jit_columns.pixel_scratch(x_shape, geom, dtype)
+    for start in (first, first):  # twice: the second call reuses the scratch the first one filled
+        cols = np.full((count * positions, taps * channels), np.nan, dtype)
+        jit_columns.position_columns_2d(x, start, count, geom, cols, scratch)
+        channel_major = channel_columns(x[start : start + count], geom).reshape(channels, taps, -1)
+        np.testing.assert_array_equal(cols, channel_major.transpose(2, 1, 0).reshape(cols.shape))
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_planes_from_products_transposes_and_adds_the_bias(relu):
+    count, positions, kernels = 2, 5, 3
+    products = RNG.standard_normal((count * positions, kernels))
+    bias = RNG.standard_normal(kernels)
+    y = np.full((4, kernels, positions), np.nan)
+    jit_columns.planes_from_products(products, bias, relu, y, 1, count)
+    expected = products.reshape(count, positions, kernels).transpose(0, 2, 1) + bias[:, None]
+    np.testing.assert_array_equal(y[1:3], np.maximum(expected, 0) if relu else expected)
+    assert np.isnan(y[[0, 3]]).all()
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
