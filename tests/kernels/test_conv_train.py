@@ -155,7 +155,7 @@ def test_fused_relu_backward_masks_dy_by_the_output(chunking, attrs, x_shape, w_
     np.testing.assert_allclose(grads.b, masked.sum(axis=(0, *range(2, dy.ndim))), rtol=1e-12, atol=1e-12)
 
 
-def test_fused_relu_two_threads(monkeypatch):
+def test_fused_relu_two_threads(forward_gemms, monkeypatch):
     monkeypatch.setattr(conv_train, "CHUNK_BYTES", 1)
     monkeypatch.setattr(conv_train, "intra_op_threads", lambda: 2)
     attrs, x_shape, w_shape = CASES[1]
