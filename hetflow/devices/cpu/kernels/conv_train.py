@@ -8,7 +8,9 @@ batch in chunks of ``CHUNK_BYTES`` of columns: build the chunk's columns (``jit_
 ``channel_columns``), use them at once, and reuse the buffer for the next chunk.
 
 * forward: ``Y_chunk = W @ cols`` (one GEMM per group), bias added while the products are laid out
-  and a fused Relu applied to the chunk while it is in cache (the training graph's Conv + Relu);
+  and a fused Relu applied to the chunk while it is in cache (the training graph's Conv + Relu); from
+  ``POSITION_MAJOR_CHANNELS`` input channels (2-D, one group) ``products = cols^T @ W^T`` on
+  position-major columns instead, laid out into Y with the bias and Relu in one compiled pass;
 * dW: ``dW^T += cols @ dY_chunk^T`` (the form OpenBLAS runs fast; see ``hetflow.ops.conv.Conv.backward``),
   and dB summed from the same chunk of dY;
 * dX: ``dcols = W^T @ dY_chunk`` then col2im (compiled for 2-D), in the same pass as dW;
