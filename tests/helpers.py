@@ -46,3 +46,20 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> lis
     options.intra_op_num_threads = 2
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return session.run(None, feeds)
+
+
+def record_splits(monkeypatch, module) -> list[int]:  # noqa: ANN001
+    """Make every compiled loop of ``module`` (``jit_*``) split as soon as there are two kernel threads,
+    and record the part counts its parallel driver ``_split`` is called with."""
+    from hetflow.devices.cpu import threads
+
+    monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_PART", 1)
+    calls: list[int] = []
+    driver = module._split
+
+    def recording(parts: int, *args: object) -> None:
+        calls.append(parts)
+        driver(parts, *args)
+
+    monkeypatch.setattr(module, "_split", recording)
+    return calls

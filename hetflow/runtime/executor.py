@@ -39,6 +39,7 @@ from typing import Literal
 import numpy as np
 
 from hetflow.devices.base import Device
+from hetflow.devices.cpu.kernels import jit_gemm
 from hetflow.devices.cpu.threads import available_cores, blas_threads, own_threads
 from hetflow.devices.opencl import DeviceArray
 from hetflow.errors import HetflowError
@@ -103,10 +104,14 @@ def execute(
     wanted = tuple(plan.graph.outputs) if outputs is None else tuple(outputs)
     program = compiled(plan, wanted)
     count = available_cores() if threads is None else threads
-    # A batch of a convolutional network: hetflow splits the GEMMs over the images itself, with BLAS at
-    # one thread, so that OpenBLAS's spinning workers never take the cores the compiled kernels' splits
-    # need (see OWN_THREADS_MIN_CONV_MACS).
-    own = count > 1 and program.conv_macs >= OWN_THREADS_MIN_CONV_MACS and _batched(feeds)
+    # A convolutional network: hetflow splits the GEMMs itself, with BLAS at one thread, so that
+    # OpenBLAS's spinning workers never take the cores the compiled kernels' splits need; in numba's
+    # pool when it can call OpenBLAS itself (jit_gemm), else on its Python pool for large batches only
+    # (see OWN_THREADS_MIN_CONV_MACS). Recurrent networks keep OpenBLAS's threads for their many small
+    # products (lstm-gesture ran 1.4-2.9x slower on one BLAS thread).
+    own = count > 1 and program.conv_macs > 0 and (
+        jit_gemm.available() or (program.conv_macs >= OWN_THREADS_MIN_CONV_MACS and _batched(feeds))
+    )
     with own_threads(count) if own else blas_threads(count):
         if observer is not None:
             env = program.run_observed(feeds, observer)
@@ -117,7 +122,8 @@ def execute(
     return {name: env[slot] for name, slot in zip(wanted, program.output_slots)}
 
 
-#: Convolution multiply-adds per run from which a batch runs on hetflow's own threads (``own_threads``).
+#: Without ``jit_gemm`` (the products then split on hetflow's Python pool): convolution multiply-adds
+#: per run from which a batch runs on hetflow's own threads (``own_threads``).
 #: Measured at batch 16, 2 threads (``benchmarks/compare.py``): the convolutional zoo models from
 #: shufflenet's 2 GMAC up gain 8-28%; lenet, cifar10-quick and mentee (under 0.5 GMAC, many small
 #: products) lost up to 2.4x, and lstm-gesture (no Conv, per-step GEMMs) lost 1.3x.

@@ -95,17 +95,20 @@ def test_nan_passes_through_the_fused_relu():
 
 
 def test_two_threads_split_the_planes_and_agree_with_one(monkeypatch):
-    from hetflow.devices.cpu import threads
+    from hetflow.devices.cpu.kernels import jit_affine
+    from tests.helpers import record_splits
 
     x = RNG.standard_normal((3, 6, 8, 8)).astype(np.float32)
     params = _params(6)
-    monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    splits = record_splits(monkeypatch, jit_affine)
     previous = BLAS.get()
     try:
         BLAS.set(1)
         single = _run(x, params, FusedActivation("Relu"))
+        assert splits == []
         BLAS.set(2)
         split = _run(x, params, FusedActivation("Relu"))
+        assert splits == [2]
     finally:
         if previous is not None:
             BLAS.set(previous)

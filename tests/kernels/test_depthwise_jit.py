@@ -99,17 +99,20 @@ def test_nan_passes_through_the_fused_activation():
 
 
 def test_two_threads_split_the_planes_and_agree_with_one(monkeypatch):
-    from hetflow.devices.cpu import threads
+    from hetflow.devices.cpu.kernels import jit_depthwise
+    from tests.helpers import record_splits
 
     x, w, b = _case((4, 16, 20, 20), 1, (3, 3))
     attrs = ConvAttrs(pads=(1, 1, 1, 1), group=16)
-    monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    splits = record_splits(monkeypatch, jit_depthwise)
     previous = BLAS.get()
     try:
         BLAS.set(1)
         single = _run(attrs, x, w, b)
+        assert splits == []
         BLAS.set(2)
         split = _run(attrs, x, w, b)
+        assert splits == [2]
     finally:
         if previous is not None:
             BLAS.set(previous)

@@ -12,6 +12,7 @@ from hetflow.devices.cpu.kernels.jit_im2col import im2col
 from hetflow.graph import Node
 from hetflow.ops.conv import ConvAttrs
 from hetflow.ops.spatial import WindowSpec, geometry
+from tests.helpers import record_splits
 from tests.kernels.test_conv_train import direct_conv
 
 RNG = np.random.default_rng(5)
@@ -56,26 +57,21 @@ def test_columns_match_numpy_windows_in_both_layouts(case: tuple, dtype: type) -
 
 
 def test_columns_split_over_threads_equal_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Large enough that parallel_planes splits the channels into ranges.
-    x = RNG.standard_normal((1, 16, 40, 40)).astype(np.float32)
-    geo = geometry(WindowSpec((3, 3), (1, 1), (1, 1), (1, 1, 1, 1)), x.shape[2:])
-    expected = _numpy_columns(x, WindowSpec((3, 3), (1, 1), (1, 1), (1, 1, 1, 1)))
-    ranges: list[tuple[int, int]] = []
-    original = threads.parallel_planes
+    from hetflow.devices.cpu.kernels import jit_im2col
 
-    def recording(body, planes, elements):  # noqa: ANN001, ANN202
-        def wrapped(first: int, last: int) -> None:
-            ranges.append((first, last))
-            body(first, last)
-
-        original(wrapped, planes, elements)
-
-    monkeypatch.setattr("hetflow.devices.cpu.kernels.jit_im2col.parallel_planes", recording)
+    spec = WindowSpec((3, 3), (1, 1), (1, 1), (1, 1, 1, 1))
+    x = RNG.standard_normal((2, 5, 9, 8)).astype(np.float32)
+    geo = geometry(spec, x.shape[2:])
+    expected = _numpy_columns(x, spec)
+    splits = record_splits(monkeypatch, jit_im2col)
     monkeypatch.setattr(threads, "intra_op_threads", lambda: 2)
-    columns = np.empty_like(expected)
-    im2col(x, geo, columns)
-    assert len(ranges) == 2
+    columns = np.full_like(expected, np.nan)
+    jit_im2col.im2col(x, geo, columns)
+    channel_major = np.full((expected.shape[1], 2 * expected.shape[2]), np.nan, np.float32)
+    jit_im2col.im2col(x, geo, channel_major, channel_major=True)
+    assert splits == [2, 2]
     np.testing.assert_array_equal(columns, expected)
+    np.testing.assert_array_equal(channel_major, expected.transpose(1, 0, 2).reshape(channel_major.shape))
 
 
 @pytest.mark.parametrize("batch", [1, 3])

@@ -100,18 +100,21 @@ def test_integer_pools_and_indices_keep_the_numpy_loop():
 
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
 def test_two_threads_split_the_planes_and_agree_with_one(monkeypatch, op_type):
-    from hetflow.devices.cpu import threads
+    from hetflow.devices.cpu.kernels import jit_pool
     from hetflow.devices.cpu.threads import BLAS
+    from tests.helpers import record_splits
 
     x = RNG.standard_normal((3, 7, 12, 12)).astype(np.float32)
     attrs = {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}
-    monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    splits = record_splits(monkeypatch, jit_pool)
     previous = BLAS.get()
     try:
         BLAS.set(1)
         single = _pool(op_type, attrs, x)
+        assert splits == []
         BLAS.set(2)
         split = _pool(op_type, attrs, x)
+        assert splits == [2]
     finally:
         if previous is not None:
             BLAS.set(previous)

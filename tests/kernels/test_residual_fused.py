@@ -68,16 +68,19 @@ def test_writes_into_a_strided_slice():
 
 
 def test_two_threads_split_the_planes_and_agree_with_one(monkeypatch):
-    from hetflow.devices.cpu import threads
+    from hetflow.devices.cpu.kernels import jit_residual
+    from tests.helpers import record_splits
 
     a, b = (RNG.standard_normal((3, 8, 6, 6)).astype(np.float32) for _ in range(2))
-    monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    splits = record_splits(monkeypatch, jit_residual)
     previous = BLAS.get()
     try:
         BLAS.set(1)
         single = _run("Add", [a, b], FusedActivation("LeakyRelu", 0.3))
+        assert splits == []
         BLAS.set(2)
         split = _run("Add", [a, b], FusedActivation("LeakyRelu", 0.3))
+        assert splits == [2]
     finally:
         if previous is not None:
             BLAS.set(previous)

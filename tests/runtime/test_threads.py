@@ -5,13 +5,15 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper
 from threadpoolctl import threadpool_info
 
 import hetflow
 from hetflow.devices.cpu import threads
 from hetflow.devices.cpu.threads import BLAS, available_cores, intra_op_threads, parallel_for
-from tests.helpers import add_relu_model
+from tests.helpers import add_relu_model, make_model
 
 
 def _blas_threads_now() -> int:
@@ -39,14 +41,38 @@ def blas_at_two():
 def test_threads_set_the_blas_pool_during_run_and_restore_it(blas_at_two, threads, mode, batch, monkeypatch):
     from hetflow.runtime import executor
 
-    monkeypatch.setattr(executor, "OWN_THREADS_MIN_CONV_MACS", 0)  # this tiny network counts as large
+    monkeypatch.setattr(executor, "OWN_THREADS_MIN_CONV_MACS", 0)  # no Conv: the threshold does not apply
     session = hetflow.InferenceSession(add_relu_model(), threads=threads, execution_mode=mode)
     seen: list[tuple[int, int]] = []
     session.run(None, {"x": np.ones((batch, 3), np.float32)},
                 observer=lambda step, seconds: seen.append((_blas_threads_now(), intra_op_threads())))
-    # A batch on several threads: BLAS at one thread, hetflow splitting the work over the session's.
-    blas = 1 if batch > 1 and threads > 1 else threads
-    assert seen == [(blas, threads)] * len(session.plan.steps)
+    # A network without convolutions keeps OpenBLAS's threads at the session's count.
+    assert seen == [(threads, threads)] * len(session.plan.steps)
+    assert _blas_threads_now() == 2
+
+
+def _conv_model() -> onnx.ModelProto:
+    """y = relu(conv(x, w)) with x: float32 [N, 2, 6, 6], w: [3, 2, 3, 3]."""
+    w = np.random.default_rng(0).standard_normal((3, 2, 3, 3)).astype(np.float32)
+    return make_model(
+        [helper.make_node("Conv", ["x", "w"], ["t"], name="conv"), helper.make_node("Relu", ["t"], ["y"], name="relu")],
+        [("x", TensorProto.FLOAT, ["N", 2, 6, 6])],
+        [("y", TensorProto.FLOAT, ["N", 3, 4, 4])],
+        {"w": w},
+    )
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_convolutional_network_runs_on_own_threads_with_numba_gemms(blas_at_two, batch):
+    from hetflow.devices.cpu.kernels import jit_gemm
+
+    session = hetflow.InferenceSession(_conv_model(), threads=3)
+    seen: list[tuple[int, int]] = []
+    session.run(None, {"x": np.ones((batch, 2, 6, 6), np.float32)},
+                observer=lambda step, seconds: seen.append((_blas_threads_now(), intra_op_threads())))
+    # With numba's GEMM driver: BLAS at one thread, hetflow splitting over the session's three; without
+    # it, only large batches do that, and this network is tiny.
+    assert set(seen) == ({(1, 3)} if jit_gemm.available() else {(3, 3)})
     assert _blas_threads_now() == 2
 
 
@@ -164,5 +190,5 @@ def test_intra_op_threads_reads_the_held_count_without_asking_blas(blas_at_two, 
         with threads.blas_threads(1):
             assert intra_op_threads() == 1
         assert intra_op_threads() == 3
-    assert threads._held_threads is None
+    assert getattr(threads._held, "count", None) is None
     assert intra_op_threads() == 2

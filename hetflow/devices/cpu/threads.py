@@ -2,10 +2,14 @@
 their own work (numpy's ufuncs are single-threaded but release the GIL on large arrays).
 
 A session's thread count is the BLAS pool size while it runs; kernels that split work read the same
-number back (``intra_op_threads``), so ``threads=1`` makes a whole run single-threaded. A run over a
-batch instead holds BLAS at one thread and splits its GEMMs over the images itself (``own_threads``,
+number back (``intra_op_threads``), so ``threads=1`` makes a whole run single-threaded. A run of a
+convolutional network instead holds BLAS at one thread and splits its GEMMs itself (``own_threads``,
 ``split_matmul``): OpenBLAS's idle workers spin for ~0.1 s after each call, on the cores hetflow's own
-splits need next.
+splits need next. The splits run in numba's OpenMP pool (the GEMMs through ``jit_gemm``, the compiled
+kernels through their ``prange`` drivers, sized by ``plane_parts``), whose workers spin between calls:
+on a small VM a sleeping thread takes ~100 us to wake, longer than most of a small model's kernels.
+``parallel_for`` (a Python pool) remains for the rest (the training splits, products without
+``jit_gemm``).
 
 NOTE: the BLAS pool size (and ``own_threads``' count) is process-wide state. Two sessions asking for
 different counts at the same time from two threads get correct results, but each may run with the
@@ -81,15 +85,16 @@ BLAS = BlasThreads()
 _own_threads: int | None = None
 
 
-#: Set while a run holds BLAS at its count (``blas_threads``): that count, so that the kernels asking
-#: ``intra_op_threads`` several times a run do not each query the BLAS library (~5 us a query).
-_held_threads: int | None = None
+#: ``count``: set in a thread while a run there holds BLAS at that count (``blas_threads``), so that
+#: the kernels asking ``intra_op_threads`` several times a run do not each query the BLAS library (~5 us
+#: a query). Per thread: two sessions running in two threads each see their own.
+_held = threading.local()
 
 
 def intra_op_threads() -> int:
     """How many threads a kernel may split its own work over: the session's count (as ``own_threads``
     set it, or as BLAS holds it)."""
-    return _own_threads or _held_threads or BLAS.get() or 1
+    return _own_threads or getattr(_held, "count", None) or BLAS.get() or 1
 
 
 class blas_threads:  # noqa: N801  (a context manager, like threadpoolctl's)
@@ -101,14 +106,12 @@ class blas_threads:  # noqa: N801  (a context manager, like threadpoolctl's)
         self.outer: int | None = None
 
     def __enter__(self) -> blas_threads:
-        global _held_threads
         self.previous = BLAS.hold(self.count)
-        self.outer, _held_threads = _held_threads, self.count
+        self.outer, _held.count = getattr(_held, "count", None), self.count
         return self
 
     def __exit__(self, *exc: object) -> None:
-        global _held_threads
-        _held_threads = self.outer
+        _held.count = self.outer
         BLAS.restore(self.previous)
 
 
@@ -118,9 +121,10 @@ class own_threads(blas_threads):  # noqa: N801
     OpenBLAS's worker threads spin for about 0.1 s after each multi-threaded call, on the cores that
     hetflow's own splits (the compiled kernels' planes) need next; with BLAS at one thread they never
     wake. Measured at batch 16, 2 threads, one process, A/B: googlenet 903 -> 705 ms, shufflenet 274 ->
-    199, mobilenetv2 418 -> 341, resnet50 1697 -> 1556. At batch 1 the single GEMMs are better left to
-    OpenBLAS (resnet50 136 -> 186 ms split by rows), and small networks lose to the hand-offs, so the
-    executor uses this for batches of convolutional networks only (``OWN_THREADS_MIN_CONV_MACS``).
+    199, mobilenetv2 418 -> 341, resnet50 1697 -> 1556. With the products split on the Python pool,
+    batch 1 and small networks lost to its hand-offs (resnet50 at batch 1 136 -> 186 ms); split in
+    numba's pool (``jit_gemm``) they gain, so the executor uses this for every run of a convolutional
+    network where ``jit_gemm`` is available, else for large batches only (``OWN_THREADS_MIN_CONV_MACS``).
     """
 
     def __init__(self, count: int):
@@ -148,8 +152,12 @@ def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     stacked product (images, Winograd's tile elements) along ``out``'s leading axis, a single one (a
     fully connected layer, a whole-chunk im2col GEMM) along ``out``'s columns (row halves of a 16-row
     product measured slower: AlexNet's FC layers). Each part is one single-threaded BLAS call, so the
-    result does not depend on which thread runs which part."""
+    result does not depend on which thread runs which part. Products from ``MIN_MACS_PER_NATIVE_SPLIT``
+    split in numba's pool where ``jit_gemm`` can read them, else on the Python pool from
+    ``MIN_MACS_PER_SPLIT``."""
     threads = _own_threads or 1
+    if threads > 1 and _native_split(a, b, out, threads):
+        return out
     if threads <= 1 or a.shape[-1] * out.size < MIN_MACS_PER_SPLIT:
         return np.matmul(a, b, out=out)
     stacked = out.ndim >= 3 and out.shape[0] > 1
@@ -166,6 +174,28 @@ def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
 
     parallel_for(part, threads, threads)
     return out
+
+
+#: From this many multiply-adds a product is split in numba's pool (``jit_gemm``). Measured on the 2-core
+#: VM, one thread -> two parts: 50x500x64 51 -> 28 us, 32x800x256 184 -> 112 us, 1x800x500 30 -> 24
+#: us; 20x25x576 (0.3 M) 8.2 -> 9.6 us lost.
+MIN_MACS_PER_NATIVE_SPLIT = 300_000
+
+
+def _native_split(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> bool:
+    """A single product (2-D, or one image of a stack) split by columns in numba's pool, where it fits."""
+    from hetflow.devices.cpu.kernels import jit_gemm
+
+    if out.ndim == 3 and out.shape[0] > 1:
+        if a.shape[-1] * out.size < MIN_MACS_PER_NATIVE_SPLIT or not jit_gemm.available():
+            return False
+        return jit_gemm.split_stack(a, b, out, min(threads, out.shape[0]))
+    if out.ndim == 3 and out.shape[0] == 1 and a.ndim in (2, 3) and b.ndim == 3:
+        a, b, out = (a[0] if a.ndim == 3 else a), b[0], out[0]
+    if out.ndim != 2 or a.ndim != 2 or b.ndim != 2 or a.shape[1] * out.size < MIN_MACS_PER_NATIVE_SPLIT:
+        return False
+    parts = min(threads, max(1, out.shape[1] // 16))
+    return parts > 1 and jit_gemm.available() and jit_gemm.split_product(a, b, out, parts)
 
 
 _pool: ThreadPoolExecutor | None = None
@@ -211,6 +241,19 @@ def parallel_planes(body: Callable[[int, int], None], planes: int, elements_per_
     threads = max(1, min(intra_op_threads(), planes, planes * elements_per_plane // MIN_ELEMENTS_PER_THREAD))
     bounds = [planes * part // threads for part in range(threads + 1)]  # NOTE: np.linspace costs ~30 us
     parallel_for(lambda part: body(bounds[part], bounds[part + 1]), threads, threads)
+
+
+#: Below this many output elements a range of planes is not worth a part of a compiled split
+#: (``plane_parts``): a hand-off to numba's spinning workers costs a few microseconds (a 17 us loop
+#: split in two ran in 12 us; depthwise 3x3 on 240x28x28 273 -> 158 us, 206 on the Python pool).
+MIN_ELEMENTS_PER_PART = 8_192
+
+
+def plane_parts(planes: int, elements_per_plane: int) -> int:
+    """How many contiguous ranges of ``planes`` output planes a compiled kernel's parallel driver (a
+    numba ``prange`` over the ranges) splits them into: one per kernel thread (``intra_op_threads``),
+    with no range under ``MIN_ELEMENTS_PER_PART`` output elements. 1 means: call the loop directly."""
+    return max(1, min(intra_op_threads(), planes, planes * elements_per_plane // MIN_ELEMENTS_PER_PART))
 
 
 class _Shared:

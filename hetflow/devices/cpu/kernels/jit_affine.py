@@ -19,7 +19,7 @@ from hetflow.devices.cpu.kernels.jit_epilogue import (
     activation_code,
     planes_view,
 )
-from hetflow.devices.cpu.threads import parallel_planes
+from hetflow.devices.cpu.threads import plane_parts
 from hetflow.ops.activation import FusedActivation
 
 
@@ -39,11 +39,21 @@ def channel_affine(
     factor = np.ascontiguousarray(factor, y.dtype)
     shift = np.ascontiguousarray(shift, y.dtype)
 
-    def run(first: int, last: int) -> None:
-        _planes(planes, factor, shift, targets, first, last, code, constants)
-
-    parallel_planes(run, planes.shape[0] * planes.shape[1], planes.shape[2])
+    count = planes.shape[0] * planes.shape[1]
+    parts = plane_parts(count, planes.shape[2])
+    if parts == 1:
+        _planes(planes, factor, shift, targets, 0, count, code, constants)
+    else:
+        _split(parts, planes, factor, shift, targets, code, constants)
     return code != NO_ACTIVATION or fused is None
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _split(parts, x, factor, shift, y, code, constants):  # noqa: ANN001
+    """``_planes`` over ``parts`` ranges of the planes, run by numba's threads."""
+    planes = x.shape[0] * x.shape[1]
+    for part in numba.prange(parts):
+        _planes(x, factor, shift, y, planes * part // parts, planes * (part + 1) // parts, code, constants)
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True)

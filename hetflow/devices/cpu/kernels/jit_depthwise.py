@@ -23,7 +23,7 @@ import numpy as np
 
 from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, NO_ACTIVATION, RELU, activation_code
 from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout
-from hetflow.devices.cpu.threads import parallel_planes
+from hetflow.devices.cpu.threads import plane_parts
 from hetflow.ops.activation import FusedActivation
 
 
@@ -49,12 +49,23 @@ def depthwise_2d(
     constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
     bias = np.zeros(y.shape[1], y.dtype) if bias is None else np.ascontiguousarray(bias, y.dtype)
 
-    def run(first: int, last: int) -> None:
-        _planes(x, w, bias, y, first, last, strides[0], strides[1], dilations[0], dilations[1],
-                pads_begin[0], pads_begin[1], code, constants)
-
-    parallel_planes(run, y.shape[0] * y.shape[1], int(y.shape[2]) * int(y.shape[3]))
+    window = (strides[0], strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1])
+    planes = y.shape[0] * y.shape[1]
+    parts = plane_parts(planes, int(y.shape[2]) * int(y.shape[3]))
+    if parts == 1:
+        _planes(x, w, bias, y, 0, planes, *window, code, constants)
+    else:
+        _split(parts, x, w, bias, y, *window, code, constants)
     return code != NO_ACTIVATION or fused is None
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _split(parts, x, w, bias, y, sh, sw, dh, dw, pad_top, pad_left, code, constants):  # noqa: ANN001
+    """``_planes`` over ``parts`` ranges of Y's planes, run by numba's threads."""
+    planes = y.shape[0] * y.shape[1]
+    for part in numba.prange(parts):
+        first, last = planes * part // parts, planes * (part + 1) // parts
+        _planes(x, w, bias, y, first, last, sh, sw, dh, dw, pad_top, pad_left, code, constants)
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True)

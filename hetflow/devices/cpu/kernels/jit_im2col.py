@@ -25,7 +25,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hetflow.devices.cpu.threads import parallel_planes
+from hetflow.devices.cpu.threads import plane_parts
 from hetflow.ops.spatial import Geometry
 
 
@@ -50,10 +50,22 @@ def im2col(x: np.ndarray, geom: Geometry, cols: np.ndarray, channel_major: bool 
         rows.dilation, columns.dilation, rows.pad_begin, columns.pad_begin, rows.out, columns.out,
     )  # fmt: skip
 
-    def run(first: int, last: int) -> None:
-        _fill(flat_x, flat_cols, first, last, count, channels, height, width, row_stride, image_stride, *window)
+    shape = (count, channels, height, width, row_stride, image_stride)
+    parts = plane_parts(channels, taps * count * positions)
+    if parts == 1:
+        _fill(flat_x, flat_cols, 0, channels, *shape, *window)
+    else:
+        _split(parts, flat_x, flat_cols, *shape, *window)
 
-    parallel_planes(run, channels, taps * count * positions)
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _split(parts, x, cols, count, channels, height, width, row_stride, image_stride,  # noqa: ANN001
+           kh, kw, sh, sw, dh, dw, pad_top, pad_left, out_h, out_w):  # fmt: skip
+    """``_fill`` over ``parts`` ranges of input channels, run by numba's threads."""
+    for part in numba.prange(parts):
+        first, last = channels * part // parts, channels * (part + 1) // parts
+        _fill(x, cols, first, last, count, channels, height, width, row_stride, image_stride,
+              kh, kw, sh, sw, dh, dw, pad_top, pad_left, out_h, out_w)  # fmt: skip
 
 
 # NOTE: indices are unsigned sums on flat arrays: numba tests a signed index for wraparound, and that

@@ -23,7 +23,7 @@ import numpy as np
 
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout
-from hetflow.devices.cpu.threads import parallel_planes
+from hetflow.devices.cpu.threads import plane_parts
 from hetflow.ops.spatial import Geometry
 
 
@@ -49,10 +49,21 @@ def pool_2d(x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | Non
     weights = _UNUSED_SCALE[x.dtype] if is_max else np.ascontiguousarray(scale, x.dtype)
     window = (rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation, cols.dilation)
 
-    def run(first: int, last: int) -> None:
-        _planes(x, y, first, last, *window, rows.pad_begin, cols.pad_begin, is_max, weights)
+    planes = y.shape[0] * y.shape[1]
+    parts = plane_parts(planes, rows.out * cols.out)
+    if parts == 1:
+        _planes(x, y, 0, planes, *window, rows.pad_begin, cols.pad_begin, is_max, weights)
+    else:
+        _split(parts, x, y, *window, rows.pad_begin, cols.pad_begin, is_max, weights)
 
-    parallel_planes(run, y.shape[0] * y.shape[1], rows.out * cols.out)
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _split(parts, x, y, kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale):  # noqa: ANN001
+    """``_planes`` over ``parts`` ranges of Y's planes, run by numba's threads."""
+    planes = y.shape[0] * y.shape[1]
+    for part in numba.prange(parts):
+        first, last = planes * part // parts, planes * (part + 1) // parts
+        _planes(x, y, first, last, kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale)
 
 
 # NOTE: no fastmath here: it would let the compiler assume no NaN, and a max pool must propagate NaN.

@@ -19,7 +19,7 @@ from hetflow.devices.cpu.kernels.jit_epilogue import (
     activation_code,
     planes_view,
 )
-from hetflow.devices.cpu.threads import parallel_planes
+from hetflow.devices.cpu.threads import plane_parts
 from hetflow.ops.activation import FusedActivation
 
 
@@ -38,11 +38,21 @@ def add_activate(a: np.ndarray, b: np.ndarray, y: np.ndarray, fused: FusedActiva
     constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
     a3, b3, y3 = planes_view(a), planes_view(b), planes_view(y)
 
-    def run(first: int, last: int) -> None:
-        _planes(a3, b3, y3, first, last, code, constants)
-
-    parallel_planes(run, y3.shape[0] * y3.shape[1], y3.shape[2])
+    planes = y3.shape[0] * y3.shape[1]
+    parts = plane_parts(planes, y3.shape[2])
+    if parts == 1:
+        _planes(a3, b3, y3, 0, planes, code, constants)
+    else:
+        _split(parts, a3, b3, y3, code, constants)
     return code != NO_ACTIVATION or fused is None
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _split(parts, a, b, y, code, constants):  # noqa: ANN001
+    """``_planes`` over ``parts`` ranges of the planes, run by numba's threads."""
+    planes = y.shape[0] * y.shape[1]
+    for part in numba.prange(parts):
+        _planes(a, b, y, planes * part // parts, planes * (part + 1) // parts, code, constants)
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True)

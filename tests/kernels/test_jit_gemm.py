@@ -1,0 +1,75 @@
+"""Products split over numba's threads through numpy's OpenBLAS (``jit_gemm``), against numpy's matmul,
+and ``split_matmul`` routing to them under ``own_threads``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetflow.devices.cpu import threads
+from hetflow.devices.cpu.kernels import jit_gemm
+
+pytestmark = pytest.mark.skipif(not jit_gemm.available(), reason="numpy's BLAS is not an OpenBLAS with CBLAS")
+RNG = np.random.default_rng(3)
+
+
+def _matrix(shape: tuple[int, int], dtype: type, transposed: bool) -> np.ndarray:
+    """A matrix of ``shape`` stored row-major, or as the transpose of a row-major one."""
+    if transposed:
+        return np.ascontiguousarray(RNG.standard_normal(shape[::-1]).astype(dtype)).T
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("parts", [2, 3])
+def test_split_product_matches_matmul(dtype: type, trans_a: bool, trans_b: bool, parts: int) -> None:
+    a, b = _matrix((7, 13), dtype, trans_a), _matrix((13, 29), dtype, trans_b)
+    out = np.full((7, 29), np.nan, dtype)
+    assert jit_gemm.split_product(a, b, out, parts)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_split_product_writes_a_row_strided_slice_only() -> None:
+    a, b = _matrix((5, 8), np.float32, False), _matrix((8, 12), np.float32, True)
+    wide = np.full((5, 20), np.nan, np.float32)
+    assert jit_gemm.split_product(a, b, wide[:, 4:16], 2)
+    np.testing.assert_allclose(wide[:, 4:16], a @ b, rtol=1e-5, atol=1e-5)
+    assert np.isnan(wide[:, :4]).all() and np.isnan(wide[:, 16:]).all()
+
+
+@pytest.mark.parametrize("shared", ["a", "b", None])
+def test_split_stack_matches_matmul(shared: str | None) -> None:
+    a = RNG.standard_normal((6, 9) if shared == "a" else (5, 6, 9)).astype(np.float32)
+    b = RNG.standard_normal((9, 11) if shared == "b" else (5, 9, 11)).astype(np.float32)
+    out = np.full((11, 5, 6), np.nan, np.float32).transpose(1, 2, 0)  # items apart, columns strided
+    assert not jit_gemm.split_stack(a, b, out, 2)  # the output's rows are not contiguous
+    out = np.full((5, 6, 11), np.nan, np.float32)
+    assert jit_gemm.split_stack(a, b, out, 2)
+    np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_operands_that_cblas_cannot_read_are_refused() -> None:
+    a = RNG.standard_normal((8, 10)).astype(np.float32)[:, ::2]  # neither rows nor columns contiguous
+    b = RNG.standard_normal((5, 4)).astype(np.float32)
+    out = np.zeros((8, 4), np.float32)
+    assert not jit_gemm.split_product(a, b, out, 2)
+    assert not jit_gemm.split_product(a.astype(np.int32), b.astype(np.int32), out.astype(np.int32), 2)
+    assert (out == 0).all()
+
+
+def test_split_matmul_uses_numba_pool_under_own_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    original = jit_gemm.split_product
+    monkeypatch.setattr(jit_gemm, "split_product", lambda a, b, out, parts: calls.append(parts) or original(a, b, out, parts))
+    a = RNG.standard_normal((40, 300)).astype(np.float32)
+    b = RNG.standard_normal((1, 300, 200)).astype(np.float32)  # one image of a stack
+    out = np.empty((1, 40, 200), np.float32)
+    with threads.own_threads(2):
+        threads.split_matmul(a, b, out)
+    assert calls == [2]
+    np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-4, atol=1e-4)
+    calls.clear()
+    threads.split_matmul(a, b, out)  # outside own_threads: one numpy call
+    assert calls == []
