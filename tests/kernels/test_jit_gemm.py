@@ -73,3 +73,16 @@ def test_split_matmul_uses_numba_pool_under_own_threads(monkeypatch: pytest.Monk
     calls.clear()
     threads.split_matmul(a, b, out)  # outside own_threads: one numpy call
     assert calls == []
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("trans_b", [False, True])
+@pytest.mark.parametrize("strided_row", [False, True])
+def test_one_row_products_take_gemv(dtype: type, trans_b: bool, strided_row: bool) -> None:
+    # A fully connected layer at batch 1; its row may be a column of a wider array (elements lda apart).
+    source = RNG.standard_normal((37, 3) if strided_row else (1, 37)).astype(dtype)
+    a = source[:, :1].T if strided_row else source
+    b = _matrix((37, 53), dtype, trans_b)
+    out = np.full((1, 53), np.nan, dtype)
+    assert jit_gemm.split_product(a, b, out, 2)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
