@@ -49,11 +49,12 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> lis
 
 
 def record_splits(monkeypatch, module) -> list[int]:  # noqa: ANN001
-    """Make every compiled loop of ``module`` (``jit_*``) split as soon as there are two kernel threads,
-    and record the part counts its parallel driver ``_split`` is called with."""
+    """Make every compiled loop of ``module`` (``jit_*``) split in numba's pool as soon as there are two
+    kernel threads, and record the part counts its parallel driver ``_split`` is called with."""
     from hetflow.devices.cpu import threads
 
     monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_PART", 1)
+    monkeypatch.setattr(threads, "_numba_pool", True)  # as inside own_threads(numba_pool=True)
     calls: list[int] = []
     driver = module._split
 

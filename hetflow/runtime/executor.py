@@ -40,7 +40,7 @@ import numpy as np
 
 from hetflow.devices.base import Device
 from hetflow.devices.cpu.kernels import jit_gemm
-from hetflow.devices.cpu.threads import available_cores, blas_threads, own_threads
+from hetflow.devices.cpu.threads import NUMBA_POOL, available_cores, blas_threads, own_threads
 from hetflow.devices.opencl import DeviceArray
 from hetflow.errors import HetflowError
 from hetflow.graph import Node
@@ -104,15 +104,16 @@ def execute(
     wanted = tuple(plan.graph.outputs) if outputs is None else tuple(outputs)
     program = compiled(plan, wanted)
     count = available_cores() if threads is None else threads
-    # A convolutional network: hetflow splits the GEMMs itself, with BLAS at one thread, so that
-    # OpenBLAS's spinning workers never take the cores the compiled kernels' splits need; in numba's
-    # pool when it can call OpenBLAS itself (jit_gemm), else on its Python pool for large batches only
-    # (see OWN_THREADS_MIN_CONV_MACS). Recurrent networks keep OpenBLAS's threads for their many small
+    # A batch of a convolutional network: hetflow splits the GEMMs itself, with BLAS at one thread, so
+    # that OpenBLAS's spinning workers never take the cores the compiled kernels' splits need (see
+    # OWN_THREADS_MIN_CONV_MACS). With HETFLOW_NUMBA_POOL=1, every run of a convolutional network does,
+    # in numba's pool (jit_gemm). Recurrent networks keep OpenBLAS's threads for their many small
     # products (lstm-gesture ran 1.4-2.9x slower on one BLAS thread).
+    numba_pool = NUMBA_POOL and jit_gemm.available()
     own = count > 1 and program.conv_macs > 0 and (
-        jit_gemm.available() or (program.conv_macs >= OWN_THREADS_MIN_CONV_MACS and _batched(feeds))
+        numba_pool or (program.conv_macs >= OWN_THREADS_MIN_CONV_MACS and _batched(feeds))
     )
-    with own_threads(count) if own else blas_threads(count):
+    with own_threads(count, numba_pool) if own else blas_threads(count):
         if observer is not None:
             env = program.run_observed(feeds, observer)
         elif mode == "parallel" and count > 1 and program.branches:

@@ -62,18 +62,25 @@ def _conv_model() -> onnx.ModelProto:
     )
 
 
+@pytest.mark.parametrize("numba_pool", [False, True])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_a_convolutional_network_runs_on_own_threads_with_numba_gemms(blas_at_two, batch):
+def test_a_convolutional_network_runs_on_own_threads_in_numbas_pool_when_asked(
+    blas_at_two, batch, numba_pool, monkeypatch
+):
     from hetflow.devices.cpu.kernels import jit_gemm
+    from hetflow.runtime import executor
 
+    monkeypatch.setattr(executor, "NUMBA_POOL", numba_pool)
     session = hetflow.InferenceSession(_conv_model(), threads=3)
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, int, bool]] = []
     session.run(None, {"x": np.ones((batch, 2, 6, 6), np.float32)},
-                observer=lambda step, seconds: seen.append((_blas_threads_now(), intra_op_threads())))
-    # With numba's GEMM driver: BLAS at one thread, hetflow splitting over the session's three; without
-    # it, only large batches do that, and this network is tiny.
-    assert set(seen) == ({(1, 3)} if jit_gemm.available() else {(3, 3)})
-    assert _blas_threads_now() == 2
+                observer=lambda step, seconds: seen.append(
+                    (_blas_threads_now(), intra_op_threads(), threads._numba_pool)))
+    # In numba's pool: BLAS at one thread, hetflow splitting over the session's three. Otherwise only
+    # large batches split on hetflow's threads, and this network is tiny.
+    pooled = numba_pool and jit_gemm.available()
+    assert set(seen) == ({(1, 3, True)} if pooled else {(3, 3, False)})
+    assert _blas_threads_now() == 2 and not threads._numba_pool
 
 
 def test_a_batch_of_a_small_network_keeps_blas_threads(blas_at_two):

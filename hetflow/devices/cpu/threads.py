@@ -83,6 +83,14 @@ BLAS = BlasThreads()
 
 #: Set while a run splits its GEMMs itself (``own_threads``): the run's thread count; BLAS is at one.
 _own_threads: int | None = None
+#: Set while such a run splits in numba's OpenMP pool (``own_threads(numba_pool=True)``).
+_numba_pool = False
+
+#: Whether runs of convolutional networks split in numba's pool (``jit_gemm``): opt in with
+#: ``HETFLOW_NUMBA_POOL=1``. Off by default: alone in a process it measured 5-38% faster on the small
+#: networks, but side by side with ONNX Runtime and OpenVINO on this VM several models ran 1.5-2x
+#: slower (spinning workers stalled by the hypervisor; see BENCHMARKS.md).
+NUMBA_POOL = os.environ.get("HETFLOW_NUMBA_POOL", "0") == "1"
 
 
 #: ``count``: set in a thread while a run there holds BLAS at that count (``blas_threads``), so that
@@ -122,24 +130,28 @@ class own_threads(blas_threads):  # noqa: N801
     hetflow's own splits (the compiled kernels' planes) need next; with BLAS at one thread they never
     wake. Measured at batch 16, 2 threads, one process, A/B: googlenet 903 -> 705 ms, shufflenet 274 ->
     199, mobilenetv2 418 -> 341, resnet50 1697 -> 1556. With the products split on the Python pool,
-    batch 1 and small networks lost to its hand-offs (resnet50 at batch 1 136 -> 186 ms); split in
-    numba's pool (``jit_gemm``) they gain, so the executor uses this for every run of a convolutional
-    network where ``jit_gemm`` is available, else for large batches only (``OWN_THREADS_MIN_CONV_MACS``).
+    batch 1 and small networks lost to its hand-offs (resnet50 at batch 1 136 -> 186 ms), so the
+    executor uses this for large batches only (``OWN_THREADS_MIN_CONV_MACS``). With ``numba_pool`` the
+    products and the compiled kernels split in numba's pool instead (``jit_gemm``, ``split_planes``);
+    the executor does that for every run of a convolutional network when ``NUMBA_POOL`` is set.
     """
 
-    def __init__(self, count: int):
+    def __init__(self, count: int, numba_pool: bool = False):
         super().__init__(1)
         self.threads = count
+        self.numba_pool = numba_pool
 
     def __enter__(self) -> own_threads:
-        global _own_threads
+        global _own_threads, _numba_pool
         super().__enter__()
         _own_threads = self.threads
+        _numba_pool = self.numba_pool
         return self
 
     def __exit__(self, *exc: object) -> None:
-        global _own_threads
+        global _own_threads, _numba_pool
         _own_threads = None
+        _numba_pool = False
         super().__exit__(*exc)
 
 
@@ -156,7 +168,7 @@ def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     split in numba's pool where ``jit_gemm`` can read them, else on the Python pool from
     ``MIN_MACS_PER_SPLIT``."""
     threads = _own_threads or 1
-    if threads > 1 and _native_split(a, b, out, threads):
+    if threads > 1 and _numba_pool and _native_split(a, b, out, threads):
         return out
     if threads <= 1 or a.shape[-1] * out.size < MIN_MACS_PER_SPLIT:
         return np.matmul(a, b, out=out)
@@ -247,6 +259,22 @@ def parallel_planes(body: Callable[[int, int], None], planes: int, elements_per_
 #: (``plane_parts``): a hand-off to numba's spinning workers costs a few microseconds (a 17 us loop
 #: split in two ran in 12 us; depthwise 3x3 on 240x28x28 273 -> 158 us, 206 on the Python pool).
 MIN_ELEMENTS_PER_PART = 8_192
+
+
+def split_planes(
+    body: Callable[[int, int], None], driver: Callable[[int], None], planes: int, elements_per_plane: int
+) -> None:
+    """Run a compiled per-plane loop over ``planes`` output planes: ``driver(parts)`` (its numba
+    ``prange`` over ``parts`` ranges) while a run uses numba's pool (``own_threads(numba_pool=True)``),
+    else ``body(first, last)`` over ranges on the Python pool (``parallel_planes``)."""
+    if not _numba_pool:
+        parallel_planes(body, planes, elements_per_plane)
+        return
+    parts = plane_parts(planes, elements_per_plane)
+    if parts == 1:
+        body(0, planes)
+    else:
+        driver(parts)
 
 
 def plane_parts(planes: int, elements_per_plane: int) -> int:

@@ -19,7 +19,7 @@ from hetflow.devices.cpu.kernels.jit_epilogue import (
     activation_code,
     planes_view,
 )
-from hetflow.devices.cpu.threads import plane_parts
+from hetflow.devices.cpu.threads import split_planes
 from hetflow.ops.activation import FusedActivation
 
 
@@ -39,12 +39,11 @@ def channel_affine(
     factor = np.ascontiguousarray(factor, y.dtype)
     shift = np.ascontiguousarray(shift, y.dtype)
 
-    count = planes.shape[0] * planes.shape[1]
-    parts = plane_parts(count, planes.shape[2])
-    if parts == 1:
-        _planes(planes, factor, shift, targets, 0, count, code, constants)
-    else:
-        _split(parts, planes, factor, shift, targets, code, constants)
+    split_planes(
+        lambda first, last: _planes(planes, factor, shift, targets, first, last, code, constants),
+        lambda parts: _split(parts, planes, factor, shift, targets, code, constants),
+        planes.shape[0] * planes.shape[1], planes.shape[2],
+    )  # fmt: skip
     return code != NO_ACTIVATION or fused is None
 
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, NO_ACTIVATION, RELU, activation_code
 from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout
-from hetflow.devices.cpu.threads import plane_parts
+from hetflow.devices.cpu.threads import split_planes
 from hetflow.ops.activation import FusedActivation
 
 
@@ -50,12 +50,11 @@ def depthwise_2d(
     bias = np.zeros(y.shape[1], y.dtype) if bias is None else np.ascontiguousarray(bias, y.dtype)
 
     window = (strides[0], strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1])
-    planes = y.shape[0] * y.shape[1]
-    parts = plane_parts(planes, int(y.shape[2]) * int(y.shape[3]))
-    if parts == 1:
-        _planes(x, w, bias, y, 0, planes, *window, code, constants)
-    else:
-        _split(parts, x, w, bias, y, *window, code, constants)
+    split_planes(
+        lambda first, last: _planes(x, w, bias, y, first, last, *window, code, constants),
+        lambda parts: _split(parts, x, w, bias, y, *window, code, constants),
+        y.shape[0] * y.shape[1], int(y.shape[2]) * int(y.shape[3]),
+    )  # fmt: skip
     return code != NO_ACTIVATION or fused is None
 
 

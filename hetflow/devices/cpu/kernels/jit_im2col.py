@@ -25,7 +25,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from hetflow.devices.cpu.threads import plane_parts
+from hetflow.devices.cpu.threads import split_planes
 from hetflow.ops.spatial import Geometry
 
 
@@ -51,11 +51,11 @@ def im2col(x: np.ndarray, geom: Geometry, cols: np.ndarray, channel_major: bool 
     )  # fmt: skip
 
     shape = (count, channels, height, width, row_stride, image_stride)
-    parts = plane_parts(channels, taps * count * positions)
-    if parts == 1:
-        _fill(flat_x, flat_cols, 0, channels, *shape, *window)
-    else:
-        _split(parts, flat_x, flat_cols, *shape, *window)
+    split_planes(
+        lambda first, last: _fill(flat_x, flat_cols, first, last, *shape, *window),
+        lambda parts: _split(parts, flat_x, flat_cols, *shape, *window),
+        channels, taps * count * positions,
+    )  # fmt: skip
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)

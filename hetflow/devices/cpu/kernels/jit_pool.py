@@ -23,7 +23,7 @@ import numpy as np
 
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout
-from hetflow.devices.cpu.threads import plane_parts
+from hetflow.devices.cpu.threads import split_planes
 from hetflow.ops.spatial import Geometry
 
 
@@ -49,12 +49,12 @@ def pool_2d(x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | Non
     weights = _UNUSED_SCALE[x.dtype] if is_max else np.ascontiguousarray(scale, x.dtype)
     window = (rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation, cols.dilation)
 
-    planes = y.shape[0] * y.shape[1]
-    parts = plane_parts(planes, rows.out * cols.out)
-    if parts == 1:
-        _planes(x, y, 0, planes, *window, rows.pad_begin, cols.pad_begin, is_max, weights)
-    else:
-        _split(parts, x, y, *window, rows.pad_begin, cols.pad_begin, is_max, weights)
+    pads = (rows.pad_begin, cols.pad_begin)
+    split_planes(
+        lambda first, last: _planes(x, y, first, last, *window, *pads, is_max, weights),
+        lambda parts: _split(parts, x, y, *window, *pads, is_max, weights),
+        y.shape[0] * y.shape[1], rows.out * cols.out,
+    )  # fmt: skip
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)

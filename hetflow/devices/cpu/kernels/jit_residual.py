@@ -19,7 +19,7 @@ from hetflow.devices.cpu.kernels.jit_epilogue import (
     activation_code,
     planes_view,
 )
-from hetflow.devices.cpu.threads import plane_parts
+from hetflow.devices.cpu.threads import split_planes
 from hetflow.ops.activation import FusedActivation
 
 
@@ -38,12 +38,11 @@ def add_activate(a: np.ndarray, b: np.ndarray, y: np.ndarray, fused: FusedActiva
     constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
     a3, b3, y3 = planes_view(a), planes_view(b), planes_view(y)
 
-    planes = y3.shape[0] * y3.shape[1]
-    parts = plane_parts(planes, y3.shape[2])
-    if parts == 1:
-        _planes(a3, b3, y3, 0, planes, code, constants)
-    else:
-        _split(parts, a3, b3, y3, code, constants)
+    split_planes(
+        lambda first, last: _planes(a3, b3, y3, first, last, code, constants),
+        lambda parts: _split(parts, a3, b3, y3, code, constants),
+        y3.shape[0] * y3.shape[1], y3.shape[2],
+    )  # fmt: skip
     return code != NO_ACTIVATION or fused is None
 
 
