@@ -31,7 +31,7 @@ import numba
 import numpy as np
 
 from hetflow.devices.cpu.kernels.buffers import step_empty
-from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout
+from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout, tap_start
 from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.spatial import Geometry
 
@@ -219,8 +219,7 @@ def _winner_planes(x, y, indices, first, last, kh, kw, sh, sw, dh, dw, pad_top, 
             count = np.uint64(rows * span)
             for i in range(kh):
                 for j in range(kw):
-                    index = ((i * dh) % sh) * sw + (j * dw) % sw
-                    offset = np.uint64((first_row + (i * dh) // sh) * span + (j * dw) // sw)
+                    index, offset = tap_start(i, j, first_row, span, sh, sw, dh, dw)
                     shift = np.int64(i * dh * width + j * dw)
                     if i == 0 and j == 0:
                         for p in range(count):

@@ -22,7 +22,7 @@ import numba
 import numpy as np
 
 from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, NO_ACTIVATION, RELU, activation_code
-from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout
+from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout, tap_start
 from hetflow.devices.cpu.threads import split_planes
 from hetflow.ops.activation import FusedActivation
 
@@ -90,8 +90,7 @@ def _planes(x, w, bias, y, first, last, sh, sw, dh, dw, pad_top, pad_left, code,
             for i in range(kh):
                 for j in range(kw):
                     weight = w[kernel, 0, i, j]
-                    index = ((i * dh) % sh) * sw + (j * dw) % sw
-                    offset = np.uint64((first_row + (i * dh) // sh) * span + (j * dw) // sw)
+                    index, offset = tap_start(i, j, first_row, span, sh, sw, dh, dw)
                     for p in range(count):
                         acc[p] += weight * phases[index, offset + p]
             _store_rows(acc, span, y, image, kernel, first_row, rows, code, constants)

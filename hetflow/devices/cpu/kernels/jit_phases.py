@@ -34,6 +34,14 @@ def layout(out_h, out_w, kh, kw, sh, sw, dh, dw):  # noqa: ANN001, ANN201
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
+def tap_start(i, j, first_row, span, sh, sw, dh, dw):  # noqa: ANN001, ANN201
+    """(phase, offset): where tap (i, j) reads its run for the block of output rows from ``first_row``
+    (the offset unsigned, so the loops that add to it stay vectorised)."""
+    phase = ((i * dh) % sh) * sw + (j * dw) % sw
+    return phase, np.uint64((first_row + (i * dh) // sh) * span + (j * dw) // sw)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
 def fill_phases(x, image, channel, phases, sh, sw, pad_top, pad_left, span, depth):  # noqa: ANN001, ANN201
     """Copy plane ``x[image, channel]`` into ``phases`` ``[sh*sw, depth*span]`` (X's part only)."""
     height, width = x.shape[2], x.shape[3]

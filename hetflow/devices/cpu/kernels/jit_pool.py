@@ -22,7 +22,7 @@ import numba
 import numpy as np
 
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
-from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout
+from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout, tap_start
 from hetflow.devices.cpu.threads import split_planes
 from hetflow.ops.spatial import Geometry
 
@@ -83,8 +83,7 @@ def _planes(x, y, first, last, kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max
             count = np.uint64(rows * span)
             for i in range(kh):
                 for j in range(kw):
-                    index = ((i * dh) % sh) * sw + (j * dw) % sw
-                    offset = np.uint64((first_row + (i * dh) // sh) * span + (j * dw) // sw)
+                    index, offset = tap_start(i, j, first_row, span, sh, sw, dh, dw)
                     if i == 0 and j == 0:
                         for p in range(count):
                             acc[p] = phases[index, offset + p]
