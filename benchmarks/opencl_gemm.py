@@ -1,6 +1,7 @@
 """OpenCL GEMM vs numpy's sgemm: GFLOP/s of square products, kernel alone and end to end.
 
 Usage: python benchmarks/opencl_gemm.py [--sizes 256,512,1024] [--configs "rm=4,rn=3" ...] [--reps 5]
+       [--device N]
        python benchmarks/opencl_gemm.py --sizes 1024,2048 --effort fast   (tuned vs default vs numpy)
 
 Kernel alone: operands packed on the device once, the kernel enqueued and the queue finished per
@@ -20,7 +21,13 @@ from collections.abc import Callable
 import numpy as np
 
 from hetflow.devices.opencl import OpenCLDevice, get_opencl_device
-from hetflow.devices.opencl.kernels.gemm import DEFAULT_CONFIG, GemmConfig, prepare_gemm, run_gemm
+from hetflow.devices.opencl.kernels.gemm import (
+    DEFAULT_CONFIG,
+    GemmConfig,
+    default_config,
+    prepare_gemm,
+    run_gemm,
+)
 
 
 def _parse_config(text: str) -> GemmConfig:
@@ -71,9 +78,11 @@ def main() -> None:
     parser.add_argument("--configs", nargs="*", default=[])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--effort", choices=("fast", "full"), help="also time the tuner's best configuration")
+    parser.add_argument("--device", type=int, default=0, help="OpenCL device index (0)")
     args = parser.parse_args()
-    device = get_opencl_device(0)
-    configs = [_parse_config(c) for c in args.configs] or [DEFAULT_CONFIG]
+    device = get_opencl_device(args.device)
+    # The CPU default and the device's own (they differ on a GPU), unless configurations are named.
+    configs = [_parse_config(c) for c in args.configs] or list(dict.fromkeys([DEFAULT_CONFIG, default_config(device)]))
     print(f"device: {device.name()} ({device.fingerprint()['platform']})")
     print(f"{'n':>5} {'config':<46} {'kernel':>8} {'end2end':>8} {'numpy':>8} {'kernel/numpy':>12}")
     rng = np.random.default_rng(0)

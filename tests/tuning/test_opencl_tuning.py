@@ -7,12 +7,19 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import hetflow
-from hetflow.devices.opencl.kernels.gemm import DEFAULT_CONFIG, GEMM_SPACE, GemmConfig
+from hetflow.devices.opencl.kernels.gemm import (
+    DEFAULT_CONFIG,
+    GEMM_SPACE,
+    GPU_DEFAULT_CONFIG,
+    GemmConfig,
+    default_config,
+)
 from hetflow.devices.opencl.tuning import (
     EFFORTS,
     FAST_CONFIGS,
@@ -64,6 +71,15 @@ def test_fast_list_lies_in_the_declared_space():
     assert FAST_CONFIGS[0] == DEFAULT_CONFIG
 
 
+def test_the_default_follows_the_device_type(opencl):
+    assert default_config(opencl) == (DEFAULT_CONFIG if opencl.is_cpu else GPU_DEFAULT_CONFIG)
+    assert default_config(SimpleNamespace(is_cpu=True)) == DEFAULT_CONFIG
+    assert default_config(SimpleNamespace(is_cpu=False)) == GPU_DEFAULT_CONFIG
+    fast = candidates("fast", max_work_group=256, first=GPU_DEFAULT_CONFIG)
+    assert fast[0] == GPU_DEFAULT_CONFIG and len(fast) == len(set(fast)) == len(FAST_CONFIGS)
+    assert GPU_DEFAULT_CONFIG.local and GPU_DEFAULT_CONFIG.wgm * GPU_DEFAULT_CONFIG.wgn == 64
+
+
 def test_full_effort_extends_the_fast_list_within_the_work_group_limit():
     fast = candidates("fast", max_work_group=64)
     full = candidates("full", max_work_group=64)
@@ -101,7 +117,7 @@ def test_search_records_every_candidate_and_a_new_device_object_reads_it(opencl,
     fresh = GemmTuning(opencl, tmp_path / "records.jsonl")
     assert fresh.config(30, 33, 20) == parse_label(record.chosen)  # same class
     assert fresh.stats.hits == 1 and fresh.stats.misses == 0
-    assert fresh.config(300, 33, 20) == DEFAULT_CONFIG  # another class: the default
+    assert fresh.config(300, 33, 20) == default_config(opencl)  # another class: the default
     assert fresh.stats.misses == 1
 
 
@@ -114,7 +130,7 @@ def test_records_of_another_driver_or_kernel_source_are_ignored(opencl, tuning, 
     TuningCache(path, record.fingerprint).add(other_source)
     fresh = GemmTuning(opencl, path)
     assert fresh.cached(gemm_workload(9, 9, 9)) is None
-    assert fresh.config(9, 9, 9) == DEFAULT_CONFIG and fresh.stats.misses == 1
+    assert fresh.config(9, 9, 9) == default_config(opencl) and fresh.stats.misses == 1
 
 
 def test_ensure_searches_once_then_hits(opencl, tuning, monkeypatch):
@@ -125,7 +141,7 @@ def test_ensure_searches_once_then_hits(opencl, tuning, monkeypatch):
         return search(device, m, n, k, batch, effort, configs=QUICK)
 
     monkeypatch.setattr("hetflow.devices.opencl.tuning.search", fake_search)
-    assert tuning.ensure(5, 6, 7, 1, "none") == DEFAULT_CONFIG and not calls
+    assert tuning.ensure(5, 6, 7, 1, "none") == default_config(tuning.device) and not calls
     tuning.ensure(5, 6, 7, 1, "fast")
     tuning.ensure(5, 6, 7, 1, "fast")
     assert calls == [(5, 6, 7, 1, "fast")]

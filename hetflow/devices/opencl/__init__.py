@@ -274,6 +274,13 @@ class OpenCLDevice(Device):
     def name(self) -> str:
         return str(self.device.name).strip()
 
+    @property
+    def is_cpu(self) -> bool:
+        """Whether the device is a CPU (PoCL, Intel's CPU runtime): kernels pick their defaults by it."""
+        import pyopencl as cl
+
+        return bool(self.device.type & cl.device_type.CPU)
+
     def fingerprint(self) -> dict[str, str]:
         return {
             "kind": "opencl",

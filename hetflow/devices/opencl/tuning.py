@@ -14,7 +14,8 @@ Effort (``hetflow tune --effort``, a session's ``tune=True``):
 
 * ``none``: no measurement; cached configurations are used, the default elsewhere;
 * ``fast``: a short hand-picked list, always whole (the default, 16- and 8-wide register blocks, the
-  K-sliced walk, two local-memory tilings: 13 variants, a few seconds per class once built);
+  K-sliced walk, six local-memory tilings: 17 variants, the device's default first; a few seconds per
+  class once built);
 * ``full``: the fast list, then random points of the whole space until the class's time budget
   (60 s) is spent.
 
@@ -41,8 +42,10 @@ import numpy as np
 from hetflow.devices.opencl.kernels.gemm import (
     DEFAULT_CONFIG,
     GEMM_SPACE,
+    GPU_DEFAULT_CONFIG,
     SOURCE,
     GemmConfig,
+    default_config,
     gemm_configs,
     prepare_gemm,
 )
@@ -76,8 +79,9 @@ EFFORTS = {
     "full": Effort(budget_seconds=60.0, rounds=5, explore=True),
 }
 
-#: The ``fast`` list: the default first, then variants of its register block, vector width and K depth,
-#: and two local-memory tilings (the shapes a GPU driver prefers).
+#: The ``fast`` list: the CPU default first, then variants of its register block, vector width and K
+#: depth, and local-memory tilings (the shapes a GPU driver prefers). A search puts the device's own
+#: default first (``candidates``).
 FAST_CONFIGS: tuple[GemmConfig, ...] = (
     DEFAULT_CONFIG,
     # 16-wide vectors (AVX-512 CPUs, where PoCL prefers float16): 12-16 accumulators of 32 registers.
@@ -93,9 +97,14 @@ FAST_CONFIGS: tuple[GemmConfig, ...] = (
     GemmConfig(rm=4, rn=3, vw=8, mb=16, kc=256),
     GemmConfig(rm=6, rn=2, vw=8),
     GemmConfig(rm=8, rn=1, vw=8),
-    # Local-memory tilings, the shapes a GPU driver prefers.
+    # Local-memory tilings, the shapes a GPU driver prefers: 32x64 and 64x64 tiles in groups of 64 to
+    # 256 work-items (smaller groups and tiles leave more groups for a small product).
     GemmConfig(rm=4, rn=2, vw=4, kt=16, wgm=4, wgn=4, local=1),
-    GemmConfig(rm=4, rn=1, vw=8, kt=16, wgm=8, wgn=8, local=1),
+    GPU_DEFAULT_CONFIG,
+    GemmConfig(rm=4, rn=1, vw=4, kt=16, wgm=8, wgn=16, local=1),
+    GemmConfig(rm=2, rn=1, vw=4, kt=16, wgm=16, wgn=16, local=1),
+    GemmConfig(rm=8, rn=1, vw=8, kt=16, wgm=8, wgn=8, local=1),
+    GemmConfig(rm=4, rn=1, vw=4, kt=32, wgm=16, wgn=16, local=1),
 )
 
 
@@ -195,7 +204,7 @@ class GemmTuning:
                 found = self.cached(workload)
                 if found is None:
                     self.stats.misses += 1
-                    found = DEFAULT_CONFIG
+                    found = default_config(self.device)
                 else:
                     self.stats.hits += 1
                 self._chosen[workload] = found
@@ -213,7 +222,7 @@ class GemmTuning:
                 self.stats.hits += 1
             elif effort == "none":
                 self.stats.misses += 1
-                found = DEFAULT_CONFIG
+                found = default_config(self.device)
             else:
                 self.stats.misses += 1
                 record = search(self.device, m, n, k, batch, effort)
@@ -231,10 +240,13 @@ def _random_operands(m: int, n: int, k: int, batch: int) -> tuple[np.ndarray, np
     return a, b
 
 
-def candidates(effort: str, max_work_group: int, seed: int = 0) -> list[GemmConfig]:
-    """The configurations ``effort`` tries, in order: the fast list, then (``full``) the rest of the
-    space in a seeded random order."""
-    fitting = [c for c in FAST_CONFIGS if c.wgm * c.wgn <= max_work_group]
+def candidates(
+    effort: str, max_work_group: int, seed: int = 0, first: GemmConfig = DEFAULT_CONFIG
+) -> list[GemmConfig]:
+    """The configurations ``effort`` tries, in order: ``first`` (the device's default), the rest of
+    the fast list, then (``full``) the rest of the space in a seeded random order."""
+    ordered = [first, *(c for c in FAST_CONFIGS if c != first)]
+    fitting = [c for c in ordered if c.wgm * c.wgn <= max_work_group]
     if not EFFORTS[effort].explore:
         return fitting
     rest = [c for c in gemm_configs(GEMM_SPACE, max_work_group) if c not in fitting]
@@ -294,8 +306,9 @@ def search(
     times: dict[str, float] = {}
     errors: dict[str, str] = {}
     started = time.perf_counter()
-    fast = set(candidates("fast", max_group))
-    for config in candidates(effort, max_group) if configs is None else configs:
+    first = default_config(device)
+    fast = set(candidates("fast", max_group, first=first))
+    for config in candidates(effort, max_group, first=first) if configs is None else configs:
         # The hand-picked list always runs whole (builds dominate a first run); the budget bounds the
         # exploration past it.
         if config not in fast and times and time.perf_counter() - started > budget:
@@ -417,7 +430,7 @@ def report_gemm_tuning(
     out(f"GEMM configurations on {device.id} ({device.name()}), effort {effort}: {len(rows)} shape class(es)")
     if not rows:
         return rows
-    default = config_label(DEFAULT_CONFIG)
+    default = config_label(default_config(device))
     out(f"{'M x N x K (batch)':<26} {'source':<8} {'tuned GFLOP/s':>13} {'default GFLOP/s':>15} {'gain':>6}  config")
     for row in rows:
         m, n, k, batch = row.shape
