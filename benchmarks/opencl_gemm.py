@@ -81,14 +81,15 @@ def main() -> None:
     parser.add_argument("--device", type=int, default=0, help="OpenCL device index (0)")
     args = parser.parse_args()
     device = get_opencl_device(args.device)
-    # The CPU default and the device's own (they differ on a GPU), unless configurations are named.
-    configs = [_parse_config(c) for c in args.configs] or list(dict.fromkeys([DEFAULT_CONFIG, default_config(device)]))
+    named = [_parse_config(c) for c in args.configs]
     print(f"device: {device.name()} ({device.fingerprint()['platform']})")
     print(f"{'n':>5} {'config':<46} {'kernel':>8} {'end2end':>8} {'numpy':>8} {'kernel/numpy':>12}")
     rng = np.random.default_rng(0)
     for n in (int(s) for s in args.sizes.split(",")):
         a = rng.standard_normal((1, n, n)).astype(np.float32)
         b = rng.standard_normal((1, n, n)).astype(np.float32)
+        # The CPU default and the device's own for this size (they differ on a GPU), unless named.
+        configs = named or list(dict.fromkeys([DEFAULT_CONFIG, default_config(device, n, n)]))
         tuned = []
         if args.effort:
             from hetflow.devices.opencl.tuning import parse_label, search

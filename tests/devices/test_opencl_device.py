@@ -91,6 +91,22 @@ def test_synchronize_returns(opencl):
 SOURCE = "__kernel void fill(__global float* y, const float v) { y[get_global_id(0)] = v; }\n"
 
 
+_AXPB = """__kernel void axpb(__global float* y, __global const float* x, const float a, const int b,
+                   const long n) { const long i = get_global_id(0); if (i < n) y[i] = a * x[i] + b; }"""
+
+
+def test_launches_with_scalar_arguments_keep_their_values(opencl):
+    # The first launch declares the kernel's scalar types (pyopencl's fast, typed path); later launches
+    # with other values, and a buffer in another position's place, must still read what they pass.
+    kernel = opencl.kernel("axpb", _AXPB)
+    x = opencl.to_device(np.arange(37, dtype=np.float32))
+    for a, b in ((2.0, 1), (-0.5, 7), (3.25, -4)):
+        y = opencl.empty((37,))
+        opencl.enqueue(kernel, (64,), None, (y.buffer, x.buffer, np.float32(a), np.int32(b), np.int64(37)))
+        np.testing.assert_array_equal(opencl.to_host(y), a * np.arange(37, dtype=np.float32) + b)
+    assert kernel._hetflow_typed
+
+
 def test_build_cache_reuses_the_binary_from_disk(opencl, tmp_path):
     # A unique comment makes the source new to every cache (PoCL's own included): a real compile.
     source = f"// {uuid.uuid4()}\n{SOURCE}"

@@ -186,7 +186,9 @@ def test_backward_computes_only_what_is_wanted(chunking):
         some = conv_train.conv_backward(x, w, dy, attrs, *want)
         for wanted, got, full in zip(want, some, every):
             if wanted:
-                np.testing.assert_array_equal(got, full)
+                # Not bitwise: how the work splits over threads follows what is wanted, and so does
+                # the summation order (1-ulp differences on a 16-core machine).
+                np.testing.assert_allclose(got, full, rtol=1e-12, atol=1e-12)
             else:
                 assert got is None
 

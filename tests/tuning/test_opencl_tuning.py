@@ -17,6 +17,7 @@ from hetflow.devices.opencl.kernels.gemm import (
     DEFAULT_CONFIG,
     GEMM_SPACE,
     GPU_DEFAULT_CONFIG,
+    GPU_SMALL_CONFIGS,
     GemmConfig,
     default_config,
 )
@@ -72,9 +73,13 @@ def test_fast_list_lies_in_the_declared_space():
 
 
 def test_the_default_follows_the_device_type(opencl):
-    assert default_config(opencl) == (DEFAULT_CONFIG if opencl.is_cpu else GPU_DEFAULT_CONFIG)
+    assert default_config(opencl, 2048, 2048) == (DEFAULT_CONFIG if opencl.is_cpu else GPU_DEFAULT_CONFIG)
     assert default_config(SimpleNamespace(is_cpu=True)) == DEFAULT_CONFIG
-    assert default_config(SimpleNamespace(is_cpu=False)) == GPU_DEFAULT_CONFIG
+    gpu = SimpleNamespace(is_cpu=False, compute_units=132)  # an H100's streaming multiprocessors
+    assert default_config(gpu, 2048, 2048) == GPU_DEFAULT_CONFIG  # 64 x 32 tiles of 32 x 64
+    assert default_config(gpu, 384, 36) == GPU_SMALL_CONFIGS[-1]  # 48 tiles of 8 x 32: the smallest
+    assert default_config(gpu, 384, 36, batch=16) == GPU_DEFAULT_CONFIG  # 12 x 16 = 192 groups
+    assert default_config(gpu, 1024, 256) == GPU_SMALL_CONFIGS[0]  # 64 x 8 tiles of 16 x 32
     fast = candidates("fast", max_work_group=256, first=GPU_DEFAULT_CONFIG)
     assert fast[0] == GPU_DEFAULT_CONFIG and len(fast) == len(set(fast)) == len(FAST_CONFIGS)
     assert GPU_DEFAULT_CONFIG.local and GPU_DEFAULT_CONFIG.wgm * GPU_DEFAULT_CONFIG.wgn == 64
@@ -117,7 +122,7 @@ def test_search_records_every_candidate_and_a_new_device_object_reads_it(opencl,
     fresh = GemmTuning(opencl, tmp_path / "records.jsonl")
     assert fresh.config(30, 33, 20) == parse_label(record.chosen)  # same class
     assert fresh.stats.hits == 1 and fresh.stats.misses == 0
-    assert fresh.config(300, 33, 20) == default_config(opencl)  # another class: the default
+    assert fresh.config(300, 33, 20) == default_config(opencl, 300, 33)  # another class: the default
     assert fresh.stats.misses == 1
 
 
@@ -130,7 +135,7 @@ def test_records_of_another_driver_or_kernel_source_are_ignored(opencl, tuning, 
     TuningCache(path, record.fingerprint).add(other_source)
     fresh = GemmTuning(opencl, path)
     assert fresh.cached(gemm_workload(9, 9, 9)) is None
-    assert fresh.config(9, 9, 9) == default_config(opencl) and fresh.stats.misses == 1
+    assert fresh.config(9, 9, 9) == default_config(opencl, 9, 9) and fresh.stats.misses == 1
 
 
 def test_ensure_searches_once_then_hits(opencl, tuning, monkeypatch):
@@ -141,7 +146,7 @@ def test_ensure_searches_once_then_hits(opencl, tuning, monkeypatch):
         return search(device, m, n, k, batch, effort, configs=QUICK)
 
     monkeypatch.setattr("hetflow.devices.opencl.tuning.search", fake_search)
-    assert tuning.ensure(5, 6, 7, 1, "none") == default_config(tuning.device) and not calls
+    assert tuning.ensure(5, 6, 7, 1, "none") == default_config(tuning.device, 5, 6) and not calls
     tuning.ensure(5, 6, 7, 1, "fast")
     tuning.ensure(5, 6, 7, 1, "fast")
     assert calls == [(5, 6, 7, 1, "fast")]

@@ -186,6 +186,18 @@ def _wrappable(array: np.ndarray) -> np.ndarray:
     return host
 
 
+def _type_scalar_args(kernel: Any, args: Sequence[Any]) -> None:
+    """Declare ``kernel``'s scalar argument types from one launch's arguments (numpy scalars; buffers
+    and the rest untyped), once per kernel object.
+
+    pyopencl then sets arguments through an invoker generated for those types: 25 arguments in 4 µs,
+    against 290 µs through its untyped path (about 12 µs per numpy scalar, on PoCL and NVIDIA alike).
+    A kernel's signature is fixed, so every later launch passes the same kinds at the same positions.
+    """
+    kernel.set_scalar_arg_dtypes([a.dtype if isinstance(a, np.generic) else None for a in args])
+    kernel._hetflow_typed = True
+
+
 @functools.cache
 def _discover() -> tuple[list[tuple[Any, Any]], str | None]:
     """Every (platform, device) pair in discovery order, and the reason when there is none."""
@@ -281,6 +293,11 @@ class OpenCLDevice(Device):
 
         return bool(self.device.type & cl.device_type.CPU)
 
+    @functools.cached_property
+    def compute_units(self) -> int:
+        """The device's compute units (cores on a CPU, streaming multiprocessors on an NVIDIA GPU)."""
+        return int(self.device.max_compute_units)
+
     def fingerprint(self) -> dict[str, str]:
         return {
             "kind": "opencl",
@@ -343,6 +360,8 @@ class OpenCLDevice(Device):
         import pyopencl as cl
 
         with self._lock:
+            if not getattr(kernel, "_hetflow_typed", False):
+                _type_scalar_args(kernel, args)
             kernel.set_args(*args)
             cl.enqueue_nd_range_kernel(self.queue, kernel, global_size, local_size)
 

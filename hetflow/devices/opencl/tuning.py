@@ -14,7 +14,7 @@ Effort (``hetflow tune --effort``, a session's ``tune=True``):
 
 * ``none``: no measurement; cached configurations are used, the default elsewhere;
 * ``fast``: a short hand-picked list, always whole (the default, 16- and 8-wide register blocks, the
-  K-sliced walk, six local-memory tilings: 17 variants, the device's default first; a few seconds per
+  K-sliced walk, eight local-memory tilings: 19 variants, the device's default first; a few seconds per
   class once built);
 * ``full``: the fast list, then random points of the whole space until the class's time budget
   (60 s) is spent.
@@ -43,6 +43,7 @@ from hetflow.devices.opencl.kernels.gemm import (
     DEFAULT_CONFIG,
     GEMM_SPACE,
     GPU_DEFAULT_CONFIG,
+    GPU_SMALL_CONFIGS,
     SOURCE,
     GemmConfig,
     default_config,
@@ -105,6 +106,7 @@ FAST_CONFIGS: tuple[GemmConfig, ...] = (
     GemmConfig(rm=2, rn=1, vw=4, kt=16, wgm=16, wgn=16, local=1),
     GemmConfig(rm=8, rn=1, vw=8, kt=16, wgm=8, wgn=8, local=1),
     GemmConfig(rm=4, rn=1, vw=4, kt=32, wgm=16, wgn=16, local=1),
+    *GPU_SMALL_CONFIGS,
 )
 
 
@@ -204,7 +206,7 @@ class GemmTuning:
                 found = self.cached(workload)
                 if found is None:
                     self.stats.misses += 1
-                    found = default_config(self.device)
+                    found = default_config(self.device, m, n, batch)
                 else:
                     self.stats.hits += 1
                 self._chosen[workload] = found
@@ -222,7 +224,7 @@ class GemmTuning:
                 self.stats.hits += 1
             elif effort == "none":
                 self.stats.misses += 1
-                found = default_config(self.device)
+                found = default_config(self.device, m, n, batch)
             else:
                 self.stats.misses += 1
                 record = search(self.device, m, n, k, batch, effort)
@@ -306,7 +308,7 @@ def search(
     times: dict[str, float] = {}
     errors: dict[str, str] = {}
     started = time.perf_counter()
-    first = default_config(device)
+    first = default_config(device, m, n, batch)
     fast = set(candidates("fast", max_group, first=first))
     for config in candidates(effort, max_group, first=first) if configs is None else configs:
         # The hand-picked list always runs whole (builds dominate a first run); the budget bounds the
@@ -430,11 +432,11 @@ def report_gemm_tuning(
     out(f"GEMM configurations on {device.id} ({device.name()}), effort {effort}: {len(rows)} shape class(es)")
     if not rows:
         return rows
-    default = config_label(default_config(device))
     out(f"{'M x N x K (batch)':<26} {'source':<8} {'tuned GFLOP/s':>13} {'default GFLOP/s':>15} {'gain':>6}  config")
     for row in rows:
         m, n, k, batch = row.shape
         shape = f"{m} x {n} x {k} ({batch})"
+        default = config_label(default_config(device, m, n, batch))
         tuned = default_rate = "-"
         gain = ""
         if row.record is not None:

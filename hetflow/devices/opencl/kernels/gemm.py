@@ -117,11 +117,30 @@ DEFAULT_CONFIG = GemmConfig()
 #: products at batch 16 took 54 of the run's 58 ms of kernel time with the CPU default.
 GPU_DEFAULT_CONFIG = GemmConfig(rm=4, rn=1, vw=8, kt=16, wgm=8, wgn=8, local=1)
 
+#: Smaller tiles for products too small to give every compute unit a work-group of 32x64 tiles (a
+#: GoogLeNet 1x1 layer at batch 1, 384 x 36: 12 groups for an H100's 132 units), largest first.
+GPU_SMALL_CONFIGS = (
+    GemmConfig(rm=2, rn=1, vw=4, kt=16, wgm=8, wgn=8, local=1),  # 16 x 32 tiles
+    GemmConfig(rm=1, rn=1, vw=4, kt=16, wgm=8, wgn=8, local=1),  # 8 x 32 tiles
+)
 
-def default_config(device: OpenCLDevice) -> GemmConfig:
-    """The untuned configuration for ``device``: ``DEFAULT_CONFIG`` on a CPU, ``GPU_DEFAULT_CONFIG``
-    elsewhere (a GPU's cores idle in one-item work-groups)."""
-    return DEFAULT_CONFIG if device.is_cpu else GPU_DEFAULT_CONFIG
+
+def default_config(device: OpenCLDevice, m: int = 0, n: int = 0, batch: int = 1) -> GemmConfig:
+    """The untuned configuration for an ``M x N`` product (``batch`` of them) on ``device``.
+
+    ``DEFAULT_CONFIG`` on a CPU. On a GPU (any other device type; its cores idle in one-item
+    work-groups) ``GPU_DEFAULT_CONFIG``, or, where its tiles would leave compute units without a
+    work-group, the largest of ``GPU_SMALL_CONFIGS`` that gives each one, else the smallest.
+    """
+    if device.is_cpu:
+        return DEFAULT_CONFIG
+    units = device.compute_units
+    ladder = (GPU_DEFAULT_CONFIG, *GPU_SMALL_CONFIGS)
+    for config in ladder:
+        groups = -(-m // config.tile_m) * -(-n // config.tile_n) * batch
+        if groups >= units:
+            return config
+    return ladder[-1]
 
 
 def gemm_configs(space: Sequence[Knob] = GEMM_SPACE, max_work_group: int = 256) -> list[GemmConfig]:
