@@ -8,6 +8,7 @@ device's kernels that support it; kernels named ``auto`` dispatch at run time an
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,12 @@ class Workload:
     params: Mapping[str, Any]
 
     def key(self) -> str:
+        return self._key
+
+    @functools.cached_property
+    def _key(self) -> str:
+        # Cached: workloads are dict keys on every run's kernel lookups (OpenCL's GEMM configuration
+        # per product), and each hash or comparison would serialise again (~15 us each).
         return json.dumps({"op": self.op, **self.params}, sort_keys=True, separators=(",", ":"))
 
     def describe(self) -> str:
