@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -148,3 +149,12 @@ class Device(abc.ABC):
     def synchronize(self) -> None:
         """Wait until every queued kernel has finished (no-op for synchronous devices)."""
         return None
+
+    def timed_call(self, kernel: Kernel, node: Node, inputs: Sequence[Any]) -> Callable[[], None]:
+        """One call of ``kernel`` on host ``inputs`` as a run makes it, waited for: what tuning times.
+
+        Host-memory devices call the kernel as it is. A device with its own memory stages the inputs a
+        run would hand over already on the device, so that a measurement holds the kernel and not the
+        transfers a run between device nodes never makes.
+        """
+        return lambda: kernel.fn(node, inputs)

@@ -14,20 +14,24 @@ Protocol (AutoTVM's, adapted to a shared, noisy CPU):
    all of them alike. At least ``repeats`` rounds run, and more (up to ``max_repeats``) until every
    candidate has been timed for ``min_seconds`` in total: a short kernel gets many chances at one
    undisturbed run, since a scheduler time slice lost to another process costs more than it does.
-5. A candidate's time is the minimum over its rounds: the least-disturbed run estimates what the kernel
+5. A timed call is the device's ``timed_call``: on the CPU the kernel itself; on OpenCL the inputs a
+   run passes between device nodes are staged on the device first, weights stay resident, and the call
+   waits for the queue, so a discrete GPU times the algorithm and not a PCIe round trip per call.
+6. A candidate's time is the minimum over its rounds: the least-disturbed run estimates what the kernel
    costs, and minimums are what stay stable on a shared machine.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from hetflow.devices.base import Kernel
+from hetflow.devices.base import Device, Kernel
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
 
@@ -88,8 +92,13 @@ def measure(
     node: Node,
     inputs: Sequence[TensorInfo | None],
     options: MeasureOptions | None = None,
+    device: Device | None = None,
 ) -> list[MeasureResult]:
-    """Time every kernel on ``node`` with random inputs of the given shapes, by the protocol above."""
+    """Time every kernel on ``node`` with random inputs of the given shapes, by the protocol above.
+
+    With ``device`` (the kernels' own) each timed call is ``device.timed_call``: inputs staged where a
+    run would have them, the call waited for. Results are checked with host inputs either way.
+    """
     options = options or MeasureOptions()
     arrays = random_inputs(inputs)
     errors: dict[str, str] = {}
@@ -107,6 +116,10 @@ def measure(
         elif not _agrees(np.asarray(output), reference):
             errors[kernel.algorithm] = f"{ErrorKind.WRONG_RESULT.value}: differs from {kernels[0].algorithm}"
     valid = [k for k in kernels if k.algorithm not in errors]
+    calls = {
+        k.algorithm: device.timed_call(k, node, arrays) if device is not None else functools.partial(k.fn, node, arrays)
+        for k in valid
+    }
     best: dict[str, float] = {k.algorithm: float("inf") for k in valid}
     spent = dict.fromkeys(best, 0.0)
     round_index = 0
@@ -117,7 +130,7 @@ def measure(
         shift = round_index % len(valid)
         for kernel in valid[shift:] + valid[:shift]:
             started = time.perf_counter()
-            kernel.fn(node, arrays)
+            calls[kernel.algorithm]()
             elapsed = time.perf_counter() - started
             best[kernel.algorithm] = min(best[kernel.algorithm], elapsed)
             spent[kernel.algorithm] += elapsed

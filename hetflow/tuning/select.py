@@ -132,7 +132,7 @@ class Tuner:
         candidates = list(candidates) if candidates is not None else tunable_kernels(device, node, inputs)
         if workload is None or not candidates:
             raise ValueError(f"node '{node.name}' ({node.op_type}) has no tunable workload")
-        results = measure(candidates, node, inputs, self.options)
+        results = measure(candidates, node, inputs, self.options, device)
         times = {r.algorithm: r.seconds for r in results if r.seconds is not None}
         if not times:
             raise ValueError(f"no candidate ran correctly on node '{node.name}': {results}")

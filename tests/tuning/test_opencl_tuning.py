@@ -207,3 +207,26 @@ def test_cli_tune_with_no_effort_reports_the_gemm_classes(opencl, tuning, zoo_ho
     out = capsys.readouterr().out
     assert "GEMM configurations on opencl:0" in out and "effort none" in out
     assert "miss(es)" in out and "0 searched now" in out
+
+
+def test_timed_calls_stage_inputs_once_and_leave_results_on_the_device(opencl):
+    # A discrete GPU's copy path: a timed call must hold the algorithm, not a PCIe round trip.
+    from hetflow.devices.opencl import OpenCLDevice
+    from hetflow.tuning.measure import measure, random_inputs
+    from hetflow.tuning.space import tunable_kernels
+
+    device = OpenCLDevice(opencl.index, unified=False)
+    conv = Node("Conv", "c", ["x", "w"], ["y"], attrs=ConvAttrs(pads=(1, 1, 1, 1)))
+    infos = [_info(1, 8, 12, 12), _info(16, 8, 3, 3)]
+    kernels = tunable_kernels(device, conv, infos)
+    assert len(kernels) > 1
+    arrays = random_inputs(infos)
+    for kernel in kernels:
+        call = device.timed_call(kernel, conv, arrays)
+        call()  # the weights' first upload (resident from then on)
+        moved = (device.transfers.copied_in, device.transfers.copied_out)
+        for _ in range(3):
+            call()
+        assert (device.transfers.copied_in, device.transfers.copied_out) == moved, kernel.algorithm
+    results = measure(kernels, conv, infos, device=device)
+    assert all(r.seconds is not None and r.seconds > 0 for r in results), results

@@ -146,6 +146,7 @@ def _bias_buffer(device: OpenCLDevice, bias: np.ndarray | None, k: int) -> tuple
 
 
 _DUMMY = np.zeros(1, np.float32)
+_DUMMY.flags.writeable = False  # read-only, so the resident cache uploads it once, not on every launch
 
 
 def _direct_operands(
