@@ -74,7 +74,7 @@ def test_fast_list_lies_in_the_declared_space():
 
 def test_the_default_follows_the_device_type(opencl):
     assert default_config(opencl, 2048, 2048) == (DEFAULT_CONFIG if opencl.is_cpu else GPU_DEFAULT_CONFIG)
-    assert default_config(SimpleNamespace(is_cpu=True)) == DEFAULT_CONFIG
+    assert default_config(SimpleNamespace(is_cpu=True), 8, 8) == DEFAULT_CONFIG
     gpu = SimpleNamespace(is_cpu=False, compute_units=132)  # an H100's streaming multiprocessors
     assert default_config(gpu, 2048, 2048) == GPU_DEFAULT_CONFIG  # 64 x 32 tiles of 32 x 64
     assert default_config(gpu, 384, 36) == GPU_SMALL_CONFIGS[-1]  # 48 tiles of 8 x 32: the smallest

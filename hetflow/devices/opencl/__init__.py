@@ -286,7 +286,7 @@ class OpenCLDevice(Device):
     def name(self) -> str:
         return str(self.device.name).strip()
 
-    @property
+    @functools.cached_property
     def is_cpu(self) -> bool:
         """Whether the device is a CPU (PoCL, Intel's CPU runtime): kernels pick their defaults by it."""
         import pyopencl as cl

@@ -125,7 +125,7 @@ GPU_SMALL_CONFIGS = (
 )
 
 
-def default_config(device: OpenCLDevice, m: int = 0, n: int = 0, batch: int = 1) -> GemmConfig:
+def default_config(device: OpenCLDevice, m: int, n: int, batch: int = 1) -> GemmConfig:
     """The untuned configuration for an ``M x N`` product (``batch`` of them) on ``device``.
 
     ``DEFAULT_CONFIG`` on a CPU. On a GPU (any other device type; its cores idle in one-item
