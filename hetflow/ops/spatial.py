@@ -195,6 +195,13 @@ class Geometry:
         """Whether any tap reads outside the input (so the input must be copied into a padded one)."""
         return any(a.pad_begin or a.padded > a.pad_begin + a.size for a in self.axes)
 
+    @property
+    def covers_input(self) -> bool:
+        """Whether the one window is the whole unpadded input (a pool that is a global reduction)."""
+        return all(
+            a.out == 1 and a.kernel == a.size and a.dilation == 1 and a.padded == a.size for a in self.axes
+        )
+
     def taps(self) -> Iterator[tuple[int, ...]]:
         """Every window tap, row-major (the order ONNX's reference scans windows in)."""
         return product(*(range(a.kernel) for a in self.axes))

@@ -26,7 +26,7 @@ CASES = [  # pads, ceil mode, odd sizes, a 1x1 output, dilation, large and strid
     ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}, (1, 2, 3, 3)),
     ({"kernel_shape": (3, 3), "dilations": (2, 2), "pads": (2, 1, 1, 2)}, (2, 2, 11, 10)),
     ({"kernel_shape": (5, 4), "strides": (3, 2), "pads": (2, 1, 2, 1), "ceil_mode": 1}, (1, 3, 13, 12)),
-    ({"kernel_shape": (7, 7)}, (2, 3, 7, 7)),  # global-sized
+    ({"kernel_shape": (7, 7), "pads": (1, 1, 0, 0)}, (2, 3, 7, 7)),  # global-sized, padded
     ({"kernel_shape": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}, (1, 2, 70, 66)),  # two row blocks
 ]
 
@@ -119,3 +119,40 @@ def test_two_threads_split_the_planes_and_agree_with_one(monkeypatch, op_type):
         if previous is not None:
             BLAS.set(previous)
     np.testing.assert_array_equal(single, split)
+
+
+WHOLE_MAP = [  # the one window is the whole input: strides and ceil mode change nothing
+    ({"kernel_shape": (7, 7)}, (2, 5, 7, 7)),
+    ({"kernel_shape": (6, 4), "strides": (2, 3), "ceil_mode": 1}, (1, 3, 6, 4)),
+    ({"kernel_shape": (1, 1)}, (2, 2, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize(("attrs", "shape"), WHOLE_MAP)
+def test_a_window_over_the_whole_map_is_one_reduction(monkeypatch, op_type, attrs, shape, dtype):
+    x = (RNG.standard_normal(shape) * 10).astype(dtype)
+    assert geometry(pool_window(registry.get(op_type).Attrs(**attrs)), shape[2:]).covers_input
+    calls = []
+    real = cpu_pool._global_pool
+    monkeypatch.setattr(cpu_pool, "_global_pool", lambda *a: calls.append(a[0]) or real(*a))
+    concat = np.full((shape[0], shape[1] + 2, 1, 1), np.nan, dtype)
+    y = _pool(op_type, attrs, x, out=concat[:, 1 : 1 + shape[1]])
+    assert len(calls) == 1 and y.dtype == dtype and y.shape == (*shape[:2], 1, 1)
+    wide = x.astype(np.float64)
+    expected = wide.max(axis=(2, 3), keepdims=True) if op_type == "MaxPool" else wide.mean(axis=(2, 3), keepdims=True)
+    np.testing.assert_allclose(concat[:, 1 : 1 + shape[1]], expected, rtol=2e-3 if dtype == np.float16 else 1e-6)
+    assert np.isnan(concat[:, 0]).all() and np.isnan(concat[:, -1]).all()
+
+
+def test_a_padded_or_dilated_whole_size_window_is_not_a_reduction():
+    spatial = (5, 5)
+    padded = registry.get("AveragePool").Attrs(kernel_shape=(5, 5), pads=(1, 1, 1, 1), count_include_pad=1)
+    dilated = registry.get("MaxPool").Attrs(kernel_shape=(3, 3), dilations=(2, 2))
+    assert not geometry(pool_window(padded), spatial).covers_input
+    assert not geometry(pool_window(dilated), spatial).covers_input
+    x = np.ones((1, 1, *spatial), np.float32)
+    y = _pool("AveragePool", {"kernel_shape": (5, 5), "pads": (1, 1, 1, 1), "count_include_pad": 1}, x)
+    assert y.shape == (1, 1, 3, 3)
+    np.testing.assert_allclose(y[0, 0, 0, 0], 16 / 25, rtol=1e-6)  # the corner window: padding counted

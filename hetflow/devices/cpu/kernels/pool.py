@@ -9,7 +9,7 @@ The geometry comes from ``hetflow.ops.spatial`` like Conv's.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -65,12 +65,14 @@ def max_pool(
     x = inputs[0]
     assert x is not None
     geo = geometry(pool_window(node.attrs), x.shape[2:])
+    want_indices = len(node.outputs) > 1 and bool(node.outputs[1])
+    if geo.covers_input and not want_indices:
+        return [_global_pool(np.max, x, out, x.dtype), None]
     if _compiled(node, geo, x.dtype):
         y = output(out, 0, (*x.shape[:2], *geo.out), x.dtype)
         pool_2d(np.ascontiguousarray(x), y, geo, None)
         return [y, None]
     padded = pad_into(geo, x, Scratch(workspace), _lowest(x.dtype))
-    want_indices = len(node.outputs) > 1 and bool(node.outputs[1])
     y: np.ndarray | None = None
     best = np.zeros((), dtype=np.int64)  # winning tap per output element (only with indices)
     for index, tap in enumerate(geo.taps()):
@@ -123,6 +125,8 @@ def average_pool(
     geo = geometry(pool_window(node.attrs), x.shape[2:])
     compute = _compute_dtype(node, x.dtype)
     include_pad = bool(node.attrs.count_include_pad)
+    if geo.covers_input:
+        return [_global_pool(np.mean, x, out, compute)]
     if _compiled(node, geo, compute):
         total = output(out, 0, (*x.shape[:2], *geo.out), compute) if compute == x.dtype else None
         if total is None:
@@ -156,6 +160,17 @@ def _spatial_axes(x: np.ndarray) -> tuple[int, ...]:
     return tuple(range(2, x.ndim))
 
 
+def _global_pool(reduce: Callable[..., np.ndarray], x: np.ndarray, out: Out, compute: np.dtype) -> np.ndarray:
+    """``reduce`` (np.mean, np.max) over the spatial axes into ``[N, C, 1, ...]``, accumulating in
+    ``compute``: the pools whose one window is the whole map (ResNet's and GoogLeNet's final 7x7
+    AveragePool). The tap loops would read every plane once per tap: 24 ms for ResNet-50's at batch 16,
+    against ~1 ms for this one pass."""
+    shape = (*x.shape[:2], *(1,) * (x.ndim - 2))
+    if compute != x.dtype:
+        return deliver(out, 0, reduce(x, axis=_spatial_axes(x), keepdims=True, dtype=compute).astype(x.dtype))
+    return reduce(x, axis=_spatial_axes(x), keepdims=True, out=output(out, 0, shape, x.dtype))
+
+
 @cpu_kernel("GlobalAveragePool", writes_out=True)
 def global_average_pool(
     node: Node, inputs: Sequence[np.ndarray | None], out: Out = None, workspace: Workspace = None
@@ -163,10 +178,7 @@ def global_average_pool(
     """Mean over the spatial axes (float16 accumulates in float32, numpy's rule)."""
     x = inputs[0]
     assert x is not None
-    if x.dtype == np.float16:
-        return [deliver(out, 0, np.mean(x, axis=_spatial_axes(x), keepdims=True).astype(x.dtype))]
-    y = output(out, 0, (*x.shape[:2], *(1,) * (x.ndim - 2)), x.dtype)
-    return [np.mean(x, axis=_spatial_axes(x), keepdims=True, out=y)]
+    return [_global_pool(np.mean, x, out, np.dtype(np.float32) if x.dtype == np.float16 else x.dtype)]
 
 
 @cpu_kernel("GlobalMaxPool", writes_out=True)
@@ -176,5 +188,4 @@ def global_max_pool(
     """Maximum over the spatial axes."""
     x = inputs[0]
     assert x is not None
-    y = output(out, 0, (*x.shape[:2], *(1,) * (x.ndim - 2)), x.dtype)
-    return [np.max(x, axis=_spatial_axes(x), keepdims=True, out=y)]
+    return [_global_pool(np.max, x, out, x.dtype)]
