@@ -197,10 +197,9 @@ class Geometry:
 
     @property
     def covers_input(self) -> bool:
-        """Whether the one window is the whole unpadded input (a pool that is a global reduction)."""
-        return all(
-            a.out == 1 and a.kernel == a.size and a.dilation == 1 and a.padded == a.size for a in self.axes
-        )
+        """Whether there is one window and it holds the whole input (with or without padding around it):
+        a pool that is a global reduction."""
+        return all(a.out == 1 and a.dilation == 1 and a.kernel - a.pad_begin >= a.size for a in self.axes)
 
     def taps(self) -> Iterator[tuple[int, ...]]:
         """Every window tap, row-major (the order ONNX's reference scans windows in)."""

@@ -146,13 +146,26 @@ def test_a_window_over_the_whole_map_is_one_reduction(monkeypatch, op_type, attr
     assert np.isnan(concat[:, 0]).all() and np.isnan(concat[:, -1]).all()
 
 
-def test_a_padded_or_dilated_whole_size_window_is_not_a_reduction():
-    spatial = (5, 5)
-    padded = registry.get("AveragePool").Attrs(kernel_shape=(5, 5), pads=(1, 1, 1, 1), count_include_pad=1)
-    dilated = registry.get("MaxPool").Attrs(kernel_shape=(3, 3), dilations=(2, 2))
-    assert not geometry(pool_window(padded), spatial).covers_input
-    assert not geometry(pool_window(dilated), spatial).covers_input
-    x = np.ones((1, 1, *spatial), np.float32)
-    y = _pool("AveragePool", {"kernel_shape": (5, 5), "pads": (1, 1, 1, 1), "count_include_pad": 1}, x)
-    assert y.shape == (1, 1, 3, 3)
-    np.testing.assert_allclose(y[0, 0, 0, 0], 16 / 25, rtol=1e-6)  # the corner window: padding counted
+@pytest.mark.parametrize("include_pad", [0, 1])
+def test_a_single_window_over_the_input_and_its_padding_is_one_reduction(include_pad):
+    # GoogLeNet's last pool: a 7x7 window over a 6x6 map padded by one at the end.
+    x = RNG.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    attrs = {"kernel_shape": (7, 7), "pads": (0, 0, 1, 1), "count_include_pad": include_pad}
+    assert geometry(pool_window(registry.get("AveragePool").Attrs(**attrs)), (6, 6)).covers_input
+    y = _pool("AveragePool", attrs, x)
+    expected = x.sum(axis=(2, 3), keepdims=True) / (49 if include_pad else 36)
+    np.testing.assert_allclose(y, expected, rtol=1e-5)
+    np.testing.assert_allclose(_pool("MaxPool", {"kernel_shape": (7, 7), "pads": (0, 0, 1, 1)}, x),
+                               x.max(axis=(2, 3), keepdims=True))  # fmt: skip
+
+
+def test_windows_that_miss_part_of_the_input_are_not_a_reduction():
+    def covers(attrs: dict, spatial: tuple[int, int]) -> bool:
+        return geometry(pool_window(registry.get("MaxPool").Attrs(**attrs)), spatial).covers_input
+
+    assert not covers({"kernel_shape": (3, 3), "dilations": (2, 2)}, (5, 5))  # one window, gaps in it
+    assert not covers({"kernel_shape": (5, 5), "pads": (1, 1, 1, 1)}, (5, 5))  # 3x3 windows
+    assert not covers({"kernel_shape": (3, 3), "strides": (2, 2)}, (4, 4))  # one window, the last row out
+    x = RNG.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    y = _pool("MaxPool", {"kernel_shape": (3, 3), "strides": (2, 2)}, x)
+    np.testing.assert_array_equal(y, x[:, :, :3, :3].max(axis=(2, 3), keepdims=True))

@@ -9,6 +9,7 @@ The geometry comes from ``hetflow.ops.spatial`` like Conv's.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -126,7 +127,12 @@ def average_pool(
     compute = _compute_dtype(node, x.dtype)
     include_pad = bool(node.attrs.count_include_pad)
     if geo.covers_input:
-        return [_global_pool(np.mean, x, out, compute)]
+        y = _global_pool(np.mean, x, out, compute)
+        if include_pad and geo.needs_padding:
+            # The window also counts its padding: the mean of the input times input / window size.
+            counted = math.prod(int(a.window_counts(include_pad=True)[0]) for a in geo.axes)
+            y *= y.dtype.type(math.prod(a.size for a in geo.axes) / counted)
+        return [y]
     if _compiled(node, geo, compute):
         total = output(out, 0, (*x.shape[:2], *geo.out), compute) if compute == x.dtype else None
         if total is None:
