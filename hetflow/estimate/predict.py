@@ -216,6 +216,9 @@ def layer_key(node: Node, kernel: Kernel, graph: Graph | None = None) -> str:
     algorithm = kernel.algorithm
     if algorithm in DISPATCHERS and node.op_type == "Conv" and graph is not None:
         algorithm = _conv_method(node, graph) or algorithm
+    if node.op_type in ("MaxPool", "AveragePool") and graph is not None and _whole_map(node, graph):
+        # One window over the whole map: the CPU kernel runs it as the global pool's reduction.
+        return f"Global{node.op_type}/{algorithm}"
     return f"{node.op_type}/{algorithm}"
 
 
@@ -356,22 +359,37 @@ def window_strided(node: Node, graph: Graph) -> bool:
     return spec is not None and any(s > 1 for s in spec.strides)
 
 
-def padded_input_bytes(node: Node, graph: Graph) -> int:
-    """Bytes of a windowed op's input with its padding added, or 0 when it pads nothing."""
+def _geometry(node: Node, graph: Graph) -> Any:
+    """The windowing (``hetflow.ops.spatial.Geometry``) of a Conv or pool node's concrete input, else None."""
     from hetflow.ops.spatial import geometry
 
     x = graph.values.get(node.inputs[0]) if node.inputs else None
     if x is None or x.shape is None or not is_static(x.shape) or len(x.shape) < 3:
-        return 0
+        return None
     spec = _window(node, graph)
     if spec is None:
-        return 0
+        return None
     try:
-        geo = geometry(spec, [int(d) for d in x.shape[2:]])
+        return geometry(spec, [int(d) for d in x.shape[2:]])
     except (TypeError, ValueError):
+        return None
+
+
+def _whole_map(node: Node, graph: Graph) -> bool:
+    """Whether a pool's one window holds its whole input (``Geometry.covers_input``)."""
+    geo = _geometry(node, graph)
+    return geo is not None and geo.covers_input
+
+
+def padded_input_bytes(node: Node, graph: Graph) -> int:
+    """Bytes of a windowed op's input with its padding added, or 0 when it pads nothing (or, a pool over
+    the whole map, reads its input as it is)."""
+    geo = _geometry(node, graph)
+    if geo is None or geo.covers_input and node.op_type != "Conv":
         return 0
     if all(a.padded == a.size for a in geo.axes):
         return 0
+    x = graph.values[node.inputs[0]]
     positions = int(np.prod([a.padded for a in geo.axes], dtype=np.int64))
     return int(x.shape[0]) * int(x.shape[1]) * positions * x.dtype.itemsize
 

@@ -165,3 +165,19 @@ def test_opencl_transfers_are_measured_through_the_device():
         pytest.skip(f"no OpenCL device: {reason}")
     model = _calibrate_transfer(QUICK, get_opencl_device(0))
     assert model.to_device_gbs > 0 and model.to_host_gbs > 0 and model.latency_s >= 0
+
+
+def test_a_pool_over_the_whole_map_is_predicted_as_the_global_pool_it_runs_as(quick_profile):
+    # The CPU kernel reduces such a pool in one pass (no per-plane tap loop), as GlobalAveragePool does.
+    model = make_model(
+        [
+            helper.make_node("AveragePool", ["x"], ["whole"], name="whole", kernel_shape=[7, 7]),
+            helper.make_node("GlobalAveragePool", ["x"], ["global"], name="global"),
+            helper.make_node("AveragePool", ["x"], ["windows"], name="windows", kernel_shape=[3, 3]),
+        ],
+        [("x", TensorProto.FLOAT, [4, 512, 7, 7])],
+        [("whole", TensorProto.FLOAT, None), ("global", TensorProto.FLOAT, None), ("windows", TensorProto.FLOAT, None)],
+    )
+    layers = {layer.name: layer for layer in estimate(model, quick_profile).layers}
+    assert layers["whole"].predicted_ms == pytest.approx(layers["global"].predicted_ms, rel=1e-9)
+    assert layers["windows"].predicted_ms != pytest.approx(layers["global"].predicted_ms, rel=1e-3)
