@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hetflow.graph import Graph
+from hetflow.passes.drop_unread_outputs import drop_unread_outputs
 from hetflow.passes.eliminate_noops import eliminate_noops
 from hetflow.passes.fold_batchnorm import fold_batchnorm
 from hetflow.passes.fuse_activation import fuse_activation
@@ -15,7 +16,8 @@ Pass = Callable[[Graph], Graph]
 #: Applied in order by ``optimize``; each is a ``Graph -> Graph`` function with its own tests.
 #: No-ops go first so that a Dropout between a Conv and its BatchNormalization does not block the
 #: fold, and BatchNormalization folds before activations fuse (a fused activation ends the chain).
-OPTIMIZATION_PASSES: list[Pass] = [eliminate_noops, fold_batchnorm, fuse_activation]
+#: Unread optional outputs go last, once no rewrite can add a reader.
+OPTIMIZATION_PASSES: list[Pass] = [eliminate_noops, fold_batchnorm, fuse_activation, drop_unread_outputs]
 
 
 def optimize(graph: Graph, passes: list[Pass] | None = None) -> Graph:

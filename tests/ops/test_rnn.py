@@ -516,3 +516,39 @@ def test_cost_with_symbolic_batch_has_no_arithmetic() -> None:
     cost = registry.get("LSTM").cost(node, inputs, infos)
     assert cost.macs == 0 and cost.gemm is None
     assert cost.bytes_read == 4 * (20 * 6 + 20 * 5)
+
+
+# -- the compiled standard LSTM cell (jit_lstm) ------------------------------------------------------
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize(("batch", "dtype"), [(1, np.float32), (5, np.float32), (4, np.float64)])
+@pytest.mark.parametrize("outputs", [["Y", "Y_h", "Y_c"], ["", "Y_h", ""]])
+def test_standard_lstm_runs_compiled_and_matches_the_numpy_step(monkeypatch, direction, batch, dtype, outputs):
+    from hetflow.devices.cpu.kernels import rnn as cpu_rnn
+
+    directions = 2 if direction == "bidirectional" else 1
+    feeds = make_inputs("LSTM", seq=6, batch=batch, input_size=3, hidden=13, directions=directions, initial=True)
+    feeds = {name: array.astype(dtype) for name, array in feeds.items()}
+    initial_c = feeds["initial_c"].copy()
+    model = make_model("LSTM", feeds, outputs, direction=direction)
+    calls = []
+    compiled_lstm = cpu_rnn._compiled_lstm
+    monkeypatch.setattr(cpu_rnn, "_compiled_lstm", lambda *a: calls.append(1) or compiled_lstm(*a))
+    compiled = run_hetflow(model, feeds)
+    assert calls, "the standard cell did not take the compiled path"
+    np.testing.assert_array_equal(feeds["initial_c"], initial_c)  # C is updated in a copy
+    monkeypatch.setattr(cpu_rnn, "COMPILED_DTYPES", ())  # every cell takes the numpy step
+    calls.clear()
+    stepped = run_hetflow(model, feeds)
+    assert not calls
+    tolerance = 1e-5 if dtype == np.float32 else 1e-12
+    assert_close(compiled, stepped, rtol=tolerance, atol=tolerance)
+    if dtype == np.float32:
+        assert_close(compiled, run_ort(model, feeds))
+
+
+def test_saturated_gates_stay_finite_in_the_compiled_cell():
+    # exp overflows to inf for large negative pre-activations: sigmoid -> 0 and tanh -> -1, not NaN.
+    feeds = make_inputs("LSTM", seq=3, batch=2, hidden=5, initial=True)
+    feeds["W"] = feeds["W"] * 200
+    outputs = check_against_ort("LSTM", feeds)
+    assert all(np.isfinite(output).all() for output in outputs)

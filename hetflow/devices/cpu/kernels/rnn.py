@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from hetflow.devices.cpu.kernels import jit_lstm
+from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
 from hetflow.ops.rnn import (
@@ -91,7 +93,7 @@ class _Cell(abc.ABC):
         r: ``[gates*hidden, hidden]`` recurrent weights of this direction.
         bias: ``[2*gates*hidden]`` (Wb then Rb) or None.
         peepholes: ``[3*hidden]`` (LSTM only) or None.
-        activations: this direction's resolved activation functions.
+        activations: this direction's resolved activations.
     """
 
     op: ClassVar[type[RecurrentOp]]
@@ -102,12 +104,14 @@ class _Cell(abc.ABC):
         r: np.ndarray,
         bias: np.ndarray | None,
         peepholes: np.ndarray | None,
-        activations: Sequence[Activation],
+        activations: Sequence[ActivationSpec],
     ):
         self.hidden = r.shape[1]
+        self.r = r
         self.rt = r.T
         self.clip = _clipper(attrs.clip)
-        self.activations = activations
+        self.specs = tuple(activations)
+        self.activations = [_bind(spec) for spec in activations]
         rows = self.op.gates * self.hidden
         self.wb = None if bias is None else bias[:rows]
         self.rb = None if bias is None else bias[rows:]
@@ -132,11 +136,19 @@ class _LSTMCell(_Cell):
         r: np.ndarray,
         bias: np.ndarray | None,
         peepholes: np.ndarray | None,
-        activations: Sequence[Activation],
+        activations: Sequence[ActivationSpec],
     ):
         super().__init__(attrs, r, bias, peepholes, activations)
         self.input_forget = bool(attrs.input_forget)
         self.peepholes = None if peepholes is None else np.split(peepholes, 3)  # i, o, f
+        # The standard cell runs compiled (jit_lstm.scan); any variant keeps the numpy step below.
+        self.compiled = (
+            peepholes is None
+            and attrs.clip is None
+            and not self.input_forget
+            and tuple(spec.name for spec in self.specs) == ("sigmoid", "tanh", "tanh")
+            and r.dtype in COMPILED_DTYPES
+        )
 
     def step(self, xw: np.ndarray, states: States) -> States:
         h, c = states
@@ -176,7 +188,7 @@ class _GRUCell(_Cell):
         r: np.ndarray,
         bias: np.ndarray | None,
         peepholes: np.ndarray | None,
-        activations: Sequence[Activation],
+        activations: Sequence[ActivationSpec],
     ):
         super().__init__(attrs, r, bias, peepholes, activations)
         self.linear_before_reset = bool(attrs.linear_before_reset)
@@ -343,31 +355,19 @@ def _run_recurrent(
             r[d],
             None if b is None else b[d].astype(work, copy=False),
             None if peepholes is None else peepholes[d].astype(work, copy=False),
-            [_bind(spec) for spec in specs[d]],
+            specs[d],
         )
         for d in range(directions)
     ]
-
-    # The input projection of every step and direction in one GEMM: [seq*batch, input] x
-    # [input, dirs*gates*hidden]; only h @ R^T is left for the time loop.
-    xw = x.reshape(seq_length * batch, input_size) @ w.reshape(directions * gate_rows, input_size).T
-    xw = xw.reshape(seq_length, batch, directions, gate_rows)
-    for d, cell in enumerate(cells):
-        bias = cell.input_bias()
-        if bias is not None:
-            xw[:, :, d] += bias
 
     initial = [
         _initial_state(s, directions, batch, hidden, work, batch_first) for s in (initial_h, initial_c)
     ]
     y = np.zeros((seq_length, directions, batch, hidden), work) if _wants(node, 0) else None
-    finals: list[list[np.ndarray]] = [[] for _ in range(op.states)]
-    for d, cell in enumerate(cells):
-        reverse = attrs.direction == "reverse" or d == 1
-        start = tuple(initial[k][d] for k in range(op.states))
-        ends = _scan(cell, xw[:, :, d], start, lengths, reverse, None if y is None else y[:, d])
-        for k in range(op.states):
-            finals[k].append(ends[k])
+    if lengths is None and all(isinstance(cell, _LSTMCell) and cell.compiled for cell in cells):
+        finals = _compiled_lstm(x, w, cells, initial, attrs.direction, y)
+    else:
+        finals = _numpy_scans(x, w, cells, initial, lengths, attrs.direction, y)
 
     outputs: list[np.ndarray | None] = [
         None if y is None else _finish(y, out_dtype, (2, 0, 1, 3), batch_first)
@@ -376,6 +376,64 @@ def _run_recurrent(
         stacked = np.stack(finals[k]) if _wants(node, 1 + k) else None
         outputs.append(None if stacked is None else _finish(stacked, out_dtype, (1, 0, 2), batch_first))
     return outputs
+
+
+def _numpy_scans(
+    x: np.ndarray,
+    w: np.ndarray,
+    cells: Sequence[_Cell],
+    initial: Sequence[np.ndarray],
+    lengths: np.ndarray | None,
+    direction: str,
+    y: np.ndarray | None,
+) -> list[list[np.ndarray]]:
+    """Every direction by its cell's numpy step; the final states per state, per direction."""
+    seq_length, batch, input_size = x.shape
+    gate_rows = w.shape[1]
+    # The input projection of every step and direction in one GEMM: [seq*batch, input] x
+    # [input, dirs*gates*hidden]; only h @ R^T is left for the time loop.
+    xw = x.reshape(seq_length * batch, input_size) @ w.reshape(len(cells) * gate_rows, input_size).T
+    xw = xw.reshape(seq_length, batch, len(cells), gate_rows)
+    states = cells[0].op.states
+    finals: list[list[np.ndarray]] = [[] for _ in range(states)]
+    for d, cell in enumerate(cells):
+        bias = cell.input_bias()
+        if bias is not None:
+            xw[:, :, d] += bias
+        reverse = direction == "reverse" or d == 1
+        start = tuple(initial[k][d] for k in range(states))
+        ends = _scan(cell, xw[:, :, d], start, lengths, reverse, None if y is None else y[:, d])
+        for k in range(states):
+            finals[k].append(ends[k])
+    return finals
+
+
+def _compiled_lstm(
+    x: np.ndarray,
+    w: np.ndarray,
+    cells: Sequence[_LSTMCell],
+    initial: Sequence[np.ndarray],
+    direction: str,
+    y: np.ndarray | None,
+) -> list[list[np.ndarray]]:
+    """Every direction of a standard LSTM by ``jit_lstm.scan`` (transposed layout; see there)."""
+    seq_length, batch, _ = x.shape
+    x_t = np.ascontiguousarray(x.transpose(0, 2, 1))  # [seq, input, B]
+    finals: list[list[np.ndarray]] = [[], []]
+    for d, cell in enumerate(cells):
+        bias = cell.input_bias()
+        if bias is None:
+            bias = np.zeros(w.shape[1], x.dtype)
+        # Copies: the scan updates C in place, and a state's transposed view may be the caller's input.
+        h_t, c_t = initial[0][d].T.copy(), initial[1][d].T.copy()
+        y_t = None if y is None else np.empty((seq_length, cell.hidden, batch), x.dtype)
+        reverse = direction == "reverse" or d == 1
+        h_end, c_end = jit_lstm.scan(cell.r, w[d], bias, x_t, h_t, c_t, reverse, y_t)
+        if y is not None and y_t is not None:
+            y[:, d] = y_t.transpose(0, 2, 1)
+        finals[0].append(h_end.T)
+        finals[1].append(c_end.T)
+    return finals
 
 
 def _initial_state(

@@ -100,6 +100,12 @@ def run_lstm(device: OpenCLDevice, node: Node, inputs: Sequence[Tensor | None]) 
         ))  # fmt: skip
     outputs: list[Tensor | None] = []
     if not wants[0]:
+        # The cell kernel writes every step into Y anyway. Wait for it before Y's buffer goes back to
+        # the pool: on PoCL's unified memory, not waiting here (Y unread, lstm-gesture's graph since
+        # drop_unread_outputs) corrupted the host heap within a few runs, with Y parked too. The wait
+        # is what reading Y back did before; one per node, not per step.
+        device.synchronize()
+        device.release(y)
         outputs.append(None)
     elif keep_on_device:
         outputs.append(y)
