@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hetflow.devices.cpu.kernels.jit_epilogue import finish_planes
 from hetflow.ops.activation import FusedActivation
 
 
@@ -48,6 +49,9 @@ def apply_activation(y: np.ndarray, fused: FusedActivation | None) -> None:
 
 
 def finish_channels(y: np.ndarray, bias: np.ndarray | None, fused: FusedActivation | None) -> None:
-    """Bias per channel, then the fused activation, in place (Conv's epilogue)."""
+    """Bias per channel, then the fused activation, in place (Conv's epilogue): one compiled pass where
+    it can (``jit_epilogue.finish_planes``), else numpy's two."""
+    if finish_planes(y, bias, fused):
+        return
     add_channel_bias(y, bias)
     apply_activation(y, fused)

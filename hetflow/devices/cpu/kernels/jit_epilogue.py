@@ -57,3 +57,63 @@ def store_activated(acc, target, code, constants):  # noqa: ANN001
             target[c] = acc[c] * alpha if acc[c] < zero else acc[c]
     else:
         target[:] = acc
+
+
+#: ``finish_planes``'s bias argument when there is none (one zero per dtype; never read past index 0).
+_NO_BIAS = {dtype: np.zeros(1, dtype) for dtype in COMPILED_DTYPES}
+
+
+def finish_planes(y: np.ndarray, bias: np.ndarray | None, fused: FusedActivation | None) -> bool:
+    """``y[:, c] = activation(y[:, c] + bias[c])`` in one compiled pass, in place; False (``y``
+    untouched) when it cannot: a dtype or activation the loop does not take, or ``y`` not viewable as
+    ``[N, C, P]``.
+
+    numpy's bias add and activation are two passes over Y: on a 64x111x111 map 465 us against 140 here
+    (one pass, vectorised), 2.0 ms against 0.6 at 16 images of 64x55x55.
+    """
+    if bias is None and fused is None:
+        return True
+    code, alpha, beta = activation_code(fused)
+    if y.dtype not in COMPILED_DTYPES or (fused is not None and code == NO_ACTIVATION):
+        return False
+    planes = planes_view(y)
+    if planes is None or planes.shape[1] == 0:
+        return False
+    offsets = _NO_BIAS[y.dtype] if bias is None else np.ascontiguousarray(bias, y.dtype).reshape(-1)
+    constants = np.array([alpha, beta, 0.0], y.dtype)
+    _finish(planes, offsets, bias is not None, code, constants)
+    return True
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _finish(planes, bias, has_bias, code, constants):  # noqa: ANN001, ANN202
+    """Each plane ``planes[n, c]`` plus ``bias[c]``, activated by ``code`` (NaN passes through)."""
+    channels = planes.shape[1]
+    for n in range(planes.shape[0]):
+        for c in range(channels):
+            row = planes[n, c]
+            offset = bias[c] if has_bias else constants[2]
+            _finish_row(row, offset, code, constants)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _finish_row(row, offset, code, constants):  # noqa: ANN001, ANN202
+    """``row = activation(row + offset)``; one loop per activation so that each vectorises."""
+    alpha, beta, zero = constants[0], constants[1], constants[2]
+    count = np.uint64(row.shape[0])
+    if code == RELU:
+        for j in range(count):
+            value = row[j] + offset
+            row[j] = zero if value < zero else value
+    elif code == CLIP:
+        for j in range(count):
+            value = row[j] + offset
+            value = alpha if value < alpha else value
+            row[j] = beta if value > beta else value
+    elif code == LEAKY_RELU:
+        for j in range(count):
+            value = row[j] + offset
+            row[j] = value * alpha if value < zero else value
+    else:
+        for j in range(count):
+            row[j] += offset

@@ -1,0 +1,67 @@
+"""The compiled Conv epilogue (bias + fused activation in one pass) against numpy's two passes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetflow.devices.cpu.kernels.epilogue import add_channel_bias, apply_activation, finish_channels
+from hetflow.devices.cpu.kernels.jit_epilogue import finish_planes
+from hetflow.ops.activation import FusedActivation
+
+RNG = np.random.default_rng(5)
+ACTIVATIONS = [None, FusedActivation("Relu"), FusedActivation("Clip", 0.0, 6.0),
+               FusedActivation("Clip", -0.5, 0.25), FusedActivation("LeakyRelu", 0.1)]  # fmt: skip
+
+
+def _numpy_epilogue(y: np.ndarray, bias: np.ndarray | None, fused: FusedActivation | None) -> np.ndarray:
+    expected = y.copy()
+    add_channel_bias(expected, bias)
+    apply_activation(expected, fused)
+    return expected
+
+
+@pytest.mark.parametrize("fused", ACTIVATIONS, ids=lambda f: f.op_type if f else "none")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_one_pass_matches_numpy_and_keeps_nan(fused, dtype, with_bias):
+    y = (RNG.standard_normal((3, 5, 7, 9)) * 4).astype(dtype)
+    y[1, 2, 3, 4] = np.nan
+    bias = RNG.standard_normal(5).astype(np.float32) if with_bias else None  # cast to Y's dtype
+    expected = _numpy_epilogue(y, bias, fused)
+    assert finish_planes(y, bias, fused)
+    np.testing.assert_array_equal(y, expected)  # the same arithmetic, element by element
+    assert np.isnan(y[1, 2, 3, 4])
+
+
+def test_a_concat_slice_is_finished_in_place_and_its_neighbours_untouched():
+    whole = np.full((2, 7, 4, 4), np.nan, np.float32)
+    part = whole[:, 2:5]
+    part[...] = RNG.standard_normal(part.shape)
+    bias = RNG.standard_normal(3).astype(np.float32)
+    expected = _numpy_epilogue(np.ascontiguousarray(part), bias, FusedActivation("Relu"))
+    finish_channels(part, bias, FusedActivation("Relu"))
+    np.testing.assert_array_equal(whole[:, 2:5], expected)
+    assert np.isnan(whole[:, :2]).all() and np.isnan(whole[:, 5:]).all()
+
+
+@pytest.mark.parametrize(
+    ("y", "fused"),
+    [
+        (np.ones((1, 2, 3), np.float32), FusedActivation("Sigmoid")),  # transcendental: numpy's
+        (np.ones((1, 2, 3), np.float16), FusedActivation("Relu")),  # not a compiled dtype
+    ],
+)
+def test_what_the_loop_does_not_take_is_left_to_numpy(y, fused):
+    before = y.copy()
+    assert not finish_planes(y, np.ones(y.shape[1], np.float32), fused)
+    np.testing.assert_array_equal(y, before)
+    expected = _numpy_epilogue(y, np.ones(y.shape[1], np.float32), fused)
+    finish_channels(y, np.ones(y.shape[1], np.float32), fused)
+    np.testing.assert_allclose(y.astype(np.float64), expected.astype(np.float64), rtol=1e-6)
+
+
+def test_a_map_with_no_planes_view_is_refused_untouched():
+    y = np.ones((2, 3, 4, 4), np.float32)[:, :, ::2]  # rows apart: no [N, C, P] view without a copy
+    assert not finish_planes(y, np.ones(3, np.float32), FusedActivation("Relu"))
+    assert (y == 1).all()
