@@ -21,7 +21,7 @@ from hetflow.devices.cpu.kernels.jit_pool import compiled_window, pool_2d
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
-from hetflow.ops.pool import pool_window
+from hetflow.ops.pool import has_indices, pool_window
 from hetflow.ops.spatial import Geometry, geometry
 
 Workspace = np.ndarray | None
@@ -46,8 +46,7 @@ def _compute_dtype(node: Node, dtype: np.dtype) -> np.dtype:
 
 def _compiled(node: Node, geo: Geometry, dtype: np.dtype) -> bool:
     """Whether the compiled 2-D kernel runs this pool: 2-D, float, no Indices output."""
-    wants_indices = len(node.outputs) > 1 and bool(node.outputs[1])
-    return compiled_window(geo) and not wants_indices and np.dtype(dtype) in COMPILED_DTYPES
+    return compiled_window(geo) and not has_indices(node) and np.dtype(dtype) in COMPILED_DTYPES
 
 
 def _lowest(dtype: np.dtype) -> float | int:
@@ -66,7 +65,7 @@ def max_pool(
     x = inputs[0]
     assert x is not None
     geo = geometry(pool_window(node.attrs), x.shape[2:])
-    want_indices = len(node.outputs) > 1 and bool(node.outputs[1])
+    want_indices = has_indices(node)
     if geo.covers_input and not want_indices:
         return [_global_pool(np.max, x, out, x.dtype), None]
     if _compiled(node, geo, x.dtype):
@@ -169,8 +168,8 @@ def _spatial_axes(x: np.ndarray) -> tuple[int, ...]:
 def _global_pool(reduce: Callable[..., np.ndarray], x: np.ndarray, out: Out, compute: np.dtype) -> np.ndarray:
     """``reduce`` (np.mean, np.max) over the spatial axes into ``[N, C, 1, ...]``, accumulating in
     ``compute``: the pools whose one window is the whole map (ResNet's and GoogLeNet's final 7x7
-    AveragePool). The tap loops would read every plane once per tap: 24 ms for ResNet-50's at batch 16,
-    against ~1 ms for this one pass."""
+    AveragePool). The tap loop read every plane once per tap: 31.6 ms for ResNet-50's at batch 16,
+    against 1.5 ms for this one pass."""
     shape = (*x.shape[:2], *(1,) * (x.ndim - 2))
     if compute != x.dtype:
         return deliver(out, 0, reduce(x, axis=_spatial_axes(x), keepdims=True, dtype=compute).astype(x.dtype))
