@@ -143,7 +143,32 @@ def test_max_pool_indices_nan_and_infinite_windows():
     np.testing.assert_array_equal(dx, direct_max_pool_backward(x, dy, geom))
 
 
-@pytest.mark.parametrize("case", [3, 6], ids=["dilated-asym", "tiled-3x2-pad"])
+def test_windows_that_tile_the_input_skip_the_phase_planes():
+    """Stride = window, no padding, every window inside X: the tiling loop; anything else: phases."""
+    tiled = [jit_backward.tiles_input(geometry(pool_window(attrs), shape[2:])) for attrs, shape in POOL_CASES]
+    assert [POOL_IDS[i] for i, t in enumerate(tiled) if t] == ["2x2", "2x2-odd", "tiled-3x3-uncovered"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_tiled_max_pool_indices_ties_nan_and_infinity(dtype):
+    """The tiling loop keeps the search's rules: ties and -inf windows go to the first tap, the first
+    NaN wins."""
+    attrs, shape = POOL_CASES[0]
+    x, dy, geom = _pool_inputs(attrs, shape, dtype)
+    x[0, 0, :2, :2] = 1.0  # a tie: the first tap
+    x[0, 1, 2:4, 2:4] = -np.inf
+    x[1, 0, 0, 1] = x[1, 0, 1, 0] = np.nan  # the first NaN in row-major order
+    y, indices = jit_backward.max_pool_indices_2d(x, geom)
+    plane = shape[2] * shape[3]
+    assert indices[0, 0, 0, 0] == 0 and y[0, 0, 0, 0] == 1.0
+    assert indices[0, 1, 1, 1] == plane + 2 * shape[3] + 2 and y[0, 1, 1, 1] == -np.inf
+    assert indices[1, 0, 0, 0] == shape[1] * plane + 1 and np.isnan(y[1, 0, 0, 0])
+    np.testing.assert_array_equal(
+        jit_backward.max_pool_scatter_2d(indices, dy, x.shape), direct_max_pool_backward(x, dy, geom)
+    )
+
+
+@pytest.mark.parametrize("case", [0, 3, 6], ids=["2x2", "dilated-asym", "tiled-3x2-pad"])
 def test_max_pool_indices_split_over_threads(monkeypatch, case):
     attrs, shape = POOL_CASES[case]
     x, dy, geom = _pool_inputs(attrs, shape, np.float32)
