@@ -10,7 +10,7 @@ import pytest
 
 from hetflow.devices.cpu import threads
 from hetflow.devices.cpu.kernels import jit_backward
-from hetflow.devices.cpu.kernels.jit_pool import pool_2d
+from hetflow.devices.cpu.kernels.jit_pool import pool_2d, tiles_input
 from hetflow.devices.cpu.kernels.pool import max_pool
 from hetflow.graph import Node
 from hetflow.ops import registry
@@ -145,7 +145,7 @@ def test_max_pool_indices_nan_and_infinite_windows():
 
 def test_windows_that_tile_the_input_skip_the_phase_planes():
     """Stride = window, no padding, every window inside X: the tiling loop; anything else: phases."""
-    tiled = [jit_backward.tiles_input(geometry(pool_window(attrs), shape[2:])) for attrs, shape in POOL_CASES]
+    tiled = [tiles_input(geometry(pool_window(attrs), shape[2:])) for attrs, shape in POOL_CASES]
     assert [POOL_IDS[i] for i, t in enumerate(tiled) if t] == ["2x2", "2x2-odd", "tiled-3x3-uncovered"]
 
 

@@ -28,7 +28,11 @@ CASES = [  # pads, ceil mode, odd sizes, a 1x1 output, dilation, large and strid
     ({"kernel_shape": (5, 4), "strides": (3, 2), "pads": (2, 1, 2, 1), "ceil_mode": 1}, (1, 3, 13, 12)),
     ({"kernel_shape": (7, 7), "pads": (1, 1, 0, 0)}, (2, 3, 7, 7)),  # global-sized, padded
     ({"kernel_shape": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}, (1, 2, 70, 66)),  # two row blocks
+    ({"kernel_shape": (2, 2), "strides": (2, 2)}, (2, 3, 8, 9)),  # windows tiling X (a column left over)
+    ({"kernel_shape": (3, 2), "strides": (3, 2)}, (1, 2, 10, 7)),
 ]
+#: The cases whose windows tile X (a max pool runs ``jit_pool.tile_loop`` on them).
+TILED = (10, 11)
 
 
 def _pool(op_type: str, attrs: dict, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -57,9 +61,10 @@ def test_compiled_pool_matches_the_tap_loop(monkeypatch, op_type, attrs, shape, 
     np.testing.assert_allclose(compiled, looped, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("case", [0, TILED[0]])
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
-def test_compiled_pool_writes_into_a_strided_slice(op_type):
-    attrs, shape = CASES[0]
+def test_compiled_pool_writes_into_a_strided_slice(op_type, case):
+    attrs, shape = CASES[case]
     x = RNG.standard_normal(shape).astype(np.float32)
     expected = _pool(op_type, attrs, x)
     concat = np.full((shape[0], shape[1] + 2, *expected.shape[2:]), np.nan, np.float32)
@@ -83,6 +88,23 @@ def test_max_pool_keeps_nan_and_ignores_padding():
     y = _pool("MaxPool", {"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}, x)
     assert (y[0, 0] < 0).all()
     assert np.isnan(y[0, 1, 1:4, 1:4]).all() and np.isnan(y[0, 1]).sum() == 9
+
+
+def test_tiling_windows_skip_the_phase_planes_and_keep_nan(monkeypatch):
+    from hetflow.devices.cpu.kernels import jit_pool
+
+    assert [i for i, (attrs, shape) in enumerate(CASES) if jit_pool.tiles_input(
+        geometry(pool_window(registry.get("MaxPool").Attrs(**attrs)), shape[2:]))] == list(TILED)  # fmt: skip
+    attrs, shape = CASES[TILED[0]]
+    x = RNG.standard_normal(shape).astype(np.float32)
+    x[0, 1, 2, 3] = np.nan
+    calls = []
+    monkeypatch.setattr(jit_pool, "_planes", lambda *args: calls.append(args))  # the phase planes' loop
+    y = _pool("MaxPool", attrs, x)
+    assert not calls
+    windows = np.lib.stride_tricks.sliding_window_view(x[..., :8], (2, 2), axis=(2, 3))[:, :, ::2, ::2]
+    np.testing.assert_array_equal(y, windows.max(axis=(-1, -2)))  # numpy's max: NaN propagates
+    assert np.isnan(y[0, 1, 1, 1]) and np.isnan(y).sum() == 1
 
 
 def test_integer_pools_and_indices_keep_the_numpy_loop():

@@ -12,7 +12,7 @@ runs it) like ``jit_pool``'s maximum, one contiguous vector loop per tap over ph
 (``jit_phases``), and the backward pass only scatters dY by them (``max_pool_scatter_2d``). Measured on
 one core, batch 128, 2x2/2 windows on 32x32x32 / 64x16x16 / 128x8x8 (random data): the Indices forward
 15 / 10 / 9 ms through phase planes (``jit_pool``'s max 7 / 5 / 6), 8.8 / 4.6 / 2.5 ms by the loop for
-windows that tile X (``tiles_input``), which reads each window where it lies; the scatter 6 / 3 / 1.5 ms, the per-window search
+windows that tile X (``jit_pool.tiles_input``), which reads each window where it lies; the scatter 6 / 3 / 1.5 ms, the per-window search
 (``max_pool_backward_2d``, for a MaxPool without Indices) 32 / 16 / 9 ms. Computing the Indices in the
 backward pass instead of that search measured slower on the mentee's ReLU outputs (41 vs 28 ms a step).
 
@@ -25,7 +25,6 @@ their gradients in output order, where the numpy rule sums them in tap order.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import numba
@@ -33,13 +32,9 @@ import numpy as np
 
 from hetflow.devices.cpu.kernels.buffers import step_empty
 from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout, tap_start
+from hetflow.devices.cpu.kernels.jit_pool import compiled_once, tile_loop, tiles_input
 from hetflow.devices.cpu.threads import parallel_planes
 from hetflow.ops.spatial import Geometry
-
-#: (kh, kw, sh, sw, dh, dw) -> its compiled MaxPool backward plane loop; ("tile", kh, kw) -> the
-#: Indices forward's loop for windows that tile X.
-_LOOPS: dict[tuple[int | str, ...], Callable[..., None]] = {}
-_LOOPS_LOCK = threading.Lock()
 
 
 def max_pool_indices_2d(x: np.ndarray, geom: Geometry) -> tuple[np.ndarray, np.ndarray]:
@@ -52,7 +47,7 @@ def max_pool_indices_2d(x: np.ndarray, geom: Geometry) -> tuple[np.ndarray, np.n
     y = step_empty((x.shape[0], x.shape[1], rows.out, cols.out), x.dtype)
     indices = step_empty(y.shape, np.dtype(np.int64))
     window = (rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation, cols.dilation)
-    tiled = _tile_loop(rows.kernel, cols.kernel) if tiles_input(geom) else None
+    tiled = tile_loop(rows.kernel, cols.kernel) if tiles_input(geom) else None
 
     def run(first: int, last: int) -> None:
         if tiled is not None:
@@ -62,16 +57,6 @@ def max_pool_indices_2d(x: np.ndarray, geom: Geometry) -> tuple[np.ndarray, np.n
 
     parallel_planes(run, x.shape[0] * x.shape[1], rows.out * cols.out)
     return y, indices
-
-
-def tiles_input(geom: Geometry) -> bool:
-    """Whether the windows tile the input without overlap, gaps or padding (stride = kernel, no
-    dilation, every window inside X): the training MaxPool's usual 2x2/2 case, which runs without
-    phase planes (``_compile_tile_winners``)."""
-    return all(
-        a.stride == a.kernel and a.dilation == 1 and a.pad_begin == 0 and a.out * a.kernel <= a.size
-        for a in geom.axes
-    )
 
 
 def max_pool_scatter_2d(indices: np.ndarray, dy: np.ndarray, x_shape: tuple[int, ...]) -> np.ndarray:
@@ -178,21 +163,7 @@ def _inside(offset, stride, extent, size, out):  # noqa: ANN001, ANN202
 
 def _max_pool_loop(window: tuple[int, ...]) -> Callable[..., None]:
     """The compiled plane loop for one window ``(kh, kw, sh, sw, dh, dw)`` (compiled on first use)."""
-    return _compiled_once(window, lambda: _compile_max_pool(*window))
-
-
-def _compiled_once(
-    key: tuple[int | str, ...], compile_loop: Callable[[], Callable[..., None]]
-) -> Callable[..., None]:
-    """The loop kept under ``key`` in ``_LOOPS``, compiled by ``compile_loop`` on first use."""
-    loop = _LOOPS.get(key)
-    if loop is None:
-        with _LOOPS_LOCK:
-            loop = _LOOPS.get(key)
-            if loop is None:
-                loop = compile_loop()
-                _LOOPS[key] = loop
-    return loop
+    return compiled_once(("backward", *window), lambda: _compile_max_pool(*window))
 
 
 def _compile_max_pool(kh: int, kw: int, sh: int, sw: int, dh: int, dw: int) -> Callable[..., None]:
@@ -269,49 +240,6 @@ def _winner_planes(x, y, indices, first, last, kh, kw, sh, sw, dh, dw, pad_top, 
                         at_y, at_x = _first_maximum(x[image, channel], top, left, kh, kw, dh, dw, False)
                         found = plane_start + at_y * width + at_x
                         indices[image, channel, row, c] = found if at_y >= 0 else -1
-
-
-def _tile_loop(kh: int, kw: int) -> Callable[..., None]:
-    """The compiled plane loop of ``max_pool_indices_2d`` for windows of ``kh`` x ``kw`` that tile X
-    (compiled on first use, the window baked in)."""
-    return _compiled_once(("tile", kh, kw), lambda: _compile_tile_winners(kh, kw))
-
-
-def _compile_tile_winners(kh: int, kw: int) -> Callable[..., None]:
-    """Y and Indices of output planes ``first .. last - 1`` for ``kh`` x ``kw`` windows that tile X.
-
-    No phase planes: each window's taps are read where they lie, at unsigned flat offsets (no array
-    views, whose reference counting costs more than a small plane's work), and compared with selects,
-    not branches (on data a branch is a coin toss). The window is a constant, so the tap loops unroll.
-    Measured on one core, batch 128, 2x2/2 on 32x32x32 / 64x16x16 / 128x8x8: 12.9 / 8.6 / 8.3 ms
-    through the phase planes, 8.8 / 4.6 / 2.5 ms here.
-    """
-
-    @numba.njit(nogil=True)
-    def planes(x, y, indices, first, last):  # noqa: ANN001, ANN202
-        height, width = x.shape[2], x.shape[3]
-        out_h, out_w = y.shape[2], y.shape[3]
-        flat_x, flat_y, flat_indices = x.reshape(-1), y.reshape(-1), indices.reshape(-1)
-        row_step = np.uint64(width)
-        for plane in range(first, last):
-            for oy in range(out_h):
-                corner_row = np.uint64(plane * height * width + oy * kh * width)
-                out_row = np.uint64((plane * out_h + oy) * out_w)
-                for ox in range(np.uint64(out_w)):
-                    corner = corner_row + ox * np.uint64(kw)
-                    best, won = flat_x[corner], np.int64(corner)
-                    for i in range(kh):
-                        for j in range(kw):
-                            at = corner + np.uint64(i) * row_step + np.uint64(j)
-                            value = flat_x[at]
-                            # A NaN beats any number and the first NaN stays (argmax's rule).
-                            better = (value > best) | ((value != value) & (best == best))
-                            best = value if better else best
-                            won = np.int64(at) if better else won
-                    flat_y[out_row + ox] = best
-                    flat_indices[out_row + ox] = won
-
-    return planes
 
 
 @numba.njit(nogil=True, cache=True)
