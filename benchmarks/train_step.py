@@ -1,6 +1,7 @@
 """One training step of the mentee net (zoo) at batch 128: hetflow vs PyTorch CPU, side by side.
 
-    python benchmarks/train_step.py [--model mentee] [--batch 128] [--repeat 10] [--threads 2] [--json FILE]
+    python benchmarks/train_step.py [--model mentee] [--batch 128] [--repeat 10] [--threads 2] [--settle 0.2]
+                                    [--json FILE]
 
 Both frameworks train the same network from the same weights (the zoo's, copied into an equivalent
 ``torch.nn.Sequential`` built from hetflow's graph) on the same random CIFAR-10-shaped batch, with SGD
@@ -17,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 DEFAULT_THREADS = 2
@@ -41,6 +43,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=10, help="timed steps per framework (10)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per framework first (2)")
     parser.add_argument("--threads", type=int, default=DEFAULT_THREADS)
+    parser.add_argument(
+        "--settle", type=float, default=0.2, help="seconds of rest before each timed step (0.2): "
+        "a peer's OpenMP or BLAS threads spin for a while after a call, on the cores the next step needs"
+    )
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
     args = parser.parse_args()
 
@@ -70,6 +76,7 @@ def main() -> int:
     for _ in range(args.repeat):
         for name, step in steps.items():  # interleaved, so both see the same machine state
             timings: dict[str, float] = {}
+            time.sleep(args.settle)  # the other framework's worker threads may still be spinning
             step(timings)
             timings["step"] = timings["forward"] + timings["backward"] + timings["update"]
             for phase in PHASES:
