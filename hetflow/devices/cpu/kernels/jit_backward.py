@@ -12,8 +12,9 @@ runs it) like ``jit_pool``'s maximum, one contiguous vector loop per tap over ph
 (``jit_phases``), and the backward pass only scatters dY by them (``max_pool_scatter_2d``). Measured on
 one core, batch 128, 2x2/2 windows on 32x32x32 / 64x16x16 / 128x8x8 (random data): the Indices forward
 15 / 10 / 9 ms through phase planes (``jit_pool``'s max 7 / 5 / 6), 8.8 / 4.6 / 2.5 ms by the loop for
-windows that tile X (``jit_pool.tiles_input``), which reads each window where it lies; the scatter 6 / 3 / 1.5 ms, the per-window search
-(``max_pool_backward_2d``, for a MaxPool without Indices) 32 / 16 / 9 ms. Computing the Indices in the
+windows that tile X (``jit_pool.tile_loop``, which reads each window where it lies); the scatter
+6 / 3 / 1.5 ms; the per-window search (``max_pool_backward_2d``, for a MaxPool without Indices)
+32 / 16 / 9 ms. Computing the Indices in the
 backward pass instead of that search measured slower on the mentee's ReLU outputs (41 vs 28 ms a step).
 
 Both give the numpy rules' numbers: MaxPool's winner is the first maximum of each window in row-major

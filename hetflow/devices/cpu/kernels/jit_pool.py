@@ -57,10 +57,6 @@ def pool_2d(x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | Non
         return
     rows, cols = geo.axes
     is_max = scale is None
-    weights = _UNUSED_SCALE[x.dtype] if is_max else np.ascontiguousarray(scale, x.dtype)
-    window = (rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation, cols.dilation)
-
-    pads = (rows.pad_begin, cols.pad_begin)
     if is_max and tiles_input(geo) and y.flags.c_contiguous:
         loop = tile_loop(rows.kernel, cols.kernel, record=False)
         # NOTE: on the Python pool even in numba-pool mode: the loop is compiled per window, and a
@@ -69,6 +65,10 @@ def pool_2d(x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | Non
             lambda first, last: loop(x, y, _NO_INDICES, first, last), y.shape[0] * y.shape[1], rows.out * cols.out
         )
         return
+    weights = _UNUSED_SCALE[x.dtype] if is_max else np.ascontiguousarray(scale, x.dtype)
+    window = (rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation, cols.dilation)
+
+    pads = (rows.pad_begin, cols.pad_begin)
     split_planes(
         lambda first, last: _planes(x, y, first, last, *window, *pads, is_max, weights),
         lambda parts: _split(parts, x, y, *window, *pads, is_max, weights),
@@ -108,45 +108,60 @@ def compiled_once(
 
 def tile_loop(kh: int, kw: int, record: bool = True) -> Callable[..., None]:
     """The compiled plane loop ``loop(x, y, indices, first, last)`` of a max pool whose ``kh`` x ``kw``
-    windows tile X (``tiles_input``), compiled on first use with the window baked in; without
-    ``record`` it leaves ``indices`` alone (a plain max pool passes any int64 array)."""
-    return compiled_once(("tile", kh, kw, int(record)), lambda: _compile_tile_winners(kh, kw, record))
+    windows tile X (``tiles_input``): Y of output planes ``first .. last - 1``, and their Indices (the
+    flat position in X of each window's first maximum) when ``record`` (else ``indices`` is unread).
 
-
-def _compile_tile_winners(kh: int, kw: int, record: bool) -> Callable[..., None]:
-    """Y and Indices of output planes ``first .. last - 1`` for ``kh`` x ``kw`` windows that tile X.
-
-    No phase planes: each window's taps are read where they lie, at unsigned flat offsets (no array
-    views, whose reference counting costs more than a small plane's work), and compared with selects,
-    not branches (on data a branch is a coin toss). The window is a constant, so the tap loops unroll.
-    Measured on one core, batch 128, 2x2/2 on 32x32x32 / 64x16x16 / 128x8x8: 12.9 / 8.6 / 8.3 ms
-    through the phase planes, 8.8 / 4.6 / 2.5 ms here.
+    The window must be a constant of the compiled code for the tap loops to unroll (with the window
+    read at run time the loop ran 1.5-10x slower): 2x2 has its own function, cached on disk like the
+    other kernels; any other window is compiled on first use in each process (~1.4 s).
     """
+    if (kh, kw) == (2, 2):
+        return lambda x, y, indices, first, last: _tiles_2x2(x, y, indices, first, last, record)
+    loop = compiled_once(("tile", kh, kw), lambda: _compile_tiles(kh, kw))
+    return lambda x, y, indices, first, last: loop(x, y, indices, first, last, record)
+
+
+# NOTE: no phase planes: each window's taps are read where they lie, at unsigned flat offsets (no array
+# views, whose reference counting costs more than a small plane's work), and compared with selects, not
+# branches (on data a branch is a coin toss). Measured on one core, batch 128, 2x2/2 on 32x32x32 /
+# 64x16x16 / 128x8x8 with Indices: 12.9 / 8.6 / 8.3 ms through the phase planes, 8.8 / 4.6 / 2.5 ms here.
+@numba.njit(nogil=True, inline="always")
+def _tiles(x, y, indices, first, last, kh, kw, record):  # noqa: ANN001, ANN202
+    height, width = x.shape[2], x.shape[3]
+    out_h, out_w = y.shape[2], y.shape[3]
+    flat_x, flat_y, flat_indices = x.reshape(-1), y.reshape(-1), indices.reshape(-1)
+    row_step = np.uint64(width)
+    for plane in range(first, last):
+        for oy in range(out_h):
+            corner_row = np.uint64(plane * height * width + oy * kh * width)
+            out_row = np.uint64((plane * out_h + oy) * out_w)
+            for ox in range(np.uint64(out_w)):
+                corner = corner_row + ox * np.uint64(kw)
+                best, won = flat_x[corner], np.int64(corner)
+                for i in range(kh):
+                    for j in range(kw):
+                        at = corner + np.uint64(i) * row_step + np.uint64(j)
+                        value = flat_x[at]
+                        # A NaN beats any number and the first NaN stays (argmax's rule).
+                        better = (value > best) | ((value != value) & (best == best))
+                        best = value if better else best
+                        won = np.int64(at) if better else won
+                flat_y[out_row + ox] = best
+                if record:
+                    flat_indices[out_row + ox] = won
+
+
+@numba.njit(nogil=True, cache=True)
+def _tiles_2x2(x, y, indices, first, last, record):  # noqa: ANN001, ANN202
+    _tiles(x, y, indices, first, last, 2, 2, record)  # inlined, so the window is a constant
+
+
+def _compile_tiles(kh: int, kw: int) -> Callable[..., None]:
+    """``_tiles`` with the window baked in (numba freezes closure variables as constants)."""
 
     @numba.njit(nogil=True)
-    def planes(x, y, indices, first, last):  # noqa: ANN001, ANN202
-        height, width = x.shape[2], x.shape[3]
-        out_h, out_w = y.shape[2], y.shape[3]
-        flat_x, flat_y, flat_indices = x.reshape(-1), y.reshape(-1), indices.reshape(-1)
-        row_step = np.uint64(width)
-        for plane in range(first, last):
-            for oy in range(out_h):
-                corner_row = np.uint64(plane * height * width + oy * kh * width)
-                out_row = np.uint64((plane * out_h + oy) * out_w)
-                for ox in range(np.uint64(out_w)):
-                    corner = corner_row + ox * np.uint64(kw)
-                    best, won = flat_x[corner], np.int64(corner)
-                    for i in range(kh):
-                        for j in range(kw):
-                            at = corner + np.uint64(i) * row_step + np.uint64(j)
-                            value = flat_x[at]
-                            # A NaN beats any number and the first NaN stays (argmax's rule).
-                            better = (value > best) | ((value != value) & (best == best))
-                            best = value if better else best
-                            won = np.int64(at) if better else won
-                    flat_y[out_row + ox] = best
-                    if record:
-                        flat_indices[out_row + ox] = won
+    def planes(x, y, indices, first, last, record):  # noqa: ANN001, ANN202
+        _tiles(x, y, indices, first, last, kh, kw, record)
 
     return planes
 
