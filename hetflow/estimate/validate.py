@@ -2,7 +2,9 @@
 
 Per layer, Augur's overhead-free method: one forward pass supplies every layer's real inputs, then each
 layer alone is warmed up and run many times between two clock reads (one synchronisation), and the
-fastest round counts. The whole model is timed as users see it, ``session.run`` end to end, the minimum
+fastest round counts. Each call is the device's ``timed_call``, as a run makes it: on the CPU the
+kernel writes into outputs and a workspace allocated once, as the arena's are, under the threads a run
+of the plan holds. The whole model is timed as users see it, ``session.run`` end to end, the minimum
 over several runs. The memory peak is what tracemalloc sees numpy allocate during one (warm) run:
 activations and scratch, not the weights or the caller's inputs, which exist before the run starts.
 """
@@ -17,8 +19,9 @@ import numpy as np
 
 from hetflow.devices.base import Kernel
 from hetflow.estimate.predict import Estimate, batch_bindings
-from hetflow.estimate.timing import amortised_seconds, replay, threads_held, timed_call
+from hetflow.estimate.timing import amortised_seconds, replay, timed_call
 from hetflow.graph import Node
+from hetflow.runtime.executor import holds_batch, plan_conv_macs, run_threads
 from hetflow.runtime.session import InferenceSession
 
 
@@ -56,15 +59,16 @@ def layer_seconds(
 
     def visit(index: int, node: Node, kernel: Kernel, inputs: list[np.ndarray | None]) -> Sequence | None:
         sync = device[node.name].synchronize
-        kernel.fn(node, inputs)  # warm-up: a compiled kernel's first call compiles it
-        outputs, first = timed_call(lambda: kernel.fn(node, inputs), sync)
-        measured[node.name] = amortised_seconds(lambda: kernel.fn(node, inputs), min_time=min_time,
-                                                rounds=rounds, synchronize=sync, first_seconds=first)
-        return outputs  # type: ignore[return-value]
+        outputs = kernel.fn(node, inputs)  # warm-up: a compiled kernel's first call compiles it
+        call = device[node.name].timed_call(kernel, node, inputs)
+        _, first = timed_call(call, sync)
+        measured[node.name] = amortised_seconds(call, min_time=min_time, rounds=rounds, synchronize=sync,
+                                                first_seconds=first)
+        return outputs
 
-    # NOTE: the session's thread count (what its runs hold BLAS at); InferenceSession has no public
-    # accessor for it yet.
-    with threads_held(getattr(session, "_threads", None)):
+    # NOTE: the threads a run of this plan holds (BLAS's, or hetflow's own GEMM splits); the session's
+    # count has no public accessor on InferenceSession yet.
+    with run_threads(plan_conv_macs(plan), holds_batch(feeds), getattr(session, "_threads", None)):
         replay(plan.graph, [(step.node, step.kernel) for step in plan.steps], feeds, visit)
     return measured
 

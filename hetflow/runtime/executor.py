@@ -104,16 +104,7 @@ def execute(
     wanted = tuple(plan.graph.outputs) if outputs is None else tuple(outputs)
     program = compiled(plan, wanted)
     count = available_cores() if threads is None else threads
-    # A batch of a convolutional network: hetflow splits the GEMMs itself, with BLAS at one thread, so
-    # that OpenBLAS's spinning workers never take the cores the compiled kernels' splits need (see
-    # OWN_THREADS_MIN_CONV_MACS). With HETFLOW_NUMBA_POOL=1, every run of a convolutional network does,
-    # in numba's pool (jit_gemm). Recurrent networks keep OpenBLAS's threads for their many small
-    # products (lstm-gesture ran 1.4-2.9x slower on one BLAS thread).
-    numba_pool = NUMBA_POOL and jit_gemm.available()
-    own = count > 1 and program.conv_macs > 0 and (
-        numba_pool or (program.conv_macs >= OWN_THREADS_MIN_CONV_MACS and _batched(feeds))
-    )
-    with own_threads(count, numba_pool) if own else blas_threads(count):
+    with run_threads(program.conv_macs, holds_batch(feeds), count):
         if observer is not None:
             env = program.run_observed(feeds, observer)
         elif mode == "parallel" and count > 1 and program.branches:
@@ -121,6 +112,30 @@ def execute(
         else:
             env = program.run(feeds)
     return {name: env[slot] for name, slot in zip(wanted, program.output_slots)}
+
+
+def splits_gemms(conv_macs: int, batched: bool, threads: int | None = None) -> bool:
+    """Whether a run holds BLAS at one thread and splits its GEMMs over its own ``threads``
+    (``own_threads``), given its convolution multiply-adds and whether it holds a batch.
+
+    A batch of a convolutional network does, so that OpenBLAS's spinning workers never take the cores
+    the compiled kernels' splits need (see OWN_THREADS_MIN_CONV_MACS). With HETFLOW_NUMBA_POOL=1, every
+    run of a convolutional network does, in numba's pool (jit_gemm). Recurrent networks keep OpenBLAS's
+    threads for their many small products (lstm-gesture ran 1.4-2.9x slower on one BLAS thread).
+    """
+    count = available_cores() if threads is None else threads
+    return count > 1 and conv_macs > 0 and (
+        (NUMBA_POOL and jit_gemm.available()) or (conv_macs >= OWN_THREADS_MIN_CONV_MACS and batched)
+    )
+
+
+def run_threads(conv_macs: int, batched: bool, threads: int | None = None) -> blas_threads:
+    """The thread arrangement a run holds (a context manager): BLAS at ``threads`` (None: every core),
+    or BLAS at one thread and the GEMMs split by hetflow (``splits_gemms``)."""
+    count = available_cores() if threads is None else threads
+    if splits_gemms(conv_macs, batched, count):
+        return own_threads(count, NUMBA_POOL and jit_gemm.available())
+    return blas_threads(count)
 
 
 #: Without ``jit_gemm`` (the products then split on hetflow's Python pool): convolution multiply-adds
@@ -131,8 +146,9 @@ def execute(
 OWN_THREADS_MIN_CONV_MACS = 1_000_000_000
 
 
-def _conv_macs(plan: Plan) -> int:
-    """Multiply-adds of the plan's Conv nodes whose shapes are concrete (0 when none are)."""
+def plan_conv_macs(plan: Plan) -> int:
+    """Multiply-adds of the plan's Conv nodes whose shapes are concrete (0 when none are): what
+    ``splits_gemms`` reads."""
     total = 0
     values = plan.graph.values
     for step in plan.steps:
@@ -147,7 +163,7 @@ def _conv_macs(plan: Plan) -> int:
     return total
 
 
-def _batched(feeds: Mapping[str, np.ndarray]) -> bool:
+def holds_batch(feeds: Mapping[str, np.ndarray]) -> bool:
     """Whether the run's first input holds more than one example (its leading dimension)."""
     first = next(iter(feeds.values()), None)
     return first is not None and getattr(first, "ndim", 0) > 0 and first.shape[0] > 1
@@ -204,7 +220,7 @@ class Program:
         self.waiting = tuple(_producer_counts(self.ops))
         self.roots = tuple(i for i, count in enumerate(self.waiting) if count == 0)
         self.branches = _has_branches(self.ops, self.waiting)
-        self.conv_macs = _conv_macs(plan)
+        self.conv_macs = plan_conv_macs(plan)
         self._plan = plan
         self._wanted = tuple(wanted)
         self._memory: dict[Order, MemoryPlan | None] = {"sequential": self._plan_memory("sequential")}

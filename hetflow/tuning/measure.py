@@ -14,7 +14,8 @@ Protocol (AutoTVM's, adapted to a shared, noisy CPU):
    all of them alike. At least ``repeats`` rounds run, and more (up to ``max_repeats``) until every
    candidate has been timed for ``min_seconds`` in total: a short kernel gets many chances at one
    undisturbed run, since a scheduler time slice lost to another process costs more than it does.
-5. A timed call is the device's ``timed_call``: on the CPU the kernel itself; on OpenCL the inputs a
+5. A timed call is the device's ``timed_call``: on the CPU the kernel writing into outputs and a
+   workspace allocated once, as the run's arena hands them (``Kernel.steady_call``); on OpenCL the inputs a
    run passes between device nodes are staged on the device first, weights stay resident, and the call
    waits for the queue, so a discrete GPU times the algorithm and not a PCIe round trip per call.
 6. A candidate's time is the minimum over its rounds: the least-disturbed run estimates what the kernel
@@ -24,7 +25,6 @@ Protocol (AutoTVM's, adapted to a shared, noisy CPU):
 from __future__ import annotations
 
 import enum
-import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -117,7 +117,7 @@ def measure(
             errors[kernel.algorithm] = f"{ErrorKind.WRONG_RESULT.value}: differs from {kernels[0].algorithm}"
     valid = [k for k in kernels if k.algorithm not in errors]
     calls = {
-        k.algorithm: device.timed_call(k, node, arrays) if device is not None else functools.partial(k.fn, node, arrays)
+        k.algorithm: device.timed_call(k, node, arrays) if device is not None else k.steady_call(node, arrays)
         for k in valid
     }
     best: dict[str, float] = {k.algorithm: float("inf") for k in valid}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hetflow.devices.base import Kernel
 from hetflow.devices.cpu import CPUDevice
 from hetflow.devices.cpu.kernels import buffers
 from hetflow.graph import Node
@@ -114,3 +115,37 @@ def test_lrn_and_sigmoid_use_their_workspace():
         (got,) = kernel.fn(node, [x], out, _dirty(kernel.workspace(node, infos)))
         assert got is out[0]
         np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize(("label", "x_shape", "w_shape", "attrs"), CONV_CASES[:3], ids=[c[0] for c in CONV_CASES[:3]])
+def test_a_steady_call_writes_the_fresh_result_into_buffers_it_keeps(label, x_shape, w_shape, attrs):
+    """What tuning, calibration and validation time: the kernel's own result, into the same output
+    buffers every call (no allocation, as in a run's arena)."""
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], attrs)
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    w = RNG.standard_normal(w_shape).astype(np.float32)
+    b = RNG.standard_normal(w_shape[0]).astype(np.float32)
+    infos = [TensorInfo(x_shape, x.dtype), TensorInfo(w_shape, w.dtype), TensorInfo(b.shape, b.dtype)]
+    for kernel in CPU.kernels.candidates(node, infos):
+        (expected,) = kernel.fn(node, [x, w, b])
+        call = CPU.timed_call(kernel, node, [x, w, b])
+        (first,) = call()
+        (second,) = call()
+        np.testing.assert_allclose(first, expected, rtol=1e-5, atol=1e-5, err_msg=kernel.algorithm)
+        assert kernel.writes_out and first is second, kernel.algorithm
+
+
+def test_a_steady_call_of_a_kernel_without_out_buffers_is_the_plain_call():
+    calls = []
+
+    def double(node: Node, inputs: list) -> list:
+        calls.append(len(inputs))
+        return [inputs[0] * 2]
+
+    kernel = Kernel("Double", double)
+    x = RNG.standard_normal((3, 5)).astype(np.float32)
+    call = kernel.steady_call(_node("Relu", 1), [x])
+    assert calls == []  # nothing runs until the call (no buffers to size)
+    (result,) = call()
+    np.testing.assert_array_equal(result, 2 * x)
+    assert calls == [1]
