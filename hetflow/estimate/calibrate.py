@@ -20,6 +20,7 @@ The full calibration takes well under two minutes; ``quick=True`` (tests, first 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import tracemalloc
@@ -118,6 +119,8 @@ class Sample:
     #: what the features were computed from (recomputed when the GEMM model is refitted).
     cost: Cost | None = None
     strided: bool = False
+    #: timed as a run that splits its GEMMs over its own threads (features computed so).
+    split: bool = False
 
 
 def calibrate(
@@ -132,19 +135,22 @@ def calibrate(
         threads: BLAS threads to calibrate with, as a session's ``threads`` (None: every core).
     """
     with threads_held(threads) as count:
-        profile = _calibrate(device, quick, progress)
+        profile = _calibrate(device, quick, progress, count)
     profile.threads = count
     return profile
 
 
-def _calibrate(device: str, quick: bool, progress: bool | None) -> DeviceProfile:
+def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) -> DeviceProfile:
     from tqdm import tqdm
 
     hardware = get_device(device)
     settings = QUICK if quick else FULL
     probes = [p for p in probe_catalogue.catalogue() if p.quick or not quick]
     grid = _gemm_grid(settings)
-    total = len(settings.copy_sizes) + 2 + settings.passes * (len(grid) + len(probes))
+    # A CPU run that splits its GEMMs over its own threads runs each part on one BLAS thread.
+    splits = hardware.kind == "cpu" and threads > 1
+    one_thread_points = len(one_thread_grid(settings, grid, threads)) if splits else 0
+    total = len(settings.copy_sizes) + 2 + settings.passes * (len(grid) + len(probes)) + one_thread_points
     show = sys.stderr.isatty() if progress is None else progress
     with tqdm(total=total, desc=f"calibrating {hardware.id}", unit="bench", disable=not show, leave=False) as bar:
         memory = _calibrate_memory(settings, hardware, bar.update)
@@ -152,17 +158,18 @@ def _calibrate(device: str, quick: bool, progress: bool | None) -> DeviceProfile
         transfer = _calibrate_transfer(settings, hardware)
         bar.update(1)
         gemm_sweeps = [_time_gemm_grid(settings, grid, hardware, bar.update)]
-        gemm = _fit_gemm_grid(settings, grid, hardware, gemm_sweeps)
-        measured = _time_probes(probes, settings, hardware, gemm, memory, bar)
+        one_thread = _calibrate_one_thread_gemm(settings, grid, threads, hardware, bar.update) if splits else None
+        terms = Terms(_fit_gemm_grid(settings, grid, hardware, gemm_sweeps), memory, one_thread, threads)
+        measured = _time_probes(probes, settings, hardware, terms, bar)
         for _ in range(settings.passes - 1):
             gemm_sweeps.append(_time_gemm_grid(settings, grid, hardware, bar.update))
-            measured = _fastest(measured, _time_probes(probes, settings, hardware, gemm, memory, bar))
+            measured = _fastest(measured, _time_probes(probes, settings, hardware, terms, bar))
         if len(gemm_sweeps) > 1:
             # Features depend on the GEMM model: refit it on the fastest sweep, then recompute them.
-            gemm = _fit_gemm_grid(settings, grid, hardware, gemm_sweeps)
-            measured = [[_with_features(s, gemm, memory) for s in group] for group in measured]
+            terms = dataclasses.replace(terms, gemm=_fit_gemm_grid(settings, grid, hardware, gemm_sweeps))
+            measured = [[_with_features(s, terms) for s in group] for group in measured]
         bar.set_postfix_str("re-measuring outliers", refresh=True)
-        samples = _remeasure_outliers(probes, measured, settings, hardware, gemm, memory)
+        samples = _remeasure_outliers(probes, measured, settings, hardware, terms)
     from hetflow import __version__
 
     return DeviceProfile(
@@ -172,7 +179,8 @@ def _calibrate(device: str, quick: bool, progress: bool | None) -> DeviceProfile
         created=now_iso(),
         hetflow_version=__version__,
         quick=quick,
-        gemm=gemm,
+        gemm=terms.gemm,
+        gemm_one_thread=one_thread,
         memory=memory,
         dispatch_s=dispatch,
         run_overhead_s=run_overhead,
@@ -308,6 +316,33 @@ def _fit_gemm_grid(
     return fit_gemm(points, settings)
 
 
+def _calibrate_one_thread_gemm(
+    settings: Settings, grid: Sequence[tuple[int, int, int]], threads: int, device: Device,
+    step: Callable[[int], object],
+) -> GemmModel:
+    """The GEMM model with BLAS held at one thread (one sweep): what each part of a split product costs.
+
+    Only products a split part can be (at least ``MIN_MACS_PER_SPLIT`` shared by the threads) are timed.
+    """
+    from hetflow.devices.cpu.threads import blas_threads
+
+    grid = one_thread_grid(settings, grid, threads)
+    with blas_threads(1):
+        return _fit_gemm_grid(settings, grid, device, [_time_gemm_grid(settings, grid, device, step)])
+
+
+def one_thread_grid(
+    settings: Settings, grid: Sequence[tuple[int, int, int]], threads: int
+) -> list[tuple[int, int, int]]:
+    """The points of ``grid`` as large as one part of the smallest product a run splits over ``threads``
+    (a quick calibration's small grid keeps every point: too few would be left to fit)."""
+    from hetflow.devices.cpu.threads import MIN_MACS_PER_SPLIT
+
+    if settings.quick:
+        return list(grid)
+    return [(n, m, k) for n, m, k in grid if n * m * k * threads >= MIN_MACS_PER_SPLIT]
+
+
 def fit_gemm(points: Sequence[tuple[int, int, int, float]], settings: Settings) -> GemmModel:
     """Fit the GEMM model to measured ``(n, m, k, seconds)`` points of a grid.
 
@@ -341,15 +376,33 @@ def fit_gemm(points: Sequence[tuple[int, int, int, float]], settings: Settings) 
 
 
 # -- per-op probes ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Terms:
+    """What a probe's features are computed from: the fitted GEMM and memory models, and for runs that
+    split their GEMMs over their own ``threads``, the one-thread GEMM model (None: no such runs)."""
+
+    gemm: GemmModel
+    memory: MemoryModel
+    one_thread: GemmModel | None = None
+    threads: int = 1
+
+    def features(self, cost: Cost, strided: bool, split: bool) -> np.ndarray:
+        halves = (self.one_thread, self.threads) if split and self.one_thread is not None else None
+        return features(cost, self.gemm, self.memory, strided, halves)
+
+    def splits(self, probe: probe_catalogue.Probe) -> bool:
+        """Whether ``probe`` is timed as a run that splits its GEMMs (it asks to, and runs here do)."""
+        return probe.split and self.one_thread is not None
+
+
 def _time_probes(
-    probes: Sequence[probe_catalogue.Probe], settings: Settings, device: Device, gemm: GemmModel,
-    memory: MemoryModel, bar: Any,
+    probes: Sequence[probe_catalogue.Probe], settings: Settings, device: Device, terms: Terms, bar: Any,
 ) -> list[list[Sample]]:
     """One sweep over the probe catalogue: the samples of every probe."""
     measured = []
     for probe in probes:
         bar.set_postfix_str(probe.name[:32], refresh=False)
-        measured.append(_time_probe(probe.build(), settings, device, gemm, memory))
+        measured.append(_time_probe(probe, settings, device, terms))
         bar.update(1)
     return measured
 
@@ -362,16 +415,24 @@ def _fastest(first: list[list[Sample]], second: list[list[Sample]]) -> list[list
     ]
 
 
-def _with_features(sample: Sample, gemm: GemmModel, memory: MemoryModel) -> Sample:
+def _with_features(sample: Sample, terms: Terms) -> Sample:
     """``sample`` with its features recomputed for another GEMM model."""
     if sample.cost is None:
         return sample
-    return dataclasses.replace(sample, features=features(sample.cost, gemm, memory, sample.strided))
+    return dataclasses.replace(sample, features=terms.features(sample.cost, sample.strided, sample.split))
 
 
-def _time_probe(model: object, settings: Settings, device: Device, gemm: GemmModel,
-                memory: MemoryModel) -> list[Sample]:
-    """Time every kernel of ``device`` for every node of one probe model, on real inputs."""
+def _time_probe(probe: probe_catalogue.Probe, settings: Settings, device: Device, terms: Terms) -> list[Sample]:
+    """Time every kernel of ``device`` for every node of one probe model, on real inputs; a ``split``
+    probe as a run that splits its GEMMs over its own threads (``own_threads``)."""
+    from hetflow.devices.cpu.threads import own_threads
+
+    split = terms.splits(probe)
+    with own_threads(terms.threads) if split else contextlib.nullcontext():
+        return _time_probe_nodes(probe.build(), settings, device, terms, split)
+
+
+def _time_probe_nodes(model: object, settings: Settings, device: Device, terms: Terms, split: bool) -> list[Sample]:
     graph = optimize(load_model(model))  # type: ignore[arg-type]
     costs = {node.name: cost for node, cost in node_costs(graph)}
     feeds = _random_feeds(graph)
@@ -389,18 +450,18 @@ def _time_probe(model: object, settings: Settings, device: Device, gemm: GemmMod
         for candidate in device.kernels.candidates(node, infos):
             if candidate.algorithm in SKIPPED_ALGORITHMS:
                 continue
-            candidate.fn(node, inputs)  # warm-up: a compiled kernel's first call compiles it
-            result, first = timed_call(lambda c=candidate: c.fn(node, inputs), device.synchronize)
-            seconds = amortised_seconds(lambda c=candidate: c.fn(node, inputs), min_time=settings.min_time,
-                                        rounds=settings.rounds, synchronize=device.synchronize,
-                                        first_seconds=first)
+            result = candidate.fn(node, inputs)  # warm-up: a compiled kernel's first call compiles it
+            call = device.timed_call(candidate, node, inputs)
+            _, first = timed_call(call, device.synchronize)
+            seconds = amortised_seconds(call, min_time=settings.min_time, rounds=settings.rounds,
+                                        synchronize=device.synchronize, first_seconds=first)
             transient, retained = _allocations(lambda c=candidate: c.fn(node, inputs))
             key = layer_key(node, candidate, graph)
             cost = kernel_cost(node, costs[node.name], key, graph)
             strided = window_strided(node, graph)
             samples.append(Sample(
                 key=key,
-                features=features(cost, gemm, memory, strided),
+                features=terms.features(cost, strided, split),
                 seconds=seconds,
                 memory_terms=memory_terms(node, cost, graph),
                 out_bytes=sum(int(y.nbytes) for y in result if y is not None),  # type: ignore[union-attr]
@@ -408,6 +469,7 @@ def _time_probe(model: object, settings: Settings, device: Device, gemm: GemmMod
                 retained_bytes=retained,
                 cost=cost,
                 strided=strided,
+                split=split,
             ))
             if outputs is None:
                 outputs = result
@@ -454,7 +516,7 @@ def _random_feeds(graph: Graph) -> dict[str, np.ndarray]:
 
 def _remeasure_outliers(
     probes: Sequence[probe_catalogue.Probe], measured: list[list[Sample]], settings: Settings,
-    device: Device, gemm: GemmModel, memory: MemoryModel,
+    device: Device, terms: Terms,
 ) -> list[Sample]:
     """Measure again the probes whose samples sit far from their key's fitted model; keep the faster.
 
@@ -471,7 +533,7 @@ def _remeasure_outliers(
         if not suspects:
             break
         for index in suspects:
-            again = _time_probe(probes[index].build(), settings, device, gemm, memory)
+            again = _time_probe(probes[index], settings, device, terms)
             if len(again) == len(measured[index]):
                 measured[index] = [a if a.seconds < b.seconds else b for a, b in zip(again, measured[index])]
     return [s for group in measured for s in group]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetflow.estimate.profile import FEATURES, GemmModel, MemoryModel
-from hetflow.ops.base import Cost
+from hetflow.ops.base import Cost, GemmDims
 
 #: Unit of the "overhead" and "calls" features: their coefficients read as microseconds.
 MICROSECOND = 1e-6
@@ -76,6 +76,31 @@ def gemm_seconds(model: GemmModel, n: int, m: int, k: int) -> float:
     return gemm_base_seconds(model, n, m, k) * math.exp(gemm_correction(model, n, m, k))
 
 
+def stacked_gemm_seconds(model: GemmModel, dims: GemmDims) -> float:
+    """Predicted seconds of ``dims.count`` products of one shape, one after another.
+
+    NOTE: the grid times one matmul call, its fixed cost included; a stack of products pays that once
+    (the per-product overhead is the op models' "calls" feature).
+    """
+    single = gemm_seconds(model, dims.n, dims.m, dims.k)
+    return single + (dims.count - 1) * max(single - model.overhead_s, 0.1 * single)
+
+
+def split_gemm_seconds(one_thread: GemmModel, dims: GemmDims, threads: int) -> float:
+    """Predicted seconds of ``dims`` when a run splits its products over its own ``threads``
+    (``hetflow.devices.cpu.threads.split_matmul``): each part is one single-threaded BLAS call, so the
+    time is the largest part's on the one-thread model: a stack split by products, one product by its
+    columns. Products under ``MIN_MACS_PER_SPLIT`` in all run unsplit, on one thread."""
+    from hetflow.devices.cpu.threads import MIN_MACS_PER_SPLIT
+
+    if threads <= 1 or dims.count * dims.n * dims.m * dims.k < MIN_MACS_PER_SPLIT:
+        return stacked_gemm_seconds(one_thread, dims)
+    if dims.count > 1:
+        return stacked_gemm_seconds(one_thread, GemmDims(dims.n, dims.m, dims.k, -(-dims.count // threads)))
+    parts = min(threads, dims.m)
+    return gemm_seconds(one_thread, dims.n, -(-dims.m // parts), dims.k)
+
+
 # -- memory --------------------------------------------------------------------------------------
 def bandwidth(model: MemoryModel, working_set: float) -> float:
     """Bytes per second for a pass over ``working_set`` bytes (log-log interpolation, clamped)."""
@@ -86,11 +111,15 @@ def bandwidth(model: MemoryModel, working_set: float) -> float:
 
 
 # -- per-op features -----------------------------------------------------------------------------
-def features(cost: Cost, gemm: GemmModel, memory: MemoryModel, strided: bool = False) -> np.ndarray:
+def features(
+    cost: Cost, gemm: GemmModel, memory: MemoryModel, strided: bool = False, split: tuple[GemmModel, int] | None = None
+) -> np.ndarray:
     """The physical terms of one node's time, in seconds, in ``FEATURES`` order.
 
     overhead: one microsecond (its coefficient is the fixed cost per call in us); gemm: the GEMM
-    model's time for ``cost.gemm`` (``count`` products) plus any MACs outside it at the peak rate;
+    model's time for ``cost.gemm`` (``count`` products) plus any MACs outside it at the peak rate, or,
+    with ``split`` (the one-thread GEMM model and the run's threads), the time of the products split
+    over the run's own threads (``split_gemm_seconds``);
     calls: one microsecond per GEMM call, or per loop (``cost.loops``: a per-plane kernel's planes); io: inputs + outputs over the bandwidth of the working set;
     workspace / strided_workspace: the scratch buffer written and read back, in the second slot when it
     is gathered through a strided window (``strided``: a stride > 1, much slower per byte); flops:
@@ -102,10 +131,7 @@ def features(cost: Cost, gemm: GemmModel, memory: MemoryModel, strided: bool = F
     calls = 0
     if cost.gemm is not None and cost.gemm.n * cost.gemm.m * cost.gemm.k > 0:
         dims = cost.gemm
-        # NOTE: the grid times one matmul call, its fixed cost included; a stack of ``count`` products
-        # pays that once (per-product overhead is the "calls" feature's).
-        single = gemm_seconds(gemm, dims.n, dims.m, dims.k)
-        gemm_time = single + (dims.count - 1) * max(single - gemm.overhead_s, 0.1 * single)
+        gemm_time = split_gemm_seconds(split[0], dims, split[1]) if split else stacked_gemm_seconds(gemm, dims)
         macs_left = max(0.0, macs_left - float(dims.n) * dims.m * dims.k * dims.count)
         calls = dims.count
     else:

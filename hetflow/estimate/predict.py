@@ -409,10 +409,25 @@ def op_model(profile: DeviceProfile, key: str) -> tuple[OpModel, str]:
     return FALLBACK_TRANSIENT, "fallback"
 
 
-def predict_seconds(profile: DeviceProfile, key: str, cost: Cost, strided: bool = False) -> float:
-    """Predicted seconds of one call of a kernel with profile key ``key`` doing ``cost``."""
+def predict_seconds(
+    profile: DeviceProfile, key: str, cost: Cost, strided: bool = False, split_threads: int = 0
+) -> float:
+    """Predicted seconds of one call of a kernel with profile key ``key`` doing ``cost``; with
+    ``split_threads``, in a run that splits its GEMMs over that many threads of its own."""
     model, _ = op_model(profile, key)
-    return model.seconds(features(cost, profile.gemm, profile.memory, strided))
+    split = (profile.gemm_one_thread, split_threads) if split_threads and profile.gemm_one_thread else None
+    return model.seconds(features(cost, profile.gemm, profile.memory, strided, split))
+
+
+def split_threads(profile: DeviceProfile, plan: Any, batch: int, threads: int | None) -> int:
+    """The threads a run of ``plan`` at ``batch`` splits its GEMMs over (0: BLAS threads them), as the
+    executor decides (``splits_gemms``), with the session's ``threads`` or else the profile's."""
+    from hetflow.runtime.executor import plan_conv_macs, splits_gemms
+
+    count = threads or profile.threads
+    if profile.gemm_one_thread is None or not splits_gemms(plan_conv_macs(plan), batch > 1, count):
+        return 0
+    return count
 
 
 # -- the estimate ----------------------------------------------------------------------------------
@@ -474,7 +489,9 @@ def estimate(
     keys = [layer_key(node, kernel, graph) for node, kernel in steps]
     raw = {node.name: cost for node, cost in node_costs(graph)}
     costs = {node.name: kernel_cost(node, raw[node.name], key, graph) for (node, _), key in zip(steps, keys)}
-    layers = [_layer(graph, node, key, raw[node.name], costs[node.name], profile)
+    threads = getattr(session, "_threads", None)  # NOTE: no public accessor on InferenceSession yet
+    split = split_threads(profile, plan, batch, threads)
+    layers = [_layer(graph, node, key, raw[node.name], costs[node.name], profile, split)
               for (node, _), key in zip(steps, keys)]
     limit = parse_bytes(memory_limit) if memory_limit is not None else None
     memory = plan_memory(graph, steps, keys, costs, plan.release_after, profile, limit)
@@ -487,7 +504,6 @@ def estimate(
                                  for node, _ in steps)
     overhead = (len(steps) * profile.dispatch_s + profile.run_overhead_s) * 1e3
     notes = _notes(profile, keys)
-    threads = getattr(session, "_threads", None)  # NOTE: no public accessor on InferenceSession yet
     if threads is not None and profile.device == "cpu" and threads != profile.threads:
         notes.append(f"the profile was calibrated with {profile.threads} thread(s); the session runs {threads}")
     result = Estimate(source_name, batch, _device_label(profile), profile, layers, memory, overhead, notes=notes)
@@ -548,8 +564,11 @@ def _notes(profile: DeviceProfile, keys: Sequence[str]) -> list[str]:
     return notes
 
 
-def _layer(graph: Graph, node: Node, key: str, cost: Cost, work: Cost, profile: DeviceProfile) -> LayerEstimate:
-    """One report row: counts from the op's ``cost``, time from ``work`` (the algorithm's cost)."""
+def _layer(
+    graph: Graph, node: Node, key: str, cost: Cost, work: Cost, profile: DeviceProfile, split: int = 0
+) -> LayerEstimate:
+    """One report row: counts from the op's ``cost``, time from ``work`` (the algorithm's cost) in a
+    run that splits its GEMMs over ``split`` threads (0: BLAS threads them)."""
     first = graph.values.get(node.present_outputs()[0]) if node.present_outputs() else None
     shape = [int(d) for d in first.shape] if first is not None and first.shape is not None else []
     params = sum(int(graph.initializers[name].size) for name in node.present_inputs() if name in graph.initializers)
@@ -563,7 +582,7 @@ def _layer(graph: Graph, node: Node, key: str, cost: Cost, work: Cost, profile: 
         gemm=cost.gemm,
         bytes=int(cost.bytes_read + cost.bytes_written),
         workspace_bytes=int(work.workspace_bytes),
-        predicted_ms=predict_seconds(profile, key, work, window_strided(node, graph)) * 1e3,
+        predicted_ms=predict_seconds(profile, key, work, window_strided(node, graph), split) * 1e3,
     )
 
 

@@ -30,6 +30,9 @@ class Probe:
     build: Callable[[], onnx.ModelProto]
     #: part of the reduced (quick) calibration too.
     quick: bool = False
+    #: timed as a batch run of a big convolutional network runs: BLAS at one thread, each GEMM split
+    #: over the run's threads by hetflow (``hetflow.runtime.executor.splits_gemms``).
+    split: bool = False
 
 
 class _Model:
@@ -198,7 +201,10 @@ def reshape(shape: Sequence[int], target: Sequence[int]) -> Callable[[], onnx.Mo
     return build
 
 
-def lstm(steps: int, batch: int, features: int, hidden: int) -> Callable[[], onnx.ModelProto]:
+def lstm(steps: int, batch: int, features: int, hidden: int, last_only: bool = False) -> Callable[[], onnx.ModelProto]:
+    """An LSTM layer returning every step's hidden state Y, or with ``last_only`` only the last, Y_h (as
+    classifiers use it: the kernel then allocates no Y)."""
+
     def build() -> onnx.ModelProto:
         b = _Model((steps, batch, features))
         w = b.weight((1, 4 * hidden, features))
@@ -206,7 +212,8 @@ def lstm(steps: int, batch: int, features: int, hidden: int) -> Callable[[], onn
         bias = b.weight((1, 8 * hidden))
         b.count += 1
         output = f"t{b.count}"
-        b.nodes.append(helper.make_node("LSTM", ["x", w, r, bias], [output], name="lstm", hidden_size=hidden))
+        outputs = ["", output] if last_only else [output]
+        b.nodes.append(helper.make_node("LSTM", ["x", w, r, bias], outputs, name="lstm", hidden_size=hidden))
         return b.model(output)
 
     return build
@@ -274,12 +281,42 @@ def _conv_probes() -> list[Probe]:
     ]
     probes = []
     for args, kwargs, quick in specs:
-        channels, size, kernels, kernel = args[:4]
-        label = f"conv {channels}x{size}x{size} -> {kernels} k{kernel}"
-        label += f" s{args[4]}" if len(args) > 4 else ""
-        label += "".join(f" {k}={v}" for k, v in kwargs.items())
-        probes.append(Probe(label, conv(*args, **kwargs), quick))
+        probes.append(Probe(_conv_label(args, kwargs), conv(*args, **kwargs), quick))
+    for args, kwargs in BATCH_RUN_CONVS:
+        probes.append(Probe(_conv_label(args, kwargs) + " split", conv(*args, **kwargs), split=True))
     return probes
+
+
+#: Convolutions as batch runs of the big networks have them (VGG, ResNet, GoogLeNet, AlexNet at batch
+#: 16: each 0.2-1.9 G multiply-adds), timed with the GEMMs split over the run's threads as those runs
+#: split them. Without them every large layer was predicted from the batch-1 probes' fit, 1.5x too slow
+#: for VGG-19's Winograd layers at batch 16.
+BATCH_RUN_CONVS: list[tuple[tuple, dict]] = [
+    ((64, 112, 64, 3), {"batch": 2}),
+    ((64, 56, 64, 3), {"batch": 4}),
+    ((128, 28, 128, 3), {"batch": 8}),
+    ((96, 28, 128, 3), {"batch": 8}),
+    ((256, 14, 256, 3), {"batch": 8}),
+    ((512, 7, 512, 3), {"batch": 8}),
+    ((128, 56, 128, 3, 2, 1), {"batch": 8}),
+    ((3, 224, 64, 7, 2, 3), {"batch": 4}),
+    ((3, 227, 96, 11, 4, 0), {"batch": 4}),
+    ((96, 27, 256, 5), {"group": 2, "batch": 4}),
+    ((16, 28, 32, 5), {"batch": 8}),
+    ((64, 56, 256, 1), {"batch": 8}),
+    ((256, 56, 64, 1), {"batch": 8}),
+    ((1024, 14, 256, 1), {"batch": 8}),
+    ((2048, 7, 512, 1), {"batch": 8}),
+    ((480, 14, 96, 1), {"batch": 8}),
+    ((256, 56, 512, 1, 2, 0), {"batch": 8}),
+]
+
+
+def _conv_label(args: tuple, kwargs: dict) -> str:
+    channels, size, kernels, kernel = args[:4]
+    label = f"conv {channels}x{size}x{size} -> {kernels} k{kernel}"
+    label += f" s{args[4]}" if len(args) > 4 else ""
+    return label + "".join(f" {k}={v}" for k, v in kwargs.items())
 
 
 def catalogue() -> list[Probe]:
@@ -325,6 +362,9 @@ def catalogue() -> list[Probe]:
         Probe("fc 800 -> 500 relu", fully_connected(1, 800, 500, relu=True), True),
         Probe("fc 64 -> 10 b16", fully_connected(16, 64, 10)),
         Probe("fc 25088 -> 4096 b2", fully_connected(2, 25088, 4096)),
+        Probe("fc 25088 -> 4096 b16 split", fully_connected(16, 25088, 4096), split=True),
+        Probe("fc 4096 -> 4096 b16 split", fully_connected(16, 4096, 4096, relu=True), split=True),
+        Probe("fc 2048 -> 1000 b16 split", fully_connected(16, 2048, 1000), split=True),
         Probe("matmul 512 -> 512 b64", matmul(64, 512, 512)),
         Probe("matmul 1280 -> 1000", matmul(1, 1280, 1000)),
         Probe("softmax 1000", unary("Softmax", (1, 1000)), True),
@@ -344,6 +384,8 @@ def catalogue() -> list[Probe]:
         Probe("lstm 50x1x6 h512", lstm(50, 1, 6, 512)),
         Probe("lstm 20x16x64 h256", lstm(20, 16, 64, 256)),
         Probe("lstm 30x4x6 h512", lstm(30, 4, 6, 512)),
+        Probe("lstm 100x1x6 h512 last", lstm(100, 1, 6, 512, last_only=True)),
+        Probe("lstm 60x16x6 h512 last", lstm(60, 16, 6, 512, last_only=True)),
     ]
     probes += _elementwise_probes()
     return probes

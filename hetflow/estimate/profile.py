@@ -1,10 +1,11 @@
 """DeviceProfile: what calibration measured on one device, saved as JSON, read by the predictor.
 
-A profile holds four groups of fitted terms:
+A profile holds these groups of fitted terms:
 
 * ``gemm``: the matrix-multiplication model — a peak rate, a cost per element of each operand and
   of the result, a fixed cost, and the residuals of an (n, m, k) grid: the small- and thin-matrix
-  inefficiency that a linear-in-FLOPs model (Augur's) cannot capture;
+  inefficiency that a linear-in-FLOPs model (Augur's) cannot capture; ``gemm_one_thread`` the same
+  with BLAS at one thread, for runs that split their products over their own threads;
 * ``memory``: copy bandwidth as a function of the working set (cache levels, then DRAM), and the rate of
   simple elementwise arithmetic;
 * ``dispatch_s`` / ``run_overhead_s``: the executor's cost per node and per ``run`` call;
@@ -34,7 +35,7 @@ from hetflow.options import home_dir
 
 #: ``format`` field of every profile file; ``version`` is bumped when the schema changes.
 PROFILE_FORMAT = "hetflow.device-profile"
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
 
 #: Order of the per-op feature vector (see ``hetflow.estimate.predict.features``).
 FEATURES = ("overhead", "gemm", "calls", "io", "workspace", "strided_workspace", "flops")
@@ -148,6 +149,9 @@ class DeviceProfile:
     threads: int = 1
     quick: bool = False
     gemm: GemmModel = field(default_factory=GemmModel)
+    #: the GEMM model with BLAS at one thread: what each part costs when a run splits its products over
+    #: its own threads (``hetflow.runtime.executor.splits_gemms``); None: calibrated with one thread.
+    gemm_one_thread: GemmModel | None = None
     memory: MemoryModel = field(default_factory=MemoryModel)
     dispatch_s: float = 5e-6
     run_overhead_s: float = 2e-5
@@ -179,6 +183,7 @@ class DeviceProfile:
                 threads=int(data.get("threads", 1)),
                 quick=bool(data.get("quick", False)),
                 gemm=GemmModel(**data["gemm"]),
+                gemm_one_thread=GemmModel(**data["gemm_one_thread"]) if data.get("gemm_one_thread") else None,
                 memory=MemoryModel(**data["memory"]),
                 dispatch_s=float(data.get("dispatch_s", 5e-6)),
                 run_overhead_s=float(data.get("run_overhead_s", 2e-5)),

@@ -1,0 +1,84 @@
+"""Runs that split their GEMMs over hetflow's own threads: the one-thread GEMM model, how a split
+product's time is predicted, and which runs split."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hetflow import InferenceSession
+from hetflow.devices.cpu.threads import MIN_MACS_PER_SPLIT
+from hetflow.estimate.calibrate import FULL, QUICK, _gemm_grid, one_thread_grid
+from hetflow.estimate.models import gemm_seconds, split_gemm_seconds, stacked_gemm_seconds
+from hetflow.estimate.predict import batch_bindings, split_threads
+from hetflow.estimate.profile import GemmModel
+from hetflow.ops.base import GemmDims
+from hetflow.runtime.executor import OWN_THREADS_MIN_CONV_MACS, plan_conv_macs, splits_gemms
+
+#: One BLAS thread: 50 GFLOP/s, 2 us a call, no small-matrix terms (residuals zero).
+ONE_THREAD = GemmModel(peak_gflops=50.0, overhead_s=2e-6)
+
+
+def test_a_single_large_product_splits_by_columns():
+    dims = GemmDims(n=256, m=3136, k=1152)
+    assert split_gemm_seconds(ONE_THREAD, dims, 2) == pytest.approx(gemm_seconds(ONE_THREAD, 256, 1568, 1152))
+    assert split_gemm_seconds(ONE_THREAD, dims, 2) < 0.6 * gemm_seconds(ONE_THREAD, 256, 3136, 1152)
+
+
+def test_a_stack_splits_by_products_rounding_up():
+    dims = GemmDims(n=64, m=196, k=576, count=5)
+    expected = stacked_gemm_seconds(ONE_THREAD, dataclasses.replace(dims, count=3))
+    assert split_gemm_seconds(ONE_THREAD, dims, 2) == pytest.approx(expected)
+
+
+def test_products_too_small_to_split_run_whole_on_one_thread():
+    dims = GemmDims(n=16, m=49, k=27, count=2)
+    assert dims.n * dims.m * dims.k * dims.count < MIN_MACS_PER_SPLIT
+    assert split_gemm_seconds(ONE_THREAD, dims, 2) == pytest.approx(stacked_gemm_seconds(ONE_THREAD, dims))
+    big = GemmDims(n=512, m=784, k=4608)
+    assert split_gemm_seconds(ONE_THREAD, big, 1) == pytest.approx(gemm_seconds(ONE_THREAD, 512, 784, 4608))
+
+
+def test_a_stack_pays_the_call_overhead_once():
+    dims = GemmDims(n=64, m=196, k=576, count=4)
+    single = gemm_seconds(ONE_THREAD, 64, 196, 576)
+    assert stacked_gemm_seconds(ONE_THREAD, dims) == pytest.approx(single + 3 * (single - ONE_THREAD.overhead_s))
+
+
+def test_the_one_thread_grid_holds_only_the_sizes_a_split_part_can_have():
+    grid = _gemm_grid(FULL)
+    points = one_thread_grid(FULL, grid, 2)
+    assert points and len(points) < len(grid)
+    assert all(n * m * k * 2 >= MIN_MACS_PER_SPLIT for n, m, k in points)
+    assert one_thread_grid(QUICK, _gemm_grid(QUICK), 2) == _gemm_grid(QUICK)
+
+
+def test_the_profile_has_a_one_thread_model_exactly_when_its_runs_can_split(quick_profile):
+    one_thread = quick_profile.gemm_one_thread
+    assert (one_thread is not None) == (quick_profile.threads > 1)
+    if one_thread is not None:
+        # One BLAS thread is never faster than all of them at their best.
+        assert one_thread.peak_gflops <= 1.25 * quick_profile.gemm.peak_gflops
+
+
+@pytest.mark.parametrize(
+    ("conv_macs", "batched", "threads", "expected"),
+    [
+        (OWN_THREADS_MIN_CONV_MACS, True, 2, True),  # a batch of a big conv net
+        (OWN_THREADS_MIN_CONV_MACS, True, 1, False),  # one thread: nothing to split over
+        (0, True, 2, False),  # no Conv: recurrent nets keep OpenBLAS's threads
+    ],
+)
+def test_which_runs_split_their_gemms(conv_macs, batched, threads, expected):
+    assert splits_gemms(conv_macs, batched, threads) is expected
+
+
+def test_the_estimate_splits_exactly_when_the_run_does(quick_profile):
+    session = InferenceSession("zoo:vgg19")
+    can_split = quick_profile.gemm_one_thread is not None
+    for batch in (1, 16):
+        plan = session.plan_for(batch_bindings(session.graph, batch))
+        expected = can_split and splits_gemms(plan_conv_macs(plan), batch > 1, quick_profile.threads)
+        assert (split_threads(quick_profile, plan, batch, None) > 0) is expected
+    assert split_threads(quick_profile, session.plan_for(batch_bindings(session.graph, 16)), 16, 1) == 0
