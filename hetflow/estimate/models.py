@@ -167,6 +167,37 @@ def curve_factor(knots: Sequence[float], values: Sequence[float], base_seconds: 
     return math.exp(float(np.interp(math.log(base_seconds), knots, values)))
 
 
+#: Nearest-sample correction: how far apart (in natural log of each feature's seconds) two layers may
+#: be and still share their residual, and the weight of "no correction" against a sample at distance 0.
+NEIGHBOUR_BANDWIDTH = 0.35
+NEIGHBOUR_PRIOR = 0.25
+#: Features under a tenth of a microsecond count as absent: their log would otherwise dominate distances.
+NEIGHBOUR_FLOOR_S = 1e-7
+
+
+def neighbour_point(features: np.ndarray) -> list[float]:
+    """Where a layer lies for the nearest-sample correction: log seconds of each feature (floored)."""
+    return [round(float(v), 4) for v in np.log(np.maximum(np.asarray(features, dtype=np.float64), NEIGHBOUR_FLOOR_S))]
+
+
+def neighbour_factor(neighbours: Sequence[Sequence[float]], features: np.ndarray) -> float:
+    """The factor the calibration samples nearest to ``features`` apply to a key's model (1 with none).
+
+    ``neighbours``: per sample its ``neighbour_point`` followed by log(measured / model). The model
+    (linear terms times the size curve) still misses what one shape family does differently (DenseNet's
+    3x3 convolutions with 32 outputs ran 2x slower than the Winograd fit said, although a probe of that
+    very shape was in it); a layer close to a sample takes that sample's residual, weighted by a
+    Gaussian of their distance and shrunk towards no correction (``NEIGHBOUR_PRIOR``).
+    """
+    if not neighbours:
+        return 1.0
+    table = np.asarray(neighbours, dtype=np.float64)
+    point = np.asarray(neighbour_point(features))
+    distance = np.sqrt(((table[:, :-1] - point) ** 2).sum(axis=1))
+    weights = np.exp(-((distance / NEIGHBOUR_BANDWIDTH) ** 2))
+    return math.exp(float(weights @ table[:, -1]) / (float(weights.sum()) + NEIGHBOUR_PRIOR))
+
+
 def fit_curve(base: np.ndarray, seconds: np.ndarray, ridge: float = 0.5) -> tuple[list[float], list[float]]:
     """Knots and values of a residual curve: log(seconds / base) as a piecewise-linear function of log(base).
 

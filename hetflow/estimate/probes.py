@@ -138,13 +138,17 @@ def binary(op_type: str, shape: Sequence[int], other: Sequence[int] | None = Non
     return build
 
 
-def batchnorm(shape: Sequence[int]) -> Callable[[], onnx.ModelProto]:
+def batchnorm(shape: Sequence[int], relu: bool = False) -> Callable[[], onnx.ModelProto]:
+    """A BatchNormalization (with ``relu``: followed by a Relu, which the optimiser fuses into it, as
+    DenseNet's pre-activation blocks have it)."""
+
     def build() -> onnx.ModelProto:
         b = _Model(shape)
         channels = shape[1]
         names = [b.weight((channels,)) for _ in range(4)]
         b.initializers[-1] = numpy_helper.from_array(np.ones(channels, np.float32), names[-1])
-        return b.model(b.node("BatchNormalization", ["x", *names]))
+        normalised = b.node("BatchNormalization", ["x", *names])
+        return b.model(b.node("Relu", [normalised]) if relu else normalised)
 
     return build
 
@@ -245,6 +249,13 @@ def _conv_probes() -> list[Probe]:
         ((256, 28, 256, 3, 2, 1), {}, False),
         ((32, 16, 32, 3), {"batch": 16}, False),
         ((128, 8, 128, 3), {"batch": 16}, False),
+        # DenseNet's growth layers (3x3, 128 -> 32, at every scale) and GoogLeNet's 5x5 reductions.
+        ((128, 56, 32, 3), {}, False),
+        ((128, 28, 32, 3), {}, False),
+        ((128, 14, 32, 3), {}, False),
+        ((128, 7, 32, 3), {"batch": 4}, False),
+        ((16, 27, 32, 5), {}, False),
+        ((32, 13, 64, 5), {}, False),
         # small layers (CIFAR/MNIST-sized nets), where the fixed cost per call dominates.
         ((3, 32, 16, 3), {}, False),
         ((3, 32, 24, 5), {"batch": 8}, False),
@@ -326,7 +337,7 @@ def catalogue() -> list[Probe]:
         Probe("maxpool 3x3/2 64x112", pool("MaxPool", 64, 112, 3, 2, 1), True),
         Probe("maxpool 3x3/2 96x55", pool("MaxPool", 96, 55, 3, 2)),
         Probe("maxpool 3x3/2 256x13 b8", pool("MaxPool", 256, 13, 3, 2, batch=8)),
-        Probe("maxpool 2x2/2 64x224", pool("MaxPool", 64, 224, 2, 2)),
+        Probe("maxpool 2x2/2 64x224", pool("MaxPool", 64, 224, 2, 2), True),
         Probe("maxpool 2x2/2 512x14 b4", pool("MaxPool", 512, 14, 2, 2, batch=4)),
         Probe("maxpool 2x2/2 20x24", pool("MaxPool", 20, 24, 2, 2)),
         Probe("maxpool 2x2/2 48x16 b16", pool("MaxPool", 48, 16, 2, 2, batch=16)),
@@ -334,6 +345,10 @@ def catalogue() -> list[Probe]:
         Probe("maxpool 2x2/2 96x8", pool("MaxPool", 96, 8, 2, 2)),
         Probe("maxpool 3x3/1 192x28", pool("MaxPool", 192, 28, 3, 1, 1), True),
         Probe("maxpool 3x3/1 832x7 b4", pool("MaxPool", 832, 7, 3, 1, 1, batch=4)),
+        Probe("maxpool 3x3/1 480x14", pool("MaxPool", 480, 14, 3, 1, 1)),
+        Probe("maxpool 3x3/2 480x27", pool("MaxPool", 480, 27, 3, 2)),
+        Probe("maxpool 3x3/2 64x112 b4", pool("MaxPool", 64, 112, 3, 2, 1, batch=4)),
+        Probe("maxpool 2x2/2 128x112", pool("MaxPool", 128, 112, 2, 2)),
         Probe("avgpool 3x3/1 256x28", pool("AveragePool", 256, 28, 3, 1, 1), True),
         Probe("avgpool 3x3/2 32x32 b8", pool("AveragePool", 32, 32, 3, 2, 1, batch=8)),
         Probe("avgpool 2x2/2 256x56", pool("AveragePool", 256, 56, 2, 2)),
@@ -354,6 +369,10 @@ def catalogue() -> list[Probe]:
         Probe("batchnorm 1024x7", batchnorm((1, 1024, 7, 7))),
         Probe("batchnorm 32x56 b8", batchnorm((8, 32, 56, 56))),
         Probe("batchnorm 96x14", batchnorm((1, 96, 14, 14))),
+        Probe("batchnorm relu 128x56", batchnorm((1, 128, 56, 56), relu=True)),
+        Probe("batchnorm relu 384x28", batchnorm((1, 384, 28, 28), relu=True)),
+        Probe("batchnorm relu 512x14", batchnorm((1, 512, 14, 14), relu=True)),
+        Probe("batchnorm relu 256x14 b8", batchnorm((8, 256, 14, 14), relu=True)),
         Probe("fc 9216 -> 4096", fully_connected(1, 9216, 4096)),
         Probe("fc 4096 -> 1000 b16", fully_connected(16, 4096, 1000)),
         Probe("fc 4096 -> 4096 b4 relu", fully_connected(4, 4096, 4096, relu=True)),

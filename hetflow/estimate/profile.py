@@ -9,6 +9,8 @@ A profile holds these groups of fitted terms:
 * ``memory``: copy bandwidth as a function of the working set (cache levels, then DRAM), and the rate of
   simple elementwise arithmetic;
 * ``dispatch_s`` / ``run_overhead_s``: the executor's cost per node and per ``run`` call;
+* ``run_factor``: how much slower layers run inside a whole run that keeps BLAS's threads than each
+  timed alone (cold weights, sleeping threads), measured on GoogLeNet at batch 1;
 * ``transfer``: host-to-device and device-to-host copies as latency plus bytes over bandwidth (zero on
   the CPU; on host-unified-memory devices a map, which is what the bandwidth then measures);
 * ``ops``: one linear model per (op type, algorithm) over physical features (GEMM seconds, bytes over
@@ -109,6 +111,8 @@ class OpModel:
         samples: calibration points the fit used; fit_mape: their mean absolute relative error.
         curve_knots, curve_values: the residual curve over the linear model's time (log seconds ->
             log(measured / linear); ``hetflow.estimate.models.fit_curve``); empty: none.
+        neighbours: per calibration sample, where it lies and what the model above left unexplained
+            (``hetflow.estimate.models.neighbour_factor``); empty: no correction.
     """
 
     coef: list[float]
@@ -118,9 +122,17 @@ class OpModel:
     fit_mape: float = 0.0
     curve_knots: list[float] = field(default_factory=list)
     curve_values: list[float] = field(default_factory=list)
+    neighbours: list[list[float]] = field(default_factory=list)
 
     def seconds(self, features: np.ndarray) -> float:
-        """Predicted seconds of one call with these feature values: the linear model times its curve."""
+        """Predicted seconds of one call with these feature values: the linear model times its curve,
+        times the correction of the nearest calibration samples."""
+        from hetflow.estimate.models import neighbour_factor
+
+        return self.smooth_seconds(features) * neighbour_factor(self.neighbours, features)
+
+    def smooth_seconds(self, features: np.ndarray) -> float:
+        """The linear model times its size curve (what the nearest-sample correction is fitted over)."""
         from hetflow.estimate.models import curve_factor
 
         base = float(np.dot(self.coef, features))
@@ -155,6 +167,8 @@ class DeviceProfile:
     memory: MemoryModel = field(default_factory=MemoryModel)
     dispatch_s: float = 5e-6
     run_overhead_s: float = 2e-5
+    #: layers inside a run holding BLAS's threads / the same layers timed alone (calibrate.py).
+    run_factor: float = 1.0
     transfer: TransferModel = field(default_factory=TransferModel)
     ops: dict[str, OpModel] = field(default_factory=dict)
 
@@ -187,6 +201,7 @@ class DeviceProfile:
                 memory=MemoryModel(**data["memory"]),
                 dispatch_s=float(data.get("dispatch_s", 5e-6)),
                 run_overhead_s=float(data.get("run_overhead_s", 2e-5)),
+                run_factor=float(data.get("run_factor", 1.0)),
                 # NOTE: profiles written before the transfer model existed are host profiles: no copies.
                 transfer=TransferModel(**data.get("transfer", {})),
                 ops={key: OpModel(**value) for key, value in data.get("ops", {}).items()},

@@ -103,7 +103,8 @@ def _write_totals(result: Estimate, write: Writer) -> None:
     layer_ms = sum(la.predicted_ms for la in result.layers)
     write(f"\ntotal   {len(result.layers)} layers, {_count(totals['params'])} params, "
           f"{_count(totals['macs'])} MACs\n")
-    write(f"time    predicted {result.predicted_ms:.3f} ms (layers {layer_ms:.3f} + executor "
+    in_run = f" + in-run {result.in_run_ms:.3f}" if result.in_run_ms else ""
+    write(f"time    predicted {result.predicted_ms:.3f} ms (layers {layer_ms:.3f}{in_run} + executor "
           f"{result.overhead_ms:.3f})")
     if result.measured_ms is not None:
         error = relative_error(result.predicted_ms, result.measured_ms)

@@ -1,17 +1,26 @@
-"""Runs that split their GEMMs over hetflow's own threads: the one-thread GEMM model, how a split
-product's time is predicted, and which runs split."""
+"""How runs differ from layers timed alone: GEMMs split over hetflow's own threads (the one-thread GEMM
+model, which runs split), the in-run slowdown of the others, and the nearest-sample correction."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
+import numpy as np
 import pytest
 
 from hetflow import InferenceSession
 from hetflow.devices.cpu.threads import MIN_MACS_PER_SPLIT
 from hetflow.estimate.calibrate import FULL, QUICK, _gemm_grid, one_thread_grid
-from hetflow.estimate.models import gemm_seconds, split_gemm_seconds, stacked_gemm_seconds
-from hetflow.estimate.predict import batch_bindings, split_threads
+from hetflow.estimate.models import (
+    NEIGHBOUR_PRIOR,
+    gemm_seconds,
+    neighbour_factor,
+    neighbour_point,
+    split_gemm_seconds,
+    stacked_gemm_seconds,
+)
+from hetflow.estimate.predict import batch_bindings, estimate, split_threads
 from hetflow.estimate.profile import GemmModel
 from hetflow.ops.base import GemmDims
 from hetflow.runtime.executor import OWN_THREADS_MIN_CONV_MACS, plan_conv_macs, splits_gemms
@@ -82,3 +91,25 @@ def test_the_estimate_splits_exactly_when_the_run_does(quick_profile):
         expected = can_split and splits_gemms(plan_conv_macs(plan), batch > 1, quick_profile.threads)
         assert (split_threads(quick_profile, plan, batch, None) > 0) is expected
     assert split_threads(quick_profile, session.plan_for(batch_bindings(session.graph, 16)), 16, 1) == 0
+
+
+def test_a_layer_at_a_calibration_sample_takes_most_of_its_residual():
+    features = np.array([1.0, 2e-4, 1e-6, 3e-5, 0.0, 0.0, 1e-6])
+    residual = math.log(2.0)
+    neighbours = [[*neighbour_point(features), residual]]
+    assert neighbour_factor([], features) == 1.0
+    assert neighbour_factor(neighbours, features) == pytest.approx(math.exp(residual / (1 + NEIGHBOUR_PRIOR)))
+    far = features * np.array([1, 8, 1, 8, 1, 1, 1])  # GEMM and memory terms 8x larger: another shape
+    assert neighbour_factor(neighbours, far) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_the_in_run_factor_applies_only_to_runs_that_keep_blas_threads(quick_profile):
+    profile = dataclasses.replace(quick_profile, run_factor=1.2)
+    session = InferenceSession("zoo:vgg19")
+    single = estimate(session, profile, 1)
+    layers = sum(layer.predicted_ms for layer in single.layers)
+    assert single.in_run_ms == pytest.approx(0.2 * layers)
+    assert single.predicted_ms == pytest.approx(1.2 * layers + single.overhead_ms)
+    batch = estimate(session, profile, 16)
+    splits = split_threads(profile, session.plan_for(batch_bindings(session.graph, 16)), 16, None) > 0
+    assert (batch.in_run_ms == 0.0) is splits
