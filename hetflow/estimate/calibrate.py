@@ -45,7 +45,7 @@ from hetflow.estimate.models import (
     neighbour_point,
     nnls,
 )
-from hetflow.estimate.predict import kernel_cost, layer_key, memory_terms, window_strided
+from hetflow.estimate.predict import input_infos, kernel_cost, layer_key, memory_terms, window_strided
 from hetflow.estimate.profile import DeviceProfile, GemmModel, MemoryModel, OpModel, TransferModel, now_iso
 from hetflow.estimate.timing import amortised_seconds, replay, threads_held, timed_call
 from hetflow.frontends import load_model
@@ -477,7 +477,7 @@ def _time_probe_nodes(model: object, settings: Settings, device: Device, terms: 
     samples: list[Sample] = []
     steps = []
     for node in graph.nodes:
-        kernel = device.kernels.lookup(node, _infos(graph, node))
+        kernel = device.kernels.lookup(node, input_infos(node, graph))
         if kernel is None:
             return samples  # an op this device lacks: nothing to calibrate here
         steps.append((node, kernel))
@@ -515,14 +515,6 @@ def _time_probe_nodes(model: object, settings: Settings, device: Device, terms: 
 
     replay(graph, steps, feeds, visit)  # type: ignore[arg-type]
     return samples
-
-
-def _infos(graph: Graph, node: Node) -> list[TensorInfo | None]:
-    infos: list[TensorInfo | None] = []
-    for name in node.inputs:
-        value = graph.values.get(name) if name else None
-        infos.append(None if value is None or value.shape is None else TensorInfo(value.shape, value.dtype))
-    return infos
 
 
 def _allocations(fn: Callable[[], object]) -> tuple[int, int]:

@@ -26,7 +26,7 @@ from hetflow.estimate.profile import DeviceProfile, OpModel, ProfileError, defau
 from hetflow.frontends import ModelSource, describe_source
 from hetflow.graph import Graph, Node
 from hetflow.graph.shapes import is_static
-from hetflow.ops.base import Cost, GemmDims
+from hetflow.ops.base import Cost, GemmDims, TensorInfo
 from hetflow.ops.cost import node_costs
 from hetflow.passes import bind_batch
 from hetflow.runtime.session import InferenceSession
@@ -267,6 +267,8 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
     """
     if key in PER_PLANE_KEYS:
         cost = dataclasses.replace(cost, loops=_output_planes(node, graph))
+    if node.op_type == "LSTM":
+        return _lstm_cost(node, cost, graph)
     if node.op_type != "Conv":
         return cost
     from hetflow.ops import conv as conv_op
@@ -296,7 +298,27 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
 #: Kernels compiled to loop over output planes (``hetflow.devices.cpu.kernels.jit_*``): each plane pays a
 #: fixed cost (a copy into a padded buffer, the loop set-up), so many small planes cost more than their
 #: bytes and arithmetic say (960 planes of 7x7 take as long as 32 of 112x112).
-PER_PLANE_KEYS = frozenset({"Conv/depthwise", "MaxPool/default", "AveragePool/default"})
+PER_PLANE_KEYS = frozenset({"Conv/depthwise", "MaxPool/default", "MaxPool/tiles", "AveragePool/default"})
+
+
+def _lstm_cost(node: Node, cost: Cost, graph: Graph) -> Cost:
+    """An LSTM's cost with the scratch its CPU kernel allocates: the compiled cell's per-step buffers
+    (``compiled_lstm_scratch_bytes``; 0.6 MB at batch 16 for lstm-gesture, where the op's input
+    projection of every step is 13 MB), else the op's."""
+    from hetflow.devices.cpu.kernels.rnn import compiled_lstm_scratch_bytes
+
+    infos = input_infos(node, graph)
+    scratch = compiled_lstm_scratch_bytes(node, infos)
+    return cost if scratch is None else dataclasses.replace(cost, workspace_bytes=scratch)
+
+
+def input_infos(node: Node, graph: Graph) -> list[TensorInfo | None]:
+    """The node's input shapes and dtypes as the graph knows them (None for absent or unknown ones)."""
+    infos: list[TensorInfo | None] = []
+    for name in node.inputs:
+        value = graph.values.get(name) if name else None
+        infos.append(None if value is None or value.shape is None else TensorInfo(value.shape, value.dtype))
+    return infos
 
 
 def _output_planes(node: Node, graph: Graph) -> int:

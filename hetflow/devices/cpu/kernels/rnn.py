@@ -24,6 +24,8 @@ from hetflow.devices.cpu.kernels import jit_lstm
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
+from hetflow.graph.shapes import is_static
+from hetflow.ops.base import TensorInfo
 from hetflow.ops.rnn import (
     GRU,
     LSTM,
@@ -376,6 +378,34 @@ def _run_recurrent(
         stacked = np.stack(finals[k]) if _wants(node, 1 + k) else None
         outputs.append(None if stacked is None else _finish(stacked, out_dtype, (1, 0, 2), batch_first))
     return outputs
+
+
+def compiled_lstm_scratch_bytes(node: Node, inputs: Sequence[TensorInfo | None]) -> int | None:
+    """Bytes the compiled LSTM (``jit_lstm.scan``) allocates in one call beyond its outputs: per
+    direction the gate and projection buffers (``4*hidden x batch`` each), four ``hidden x batch``
+    state buffers and the transposed input; None when the node runs the numpy step (whose scratch is
+    the op's: the input projection of every step)."""
+    padded = list(inputs) + [None] * (8 - len(inputs))
+    x, _, r = padded[0], padded[1], padded[2]
+    attrs = node.attrs
+    if node.op_type != "LSTM" or x is None or r is None or padded[4] is not None or padded[7] is not None:
+        return None
+    if not is_static(x.shape) or not is_static(r.shape) or attrs.clip is not None or attrs.input_forget:
+        return None
+    directions = num_directions(attrs.direction)
+    specs = resolve_activations(attrs.activations, attrs.activation_alpha, attrs.activation_beta,
+                                LSTM.activations_per_direction, directions, LSTM.default_activations)
+    if any(tuple(spec.name for spec in group) != ("sigmoid", "tanh", "tanh") for group in specs):
+        return None
+    work = np.dtype(_compute_dtype(np.dtype(x.dtype)))
+    if work not in COMPILED_DTYPES:
+        return None
+    seq_length, batch, input_size = (int(d) for d in x.shape)
+    if attrs.layout == 1:
+        seq_length, batch = batch, seq_length
+    hidden = int(r.shape[2])
+    per_direction = (2 * 4 * hidden + 4 * hidden) * batch + seq_length * input_size * batch
+    return directions * per_direction * work.itemsize
 
 
 def _numpy_scans(
