@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from hetflow.graph import Node
-from hetflow.ops.base import TensorInfo
+from hetflow.ops.base import TensorInfo, array_infos
 
 #: A kernel computes a node's outputs from its inputs (``None`` for omitted optional inputs) and
 #: returns one array per output the op defines (``None`` allowed for an output the node omits).
@@ -85,8 +85,7 @@ class Kernel:
         out = [None if y is None else _touched(np.empty_like(y)) for y in outputs]
         scratch = None
         if self.workspace is not None:
-            infos = [None if x is None else TensorInfo(x.shape, x.dtype) for x in inputs]
-            nbytes = int(self.workspace(node, infos))
+            nbytes = int(self.workspace(node, array_infos(inputs)))
             scratch = _touched(np.empty(nbytes, dtype=np.uint8)) if nbytes > 0 else None
         return functools.partial(self.fn, node, inputs, out, scratch)
 
@@ -184,13 +183,16 @@ class Device(abc.ABC):
         """Wait until every queued kernel has finished (no-op for synchronous devices)."""
         return None
 
-    def timed_call(self, kernel: Kernel, node: Node, inputs: Sequence[Any]) -> Callable[[], None]:
+    def timed_call(
+        self, kernel: Kernel, node: Node, inputs: Sequence[Any], outputs: Sequence[Any] | None = None
+    ) -> Callable[[], None]:
         """One call of ``kernel`` on host ``inputs`` as a run makes it, waited for: what tuning,
-        calibration and validation time.
+        calibration and validation time. ``outputs``: a result of the kernel on these inputs already
+        in hand (a warm-up's), which saves a call to size its buffers.
 
         Host-memory devices call the kernel with its outputs and workspace in place
         (``Kernel.steady_call``). A device with its own memory stages the inputs a
         run would hand over already on the device, so that a measurement holds the kernel and not the
         transfers a run between device nodes never makes.
         """
-        return kernel.steady_call(node, inputs)
+        return kernel.steady_call(node, inputs, outputs)

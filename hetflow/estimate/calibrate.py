@@ -45,14 +45,15 @@ from hetflow.estimate.models import (
     neighbour_point,
     nnls,
 )
-from hetflow.estimate.predict import input_infos, kernel_cost, layer_key, memory_terms, window_strided
+from hetflow.estimate.predict import kernel_cost, layer_key, memory_terms, window_strided
 from hetflow.estimate.profile import DeviceProfile, GemmModel, MemoryModel, OpModel, TransferModel, now_iso
 from hetflow.estimate.timing import amortised_seconds, replay, threads_held, timed_call
 from hetflow.frontends import load_model
 from hetflow.graph import Graph, Node
-from hetflow.ops.base import Cost, TensorInfo
+from hetflow.ops.base import Cost, array_infos
 from hetflow.ops.cost import node_costs
 from hetflow.passes.manager import optimize
+from hetflow.runtime.planner import input_infos
 
 #: A measurement this many times slower (or faster) than its fitted model is taken again.
 OUTLIER_RATIO = 1.4
@@ -477,19 +478,19 @@ def _time_probe_nodes(model: object, settings: Settings, device: Device, terms: 
     samples: list[Sample] = []
     steps = []
     for node in graph.nodes:
-        kernel = device.kernels.lookup(node, input_infos(node, graph))
+        kernel = device.kernels.lookup(node, input_infos(graph, node))
         if kernel is None:
             return samples  # an op this device lacks: nothing to calibrate here
         steps.append((node, kernel))
 
     def visit(index: int, node: Node, kernel: object, inputs: list[np.ndarray | None]) -> Sequence | None:
         outputs = None
-        infos = [None if x is None else TensorInfo(x.shape, x.dtype) for x in inputs]
+        infos = array_infos(inputs)
         for candidate in device.kernels.candidates(node, infos):
             if candidate.algorithm in SKIPPED_ALGORITHMS:
                 continue
             result = candidate.fn(node, inputs)  # warm-up: a compiled kernel's first call compiles it
-            call = device.timed_call(candidate, node, inputs)
+            call = device.timed_call(candidate, node, inputs, result)
             _, first = timed_call(call, device.synchronize)
             seconds = amortised_seconds(call, min_time=settings.min_time, rounds=settings.rounds,
                                         synchronize=device.synchronize, first_seconds=first)

@@ -26,7 +26,7 @@ from hetflow.estimate.profile import DeviceProfile, OpModel, ProfileError, defau
 from hetflow.frontends import ModelSource, describe_source
 from hetflow.graph import Graph, Node
 from hetflow.graph.shapes import is_static
-from hetflow.ops.base import Cost, GemmDims, TensorInfo
+from hetflow.ops.base import Cost, GemmDims
 from hetflow.ops.cost import node_costs
 from hetflow.passes import bind_batch
 from hetflow.runtime.session import InferenceSession
@@ -306,19 +306,10 @@ def _lstm_cost(node: Node, cost: Cost, graph: Graph) -> Cost:
     (``compiled_lstm_scratch_bytes``; 0.6 MB at batch 16 for lstm-gesture, where the op's input
     projection of every step is 13 MB), else the op's."""
     from hetflow.devices.cpu.kernels.rnn import compiled_lstm_scratch_bytes
+    from hetflow.runtime.planner import input_infos
 
-    infos = input_infos(node, graph)
-    scratch = compiled_lstm_scratch_bytes(node, infos)
+    scratch = compiled_lstm_scratch_bytes(node, input_infos(graph, node) or [])
     return cost if scratch is None else dataclasses.replace(cost, workspace_bytes=scratch)
-
-
-def input_infos(node: Node, graph: Graph) -> list[TensorInfo | None]:
-    """The node's input shapes and dtypes as the graph knows them (None for absent or unknown ones)."""
-    infos: list[TensorInfo | None] = []
-    for name in node.inputs:
-        value = graph.values.get(name) if name else None
-        infos.append(None if value is None or value.shape is None else TensorInfo(value.shape, value.dtype))
-    return infos
 
 
 def _output_planes(node: Node, graph: Graph) -> int:

@@ -60,7 +60,7 @@ def layer_seconds(
     def visit(index: int, node: Node, kernel: Kernel, inputs: list[np.ndarray | None]) -> Sequence | None:
         sync = device[node.name].synchronize
         outputs = kernel.fn(node, inputs)  # warm-up: a compiled kernel's first call compiles it
-        call = device[node.name].timed_call(kernel, node, inputs)
+        call = device[node.name].timed_call(kernel, node, inputs, outputs)
         _, first = timed_call(call, sync)
         measured[node.name] = amortised_seconds(call, min_time=min_time, rounds=rounds, synchronize=sync,
                                                 first_seconds=first)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -18,6 +18,11 @@ class TensorInfo(NamedTuple):
 
     shape: Shape
     dtype: np.dtype
+
+
+def array_infos(arrays: Sequence[Any]) -> list[TensorInfo | None]:
+    """The TensorInfo of each concrete input array (None for an absent one)."""
+    return [None if x is None else TensorInfo(x.shape, x.dtype) for x in arrays]
 
 
 @dataclass(frozen=True)

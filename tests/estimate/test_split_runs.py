@@ -122,15 +122,15 @@ def test_the_compiled_lstm_scratch_is_what_the_kernel_allocates():
 
     from hetflow.devices.cpu import CPUDevice
     from hetflow.devices.cpu.kernels.rnn import compiled_lstm_scratch_bytes
-    from hetflow.estimate.predict import input_infos
     from hetflow.passes.infer_shapes import bind_batch
+    from hetflow.runtime.planner import input_infos
 
     session = InferenceSession("zoo:lstm-gesture")
     graph = bind_batch(session.graph, {"N": 16})
     node = next(n for n in graph.nodes if n.op_type == "LSTM")
-    scratch = compiled_lstm_scratch_bytes(node, input_infos(node, graph))
+    scratch = compiled_lstm_scratch_bytes(node, input_infos(graph, node))
     assert scratch is not None
-    kernel = CPUDevice().kernels.lookup(node, input_infos(node, graph))
+    kernel = CPUDevice().kernels.lookup(node, input_infos(graph, node))
     x = np.random.default_rng(0).standard_normal((100, 16, 6)).astype(np.float32)
     inputs = [x] + [graph.initializers[name] for name in node.inputs[1:]]
     kernel.fn(node, inputs)  # compiled on first use
@@ -144,4 +144,4 @@ def test_the_compiled_lstm_scratch_is_what_the_kernel_allocates():
     assert 0.5 * (allocated - kept) <= scratch <= 1.5 * allocated
     peephole = dataclasses.replace(node, inputs=[*node.inputs, "", "", "", "p"])
     peephole_info = TensorInfo((1, 3 * 512), np.dtype(np.float32))
-    assert compiled_lstm_scratch_bytes(peephole, [*input_infos(node, graph), None, None, None, peephole_info]) is None
+    assert compiled_lstm_scratch_bytes(peephole, [*input_infos(graph, node), None, None, None, peephole_info]) is None

@@ -143,14 +143,7 @@ class _LSTMCell(_Cell):
         super().__init__(attrs, r, bias, peepholes, activations)
         self.input_forget = bool(attrs.input_forget)
         self.peepholes = None if peepholes is None else np.split(peepholes, 3)  # i, o, f
-        # The standard cell runs compiled (jit_lstm.scan); any variant keeps the numpy step below.
-        self.compiled = (
-            peepholes is None
-            and attrs.clip is None
-            and not self.input_forget
-            and tuple(spec.name for spec in self.specs) == ("sigmoid", "tanh", "tanh")
-            and r.dtype in COMPILED_DTYPES
-        )
+        self.compiled = runs_compiled(attrs, self.specs, peepholes is not None, r.dtype)
 
     def step(self, xw: np.ndarray, states: States) -> States:
         h, c = states
@@ -380,25 +373,37 @@ def _run_recurrent(
     return outputs
 
 
+def runs_compiled(attrs: Any, specs: Sequence[ActivationSpec], peepholes: bool, dtype: np.dtype) -> bool:
+    """Whether one direction of an LSTM is the standard cell, which runs compiled (``jit_lstm.scan``);
+    any variant (peepholes, clipping, coupled input/forget gates, other activations) keeps the numpy
+    step."""
+    return (
+        not peepholes
+        and attrs.clip is None
+        and not attrs.input_forget
+        and tuple(spec.name for spec in specs) == ("sigmoid", "tanh", "tanh")
+        and dtype in COMPILED_DTYPES
+    )
+
+
 def compiled_lstm_scratch_bytes(node: Node, inputs: Sequence[TensorInfo | None]) -> int | None:
     """Bytes the compiled LSTM (``jit_lstm.scan``) allocates in one call beyond its outputs: per
     direction the gate and projection buffers (``4*hidden x batch`` each), four ``hidden x batch``
     state buffers and the transposed input; None when the node runs the numpy step (whose scratch is
     the op's: the input projection of every step)."""
     padded = list(inputs) + [None] * (8 - len(inputs))
-    x, _, r = padded[0], padded[1], padded[2]
+    x, r, sequence_lens, peepholes = padded[0], padded[2], padded[4], padded[7]
     attrs = node.attrs
-    if node.op_type != "LSTM" or x is None or r is None or padded[4] is not None or padded[7] is not None:
+    # NOTE: sequence_lens sends every LSTM to the numpy scans (_run_recurrent).
+    if node.op_type != "LSTM" or x is None or r is None or sequence_lens is not None:
         return None
-    if not is_static(x.shape) or not is_static(r.shape) or attrs.clip is not None or attrs.input_forget:
+    if not is_static(x.shape) or not is_static(r.shape):
         return None
     directions = num_directions(attrs.direction)
     specs = resolve_activations(attrs.activations, attrs.activation_alpha, attrs.activation_beta,
                                 LSTM.activations_per_direction, directions, LSTM.default_activations)
-    if any(tuple(spec.name for spec in group) != ("sigmoid", "tanh", "tanh") for group in specs):
-        return None
     work = np.dtype(_compute_dtype(np.dtype(x.dtype)))
-    if work not in COMPILED_DTYPES:
+    if not all(runs_compiled(attrs, group, peepholes is not None, work) for group in specs):
         return None
     seq_length, batch, input_size = (int(d) for d in x.shape)
     if attrs.layout == 1:
