@@ -9,11 +9,14 @@ import pytest
 from hetflow.devices.base import Kernel
 from hetflow.devices.cpu import CPUDevice
 from hetflow.devices.cpu.kernels import buffers
+from hetflow.devices.cpu.kernels.jit_depthwise import depthwise_2d
+from hetflow.devices.cpu.kernels.jit_pool import pool_2d
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import TensorInfo
 from hetflow.ops.conv import ConvAttrs
 from hetflow.ops.registry import get
+from hetflow.ops.spatial import WindowSpec, geometry
 
 CPU = CPUDevice()
 RNG = np.random.default_rng(7)
@@ -149,3 +152,41 @@ def test_a_steady_call_of_a_kernel_without_out_buffers_is_the_plain_call():
     (result,) = call()
     np.testing.assert_array_equal(result, 2 * x)
     assert calls == [1]
+
+
+def test_flat_images_spans_image_strided_outputs_and_refuses_the_rest():
+    whole = np.zeros((3, 10, 4, 5), np.float32)
+    flat, stride = buffers.flat_images(whole)
+    assert flat.size == whole.size and stride == 200 and np.shares_memory(flat, whole)
+
+    concat_slice = whole[:, 2:7]  # each image's [5, 4, 5] block contiguous, the images 200 apart
+    flat, stride = buffers.flat_images(concat_slice)
+    assert stride == 200 and flat.size == 2 * 200 + 100
+    flat[stride + 3] = 1.0  # image 1, channel 0, row 0, column 3
+    assert concat_slice[1, 0, 0, 3] == 1.0 and whole.sum() == 1.0
+
+    assert buffers.flat_images(whole[:, :, :, ::2]) is None  # rows strided
+    assert buffers.flat_images(whole.transpose(0, 1, 3, 2)) is None
+    assert buffers.flat_images(whole[::-1]) is None  # images in reverse order
+
+
+@pytest.mark.parametrize("kernel", ["depthwise", "max", "average"])
+def test_compiled_window_loops_write_a_target_they_cannot_store_to_flat(kernel):
+    """A target whose images are not contiguous takes the result through a contiguous copy."""
+    x = RNG.standard_normal((2, 6, 9, 9)).astype(np.float32)
+    wide = np.full((2, 6, 5, 10), np.nan, np.float32)
+    target = wide[..., ::2]  # every other column: no flat view
+    expected = np.empty(target.shape, np.float32)
+    if kernel == "depthwise":
+        w = RNG.standard_normal((6, 1, 3, 3)).astype(np.float32)
+        b = RNG.standard_normal(6).astype(np.float32)
+        for y in (expected, target):
+            depthwise_2d(x, w, b, y, (2, 2), (1, 1), (1, 1), FusedActivation("Relu"))
+    else:
+        spec = WindowSpec(kernel=(3, 3), strides=(2, 2), dilations=(1, 1), pads=(1, 1, 1, 1), auto_pad="NOTSET", ceil_mode=0)
+        geo = geometry(spec, x.shape[2:])
+        scale = None if kernel == "max" else RNG.random(geo.out).astype(np.float32)
+        for y in (expected, target):
+            pool_2d(x, y, geo, scale)
+    np.testing.assert_array_equal(target, expected)
+    assert np.isnan(wide[..., 1::2]).all()

@@ -46,6 +46,35 @@ def deliver(out: Out, index: int, result: np.ndarray) -> np.ndarray:
     return target
 
 
+def image_contiguous(y: np.ndarray) -> bool:
+    """Whether each image ``y[n]`` is C-contiguous (the images may lie apart: a Concat slice)."""
+    step = y.itemsize
+    for size, stride in zip(reversed(y.shape[1:]), reversed(y.strides[1:])):
+        if size != 1 and stride != step:
+            return False
+        step *= size
+    return True
+
+
+def flat_images(y: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """``y``'s memory as one flat array from its first element to its last, and the distance between
+    its images in elements; None unless each image is C-contiguous (``image_contiguous``).
+
+    Compiled loops store a plane's rows through it at unsigned flat offsets: indexing ``y[n, c, r, j]``
+    keeps numba's wraparound test on the signed indices in the store loop, which then does not
+    vectorise. When the images lie apart (a Concat slice) the flat array spans the memory between them
+    too: the loops write only at their own images' offsets.
+    """
+    if not image_contiguous(y) or y.size == 0:
+        return None
+    if y.shape[0] > 1 and (y.strides[0] <= 0 or y.strides[0] % y.itemsize):
+        return None
+    image = math.prod(y.shape[1:])
+    stride = y.strides[0] // y.itemsize if y.shape[0] > 1 else image
+    length = (y.shape[0] - 1) * stride + image
+    return np.lib.stride_tricks.as_strided(y, shape=(length,), strides=(y.itemsize,)), stride
+
+
 def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGNMENT) * ALIGNMENT
 

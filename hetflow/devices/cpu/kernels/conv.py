@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hetflow.devices.base import InputInfos
-from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, scratch_bytes
+from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, image_contiguous, scratch_bytes
 from hetflow.devices.cpu.kernels.epilogue import apply_activation, finish_channels
 from hetflow.devices.cpu.kernels.jit_depthwise import depthwise_2d
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
@@ -149,16 +149,6 @@ def run_conv(
     if y.dtype != dtype:
         return deliver(out, 0, y.astype(dtype))
     return deliver(out, 0, y)
-
-
-def image_contiguous(y: np.ndarray) -> bool:
-    """Whether each image ``y[n]`` is C-contiguous (the images may lie apart: a Concat slice)."""
-    step = y.itemsize
-    for size, stride in zip(reversed(y.shape[1:]), reversed(y.strides[1:])):
-        if size != 1 and stride != step:
-            return False
-        step *= size
-    return True
 
 
 def target_y(y: np.ndarray | None, shape: Sequence[int], dtype: np.dtype) -> np.ndarray:

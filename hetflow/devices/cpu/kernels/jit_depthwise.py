@@ -10,7 +10,9 @@ a whole block of output rows is one contiguous vector loop. Measured on one core
 ReLU6, per image): numpy's tap passes -> a compiled loop per output row, 32x112x112 5.5 -> 0.6 ms,
 144x56x56 4.3 -> 1.0 ms, 96x112x112 stride 2 4.4 -> 2.5 ms; that loop -> the flat blocks (A/B in one
 process), 576x14x14 0.72 -> 0.26 ms, 960x7x7 1.02 -> 0.46 ms, 144x56x56 1.08 -> 0.59 ms, 96x112x112
-stride 2 1.43 -> 0.88 ms.
+stride 2 1.43 -> 0.88 ms. Rows are stored at unsigned flat offsets of Y (``buffers.flat_images``), so
+the store loop vectorises: 144x56x56 0.49 -> 0.42 ms, 32x112x112 0.44 -> 0.40 ms, 7x7 and 14x14 maps
+0-6% (one core, A/B in one process; at two threads within this VM's noise).
 
 The compiled function releases the GIL; ``depthwise_2d`` splits the planes over the CPU's kernel
 threads (``parallel_for``), so the session's thread count holds here as for every other kernel.
@@ -18,9 +20,12 @@ threads (``parallel_for``), so the session's thread count holds here as for ever
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
+from hetflow.devices.cpu.kernels.buffers import flat_images
 from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, NO_ACTIVATION, RELU, activation_code
 from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout, tap_start
 from hetflow.devices.cpu.threads import split_planes
@@ -39,7 +44,8 @@ def depthwise_2d(
 ) -> bool:
     """``y`` = depthwise Conv of ``x`` ``[N, C, H, W]`` with ``w`` ``[C*m, 1, kh, kw]``, plus ``bias``.
 
-    ``y`` (``[N, C*m, OH, OW]``, any strides) is written in place. Returns whether the fused activation
+    ``y`` (``[N, C*m, OH, OW]``, any strides) is written in place (through ``flat_images`` when each
+    image is contiguous, else through a contiguous copy). Returns whether the fused activation
     was applied too (Relu, Clip and LeakyRelu are; the caller applies any other).
     """
     code, alpha, beta = activation_code(fused)
@@ -49,31 +55,40 @@ def depthwise_2d(
     constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
     bias = np.zeros(y.shape[1], y.dtype) if bias is None else np.ascontiguousarray(bias, y.dtype)
 
+    flat = flat_images(y)
+    target = y if flat is not None else np.empty(y.shape, y.dtype)
+    flat_y, image_stride = flat if flat is not None else (target.reshape(-1), math.prod(y.shape[1:]))
+    out = (image_stride, int(y.shape[1]), int(y.shape[2]), int(y.shape[3]))
     window = (strides[0], strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1])
     split_planes(
-        lambda first, last: _planes(x, w, bias, y, first, last, *window, code, constants),
-        lambda parts: _split(parts, x, w, bias, y, *window, code, constants),
+        lambda first, last: _planes(x, w, bias, flat_y, *out, first, last, *window, code, constants),
+        lambda parts: _split(parts, x, w, bias, flat_y, *out, *window, code, constants),
         y.shape[0] * y.shape[1], int(y.shape[2]) * int(y.shape[3]),
     )  # fmt: skip
+    if target is not y:
+        np.copyto(y, target)
     return code != NO_ACTIVATION or fused is None
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _split(parts, x, w, bias, y, sh, sw, dh, dw, pad_top, pad_left, code, constants):  # noqa: ANN001
+def _split(parts, x, w, bias, y, image_stride, kernels, out_h, out_w,  # noqa: ANN001
+           sh, sw, dh, dw, pad_top, pad_left, code, constants):  # fmt: skip
     """``_planes`` over ``parts`` ranges of Y's planes, run by numba's threads."""
-    planes = y.shape[0] * y.shape[1]
+    planes = x.shape[0] * kernels
     for part in numba.prange(parts):
         first, last = planes * part // parts, planes * (part + 1) // parts
-        _planes(x, w, bias, y, first, last, sh, sw, dh, dw, pad_top, pad_left, code, constants)
+        _planes(x, w, bias, y, image_stride, kernels, out_h, out_w, first, last,
+                sh, sw, dh, dw, pad_top, pad_left, code, constants)  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True)
-def _planes(x, w, bias, y, first, last, sh, sw, dh, dw, pad_top, pad_left, code, constants):  # noqa: ANN001
-    """Output planes ``first .. last - 1`` (plane p = image p // K, channel p % K)."""
+def _planes(x, w, bias, y, image_stride, kernels, out_h, out_w, first, last,  # noqa: ANN001
+            sh, sw, dh, dw, pad_top, pad_left, code, constants):  # fmt: skip
+    """Output planes ``first .. last - 1`` (plane p = image p // K, channel p % K) of the flat Y ``y``
+    (images ``image_stride`` elements apart, each ``[K, OH, OW]`` contiguous)."""
     channels = x.shape[1]
-    kernels, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+    kh, kw = w.shape[2], w.shape[3]
     multiplier = kernels // channels
-    out_h, out_w = y.shape[2], y.shape[3]
     span, depth, block_rows = layout(out_h, out_w, kh, kw, sh, sw, dh, dw)
     phases = np.zeros((sh * sw, depth * span), x.dtype)  # zero padding, written once
     acc = np.empty(block_rows * span, x.dtype)
@@ -91,32 +106,35 @@ def _planes(x, w, bias, y, first, last, sh, sw, dh, dw, pad_top, pad_left, code,
                 for j in range(kw):
                     weight = w[kernel, 0, i, j]
                     index, offset = tap_start(i, j, first_row, span, sh, sw, dh, dw)
+                    source = phases[index]
                     for p in range(count):
-                        acc[p] += weight * phases[index, offset + p]
-            _store_rows(acc, span, y, image, kernel, first_row, rows, code, constants)
+                        acc[p] += weight * source[offset + p]
+            start = np.uint64(image * image_stride + (kernel * out_h + first_row) * out_w)
+            _store_rows(acc, span, y, start, out_w, rows, code, constants)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _store_rows(acc, span, y, image, kernel, first_row, rows, code, constants):  # noqa: ANN001
-    """``y[image, kernel, first_row + r, :]`` = activation of ``acc[r*span : r*span + OW]`` (see ``jit_epilogue.store_activated``)."""
+def _store_rows(acc, span, y, start, out_w, rows, code, constants):  # noqa: ANN001
+    """``rows`` rows of the flat Y from offset ``start`` = activation of ``acc``'s rows (``span`` apart,
+    the first ``out_w`` of each; see ``jit_epilogue.store_activated``)."""
     alpha, beta, zero = constants[0], constants[1], constants[2]
-    out_w = y.shape[3]
+    width = np.uint64(out_w)
     for index in range(rows):
-        row = first_row + index
         base = np.uint64(index * span)
+        target = start + np.uint64(index) * width
         if code == RELU:
-            for c in range(out_w):
+            for c in range(width):
                 value = acc[base + c]
-                y[image, kernel, row, c] = zero if value < zero else value
+                y[target + c] = zero if value < zero else value
         elif code == CLIP:
-            for c in range(out_w):
+            for c in range(width):
                 value = acc[base + c]
                 value = alpha if value < alpha else value
-                y[image, kernel, row, c] = beta if value > beta else value
+                y[target + c] = beta if value > beta else value
         elif code == LEAKY_RELU:
-            for c in range(out_w):
+            for c in range(width):
                 value = acc[base + c]
-                y[image, kernel, row, c] = value * alpha if value < zero else value
+                y[target + c] = value * alpha if value < zero else value
         else:
-            for c in range(out_w):
-                y[image, kernel, row, c] = acc[base + c]
+            for c in range(width):
+                y[target + c] = acc[base + c]

@@ -10,7 +10,10 @@ History, measured on one core, per image: numpy's tap passes -> a separable loop
 (only 2x2 and 3x3 windows, about half a second of compiling each), 3x3/2 max on 64x112x112 2.1 -> 0.9
 ms; that loop -> this one (A/B in one process), 3x3/2 max on 192x56x56 1.17 -> 0.58 ms, 3x3/1 max on
 480x28x28 1.39 -> 0.94 ms, 2x2/2 max on 832x14x14 0.45 -> 0.23 ms, 3x3/1 average on 256x28x28 0.75 ->
-0.28 ms. One generic function now serves every window, compiled once and cached on disk.
+0.28 ms. One generic function now serves every window, compiled once and cached on disk. Its rows are
+stored at unsigned flat offsets of Y (``buffers.flat_images``; indexing ``y[n, c, r, j]`` kept the store
+loop scalar): 3x3/1 max on 480x28x28 0.79 -> 0.68 ms, 3x3/1 average on 576x14x14 0.22 -> 0.18 ms, 3x3/2
+max 5% (one core, A/B in one process; at two threads within this VM's noise).
 
 Max pools whose windows tile X (2x2/2: LeNet, VGG, the mentee) skip the phase planes: copying a plane
 into its stride-2 phases is a strided gather that cost more than the taps. ``tile_loop`` (compiled per
@@ -24,12 +27,14 @@ kernel threads.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 
 import numba
 import numpy as np
 
+from hetflow.devices.cpu.kernels.buffers import flat_images
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout, tap_start
 from hetflow.devices.cpu.threads import parallel_planes, split_planes
@@ -67,13 +72,18 @@ def pool_2d(x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | Non
         return
     weights = _UNUSED_SCALE[x.dtype] if is_max else np.ascontiguousarray(scale, x.dtype)
     window = (rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation, cols.dilation)
-
     pads = (rows.pad_begin, cols.pad_begin)
+    flat = flat_images(y)
+    target = y if flat is not None else np.empty(y.shape, y.dtype)
+    flat_y, image_stride = flat if flat is not None else (target.reshape(-1), math.prod(y.shape[1:]))
+    out = (image_stride, rows.out, cols.out)
     split_planes(
-        lambda first, last: _planes(x, y, first, last, *window, *pads, is_max, weights),
-        lambda parts: _split(parts, x, y, *window, *pads, is_max, weights),
+        lambda first, last: _planes(x, flat_y, *out, first, last, *window, *pads, is_max, weights),
+        lambda parts: _split(parts, x, flat_y, *out, *window, *pads, is_max, weights),
         y.shape[0] * y.shape[1], rows.out * cols.out,
     )  # fmt: skip
+    if target is not y:
+        np.copyto(y, target)
 
 
 def tiles_input(geom: Geometry) -> bool:
@@ -167,23 +177,27 @@ def _compile_tiles(kh: int, kw: int) -> Callable[..., None]:
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _split(parts, x, y, kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale):  # noqa: ANN001
+def _split(parts, x, y, image_stride, out_h, out_w,  # noqa: ANN001
+           kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale):  # fmt: skip
     """``_planes`` over ``parts`` ranges of Y's planes, run by numba's threads."""
-    planes = y.shape[0] * y.shape[1]
+    planes = x.shape[0] * x.shape[1]
     for part in numba.prange(parts):
         first, last = planes * part // parts, planes * (part + 1) // parts
-        _planes(x, y, first, last, kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale)
+        _planes(x, y, image_stride, out_h, out_w, first, last,
+                kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale)  # fmt: skip
 
 
 # NOTE: no fastmath here: it would let the compiler assume no NaN, and a max pool must propagate NaN.
 @numba.njit(nogil=True, cache=True)
-def _planes(x, y, first, last, kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale):  # noqa: ANN001
-    """Output planes ``first .. last - 1`` (plane p = image p // C, channel p % C)."""
+def _planes(x, y, image_stride, out_h, out_w, first, last,  # noqa: ANN001
+            kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale):  # fmt: skip
+    """Output planes ``first .. last - 1`` (plane p = image p // C, channel p % C) of the flat Y ``y``
+    (images ``image_stride`` elements apart, each ``[C, OH, OW]`` contiguous; ``flat_images``)."""
     channels = x.shape[1]
-    out_h, out_w = y.shape[2], y.shape[3]
     span, depth, block_rows = layout(out_h, out_w, kh, kw, sh, sw, dh, dw)
     phases = np.full((sh * sw, depth * span), -np.inf if is_max else 0.0, x.dtype)  # padding, written once
     acc = np.empty(block_rows * span, x.dtype)
+    scale_flat = scale.reshape(-1)
     for plane in range(first, last):
         image, channel = plane // channels, plane % channels
         fill_phases(x, image, channel, phases, sh, sw, pad_top, pad_left, span, depth)
@@ -202,12 +216,15 @@ def _planes(x, y, first, last, kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max
                     else:
                         for p in range(count):
                             acc[p] += phases[index, offset + p]
+            start = np.uint64(image * image_stride + (channel * out_h + first_row) * out_w)
+            width = np.uint64(out_w)
             for r in range(rows):
                 base = np.uint64(r * span)
-                row = first_row + r
+                target = start + np.uint64(r) * width
                 if is_max:
-                    for c in range(out_w):
-                        y[image, channel, row, c] = acc[base + c]
+                    for c in range(width):
+                        y[target + c] = acc[base + c]
                 else:
-                    for c in range(out_w):
-                        y[image, channel, row, c] = acc[base + c] * scale[row, c]
+                    factors = np.uint64((first_row + r) * out_w)
+                    for c in range(width):
+                        y[target + c] = acc[base + c] * scale_flat[factors + c]
