@@ -30,6 +30,8 @@ CASES = [  # pads, ceil mode, odd sizes, a 1x1 output, dilation, large and strid
     ({"kernel_shape": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}, (1, 2, 70, 66)),  # two row blocks
     ({"kernel_shape": (2, 2), "strides": (2, 2)}, (2, 3, 8, 9)),  # windows tiling X (a column left over)
     ({"kernel_shape": (3, 2), "strides": (3, 2)}, (1, 2, 10, 7)),
+    ({"kernel_shape": (3, 3), "strides": (1, 1), "pads": (1, 1, 1, 1)}, (2, 50, 7, 7)),  # stacks of 45 planes
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (0, 0, 1, 1)}, (2, 37, 14, 13)),  # stacks, strided
 ]
 #: The cases whose windows tile X (a max pool runs ``jit_pool.tile_loop`` on them).
 TILED = (10, 11)

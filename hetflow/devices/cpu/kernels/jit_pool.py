@@ -36,7 +36,7 @@ import numpy as np
 
 from hetflow.devices.cpu.kernels.buffers import flat_images
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
-from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout, tap_start
+from hetflow.devices.cpu.kernels.jit_phases import BLOCK_ELEMENTS, fill_phases, layout, tap_start
 from hetflow.devices.cpu.threads import parallel_planes, split_planes
 from hetflow.ops.spatial import Geometry
 
@@ -187,44 +187,84 @@ def _split(parts, x, y, image_stride, out_h, out_w,  # noqa: ANN001
                 kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale)  # fmt: skip
 
 
+#: Phase planes of up to this many elements (maps up to about 20x20) are stacked ``BLOCK_ELEMENTS //
+#: size`` at a time (``_planes``). One core, A/B: 1024x7x7 3x3/1 max 0.27 -> 0.20 ms, average 0.23 -> 0.14
+#: ms, 320x14x14 3x3/2 max 0.12 -> 0.11 ms; stacks of four 28x28 planes ran 5-10% slower.
+STACK_MAX_PLANE = 512
+
+
 # NOTE: no fastmath here: it would let the compiler assume no NaN, and a max pool must propagate NaN.
 @numba.njit(nogil=True, cache=True)
 def _planes(x, y, image_stride, out_h, out_w, first, last,  # noqa: ANN001
             kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale):  # fmt: skip
     """Output planes ``first .. last - 1`` (plane p = image p // C, channel p % C) of the flat Y ``y``
-    (images ``image_stride`` elements apart, each ``[C, OH, OW]`` contiguous; ``flat_images``)."""
+    (images ``image_stride`` elements apart, each ``[C, OH, OW]`` contiguous; ``flat_images``).
+
+    A plane is accumulated a block of rows at a time; planes up to ``STACK_MAX_PLANE`` elements are stacked,
+    ``stack`` of them one above the other in the phase planes, and accumulated together, so that each
+    tap's loop is long enough to vectorise (a 7x7 plane's 63 elements alone ran scalar). The rows
+    between two stacked planes' outputs are computed and dropped.
+    """
     channels = x.shape[1]
     span, depth, block_rows = layout(out_h, out_w, kh, kw, sh, sw, dh, dw)
-    phases = np.full((sh * sw, depth * span), -np.inf if is_max else 0.0, x.dtype)  # padding, written once
-    acc = np.empty(block_rows * span, x.dtype)
+    plane_size = depth * span
+    stack = BLOCK_ELEMENTS // plane_size if plane_size <= STACK_MAX_PLANE else 1
+    # Padding, written once: each plane rewrites only X's part of its section.
+    phases = np.full((sh * sw, stack * plane_size), -np.inf if is_max else 0.0, x.dtype)
+    acc = np.empty(max(block_rows * span, stack * plane_size), x.dtype)
     scale_flat = scale.reshape(-1)
-    for plane in range(first, last):
-        image, channel = plane // channels, plane % channels
-        fill_phases(x, image, channel, phases, sh, sw, pad_top, pad_left, span, depth)
-        for first_row in range(0, out_h, block_rows):
-            rows = min(block_rows, out_h - first_row)
-            count = np.uint64(rows * span)
-            for i in range(kh):
-                for j in range(kw):
-                    index, offset = tap_start(i, j, first_row, span, sh, sw, dh, dw)
-                    if i == 0 and j == 0:
-                        for p in range(count):
-                            acc[p] = phases[index, offset + p]
-                    elif is_max:
-                        for p in range(count):
-                            acc[p] = np.maximum(acc[p], phases[index, offset + p])
-                    else:
-                        for p in range(count):
-                            acc[p] += phases[index, offset + p]
-            start = np.uint64(image * image_stride + (channel * out_h + first_row) * out_w)
-            width = np.uint64(out_w)
-            for r in range(rows):
-                base = np.uint64(r * span)
-                target = start + np.uint64(r) * width
-                if is_max:
-                    for c in range(width):
-                        y[target + c] = acc[base + c]
-                else:
+    width = np.uint64(out_w)
+    for group in range(first, last, stack):
+        planes = min(stack, last - group)
+        for g in range(planes):
+            plane = group + g
+            section = phases[:, g * plane_size : (g + 1) * plane_size]
+            fill_phases(x, plane // channels, plane % channels, section, sh, sw, pad_top, pad_left, span, depth)
+        if stack == 1:
+            image, channel = group // channels, group % channels
+            for first_row in range(0, out_h, block_rows):
+                rows = min(block_rows, out_h - first_row)
+                _accumulate(phases, acc, np.uint64(rows * span), first_row, kh, kw, sh, sw, dh, dw, span, is_max)
+                start = np.uint64(image * image_stride + (channel * out_h + first_row) * out_w)
+                for r in range(rows):
                     factors = np.uint64((first_row + r) * out_w)
-                    for c in range(width):
-                        y[target + c] = acc[base + c] * scale_flat[factors + c]
+                    _store_row(acc, np.uint64(r * span), y, start + np.uint64(r) * width, width, is_max,
+                               scale_flat, factors)  # fmt: skip
+        else:
+            # The last stacked plane's rows end where its outputs do (the rows after read past the buffer).
+            count = np.uint64(((planes - 1) * depth + out_h) * span)
+            _accumulate(phases, acc, count, 0, kh, kw, sh, sw, dh, dw, span, is_max)
+            for g in range(planes):
+                plane = group + g
+                start = np.uint64((plane // channels) * image_stride + (plane % channels) * out_h * out_w)
+                for r in range(out_h):
+                    _store_row(acc, np.uint64((g * depth + r) * span), y, start + np.uint64(r) * width, width,
+                               is_max, scale_flat, np.uint64(r * out_w))  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _accumulate(phases, acc, count, first_row, kh, kw, sh, sw, dh, dw, span, is_max):  # noqa: ANN001, ANN202
+    """``acc[:count]`` = the max or sum over the window taps of the output rows from ``first_row``."""
+    for i in range(kh):
+        for j in range(kw):
+            index, offset = tap_start(i, j, first_row, span, sh, sw, dh, dw)
+            if i == 0 and j == 0:
+                for p in range(count):
+                    acc[p] = phases[index, offset + p]
+            elif is_max:
+                for p in range(count):
+                    acc[p] = np.maximum(acc[p], phases[index, offset + p])
+            else:
+                for p in range(count):
+                    acc[p] += phases[index, offset + p]
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _store_row(acc, base, y, target, width, is_max, scale, factors):  # noqa: ANN001, ANN202
+    """One output row: ``y[target:]`` = ``acc[base:]`` (times ``scale[factors:]`` for an average)."""
+    if is_max:
+        for c in range(width):
+            y[target + c] = acc[base + c]
+    else:
+        for c in range(width):
+            y[target + c] = acc[base + c] * scale[factors + c]
