@@ -75,6 +75,16 @@ def flat_images(y: np.ndarray) -> tuple[np.ndarray, int] | None:
     return np.lib.stride_tricks.as_strided(y, shape=(length,), strides=(y.itemsize,)), stride
 
 
+def flat_target(y: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """(target, flat, image_stride): ``y`` and its ``flat_images``, or, when ``y`` has none, a new
+    contiguous array standing in for it (the caller copies it into ``y`` afterwards: ``target is not y``)."""
+    flat = flat_images(y)
+    if flat is not None:
+        return y, *flat
+    target = np.empty(y.shape, y.dtype)
+    return target, target.reshape(-1), math.prod(y.shape[1:])
+
+
 def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGNMENT) * ALIGNMENT
 

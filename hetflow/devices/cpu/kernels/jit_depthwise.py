@@ -20,12 +20,10 @@ threads (``parallel_for``), so the session's thread count holds here as for ever
 
 from __future__ import annotations
 
-import math
-
 import numba
 import numpy as np
 
-from hetflow.devices.cpu.kernels.buffers import flat_images
+from hetflow.devices.cpu.kernels.buffers import flat_target
 from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, NO_ACTIVATION, RELU, activation_code
 from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout, tap_start
 from hetflow.devices.cpu.threads import split_planes
@@ -44,7 +42,7 @@ def depthwise_2d(
 ) -> bool:
     """``y`` = depthwise Conv of ``x`` ``[N, C, H, W]`` with ``w`` ``[C*m, 1, kh, kw]``, plus ``bias``.
 
-    ``y`` (``[N, C*m, OH, OW]``, any strides) is written in place (through ``flat_images`` when each
+    ``y`` (``[N, C*m, OH, OW]``, any strides) is written in place (through ``flat_target``: flat when each
     image is contiguous, else through a contiguous copy). Returns whether the fused activation
     was applied too (Relu, Clip and LeakyRelu are; the caller applies any other).
     """
@@ -55,9 +53,7 @@ def depthwise_2d(
     constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
     bias = np.zeros(y.shape[1], y.dtype) if bias is None else np.ascontiguousarray(bias, y.dtype)
 
-    flat = flat_images(y)
-    target = y if flat is not None else np.empty(y.shape, y.dtype)
-    flat_y, image_stride = flat if flat is not None else (target.reshape(-1), math.prod(y.shape[1:]))
+    target, flat_y, image_stride = flat_target(y)
     out = (image_stride, int(y.shape[1]), int(y.shape[2]), int(y.shape[3]))
     window = (strides[0], strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1])
     split_planes(

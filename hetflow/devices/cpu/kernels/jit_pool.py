@@ -27,14 +27,13 @@ kernel threads.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable
 
 import numba
 import numpy as np
 
-from hetflow.devices.cpu.kernels.buffers import flat_images
+from hetflow.devices.cpu.kernels.buffers import flat_target
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.jit_phases import BLOCK_ELEMENTS, fill_phases, layout, tap_start
 from hetflow.devices.cpu.threads import parallel_planes, split_planes
@@ -73,9 +72,7 @@ def pool_2d(x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | Non
     weights = _UNUSED_SCALE[x.dtype] if is_max else np.ascontiguousarray(scale, x.dtype)
     window = (rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation, cols.dilation)
     pads = (rows.pad_begin, cols.pad_begin)
-    flat = flat_images(y)
-    target = y if flat is not None else np.empty(y.shape, y.dtype)
-    flat_y, image_stride = flat if flat is not None else (target.reshape(-1), math.prod(y.shape[1:]))
+    target, flat_y, image_stride = flat_target(y)
     out = (image_stride, rows.out, cols.out)
     split_planes(
         lambda first, last: _planes(x, flat_y, *out, first, last, *window, *pads, is_max, weights),
