@@ -102,9 +102,8 @@ def _planes(x, w, bias, y, image_stride, kernels, out_h, out_w, first, last,  # 
                 for j in range(kw):
                     weight = w[kernel, 0, i, j]
                     index, offset = tap_start(i, j, first_row, span, sh, sw, dh, dw)
-                    source = phases[index]
                     for p in range(count):
-                        acc[p] += weight * source[offset + p]
+                        acc[p] += weight * phases[index, offset + p]
             start = np.uint64(image * image_stride + (kernel * out_h + first_row) * out_w)
             _store_rows(acc, span, y, start, out_w, rows, code, constants)
 
