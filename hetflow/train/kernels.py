@@ -1,12 +1,15 @@
 """Training-side forward kernels: faster versions of CPU kernels for the shapes a training step runs.
 
 A training step runs every layer over a whole batch (128 CIFAR images, say) where inference runs a few
-images. The training Conv (``hetflow.devices.cpu.kernels.conv_train``) builds its im2col columns a few
-images at a time, in the channel-major layout the CPU's backward rule rebuilds them in, and multiplies
-each chunk while its columns are in cache: whole-batch columns (the route before, 150 MB for the
-mentee's second layer at batch 128) ran the GEMM at half its in-cache rate. Its temporaries are a chunk's
-columns and products, well inside the Conv's costed im2col workspace, so the step's memory bound
-(``Trainer.scratch_bytes``) still holds.
+images. float32 2-D Convs of stride 1 and one group run ``jit_direct``'s direct kernel, which builds no
+columns; its temporaries are one image's zero-bordered planes and products per thread. Other Convs go
+through the training Conv (``hetflow.devices.cpu.kernels.conv_train``), which builds its im2col columns a
+few images at a time, in the channel-major layout the CPU's backward rule rebuilds them in, and
+multiplies each chunk while its columns are in cache: whole-batch columns (the route before, 150 MB for
+the mentee's second layer at batch 128) ran the GEMM at half its in-cache rate. Its temporaries are a
+chunk's columns and products, well inside the Conv's costed im2col workspace, so the step's memory bound
+(``Trainer.scratch_bytes``) still holds; the direct kernel's (``K`` + ``C`` padded planes of one image per
+thread) are a few hundred KB at the mentee's sizes.
 
 The training MaxPool (2-D, with the Indices output ``hetflow.train.graph.record_pool_indices`` adds)
 finds each window's winner once, in the forward pass (``jit_backward.max_pool_indices_2d``): the CPU's
@@ -38,9 +41,10 @@ ForwardFn = Callable[[Node, Sequence[np.ndarray | None]], list[np.ndarray]]
 
 
 def conv_forward(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-    """Conv (any rank, group, stride, padding, dilation; a fused Relu or none) a chunk of images at a
-    time: ``W [K/G, C/G*taps] @ cols [C/G*taps, n*P]`` per group, bias added as Y is laid out and the
-    Relu applied while the chunk is in cache."""
+    """Conv (any rank, group, stride, padding, dilation; a fused Relu or none) by
+    ``conv_train.conv_forward``: the direct kernel where it applies, else a chunk of images at a time,
+    ``W [K/G, C/G*taps] @ cols [C/G*taps, n*P]`` per group, bias added as Y is laid out and the Relu
+    applied while the chunk is in cache."""
     x, w = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     assert x is not None and w is not None

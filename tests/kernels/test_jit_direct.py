@@ -1,0 +1,140 @@
+"""The direct Conv over flattened planes (``jit_direct``) and the training Conv's float32 path through it,
+against sums over the window taps in float64."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hetflow.devices.cpu.kernels import conv_train, jit_direct
+from hetflow.ops.activation import FusedActivation
+from hetflow.ops.conv import ConvAttrs, conv_window
+from hetflow.ops.spatial import Geometry, geometry
+from tests.kernels.test_conv_train import direct_conv, direct_grads
+
+RNG = np.random.default_rng(23)
+
+#: (attrs, X shape, W shape), stride 1 and one group: odd sizes, fewer and more kernels than a block (8),
+#: asymmetric pads, dilations, 1x1, 5x5, maps narrower than a vector and wider than a block (32).
+CASES = [
+    (ConvAttrs(pads=(1, 1, 1, 1)), (2, 5, 9, 13), (11, 5, 3, 3)),
+    (ConvAttrs(pads=(2, 1, 0, 2)), (3, 4, 7, 7), (17, 4, 5, 5)),
+    (ConvAttrs(pads=(2, 2, 2, 2), dilations=(2, 2)), (2, 6, 12, 10), (9, 6, 3, 3)),
+    (ConvAttrs(), (2, 16, 1, 1), (24, 16, 1, 1)),
+    (ConvAttrs(), (1, 3, 6, 40), (3, 3, 1, 3)),
+    (ConvAttrs(pads=(0, 1, 0, 1)), (2, 7, 3, 35), (8, 7, 2, 3)),
+]
+IDS = ["pad1", "5x5-asym", "dilated", "1x1-on-1x1", "wide-row", "2x3"]
+
+
+def _geometry(attrs: ConvAttrs, x_shape: tuple[int, ...], w_shape: tuple[int, ...]) -> Geometry:
+    return geometry(conv_window(attrs, w_shape), x_shape[2:])
+
+
+def _float32(*shapes: tuple[int, ...]) -> list[np.ndarray]:
+    return [RNG.standard_normal(shape).astype(np.float32) for shape in shapes]
+
+
+def _relative_error(found: np.ndarray, expected: np.ndarray) -> float:
+    return float(np.abs(found - expected).max() / np.abs(expected).max())
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), CASES, ids=IDS)
+def test_conv2d_matches_the_direct_sum(monkeypatch, threads, attrs, x_shape, w_shape):
+    """Whole images per thread, or (batch below the thread count) each image's kernel blocks split."""
+    monkeypatch.setattr(jit_direct, "intra_op_threads", lambda: threads)
+    x, w, b = _float32(x_shape, w_shape, w_shape[:1])
+    expected = direct_conv(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), attrs)
+    y = np.full(expected.shape, np.nan, np.float32)
+    found = jit_direct.conv2d(x, w, b, _geometry(attrs, x_shape, w_shape), False, y)
+    assert found is y
+    assert _relative_error(y, expected) < 1e-5
+
+
+@pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), CASES[:3], ids=IDS[:3])
+def test_conv2d_relu_and_no_bias(attrs, x_shape, w_shape):
+    x, w = _float32(x_shape, w_shape)
+    expected = np.maximum(direct_conv(x.astype(np.float64), w.astype(np.float64), None, attrs), 0)
+    assert 0 < (expected > 0).mean() < 1
+    y = jit_direct.conv2d(x, w, None, _geometry(attrs, x_shape, w_shape), True, np.empty(expected.shape, np.float32))
+    assert _relative_error(y, expected) < 1e-5
+    assert (y >= 0).all()
+
+
+def test_conv2d_reads_x_through_the_mask():
+    attrs, x_shape, w_shape = CASES[0]
+    x, w, mask = _float32(x_shape, w_shape, x_shape)
+    masked = (x * (mask > 0)).astype(np.float64)
+    expected = direct_conv(masked, w.astype(np.float64), None, attrs)
+    y = jit_direct.conv2d(
+        x, w, None, _geometry(attrs, x_shape, w_shape), False, np.empty(expected.shape, np.float32), mask=mask
+    )
+    assert _relative_error(y, expected) < 1e-5
+
+
+def test_supports_states_what_it_cannot_compute():
+    geom = _geometry(ConvAttrs(pads=(1, 1, 1, 1)), (1, 4, 8, 8), (4, 4, 3, 3))
+    assert jit_direct.supports(geom, 1, np.dtype(np.float32)) is None
+    assert "float32" in jit_direct.supports(geom, 1, np.dtype(np.float64))
+    assert "group 1" in jit_direct.supports(geom, 2, np.dtype(np.float32))
+    strided = _geometry(ConvAttrs(strides=(2, 2)), (1, 4, 8, 8), (4, 4, 3, 3))
+    assert "stride 1" in jit_direct.supports(strided, 1, np.dtype(np.float32))
+    flat = _geometry(ConvAttrs(pads=(1, 1)), (1, 4, 8), (4, 4, 3))
+    assert "2-D" in jit_direct.supports(flat, 1, np.dtype(np.float32))
+
+
+def test_input_gradient_geometry():
+    geom = _geometry(ConvAttrs(pads=(2, 1, 0, 2), dilations=(1, 2)), (1, 2, 9, 11), (3, 2, 5, 3))
+    found = jit_direct.input_gradient_geometry(geom)
+    assert found is not None
+    for axis, gradient in zip(geom.axes, found.axes):
+        reach = axis.dilation * (axis.kernel - 1)
+        assert (gradient.size, gradient.out) == (axis.out, axis.size)
+        assert (gradient.pad_begin, gradient.pad_end) == (reach - axis.pad_begin, reach - axis.pad_end)
+    # A pad wider than the window reaches: some inputs are read by no window.
+    wide = _geometry(ConvAttrs(pads=(3, 0, 0, 0)), (1, 2, 5, 5), (2, 2, 3, 3))
+    assert jit_direct.input_gradient_geometry(wide) is None
+
+
+RELU = FusedActivation("Relu")
+
+
+@pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), CASES, ids=IDS)
+def test_training_conv_float32_runs_direct(monkeypatch, attrs, x_shape, w_shape):
+    """float32 stride-1 layers: forward and dX by the direct kernel (dW by the chunked GEMMs), Relu fused."""
+    calls = []
+    direct = jit_direct.conv2d
+    monkeypatch.setattr(jit_direct, "conv2d", lambda *args, **kw: calls.append(1) or direct(*args, **kw))
+    x, w, b = _float32(x_shape, w_shape, w_shape[:1])
+    fused = dataclasses.replace(attrs, fused=RELU)
+    wide = [a.astype(np.float64) for a in (x, w, b)]
+    expected_y = np.maximum(direct_conv(*wide, attrs), 0)
+    y = conv_train.conv_forward(x, w, b, fused)
+    assert y.dtype == np.float32 and _relative_error(y, expected_y) < 1e-5
+    dy = RNG.standard_normal(y.shape).astype(np.float32)
+    grads = conv_train.conv_backward(x, w, dy, fused, want_x=True, want_w=True, want_b=True, y=y)
+    masked = dy.astype(np.float64) * (y > 0)
+    expected_dx, expected_dw = direct_grads(wide[0], wide[1], masked, attrs)
+    assert _relative_error(grads.x, expected_dx) < 1e-5
+    assert _relative_error(grads.w, expected_dw) < 1e-5
+    assert _relative_error(grads.b, masked.sum(axis=(0, 2, 3))) < 1e-5
+    assert len(calls) == 2  # the forward and dX
+
+
+def test_training_conv_falls_back_where_direct_cannot():
+    """Strided float32 layers and pads past the window's reach (dX) take the GEMM route, still right."""
+    for attrs, x_shape, w_shape in [
+        (ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2)), (2, 3, 9, 8), (5, 3, 3, 3)),
+        (ConvAttrs(pads=(3, 0, 0, 0)), (2, 3, 5, 5), (4, 3, 3, 3)),
+    ]:
+        x, w = _float32(x_shape, w_shape)
+        y = conv_train.conv_forward(x, w, None, attrs)
+        assert _relative_error(y, direct_conv(x.astype(np.float64), w.astype(np.float64), None, attrs)) < 1e-5
+        dy = RNG.standard_normal(y.shape).astype(np.float32)
+        grads = conv_train.conv_backward(x, w, dy, attrs, want_x=True, want_w=True)
+        expected_dx, expected_dw = direct_grads(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64), attrs)
+        assert _relative_error(grads.x, expected_dx) < 1e-5
+        assert _relative_error(grads.w, expected_dw) < 1e-5
