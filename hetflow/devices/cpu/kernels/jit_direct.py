@@ -11,7 +11,7 @@ Layout. Each input plane is copied once into a zero-bordered plane whose rows ar
 padded row). Output position q = ``oy * width + ox`` then reads tap (i, j) at
 ``q + i*dh*width + j*dw``: every tap of 16 consecutive positions is one contiguous vector load, and the
 columns past OW (``width - OW`` of each row) are computed and dropped when the planes are copied out
-(``crop``, which also adds the bias and applies a Relu). So any map size, padding and dilation run one
+(``_crop``, which also adds the bias and applies a Relu). So any map size, padding and dilation run one
 loop, and no layout other than NCHW appears.
 
 The product (``_fma_block``): ``POSITION_VECTORS`` vectors of 16 positions times ``KERNEL_BLOCK``
@@ -227,7 +227,7 @@ def conv2d(
         def images(part: int) -> None:
             first, last = batch * part // threads, batch * (part + 1) // threads
             _images(x, mask_array, masking, first, last, pads, layout.width, layout.plane, layout.span,
-                    offsets, wt, 0, blocks, offset, relu, y)  # fmt: skip
+                    offsets, wt, offset, relu, y)  # fmt: skip
 
         parallel_for(images, threads, threads)
         return y
@@ -250,14 +250,15 @@ def conv2d(
 
 
 @numba.njit(nogil=True, cache=True)
-def _images(x, mask, masking, first, last, pads, width, plane, span, offsets, wt, block_first, block_last, bias, relu, y):  # noqa: ANN001, E501
+def _images(x, mask, masking, first, last, pads, width, plane, span, offsets, wt, bias, relu, y):  # noqa: ANN001
     """Images ``first .. last - 1``: pad their planes, multiply every kernel block, crop into ``y``."""
+    blocks = wt.shape[0]
     xp = np.empty((x.shape[1], plane), np.float32)
-    yb = np.empty(((block_last - block_first) * KERNEL_BLOCK, span), np.float32)
+    yb = np.empty((blocks * KERNEL_BLOCK, span), np.float32)
     for image in range(first, last):
         _pad_image(x, mask, masking, image, pads, width, xp)
-        _multiply(xp, plane, offsets, wt, block_first, block_last, span, yb)
-        _crop(yb, block_first * KERNEL_BLOCK, width, bias, relu, y[image])
+        _multiply(xp, plane, offsets, wt, 0, blocks, span, yb)
+        _crop(yb, 0, width, bias, relu, y[image])
 
 
 @numba.njit(nogil=True, cache=True)
