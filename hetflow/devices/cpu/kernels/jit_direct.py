@@ -32,35 +32,30 @@ from dataclasses import dataclass
 
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from hetflow.devices.cpu.kernels.llvm_vectors import (
+    INT,
+    LANES,
+    accumulators,
+    array_data,
+    broadcast,
+    fused_multiply_add,
+    load_scalar,
+    load_vector,
+    vector_pointer,
+)
 from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
 from hetflow.ops.spatial import AxisGeometry, Geometry
 
-#: Positions per vector (float32 lanes of a 512-bit register).
-LANES = 16
 #: Vectors of positions per block.
 POSITION_VECTORS = 2
 #: Kernels per block: each broadcast weight feeds POSITION_VECTORS FMAs.
 KERNEL_BLOCK = 8
 #: Output positions per block.
 BLOCK_POSITIONS = LANES * POSITION_VECTORS
-
-_FLOAT = ir.FloatType()
-_VECTOR = ir.VectorType(_FLOAT, LANES)
-_INT = ir.IntType(64)
-
-
-def _data(context, builder, array_type, array):  # noqa: ANN001, ANN202
-    return context.make_array(array_type)(context, builder, array).data
-
-
-def _vector_pointer(builder, base, offset):  # noqa: ANN001, ANN202
-    return builder.bitcast(builder.gep(base, [offset]), _VECTOR.as_pointer())
-
 
 @intrinsic
 def _fma_block(typingctx, xp, x_start, plane, channels, offsets, wt, w_start, yb, y_start, y_plane):  # noqa: ANN001, ANN202
@@ -75,40 +70,27 @@ def _fma_block(typingctx, xp, x_start, plane, channels, offsets, wt, w_start, yb
 
     def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
         xp_v, x_start_v, plane_v, channels_v, offsets_v, wt_v, w_start_v, yb_v, y_start_v, y_plane_v = args
-        x_data = _data(context, builder, sig.args[0], xp_v)
+        x_data = array_data(context, builder, sig.args[0], xp_v)
         offsets_array = context.make_array(sig.args[4])(context, builder, offsets_v)
         offsets_data = offsets_array.data
         taps = builder.extract_value(offsets_array.shape, 0)
-        w_data = _data(context, builder, sig.args[5], wt_v)
-        y_data = _data(context, builder, sig.args[7], yb_v)
-        fma = builder.module.declare_intrinsic(
-            "llvm.fma.v16f32", fnty=ir.FunctionType(_VECTOR, [_VECTOR, _VECTOR, _VECTOR])
-        )
-        lane0 = ir.Constant(ir.IntType(32), 0)
-        splat = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
-        undefined = ir.Constant(_VECTOR, ir.Undefined)
-        # Accumulators as stack slots: LLVM promotes them to registers carried through the loops.
-        slots = [[cgutils.alloca_once(builder, _VECTOR) for _ in range(KERNEL_BLOCK)] for _ in range(POSITION_VECTORS)]
-        for row in slots:
-            for slot in row:
-                builder.store(ir.Constant(_VECTOR, [0.0] * LANES), slot)
-        block_weights = builder.mul(taps, _INT(KERNEL_BLOCK))
+        w_data = array_data(context, builder, sig.args[5], wt_v)
+        y_data = array_data(context, builder, sig.args[7], yb_v)
+        fma = fused_multiply_add(builder)
+        slots = accumulators(builder, POSITION_VECTORS, KERNEL_BLOCK)
+        block_weights = builder.mul(taps, INT(KERNEL_BLOCK))
         with cgutils.for_range(builder, channels_v) as channel_loop:
             channel = channel_loop.index
             x_channel = builder.add(x_start_v, builder.mul(channel, plane_v))
             w_channel = builder.add(w_start_v, builder.mul(channel, block_weights))
             with cgutils.for_range(builder, taps) as tap_loop:
                 tap = tap_loop.index
-                x_tap = builder.add(x_channel, builder.load(builder.gep(offsets_data, [tap])))
-                w_tap = builder.add(w_channel, builder.mul(tap, _INT(KERNEL_BLOCK)))
-                inputs = [
-                    builder.load(_vector_pointer(builder, x_data, builder.add(x_tap, _INT(p * LANES))), align=4)
-                    for p in range(POSITION_VECTORS)
-                ]
+                x_tap = builder.add(x_channel, load_scalar(builder, offsets_data, tap))
+                w_tap = builder.add(w_channel, builder.mul(tap, INT(KERNEL_BLOCK)))
+                inputs = [load_vector(builder, x_data, builder.add(x_tap, INT(p * LANES))) for p in range(POSITION_VECTORS)]
                 sums = [[builder.load(slot) for slot in row] for row in slots]
                 for k in range(KERNEL_BLOCK):
-                    weight = builder.load(builder.gep(w_data, [builder.add(w_tap, _INT(k))]))
-                    weights = builder.shuffle_vector(builder.insert_element(undefined, weight, lane0), undefined, splat)
+                    weights = broadcast(builder, load_scalar(builder, w_data, builder.add(w_tap, INT(k))))
                     for p in range(POSITION_VECTORS):
                         sums[p][k] = builder.call(fma, [inputs[p], weights, sums[p][k]])
                 for p in range(POSITION_VECTORS):
@@ -116,8 +98,8 @@ def _fma_block(typingctx, xp, x_start, plane, channels, offsets, wt, w_start, yb
                         builder.store(sums[p][k], slots[p][k])
         for p in range(POSITION_VECTORS):
             for k in range(KERNEL_BLOCK):
-                offset = builder.add(y_start_v, builder.add(builder.mul(y_plane_v, _INT(k)), _INT(p * LANES)))
-                builder.store(builder.load(slots[p][k]), _vector_pointer(builder, y_data, offset), align=4)
+                offset = builder.add(y_start_v, builder.add(builder.mul(y_plane_v, INT(k)), INT(p * LANES)))
+                builder.store(builder.load(slots[p][k]), vector_pointer(builder, y_data, offset), align=4)
         return context.get_dummy_value()
 
     return signature, codegen
@@ -234,7 +216,7 @@ def conv2d(
     # Fewer images than threads: each image's kernel blocks are split (its planes are padded once).
     xp = np.empty((batch, int(x.shape[1]), layout.plane), np.float32)
     for image in range(batch):
-        _pad_image(x, mask_array, masking, image, pads, layout.width, xp[image])
+        pad_image(x, mask_array, masking, image, pads, layout.width, xp[image])
 
     shares = max(1, threads // batch)
 
@@ -256,13 +238,13 @@ def _images(x, mask, masking, first, last, pads, width, plane, span, offsets, wt
     xp = np.empty((x.shape[1], plane), np.float32)
     yb = np.empty((blocks * KERNEL_BLOCK, span), np.float32)
     for image in range(first, last):
-        _pad_image(x, mask, masking, image, pads, width, xp)
+        pad_image(x, mask, masking, image, pads, width, xp)
         _multiply(xp, plane, offsets, wt, 0, blocks, span, yb)
         _crop(yb, 0, width, bias, relu, y[image])
 
 
 @numba.njit(nogil=True, cache=True)
-def _pad_image(x, mask, masking, image, pads, width, xp):  # noqa: ANN001
+def pad_image(x, mask, masking, image, pads, width, xp):  # noqa: ANN001
     """Image ``image`` of X (times ``mask > 0`` when ``masking``) into zero-bordered planes ``xp [C, plane]``
     with rows ``width`` long, X's pixel (r, c) at row ``pads[0] + r``, column ``pads[1] + c``."""
     channels, height, columns = x.shape[1], x.shape[2], x.shape[3]

@@ -1,0 +1,65 @@
+"""Pieces of LLVM IR for the 16-lane float32 kernels written as numba intrinsics (``jit_direct``,
+``jit_direct_grad``): array pointers, vector loads, broadcasts, FMAs and register accumulators.
+
+Why IR: numba's own loops over 16 lanes stay scalar, and a block unrolled in Python-level numba code
+spilled its accumulators; in IR the block's accumulators are stack slots that LLVM promotes to
+registers carried through the reduction's loops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba.core import cgutils
+
+#: float32 lanes of a 512-bit register (where the CPU lacks AVX-512, LLVM splits each operation in two).
+LANES = 16
+
+FLOAT = ir.FloatType()
+VECTOR = ir.VectorType(FLOAT, LANES)
+INT = ir.IntType(64)
+
+_LANE0 = ir.Constant(ir.IntType(32), 0)
+_SPLAT = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+_UNDEFINED = ir.Constant(VECTOR, ir.Undefined)
+_ZERO = ir.Constant(VECTOR, [0.0] * LANES)
+
+
+def array_data(context: Any, builder: ir.IRBuilder, array_type: Any, array: Any) -> ir.Value:
+    """The data pointer of a numba array argument."""
+    return context.make_array(array_type)(context, builder, array).data
+
+
+def vector_pointer(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> ir.Value:
+    """``base + offset`` (floats) as a pointer to a vector."""
+    return builder.bitcast(builder.gep(base, [offset]), VECTOR.as_pointer())
+
+
+def load_vector(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> ir.Value:
+    """The 16 floats at ``base + offset`` (no alignment assumed beyond a float's)."""
+    return builder.load(vector_pointer(builder, base, offset), align=4)
+
+
+def load_scalar(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> ir.Value:
+    """The element at ``base + offset``."""
+    return builder.load(builder.gep(base, [offset]))
+
+
+def broadcast(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """A vector of 16 copies of the float ``value`` (LLVM folds the load into the FMA's operand)."""
+    return builder.shuffle_vector(builder.insert_element(_UNDEFINED, value, _LANE0), _UNDEFINED, _SPLAT)
+
+
+def fused_multiply_add(builder: ir.IRBuilder) -> ir.Function:
+    """LLVM's ``fma`` on vectors: ``f(a, b, c) = a * b + c`` lane by lane, one rounding."""
+    return builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(VECTOR, [VECTOR] * 3))
+
+
+def accumulators(builder: ir.IRBuilder, rows: int, columns: int) -> list[list[ir.Value]]:
+    """``rows`` x ``columns`` zeroed vector stack slots, promoted by LLVM to registers."""
+    slots = [[cgutils.alloca_once(builder, VECTOR) for _ in range(columns)] for _ in range(rows)]
+    for row in slots:
+        for slot in row:
+            builder.store(_ZERO, slot)
+    return slots
