@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hetflow.devices.cpu.kernels import conv_train, jit_direct
+from hetflow.devices.cpu.kernels import conv_train, jit_direct, jit_direct_grad
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.conv import ConvAttrs, conv_window
 from hetflow.ops.spatial import Geometry, geometry
@@ -104,10 +104,14 @@ RELU = FusedActivation("Relu")
 
 @pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), CASES, ids=IDS)
 def test_training_conv_float32_runs_direct(monkeypatch, attrs, x_shape, w_shape):
-    """float32 stride-1 layers: forward and dX by the direct kernel (dW by the chunked GEMMs), Relu fused."""
+    """float32 stride-1 layers: forward and dX by the direct kernel, dW and dB by the direct weight
+    gradient, Relu fused."""
     calls = []
-    direct = jit_direct.conv2d
-    monkeypatch.setattr(jit_direct, "conv2d", lambda *args, **kw: calls.append(1) or direct(*args, **kw))
+    direct, weight_gradient = jit_direct.conv2d, jit_direct_grad.weight_gradient
+    monkeypatch.setattr(jit_direct, "conv2d", lambda *args, **kw: calls.append("conv") or direct(*args, **kw))
+    monkeypatch.setattr(
+        jit_direct_grad, "weight_gradient", lambda *args, **kw: calls.append("dW") or weight_gradient(*args, **kw)
+    )
     x, w, b = _float32(x_shape, w_shape, w_shape[:1])
     fused = dataclasses.replace(attrs, fused=RELU)
     wide = [a.astype(np.float64) for a in (x, w, b)]
@@ -121,7 +125,7 @@ def test_training_conv_float32_runs_direct(monkeypatch, attrs, x_shape, w_shape)
     assert _relative_error(grads.x, expected_dx) < 1e-5
     assert _relative_error(grads.w, expected_dw) < 1e-5
     assert _relative_error(grads.b, masked.sum(axis=(0, 2, 3))) < 1e-5
-    assert len(calls) == 2  # the forward and dX
+    assert calls == ["conv", "conv", "dW"]  # the forward, dX, then dW
 
 
 def test_training_conv_falls_back_where_direct_cannot():

@@ -20,8 +20,9 @@ float32 2-D layers of stride 1 and one group run their forward and dX on ``jit_d
 instead (dX as dY correlated with the flipped weights, the Relu's mask applied as dY's planes are
 copied): no columns at all, and at batch 128 on one core 1.4-2x faster than these chunks on the
 mentee's 32- and 64-channel layers (32 -> 32 at 32x32: forward 37.6 -> 20.4 ms) and 2x on its 3 -> 32
-first layer. dW stays here: a direct dW kernel measured slower than the chunked GEMMs (32 -> 32 at 32x32:
-30-43 ms against 38; 64 -> 128 at 8x8: 20-27 against 13).
+first layer. Their dW and dB come from ``jit_direct_grad`` (kernels as the vector lanes, X read from
+its padded planes): on 2 threads at batch 128, 32 -> 32 at 32x32 22.2 -> 11.7 ms, 64 -> 64 at 16x16
+15.6 -> 10.3 ms against these chunks.
 
 The chunks are split over the CPU's kernel threads, each thread with its own buffers and BLAS held at
 one thread meanwhile (whole images per thread scale better than splitting these small GEMMs).
@@ -39,7 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hetflow.devices.cpu.kernels import jit_direct
+from hetflow.devices.cpu.kernels import jit_direct, jit_direct_grad
 from hetflow.devices.cpu.kernels.buffers import step_empty
 from hetflow.devices.cpu.kernels.jit_backward import relu_masked_chunk
 from hetflow.devices.cpu.kernels.jit_columns import (
@@ -235,13 +236,14 @@ def conv_backward(
     chunk as it is laid out for the GEMMs.
 
     float32 stride-1 2-D layers of one group take dX from ``jit_direct`` (a correlation of the masked dY
-    with the flipped weights, where every pad is within the window's reach) and only dW and dB here.
+    with the flipped weights, where every pad is within the window's reach) and dW with dB from
+    ``jit_direct_grad``; only dB alone (no dW wanted) is summed here.
 
     NOTE: as GEMMs on im2col columns, that correlation measured slower than these chunks (32x32x32: 46 vs
     40 ms; 64x16x16: 34 vs 31 ms on one core); the direct kernel has no columns (32x32x32: 24 ms).
     """
     layout = conv_layout(attrs, x.shape, w.shape, x.itemsize)
-    dx = None
+    dx = dw = db = None
     if want_x and _direct(layout, x.dtype):
         gradient_geom = jit_direct.input_gradient_geometry(layout.geom)
         if gradient_geom is not None:
@@ -249,6 +251,12 @@ def conv_backward(
                 dy, jit_direct.flipped_weights(w), None, gradient_geom, False, step_empty(x.shape, x.dtype), mask=y
             )
             want_x = False
+    if want_w and _direct(layout, x.dtype):
+        dw, db = jit_direct_grad.weight_gradient(x, dy, layout.geom, mask=y)
+        db = db if want_b else None
+        want_w = want_b = False
+    if not (want_x or want_w or want_b):
+        return ConvGrads(dx, dw, db)
     group, kernels, positions = layout.group, layout.kernels, layout.positions
     per_kernel = kernels // group
     dy_images = dy.reshape(layout.batch, kernels, positions)
@@ -286,10 +294,7 @@ def conv_backward(
                 _col2im(dcols, layout, dx, start, count)
         partials.append((dw_sum, db_sum))
 
-    if not (want_x or want_w or want_b):
-        return ConvGrads(dx, None, None)
     _over_images(run, layout)
-    dw = db = None
     if want_w:
         dw_sum = _sum_over_threads([part[0] for part in partials])
         dw = np.ascontiguousarray(dw_sum.transpose(0, 2, 1)).reshape(w.shape)
