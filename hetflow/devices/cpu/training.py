@@ -8,13 +8,14 @@ known before the step runs.
 
 * Conv (also with a fused Relu, the training graph's Conv + Relu): ``conv_train.conv_backward``, dW and
   dX a few images at a time with the columns in cache, the Relu's mask applied to each chunk of dY
-  (float32 stride-1 layers: dX by ``jit_direct``'s direct kernel);
+  (float32 stride-1 layers: dX by ``jit_direct``'s direct kernel, dW and dB by ``jit_direct_grad``);
 * Gemm (2-D, no fused activation): ``gemm_train.gemm_backward``, its products split over the kernel
   threads with BLAS at one thread (so OpenBLAS's own workers never busy-wait beside the next layers);
 * MaxPool (2-D): dY scattered by the Indices the training forward recorded
   (``jit_backward.max_pool_scatter_2d``), else ``jit_backward.max_pool_backward_2d`` (winners found
   again from X);
-* Relu: ``jit_backward.relu_backward``, one pass.
+* Relu: ``jit_backward.relu_backward``, one pass;
+* the SGD and Adam / AdamW updates: ``jit_optim``, one pass over each parameter and its state.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hetflow.devices.base import Device, InputInfos
-from hetflow.devices.cpu.kernels import conv_train, gemm_train, jit_backward
+from hetflow.devices.cpu.kernels import conv_train, gemm_train, jit_backward, jit_optim
 from hetflow.graph import Node
 from hetflow.ops import registry
 from hetflow.ops.base import Arrays, Grads, Wanted, wants
@@ -39,12 +40,15 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def register_training(device: Device, kernels: TrainingKernels) -> None:
-    """Register the CPU's backward rules into ``kernels`` (see ``hetflow.train.device``)."""
+    """Register the CPU's backward rules and optimizer updates into ``kernels`` (see
+    ``hetflow.train.device``)."""
     table = kernels.backward
     table.register("Conv", algorithm="chunked", supports=_supports_conv)(conv_backward)
     table.register("Gemm", algorithm="split", supports=_supports_gemm)(gemm_backward)
     table.register("MaxPool", algorithm="compiled", supports=_supports_max_pool)(max_pool_backward)
     table.register("Relu", algorithm="compiled")(relu_backward)
+    kernels.updates["sgd"] = jit_optim.sgd_update
+    kernels.updates["adam"] = jit_optim.adam_update
 
 
 def conv_backward(
