@@ -67,15 +67,21 @@ def test_pair_offsets_cover_every_channel_and_tap_in_whole_blocks():
     assert not offsets[8:].any()
 
 
-@pytest.mark.parametrize(("want_w", "want_b"), [(True, False), (False, True)])
-def test_training_conv_returns_only_the_wanted_gradients(want_w, want_b):
-    """dW without dB (a Conv with no bias) by the direct gradient; dB alone by the chunked pass."""
+@pytest.mark.parametrize(
+    ("want_x", "want_w", "want_b"), [(False, True, False), (False, False, True), (True, False, False)]
+)
+def test_training_conv_returns_only_the_wanted_gradients(want_x, want_w, want_b):
+    """dW without dB (a Conv with no bias) by the direct gradients; dB alone by the chunked pass; dX
+    alone (a frozen layer) by the direct kernel."""
     attrs, x_shape, w_shape = CASES[0]
     x, w = _float32(x_shape, w_shape)
     dy = _float32((x_shape[0], w_shape[0], *_geometry(attrs, x_shape, w_shape).out))[0]
-    grads = conv_train.conv_backward(x, w, dy, attrs, want_x=False, want_w=want_w, want_b=want_b)
-    assert grads.x is None
+    grads = conv_train.conv_backward(x, w, dy, attrs, want_x=want_x, want_w=want_w, want_b=want_b)
+    expected_dx, expected_dw = direct_grads(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64), attrs)
+    assert (grads.x is None) != want_x and (grads.w is None) != want_w and (grads.b is None) != want_b
+    if want_x:
+        assert _relative_error(grads.x, expected_dx) < 1e-5
     if want_w:
-        assert grads.b is None and _relative_error(grads.w, _expected(x, dy, w_shape, attrs)) < 1e-5
-    else:
-        assert grads.w is None and _relative_error(grads.b, dy.astype(np.float64).sum(axis=(0, 2, 3))) < 1e-5
+        assert _relative_error(grads.w, expected_dw) < 1e-5
+    if want_b:
+        assert _relative_error(grads.b, dy.astype(np.float64).sum(axis=(0, 2, 3))) < 1e-5
