@@ -7,8 +7,10 @@ multiply-adds (the mentee's 32 -> 32 channel 32x32 layer at batch 128, one core:
 Winograd F(4,3) 25 ms, this kernel 16 ms plus its two copies), and a 3 -> 32 channel layer, whose
 GEMM is only 27 deep, runs 4x faster here.
 
-Layout. Each input plane is copied once into a zero-bordered plane whose rows are ``width`` long (the
-padded row). Output position q = ``oy * width + ox`` then reads tap (i, j) at
+Layout. Each input plane is copied once into a zero-bordered plane whose rows are ``width`` long: W
+plus the wider of the two column pads, as one gap of zeros between two rows serves as the right padding
+of the first and the left padding of the second. Output position q = ``oy * width + ox`` then reads tap
+(i, j) at
 ``q + i*dh*width + j*dw``: every tap of 16 consecutive positions is one contiguous vector load, and the
 columns past OW (``width - OW`` of each row) are computed and dropped when the planes are copied out
 (``_crop``, which also adds the bias and applies a Relu). So any map size, padding and dilation run one
@@ -110,7 +112,7 @@ class FlatLayout:
     """Where a 2-D Conv's planes lie when flattened (see the module docstring).
 
     Attributes:
-        width: the padded row length (W plus both pads).
+        width: the row length: W plus the wider column pad (rows share the gap between them).
         plane: elements of a zero-bordered input plane (every tap of every block stays inside it).
         span: output positions computed per plane (``OH * width`` rounded up to whole blocks).
         offsets: each tap's offset from its output position, in kernel order.
@@ -125,7 +127,8 @@ class FlatLayout:
 def flat_layout(geom: Geometry) -> FlatLayout:
     """The flattened planes of a 2-D Conv over ``geom``'s windows (stride 1)."""
     rows, columns = geom.axes
-    width = columns.padded
+    # One gap of zeros between rows serves as the right padding of a row and the left of the next.
+    width = columns.size + max(columns.pad_begin, columns.pad_end)
     offsets = tuple(
         i * rows.dilation * width + j * columns.dilation for i in range(rows.kernel) for j in range(columns.kernel)
     )

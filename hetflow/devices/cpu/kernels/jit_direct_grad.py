@@ -137,8 +137,7 @@ def weight_gradient(
     kernels = int(dy.shape[1])
     taps = len(layout.offsets)
     padded_kernels = -(-kernels // BLOCK_KERNELS) * BLOCK_KERNELS
-    # Each image's planes span only its rows: the blocks read no position past them.
-    plane = rows.padded * layout.width
+    plane = layout.plane
     offsets = pair_offsets(channels, plane, layout.offsets)
     positions = rows.out * columns.out
     image_bytes = 4 * (channels * plane + positions * padded_kernels)
