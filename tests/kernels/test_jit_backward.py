@@ -168,6 +168,37 @@ def test_tiled_max_pool_indices_ties_nan_and_infinity(dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("width", [30, 32, 34, 50], ids=["short-rows", "vector-rows", "odd-half", "long-rows"])
+def test_2x2_max_pool_rows_ties_nan_and_infinity(dtype, width):
+    """2x2/2 windows over rows long enough for the vectorised row loop (and just too short for it):
+    values from {0, 1, 2} tie in most windows, with NaNs and -inf among them. Y and the Indices are
+    argmax's over each window's taps in row-major order (the first maximum; the first NaN), and so is
+    the inference pool's Y."""
+    attrs = MaxPoolAttrs(kernel_shape=(2, 2), strides=(2, 2))
+    shape = (2, 3, 6, width)
+    geom = geometry(pool_window(attrs), shape[2:])
+    x = RNG.integers(0, 3, shape).astype(dtype)
+    x.reshape(-1)[::37] = np.nan
+    x.reshape(-1)[5::41] = -np.inf
+    dy = RNG.standard_normal((shape[0], shape[1], *geom.out)).astype(dtype)
+    y, indices = jit_backward.max_pool_indices_2d(x, geom)
+    out_h, out_w = geom.out
+    taps = x.reshape(*shape[:2], out_h, 2, out_w, 2).transpose(0, 1, 2, 4, 3, 5).reshape(*shape[:2], out_h, out_w, 4)
+    winner = np.argmax(taps, axis=-1)
+    expected_y = np.take_along_axis(taps, winner[..., None], axis=-1)[..., 0]
+    n, c, oy, ox = np.indices(winner.shape)
+    expected_indices = ((n * shape[1] + c) * shape[2] + 2 * oy + winner // 2) * shape[3] + 2 * ox + winner % 2
+    np.testing.assert_array_equal(y, expected_y)
+    np.testing.assert_array_equal(indices, expected_indices)
+    np.testing.assert_array_equal(
+        jit_backward.max_pool_scatter_2d(indices, dy, x.shape), direct_max_pool_backward(x, dy, geom)
+    )
+    plain = np.empty_like(y)
+    pool_2d(x, plain, geom, None)
+    np.testing.assert_array_equal(plain, expected_y)
+
+
 @pytest.mark.parametrize("case", [0, 3, 6], ids=["2x2", "dilated-asym", "tiled-3x2-pad"])
 def test_max_pool_indices_split_over_threads(monkeypatch, case):
     attrs, shape = POOL_CASES[case]
