@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hetflow.devices.cpu.kernels import conv_train, jit_direct, jit_direct_grad
+from hetflow.devices.cpu.kernels import conv_train, jit_direct, jit_direct_grad, jit_direct_lanes
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.conv import ConvAttrs, conv_window
 from hetflow.ops.spatial import Geometry, geometry
@@ -104,14 +104,17 @@ RELU = FusedActivation("Relu")
 
 @pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), CASES, ids=IDS)
 def test_training_conv_float32_runs_direct(monkeypatch, attrs, x_shape, w_shape):
-    """float32 stride-1 layers: forward and dX by the direct kernel, dW and dB by the direct weight
-    gradient, Relu fused."""
+    """float32 stride-1 layers: forward and dX by a direct kernel (either variant), dW and dB by the
+    direct weight gradient, Relu fused."""
     calls = []
-    direct, weight_gradient = jit_direct.conv2d, jit_direct_grad.weight_gradient
-    monkeypatch.setattr(jit_direct, "conv2d", lambda *args, **kw: calls.append("conv") or direct(*args, **kw))
-    monkeypatch.setattr(
-        jit_direct_grad, "weight_gradient", lambda *args, **kw: calls.append("dW") or weight_gradient(*args, **kw)
-    )
+
+    def counted(module, name, label):  # noqa: ANN001, ANN202
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, **kw: calls.append(label) or original(*args, **kw))
+
+    counted(jit_direct, "conv2d", "conv")
+    counted(jit_direct_lanes, "conv2d", "conv")
+    counted(jit_direct_grad, "weight_gradient", "dW")
     x, w, b = _float32(x_shape, w_shape, w_shape[:1])
     fused = dataclasses.replace(attrs, fused=RELU)
     wide = [a.astype(np.float64) for a in (x, w, b)]

@@ -8,7 +8,8 @@ known before the step runs.
 
 * Conv (also with a fused Relu, the training graph's Conv + Relu): ``conv_train.conv_backward``, dW and
   dX a few images at a time with the columns in cache, the Relu's mask applied to each chunk of dY
-  (float32 stride-1 layers: dX by ``jit_direct``'s direct kernel, dW and dB by ``jit_direct_grad``);
+  (float32 stride-1 layers: forward and dX by ``jit_direct``'s direct kernels, dW and dB by
+  ``jit_direct_grad``);
 * Gemm (2-D, no fused activation): ``gemm_train.gemm_backward``, its products split over the kernel
   threads with BLAS at one thread (so OpenBLAS's own workers never busy-wait beside the next layers);
 * MaxPool (2-D): dY scattered by the Indices the training forward recorded

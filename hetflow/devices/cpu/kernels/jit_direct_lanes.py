@@ -1,0 +1,230 @@
+"""Direct 2-D convolution (stride 1, group 1, float32) with the kernels as the vector lanes: the variant
+of ``jit_direct`` for small maps.
+
+``jit_direct`` puts 16 consecutive flat positions in a vector, so it computes every position of its
+padded rows, rounded up to whole blocks of 32: on an 8x8 map (rows 9 long, 72 positions, 96 computed)
+a third of its work is dropped, and on 16x16 a tenth. Here each output position is a scalar of X
+broadcast into FMAs with vectors of 16 kernels' weights, so a block is any ``POSITION_BLOCK`` positions
+(listed by their flat offsets, the pad columns left out) times ``KERNEL_VECTORS`` x 16 kernels: the same
+2 vector loads and 8 broadcasts per 16 FMAs as ``jit_direct``, and no position computed in vain. The
+products come out position-major (``[P, K']``) and are copied into Y's planes with the bias and Relu.
+
+The planes are ``jit_direct``'s (``flat_layout``, ``pad_image``, and the Relu mask of a backward applied
+as they are copied), so dX runs here as it does there. The kernels are padded to whole blocks of
+``BLOCK_KERNELS``, which makes this the variant for layers of 32, 64, 128... kernels
+(``prefers_lanes``): on this VM, maps of 8x8 and smaller.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from hetflow.devices.cpu.kernels.jit_direct import flat_layout, pad_image
+from hetflow.devices.cpu.kernels.llvm_vectors import (
+    INT,
+    LANES,
+    accumulators,
+    array_data,
+    broadcast,
+    fused_multiply_add,
+    load_scalar,
+    load_vector,
+    vector_pointer,
+)
+from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
+from hetflow.ops.spatial import Geometry
+
+#: Vectors of 16 kernels per block.
+KERNEL_VECTORS = 2
+#: Output positions per block: KERNEL_VECTORS * POSITION_BLOCK accumulators in registers.
+POSITION_BLOCK = 8
+#: Kernels per block.
+BLOCK_KERNELS = LANES * KERNEL_VECTORS
+#: Positions per tile of the copy into Y's planes (the tile's position-major rows stay in L1).
+COPY_TILE = 16
+
+
+@intrinsic
+def _position_block(typingctx, xp, channels, plane, positions, p_start, offsets, wt, w_start, yt, y_start, y_row):  # noqa: ANN001, ANN202, E501
+    """One block of outputs, stored (not added) into ``yt``:
+
+    ``yt[y_start + i*y_row + v*16 + lane] = sum over c, t of
+    xp[c*plane + positions[p_start + i] + offsets[t]] * wt[w_start + (c*taps + t)*BLOCK_KERNELS + v*16 + lane]``
+
+    for i < POSITION_BLOCK, v < KERNEL_VECTORS (taps = ``len(offsets)``).
+    """
+    signature = types.void(xp, channels, plane, positions, p_start, offsets, wt, w_start, yt, y_start, y_row)
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        xp_v, channels_v, plane_v, positions_v, p_start_v, offsets_v, wt_v, w_start_v, yt_v, y_start_v, y_row_v = args
+        x_data = array_data(context, builder, sig.args[0], xp_v)
+        positions_data = array_data(context, builder, sig.args[3], positions_v)
+        offsets_array = context.make_array(sig.args[5])(context, builder, offsets_v)
+        taps = builder.extract_value(offsets_array.shape, 0)
+        w_data = array_data(context, builder, sig.args[6], wt_v)
+        y_data = array_data(context, builder, sig.args[8], yt_v)
+        fma = fused_multiply_add(builder)
+        pixels = [
+            load_scalar(builder, positions_data, builder.add(p_start_v, INT(i))) for i in range(POSITION_BLOCK)
+        ]
+        slots = accumulators(builder, POSITION_BLOCK, KERNEL_VECTORS)
+        block_weights = builder.mul(taps, INT(BLOCK_KERNELS))
+        with cgutils.for_range(builder, channels_v) as channel_loop:
+            channel = channel_loop.index
+            x_channel = builder.mul(channel, plane_v)
+            w_channel = builder.add(w_start_v, builder.mul(channel, block_weights))
+            with cgutils.for_range(builder, taps) as tap_loop:
+                tap = tap_loop.index
+                x_tap = builder.add(x_channel, load_scalar(builder, offsets_array.data, tap))
+                w_tap = builder.add(w_channel, builder.mul(tap, INT(BLOCK_KERNELS)))
+                weights = [load_vector(builder, w_data, builder.add(w_tap, INT(v * LANES))) for v in range(KERNEL_VECTORS)]
+                for i in range(POSITION_BLOCK):
+                    values = broadcast(builder, load_scalar(builder, x_data, builder.add(x_tap, pixels[i])))
+                    for v in range(KERNEL_VECTORS):
+                        total = builder.call(fma, [weights[v], values, builder.load(slots[i][v])])
+                        builder.store(total, slots[i][v])
+        for i in range(POSITION_BLOCK):
+            for v in range(KERNEL_VECTORS):
+                offset = builder.add(y_start_v, builder.add(builder.mul(y_row_v, INT(i)), INT(v * LANES)))
+                builder.store(builder.load(slots[i][v]), vector_pointer(builder, y_data, offset), align=4)
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+def prefers_lanes(geom: Geometry, kernels: int) -> bool:
+    """Whether a stride-1 2-D Conv with ``kernels`` output channels over ``geom`` runs faster here than in
+    ``jit_direct``: the share of the computed products that are kept (positions and kernels padded to
+    whole blocks here, flat positions to whole blocks there), this variant's discounted by
+    ``LANES_SPEED``."""
+    rows, columns = geom.axes
+    pixels = rows.out * columns.out
+    kept_flat = pixels / flat_layout(geom).span
+    kept_lanes = pixels / _round_up(pixels, POSITION_BLOCK) * kernels / _round_up(kernels, BLOCK_KERNELS)
+    return kept_lanes * LANES_SPEED > kept_flat
+
+
+#: This variant's speed per kept product relative to ``jit_direct``'s: its weights stream from L2 and
+#: its products reach Y through a transposing copy. One core, batch 128, 3x3 pad 1, fused Relu: 0.81
+#: (64 -> 64 at 16x16: 129 GFLOP/s there, 118 here), 0.82-0.92 (64 -> 128 and 128 -> 64 at 8x8: 99-101
+#: there, 124-139 here), 0.93 (256 -> 256 at 7x7: 117 there, 125 here; left there by this rule).
+LANES_SPEED = 0.8
+
+
+def _round_up(count: int, block: int) -> int:
+    return -(-count // block) * block
+
+
+def position_offsets(geom: Geometry) -> np.ndarray:
+    """The flat offset (``r*width + s``) of every output pixel in row-major order, padded with the last
+    one to whole blocks of POSITION_BLOCK (those rows of the products are never copied out)."""
+    rows, columns = geom.axes
+    width = flat_layout(geom).width
+    pixels = (np.arange(rows.out)[:, None] * width + np.arange(columns.out)).reshape(-1).astype(np.int64)
+    padded = np.full(-(-pixels.size // POSITION_BLOCK) * POSITION_BLOCK, pixels[-1], np.int64)
+    padded[: pixels.size] = pixels
+    return padded
+
+
+def lane_weights(w: np.ndarray) -> np.ndarray:
+    """W ``[K, C, kh, kw]`` as the blocks read it: ``[ceil(K/32), C, kh*kw, 32]`` float32, the kernels past
+    K zero."""
+    kernels, channels = w.shape[:2]
+    blocks = -(-kernels // BLOCK_KERNELS)
+    padded = np.zeros((blocks * BLOCK_KERNELS, channels, int(np.prod(w.shape[2:]))), np.float32)
+    padded[:kernels] = w.reshape(kernels, channels, -1)
+    return np.ascontiguousarray(padded.reshape(blocks, BLOCK_KERNELS, channels, -1).transpose(0, 2, 3, 1))
+
+
+def conv2d(
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    geom: Geometry,
+    relu: bool,
+    y: np.ndarray,
+    mask: np.ndarray | None = None,
+) -> np.ndarray:
+    """``jit_direct.conv2d`` with the kernels as the lanes: same arguments, same results. The images are
+    split over the kernel threads (with fewer images than threads, each image's kernel blocks are)."""
+    layout = flat_layout(geom)
+    rows, columns = geom.axes
+    wt = lane_weights(w)
+    offsets = np.array(layout.offsets, np.int64)
+    positions = position_offsets(geom)
+    kernels = int(w.shape[0])
+    offset = np.zeros(kernels, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
+    masking = mask is not None
+    mask_array = mask if mask is not None else x
+    batch, blocks = int(x.shape[0]), int(wt.shape[0])
+    pads = (rows.pad_begin, columns.pad_begin)
+    threads = min(intra_op_threads(), batch * blocks)
+    # Whole images per part, or (fewer images than threads) shares of one image's kernel blocks.
+    shares = 1 if batch >= threads else max(1, threads // batch)
+    parts = threads if shares == 1 else batch * shares
+
+    def run(part: int) -> None:
+        if shares == 1:
+            first, last = batch * part // parts, batch * (part + 1) // parts
+            block_first, block_last = 0, blocks
+        else:
+            first, share = divmod(part, shares)
+            last = first + 1
+            block_first, block_last = blocks * share // shares, blocks * (share + 1) // shares
+        _images(x, mask_array, masking, first, last, pads, layout.width, layout.plane, positions, offsets, wt,
+                block_first, block_last, offset, relu, y)  # fmt: skip
+
+    parallel_for(run, parts, threads)
+    return y
+
+
+@numba.njit(nogil=True, cache=True)
+def _images(x, mask, masking, first, last, pads, width, plane, positions, offsets, wt, block_first, block_last,  # noqa: ANN001
+            bias, relu, y):  # fmt: skip
+    """Images ``first .. last - 1``: pad their planes, multiply kernel blocks ``block_first ..
+    block_last - 1`` position block by position block, copy the products into ``y``."""
+    channels = x.shape[1]
+    xp = np.empty((channels, plane), np.float32)
+    kernels = (block_last - block_first) * BLOCK_KERNELS
+    yt = np.empty((positions.shape[0], kernels), np.float32)
+    flat_x = xp.reshape(xp.size)
+    flat_w = wt.reshape(wt.size)
+    flat_y = yt.reshape(yt.size)
+    block_weights = channels * offsets.shape[0] * BLOCK_KERNELS
+    for image in range(first, last):
+        pad_image(x, mask, masking, image, pads, width, xp)
+        for block in range(block_first, block_last):
+            y_block = (block - block_first) * BLOCK_KERNELS
+            for p in range(0, positions.shape[0], POSITION_BLOCK):
+                _position_block(flat_x, np.int64(channels), np.int64(plane), positions, np.int64(p), offsets, flat_w,
+                                np.int64(block * block_weights), flat_y, np.int64(p * kernels + y_block),
+                                np.int64(kernels))  # fmt: skip
+        _planes(yt, block_first * BLOCK_KERNELS, bias, relu, y[image])
+
+
+@numba.njit(nogil=True, cache=True)
+def _planes(yt, kernel_first, bias, relu, y_image):  # noqa: ANN001
+    """Position-major products ``yt [P', K'']`` (kernel ``kernel_first`` onward) into ``y_image [K, OH,
+    OW]`` with the bias added and, when ``relu``, negatives set to 0; kernels past K are dropped."""
+    kernels = min(yt.shape[1], y_image.shape[0] - kernel_first)
+    flat = y_image.reshape(y_image.shape[0], -1)
+    pixels = flat.shape[1]
+    whole = pixels - pixels % COPY_TILE
+    for tile in range(0, whole, COPY_TILE):
+        for k in range(kernels):
+            # A constant trip count: the tile's loop is unrolled.
+            for p in range(tile, tile + COPY_TILE):
+                flat[kernel_first + k, p] = _output(yt[p, k], bias[kernel_first + k], relu)
+    for k in range(kernels):
+        for p in range(whole, pixels):
+            flat[kernel_first + k, p] = _output(yt[p, k], bias[kernel_first + k], relu)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _output(product, bias, relu):  # noqa: ANN001, ANN202
+    value = product + bias
+    return np.float32(0) if relu and value < 0 else value
