@@ -80,15 +80,63 @@ def _timed(calls: dict[str, Callable[[], object]], rounds: int, settle: float) -
     return samples
 
 
+def layer_calls(
+    layer: Layer, rng: np.random.Generator, torch: object
+) -> dict[str, dict[str, Callable[[], object]]]:
+    """pass -> framework -> a call of that pass on one layer's random data (the same arrays for both)."""
+    attrs = dataclasses.replace(layer.attrs, fused=FusedActivation("Relu"))
+    x = rng.standard_normal(layer.x_shape).astype(np.float32)
+    w = (rng.standard_normal(layer.w_shape) / np.sqrt(np.prod(layer.w_shape[1:]))).astype(np.float32)
+    b = rng.standard_normal(layer.w_shape[0]).astype(np.float32) * np.float32(0.1)
+    y = conv_train.conv_forward(x, w, b, attrs)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    want_x = not layer.reads_input
+    tx, tw, tb, ty, tdy = (torch.from_numpy(a) for a in (x, w, b, y, dy))
+    stride, dilation = list(attrs.strides or (1, 1)), list(attrs.dilations or (1, 1))
+    padding = _symmetric_pads(attrs)
+
+    def torch_forward() -> object:
+        return torch.relu(torch.nn.functional.conv2d(tx, tw, tb, stride, padding, dilation, attrs.group))
+
+    def torch_backward() -> object:
+        masked = torch.ops.aten.threshold_backward(tdy, ty, 0)
+        return torch.ops.aten.convolution_backward(
+            masked,
+            tx,
+            tw,
+            [tw.shape[0]],
+            stride,
+            padding,
+            dilation,
+            False,
+            [0, 0],
+            attrs.group,
+            [want_x, True, True],
+        )
+
+    return {
+        "forward": {"hetflow": lambda: conv_train.conv_forward(x, w, b, attrs), "pytorch": torch_forward},
+        "backward": {
+            "hetflow": lambda: conv_train.conv_backward(x, w, dy, attrs, want_x, True, True, y=y),
+            "pytorch": torch_backward,
+        },
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="mentee", help="zoo CNN (mentee)")
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--repeat", type=int, default=5, help=f"rounds of {BURST} timed calls per framework and pass (5)")
+    parser.add_argument(
+        "--repeat", type=int, default=5, help=f"rounds of {BURST} timed calls per framework and pass (5)"
+    )
     parser.add_argument("--threads", type=int, default=DEFAULT_THREADS)
     parser.add_argument(
-        "--settle", type=float, default=0.2, help="seconds of rest before each burst of calls (0.2): "
-        "PyTorch's OpenMP threads spin for a while after a call, on the cores the next call needs"
+        "--settle",
+        type=float,
+        default=0.2,
+        help="seconds of rest before each burst of calls (0.2): "
+        "PyTorch's OpenMP threads spin for a while after a call, on the cores the next call needs",
     )
     parser.add_argument("--json", type=Path, help="write the rows as JSON")
     args = parser.parse_args()
@@ -100,41 +148,15 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)
     rows = []
-    print(f"training Conv + Relu of {args.model}, batch {args.batch}, {args.threads} threads, "
-          f"{args.repeat} rounds of {BURST} calls")
-    print(f"{'layer':28} {'pass':8} {'hetflow min':>11} {'median':>8} {'pytorch min':>11} {'median':>8} {'ratio':>6}")
+    print(
+        f"training Conv + Relu of {args.model}, batch {args.batch}, {args.threads} threads, "
+        f"{args.repeat} rounds of {BURST} calls"
+    )
+    print(
+        f"{'layer':28} {'pass':8} {'hetflow min':>11} {'median':>8} {'pytorch min':>11} {'median':>8} {'ratio':>6}"
+    )
     for layer in conv_layers(args.model, args.batch):
-        attrs = dataclasses.replace(layer.attrs, fused=FusedActivation("Relu"))
-        x = rng.standard_normal(layer.x_shape).astype(np.float32)
-        w = (rng.standard_normal(layer.w_shape) / np.sqrt(np.prod(layer.w_shape[1:]))).astype(np.float32)
-        b = rng.standard_normal(layer.w_shape[0]).astype(np.float32) * np.float32(0.1)
-        y = conv_train.conv_forward(x, w, b, attrs)
-        dy = rng.standard_normal(y.shape).astype(np.float32)
-        want_x = not layer.reads_input
-        tx, tw, tb, ty, tdy = (torch.from_numpy(a) for a in (x, w, b, y, dy))
-        options = dict(stride=list(attrs.strides or (1, 1)), padding=_symmetric_pads(attrs),
-                       dilation=list(attrs.dilations or (1, 1)), groups=attrs.group)  # fmt: skip
-
-        def torch_forward() -> object:
-            return torch.relu(torch.nn.functional.conv2d(tx, tw, tb, **options))
-
-        def torch_backward() -> object:
-            masked = torch.ops.aten.threshold_backward(tdy, ty, 0)
-            return torch.ops.aten.convolution_backward(
-                masked, tx, tw, [tw.shape[0]], options["stride"], options["padding"], options["dilation"],
-                False, [0, 0], options["groups"], [want_x, True, True],
-            )  # fmt: skip
-
-        passes = {
-            "forward": {
-                "hetflow": lambda: conv_train.conv_forward(x, w, b, attrs),
-                "pytorch": torch_forward,
-            },
-            "backward": {
-                "hetflow": lambda: conv_train.conv_backward(x, w, dy, attrs, want_x, True, True, y=y),
-                "pytorch": torch_backward,
-            },
-        }
+        passes = layer_calls(layer, rng, torch)
         label = f"{layer.x_shape[1]}->{layer.w_shape[0]} @{layer.x_shape[2]}x{layer.x_shape[3]}"
         for phase, calls in passes.items():
             with torch.no_grad():

@@ -77,7 +77,9 @@ def test_training_conv_returns_only_the_wanted_gradients(want_x, want_w, want_b)
     x, w = _float32(x_shape, w_shape)
     dy = _float32((x_shape[0], w_shape[0], *_geometry(attrs, x_shape, w_shape).out))[0]
     grads = conv_train.conv_backward(x, w, dy, attrs, want_x=want_x, want_w=want_w, want_b=want_b)
-    expected_dx, expected_dw = direct_grads(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64), attrs)
+    expected_dx, expected_dw = direct_grads(
+        x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64), attrs
+    )
     assert (grads.x is None) != want_x and (grads.w is None) != want_w and (grads.b is None) != want_b
     if want_x:
         assert _relative_error(grads.x, expected_dx) < 1e-5

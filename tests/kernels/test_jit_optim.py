@@ -27,7 +27,10 @@ COMPILED = TrainingKernels(updates={"sgd": jit_optim.sgd_update, "adam": jit_opt
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_compiled_updates_give_the_numpy_values(name):
     rng = np.random.default_rng(5)
-    params = {"w": rng.standard_normal((17, 9)).astype(np.float32), "b": rng.standard_normal(13).astype(np.float32)}
+    params = {
+        "w": rng.standard_normal((17, 9)).astype(np.float32),
+        "b": rng.standard_normal(13).astype(np.float32),
+    }
     numpy_params, compiled_params = copy.deepcopy(params), copy.deepcopy(params)
     numpy_optimizer: Optimizer = OPTIMIZERS[name]()
     compiled_optimizer: Optimizer = OPTIMIZERS[name]()

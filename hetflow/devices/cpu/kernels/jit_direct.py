@@ -38,17 +38,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from hetflow.devices.cpu.kernels.llvm_vectors import (
-    INT,
-    LANES,
-    accumulators,
-    array_data,
-    broadcast,
-    fused_multiply_add,
-    load_scalar,
-    load_vector,
-    vector_pointer,
-)
+from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
 from hetflow.ops.spatial import AxisGeometry, Geometry
 
@@ -57,7 +47,8 @@ POSITION_VECTORS = 2
 #: Kernels per block: each broadcast weight feeds POSITION_VECTORS FMAs.
 KERNEL_BLOCK = 8
 #: Output positions per block.
-BLOCK_POSITIONS = LANES * POSITION_VECTORS
+BLOCK_POSITIONS = lv.LANES * POSITION_VECTORS
+
 
 @intrinsic
 def _fma_block(typingctx, xp, x_start, plane, channels, offsets, wt, w_start, yb, y_start, y_plane):  # noqa: ANN001, ANN202
@@ -72,36 +63,28 @@ def _fma_block(typingctx, xp, x_start, plane, channels, offsets, wt, w_start, yb
 
     def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
         xp_v, x_start_v, plane_v, channels_v, offsets_v, wt_v, w_start_v, yb_v, y_start_v, y_plane_v = args
-        x_data = array_data(context, builder, sig.args[0], xp_v)
+        x_data = lv.array_data(context, builder, sig.args[0], xp_v)
         offsets_array = context.make_array(sig.args[4])(context, builder, offsets_v)
         offsets_data = offsets_array.data
         taps = builder.extract_value(offsets_array.shape, 0)
-        w_data = array_data(context, builder, sig.args[5], wt_v)
-        y_data = array_data(context, builder, sig.args[7], yb_v)
-        fma = fused_multiply_add(builder)
-        slots = accumulators(builder, POSITION_VECTORS, KERNEL_BLOCK)
-        block_weights = builder.mul(taps, INT(KERNEL_BLOCK))
+        w_data = lv.array_data(context, builder, sig.args[5], wt_v)
+        y_data = lv.array_data(context, builder, sig.args[7], yb_v)
+        fma = lv.fused_multiply_add(builder)
+        slots = lv.accumulators(builder, KERNEL_BLOCK, POSITION_VECTORS)
+        block_weights = builder.mul(taps, lv.INT(KERNEL_BLOCK))
         with cgutils.for_range(builder, channels_v) as channel_loop:
             channel = channel_loop.index
             x_channel = builder.add(x_start_v, builder.mul(channel, plane_v))
             w_channel = builder.add(w_start_v, builder.mul(channel, block_weights))
             with cgutils.for_range(builder, taps) as tap_loop:
                 tap = tap_loop.index
-                x_tap = builder.add(x_channel, load_scalar(builder, offsets_data, tap))
-                w_tap = builder.add(w_channel, builder.mul(tap, INT(KERNEL_BLOCK)))
-                inputs = [load_vector(builder, x_data, builder.add(x_tap, INT(p * LANES))) for p in range(POSITION_VECTORS)]
-                sums = [[builder.load(slot) for slot in row] for row in slots]
+                x_tap = builder.add(x_channel, lv.load_scalar(builder, offsets_data, tap))
+                w_tap = builder.add(w_channel, builder.mul(tap, lv.INT(KERNEL_BLOCK)))
+                inputs = lv.load_vectors(builder, x_data, x_tap, POSITION_VECTORS)
                 for k in range(KERNEL_BLOCK):
-                    weights = broadcast(builder, load_scalar(builder, w_data, builder.add(w_tap, INT(k))))
-                    for p in range(POSITION_VECTORS):
-                        sums[p][k] = builder.call(fma, [inputs[p], weights, sums[p][k]])
-                for p in range(POSITION_VECTORS):
-                    for k in range(KERNEL_BLOCK):
-                        builder.store(sums[p][k], slots[p][k])
-        for p in range(POSITION_VECTORS):
-            for k in range(KERNEL_BLOCK):
-                offset = builder.add(y_start_v, builder.add(builder.mul(y_plane_v, INT(k)), INT(p * LANES)))
-                builder.store(builder.load(slots[p][k]), vector_pointer(builder, y_data, offset), align=4)
+                    weight = lv.load_scalar(builder, w_data, builder.add(w_tap, lv.INT(k)))
+                    lv.multiply_add_broadcast(builder, fma, inputs, weight, slots[k])
+        lv.store_accumulators(builder, slots, y_data, y_start_v, y_plane_v)
         return context.get_dummy_value()
 
     return signature, codegen
@@ -130,7 +113,9 @@ def flat_layout(geom: Geometry) -> FlatLayout:
     # One gap of zeros between rows serves as the right padding of a row and the left of the next.
     width = columns.size + max(columns.pad_begin, columns.pad_end)
     offsets = tuple(
-        i * rows.dilation * width + j * columns.dilation for i in range(rows.kernel) for j in range(columns.kernel)
+        i * rows.dilation * width + j * columns.dilation
+        for i in range(rows.kernel)
+        for j in range(columns.kernel)
     )
     span = -(-(rows.out * width) // BLOCK_POSITIONS) * BLOCK_POSITIONS
     plane = max(span + offsets[-1], rows.padded * width)
@@ -169,14 +154,14 @@ def flipped_weights(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1])
 
 
-def blocked_weights(w: np.ndarray) -> np.ndarray:
-    """W ``[K, C, kh, kw]`` as the blocks read it: ``[ceil(K/8), C, kh*kw, 8]`` float32, the kernels past
-    K zero."""
+def blocked_weights(w: np.ndarray, block: int = KERNEL_BLOCK) -> np.ndarray:
+    """W ``[K, C, kh, kw]`` as the blocks read it: ``[ceil(K/block), C, kh*kw, block]`` float32, the
+    kernels past K zero."""
     kernels, channels = w.shape[:2]
-    blocks = -(-kernels // KERNEL_BLOCK)
-    padded = np.zeros((blocks * KERNEL_BLOCK, channels, math.prod(w.shape[2:])), np.float32)
+    blocks = -(-kernels // block)
+    padded = np.zeros((blocks * block, channels, math.prod(w.shape[2:])), np.float32)
     padded[:kernels] = w.reshape(kernels, channels, -1)
-    return np.ascontiguousarray(padded.reshape(blocks, KERNEL_BLOCK, channels, -1).transpose(0, 2, 3, 1))
+    return np.ascontiguousarray(padded.reshape(blocks, block, channels, -1).transpose(0, 2, 3, 1))
 
 
 def conv2d(
@@ -294,4 +279,3 @@ def _crop(yb, kernel_first, width, bias, relu, y_image):  # noqa: ANN001
                 if relu and value < 0:
                     value = 0
                 y_image[kernel, r, c] = value
-

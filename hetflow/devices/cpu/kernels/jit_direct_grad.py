@@ -33,18 +33,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels.jit_direct import flat_layout, pad_image
-from hetflow.devices.cpu.kernels.llvm_vectors import (
-    INT,
-    LANES,
-    accumulators,
-    array_data,
-    broadcast,
-    fused_multiply_add,
-    load_scalar,
-    load_vector,
-    vector_pointer,
-)
 from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
 from hetflow.ops.spatial import Geometry
 
@@ -54,7 +44,7 @@ KERNEL_VECTORS = 2
 #: the 32 vector registers.
 PAIR_BLOCK = 9
 #: Kernels per block.
-BLOCK_KERNELS = LANES * KERNEL_VECTORS
+BLOCK_KERNELS = lv.LANES * KERNEL_VECTORS
 #: Bytes of padded X and position-major dY per chunk of images (the part of the L2 cache they share).
 CHUNK_BYTES = 1 << 20
 #: Positions per tile of dY's transposing copy: their position-major rows (K' floats each) stay in L1.
@@ -80,13 +70,16 @@ def _gradient_block(  # noqa: ANN202
     def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
         (xp_v, x_start_v, x_image_v, dyt_v, dy_start_v, dy_image_v, dy_row_v, images_v, rows_v, columns_v,
          width_v, offsets_v, pair_start_v, dwt_v, dw_start_v, dw_row_v) = args  # fmt: skip
-        x_data = array_data(context, builder, sig.args[0], xp_v)
-        dy_data = array_data(context, builder, sig.args[3], dyt_v)
-        offsets_data = array_data(context, builder, sig.args[11], offsets_v)
-        dw_data = array_data(context, builder, sig.args[13], dwt_v)
-        fma = fused_multiply_add(builder)
-        offsets = [load_scalar(builder, offsets_data, builder.add(pair_start_v, INT(j))) for j in range(PAIR_BLOCK)]
-        slots = accumulators(builder, PAIR_BLOCK, KERNEL_VECTORS)
+        x_data = lv.array_data(context, builder, sig.args[0], xp_v)
+        dy_data = lv.array_data(context, builder, sig.args[3], dyt_v)
+        offsets_data = lv.array_data(context, builder, sig.args[11], offsets_v)
+        dw_data = lv.array_data(context, builder, sig.args[13], dwt_v)
+        fma = lv.fused_multiply_add(builder)
+        offsets = [
+            lv.load_scalar(builder, offsets_data, builder.add(pair_start_v, lv.INT(j)))
+            for j in range(PAIR_BLOCK)
+        ]
+        slots = lv.accumulators(builder, PAIR_BLOCK, KERNEL_VECTORS)
         with cgutils.for_range(builder, images_v) as image_loop:
             image = image_loop.index
             x_image_start = builder.add(x_start_v, builder.mul(image, x_image_v))
@@ -99,17 +92,11 @@ def _gradient_block(  # noqa: ANN202
                     column = column_loop.index
                     x_pixel = builder.add(x_row, column)
                     dy_pixel = builder.add(dy_row_start, builder.mul(column, dy_row_v))
-                    grads = [load_vector(builder, dy_data, builder.add(dy_pixel, INT(v * LANES))) for v in range(KERNEL_VECTORS)]
+                    grads = lv.load_vectors(builder, dy_data, dy_pixel, KERNEL_VECTORS)
                     for j in range(PAIR_BLOCK):
-                        values = broadcast(builder, load_scalar(builder, x_data, builder.add(x_pixel, offsets[j])))
-                        for v in range(KERNEL_VECTORS):
-                            total = builder.call(fma, [grads[v], values, builder.load(slots[j][v])])
-                            builder.store(total, slots[j][v])
-        for j in range(PAIR_BLOCK):
-            for v in range(KERNEL_VECTORS):
-                offset = builder.add(dw_start_v, builder.add(builder.mul(dw_row_v, INT(j)), INT(v * LANES)))
-                pointer = vector_pointer(builder, dw_data, offset)
-                builder.store(builder.fadd(builder.load(pointer, align=4), builder.load(slots[j][v])), pointer, align=4)
+                        value = lv.load_scalar(builder, x_data, builder.add(x_pixel, offsets[j]))
+                        lv.multiply_add_broadcast(builder, fma, grads, value, slots[j])
+        lv.store_accumulators(builder, slots, dw_data, dw_start_v, dw_row_v, add=True)
         return context.get_dummy_value()
 
     return signature, codegen

@@ -23,18 +23,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from hetflow.devices.cpu.kernels.jit_direct import flat_layout, pad_image
-from hetflow.devices.cpu.kernels.llvm_vectors import (
-    INT,
-    LANES,
-    accumulators,
-    array_data,
-    broadcast,
-    fused_multiply_add,
-    load_scalar,
-    load_vector,
-    vector_pointer,
-)
+from hetflow.devices.cpu.kernels import llvm_vectors as lv
+from hetflow.devices.cpu.kernels.jit_direct import blocked_weights, flat_layout, pad_image
 from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
 from hetflow.ops.spatial import Geometry
 
@@ -43,13 +33,15 @@ KERNEL_VECTORS = 2
 #: Output positions per block: KERNEL_VECTORS * POSITION_BLOCK accumulators in registers.
 POSITION_BLOCK = 8
 #: Kernels per block.
-BLOCK_KERNELS = LANES * KERNEL_VECTORS
+BLOCK_KERNELS = lv.LANES * KERNEL_VECTORS
 #: Positions per tile of the copy into Y's planes (the tile's position-major rows stay in L1).
 COPY_TILE = 16
 
 
 @intrinsic
-def _position_block(typingctx, xp, channels, plane, positions, p_start, offsets, wt, w_start, yt, y_start, y_row):  # noqa: ANN001, ANN202, E501
+def _position_block(
+    typingctx, xp, channels, plane, positions, p_start, offsets, wt, w_start, yt, y_start, y_row
+):  # noqa: ANN001, ANN202, E501
     """One block of outputs, stored (not added) into ``yt``:
 
     ``yt[y_start + i*y_row + v*16 + lane] = sum over c, t of
@@ -60,37 +52,45 @@ def _position_block(typingctx, xp, channels, plane, positions, p_start, offsets,
     signature = types.void(xp, channels, plane, positions, p_start, offsets, wt, w_start, yt, y_start, y_row)
 
     def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        xp_v, channels_v, plane_v, positions_v, p_start_v, offsets_v, wt_v, w_start_v, yt_v, y_start_v, y_row_v = args
-        x_data = array_data(context, builder, sig.args[0], xp_v)
-        positions_data = array_data(context, builder, sig.args[3], positions_v)
+        (
+            xp_v,
+            channels_v,
+            plane_v,
+            positions_v,
+            p_start_v,
+            offsets_v,
+            wt_v,
+            w_start_v,
+            yt_v,
+            y_start_v,
+            y_row_v,
+        ) = args
+        x_data = lv.array_data(context, builder, sig.args[0], xp_v)
+        positions_data = lv.array_data(context, builder, sig.args[3], positions_v)
         offsets_array = context.make_array(sig.args[5])(context, builder, offsets_v)
         taps = builder.extract_value(offsets_array.shape, 0)
-        w_data = array_data(context, builder, sig.args[6], wt_v)
-        y_data = array_data(context, builder, sig.args[8], yt_v)
-        fma = fused_multiply_add(builder)
+        w_data = lv.array_data(context, builder, sig.args[6], wt_v)
+        y_data = lv.array_data(context, builder, sig.args[8], yt_v)
+        fma = lv.fused_multiply_add(builder)
         pixels = [
-            load_scalar(builder, positions_data, builder.add(p_start_v, INT(i))) for i in range(POSITION_BLOCK)
+            lv.load_scalar(builder, positions_data, builder.add(p_start_v, lv.INT(i)))
+            for i in range(POSITION_BLOCK)
         ]
-        slots = accumulators(builder, POSITION_BLOCK, KERNEL_VECTORS)
-        block_weights = builder.mul(taps, INT(BLOCK_KERNELS))
+        slots = lv.accumulators(builder, POSITION_BLOCK, KERNEL_VECTORS)
+        block_weights = builder.mul(taps, lv.INT(BLOCK_KERNELS))
         with cgutils.for_range(builder, channels_v) as channel_loop:
             channel = channel_loop.index
             x_channel = builder.mul(channel, plane_v)
             w_channel = builder.add(w_start_v, builder.mul(channel, block_weights))
             with cgutils.for_range(builder, taps) as tap_loop:
                 tap = tap_loop.index
-                x_tap = builder.add(x_channel, load_scalar(builder, offsets_array.data, tap))
-                w_tap = builder.add(w_channel, builder.mul(tap, INT(BLOCK_KERNELS)))
-                weights = [load_vector(builder, w_data, builder.add(w_tap, INT(v * LANES))) for v in range(KERNEL_VECTORS)]
+                x_tap = builder.add(x_channel, lv.load_scalar(builder, offsets_array.data, tap))
+                w_tap = builder.add(w_channel, builder.mul(tap, lv.INT(BLOCK_KERNELS)))
+                weights = lv.load_vectors(builder, w_data, w_tap, KERNEL_VECTORS)
                 for i in range(POSITION_BLOCK):
-                    values = broadcast(builder, load_scalar(builder, x_data, builder.add(x_tap, pixels[i])))
-                    for v in range(KERNEL_VECTORS):
-                        total = builder.call(fma, [weights[v], values, builder.load(slots[i][v])])
-                        builder.store(total, slots[i][v])
-        for i in range(POSITION_BLOCK):
-            for v in range(KERNEL_VECTORS):
-                offset = builder.add(y_start_v, builder.add(builder.mul(y_row_v, INT(i)), INT(v * LANES)))
-                builder.store(builder.load(slots[i][v]), vector_pointer(builder, y_data, offset), align=4)
+                    value = lv.load_scalar(builder, x_data, builder.add(x_tap, pixels[i]))
+                    lv.multiply_add_broadcast(builder, fma, weights, value, slots[i])
+        lv.store_accumulators(builder, slots, y_data, y_start_v, y_row_v)
         return context.get_dummy_value()
 
     return signature, codegen
@@ -130,16 +130,6 @@ def position_offsets(geom: Geometry) -> np.ndarray:
     return padded
 
 
-def lane_weights(w: np.ndarray) -> np.ndarray:
-    """W ``[K, C, kh, kw]`` as the blocks read it: ``[ceil(K/32), C, kh*kw, 32]`` float32, the kernels past
-    K zero."""
-    kernels, channels = w.shape[:2]
-    blocks = -(-kernels // BLOCK_KERNELS)
-    padded = np.zeros((blocks * BLOCK_KERNELS, channels, int(np.prod(w.shape[2:]))), np.float32)
-    padded[:kernels] = w.reshape(kernels, channels, -1)
-    return np.ascontiguousarray(padded.reshape(blocks, BLOCK_KERNELS, channels, -1).transpose(0, 2, 3, 1))
-
-
 def conv2d(
     x: np.ndarray,
     w: np.ndarray,
@@ -153,7 +143,7 @@ def conv2d(
     split over the kernel threads (with fewer images than threads, each image's kernel blocks are)."""
     layout = flat_layout(geom)
     rows, columns = geom.axes
-    wt = lane_weights(w)
+    wt = blocked_weights(w, BLOCK_KERNELS)
     offsets = np.array(layout.offsets, np.int64)
     positions = position_offsets(geom)
     kernels = int(w.shape[0])

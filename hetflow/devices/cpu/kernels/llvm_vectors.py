@@ -63,3 +63,33 @@ def accumulators(builder: ir.IRBuilder, rows: int, columns: int) -> list[list[ir
         for slot in row:
             builder.store(_ZERO, slot)
     return slots
+
+
+def load_vectors(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value, count: int) -> list[ir.Value]:
+    """``count`` consecutive vectors from ``base + offset``."""
+    return [load_vector(builder, base, builder.add(offset, INT(v * LANES))) for v in range(count)]
+
+
+def multiply_add_broadcast(
+    builder: ir.IRBuilder, fma: ir.Function, vectors: list[ir.Value], scalar: ir.Value, slots: list[ir.Value]
+) -> None:
+    """``slots[v] += vectors[v] * scalar`` for every v: one broadcast, one FMA per vector."""
+    values = broadcast(builder, scalar)
+    for vector, slot in zip(vectors, slots, strict=True):
+        builder.store(builder.call(fma, [vector, values, builder.load(slot)]), slot)
+
+
+def store_accumulators(
+    builder: ir.IRBuilder, rows: list[list[ir.Value]], base: ir.Value, start: ir.Value, row_stride: ir.Value,
+    add: bool = False,
+) -> None:  # fmt: skip
+    """Row r, vector v of ``rows`` to ``base + start + r*row_stride + v*16`` (added to what is there when
+    ``add``)."""
+    for r, row in enumerate(rows):
+        row_start = builder.add(start, builder.mul(row_stride, INT(r)))
+        for v, slot in enumerate(row):
+            pointer = vector_pointer(builder, base, builder.add(row_start, INT(v * LANES)))
+            total = builder.load(slot)
+            if add:
+                total = builder.fadd(builder.load(pointer, align=4), total)
+            builder.store(total, pointer, align=4)
