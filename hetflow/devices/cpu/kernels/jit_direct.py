@@ -164,6 +164,44 @@ def blocked_weights(w: np.ndarray, block: int = KERNEL_BLOCK) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(blocks, block, channels, -1).transpose(0, 2, 3, 1))
 
 
+@dataclass(frozen=True)
+class ConvInputs:
+    """What both direct kernels (this one and ``jit_direct_lanes``) derive from a Conv's arguments.
+
+    Attributes:
+        layout: the flattened planes (``flat_layout``).
+        offsets: each tap's offset from its output position (int64).
+        bias: the bias, float32 (zeros without one).
+        mask: the mask X is read through, or X itself (unread) without one.
+        masking: whether there is a mask.
+        pads: the padding before the rows and before the columns.
+    """
+
+    layout: FlatLayout
+    offsets: np.ndarray
+    bias: np.ndarray
+    mask: np.ndarray
+    masking: bool
+    pads: tuple[int, int]
+
+
+def conv_inputs(
+    x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, geom: Geometry, mask: np.ndarray | None
+) -> ConvInputs:
+    """``ConvInputs`` of ``conv2d``'s arguments."""
+    layout = flat_layout(geom)
+    rows, columns = geom.axes
+    kernels = int(w.shape[0])
+    return ConvInputs(
+        layout,
+        np.array(layout.offsets, np.int64),
+        np.zeros(kernels, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32),
+        x if mask is None else mask,
+        mask is not None,
+        (rows.pad_begin, columns.pad_begin),
+    )
+
+
 def conv2d(
     x: np.ndarray,
     w: np.ndarray,
@@ -180,31 +218,25 @@ def conv2d(
     the planes are copied). The images are split over the kernel threads (with one image, its kernel
     blocks are).
     """
-    layout = flat_layout(geom)
-    rows, columns = geom.axes
+    call = conv_inputs(x, w, bias, geom, mask)
+    layout, offsets, pads = call.layout, call.offsets, call.pads
     wt = blocked_weights(w)
-    offsets = np.array(layout.offsets, np.int64)
-    kernels = int(w.shape[0])
-    offset = np.zeros(kernels, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
-    masking = mask is not None
-    mask_array = mask if mask is not None else x
     batch, blocks = int(x.shape[0]), int(wt.shape[0])
-    pads = (rows.pad_begin, columns.pad_begin)
     threads = min(intra_op_threads(), batch * blocks)
 
     if batch >= threads:
 
         def images(part: int) -> None:
             first, last = batch * part // threads, batch * (part + 1) // threads
-            _images(x, mask_array, masking, first, last, pads, layout.width, layout.plane, layout.span,
-                    offsets, wt, offset, relu, y)  # fmt: skip
+            _images(x, call.mask, call.masking, first, last, pads, layout.width, layout.plane, layout.span,
+                    offsets, wt, call.bias, relu, y)  # fmt: skip
 
         parallel_for(images, threads, threads)
         return y
     # Fewer images than threads: each image's kernel blocks are split (its planes are padded once).
     xp = np.empty((batch, int(x.shape[1]), layout.plane), np.float32)
     for image in range(batch):
-        pad_image(x, mask_array, masking, image, pads, layout.width, xp[image])
+        pad_image(x, call.mask, call.masking, image, pads, layout.width, xp[image])
 
     shares = max(1, threads // batch)
 
@@ -213,7 +245,7 @@ def conv2d(
         first, last = blocks * share // shares, blocks * (share + 1) // shares
         yb = np.empty(((last - first) * KERNEL_BLOCK, layout.span), np.float32)
         _multiply(xp[image], layout.plane, offsets, wt, first, last, layout.span, yb)
-        _crop(yb, first * KERNEL_BLOCK, layout.width, offset, relu, y[image])
+        _crop(yb, first * KERNEL_BLOCK, layout.width, call.bias, relu, y[image])
 
     parallel_for(kernel_blocks, batch * shares, threads)
     return y

@@ -24,7 +24,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
-from hetflow.devices.cpu.kernels.jit_direct import blocked_weights, flat_layout, pad_image
+from hetflow.devices.cpu.kernels.jit_direct import blocked_weights, conv_inputs, flat_layout, pad_image
 from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
 from hetflow.ops.spatial import Geometry
 
@@ -141,17 +141,10 @@ def conv2d(
 ) -> np.ndarray:
     """``jit_direct.conv2d`` with the kernels as the lanes: same arguments, same results. The images are
     split over the kernel threads (with fewer images than threads, each image's kernel blocks are)."""
-    layout = flat_layout(geom)
-    rows, columns = geom.axes
+    call = conv_inputs(x, w, bias, geom, mask)
     wt = blocked_weights(w, BLOCK_KERNELS)
-    offsets = np.array(layout.offsets, np.int64)
     positions = position_offsets(geom)
-    kernels = int(w.shape[0])
-    offset = np.zeros(kernels, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
-    masking = mask is not None
-    mask_array = mask if mask is not None else x
     batch, blocks = int(x.shape[0]), int(wt.shape[0])
-    pads = (rows.pad_begin, columns.pad_begin)
     threads = min(intra_op_threads(), batch * blocks)
     # Whole images per part, or (fewer images than threads) shares of one image's kernel blocks.
     shares = 1 if batch >= threads else max(1, threads // batch)
@@ -165,8 +158,8 @@ def conv2d(
             first, share = divmod(part, shares)
             last = first + 1
             block_first, block_last = blocks * share // shares, blocks * (share + 1) // shares
-        _images(x, mask_array, masking, first, last, pads, layout.width, layout.plane, positions, offsets, wt,
-                block_first, block_last, offset, relu, y)  # fmt: skip
+        _images(x, call.mask, call.masking, first, last, call.pads, call.layout.width, call.layout.plane,
+                positions, call.offsets, wt, block_first, block_last, call.bias, relu, y)  # fmt: skip
 
     parallel_for(run, parts, threads)
     return y
