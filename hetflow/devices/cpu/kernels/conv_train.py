@@ -22,9 +22,8 @@ copied): no columns at all, and at batch 128 on one core 1.4-2x faster than thes
 mentee's 32- and 64-channel layers (32 -> 32 at 32x32: forward 37.6 -> 20.4 ms) and 2x on its 3 -> 32
 first layer (on maps of 8x8 and smaller, ``jit_direct_lanes``'s variant of it, which computes no
 position in vain: 64 -> 128 at 8x8 104 -> 133 GFLOP/s on one core). Their dW and dB come from
-``jit_direct_grad`` (kernels as the vector lanes, X read from
-its padded planes): on 2 threads at batch 128, 32 -> 32 at 32x32 22.2 -> 11.7 ms, 64 -> 64 at 16x16
-15.6 -> 10.3 ms against these chunks.
+``jit_direct_grad`` (kernels as the vector lanes, X read from its padded planes): on 2 threads at
+batch 128, 32 -> 32 at 32x32 22.2 -> 11.7 ms, 64 -> 64 at 16x16 15.6 -> 10.3 ms against these chunks.
 
 The chunks are split over the CPU's kernel threads, each thread with its own buffers and BLAS held at
 one thread meanwhile (whole images per thread scale better than splitting these small GEMMs).

@@ -107,6 +107,11 @@ class FlatLayout:
     offsets: tuple[int, ...]
 
 
+def round_up(count: int, block: int) -> int:
+    """``count`` rounded up to whole blocks of ``block``."""
+    return -(-count // block) * block
+
+
 def flat_layout(geom: Geometry) -> FlatLayout:
     """The flattened planes of a 2-D Conv over ``geom``'s windows (stride 1)."""
     rows, columns = geom.axes
@@ -117,7 +122,7 @@ def flat_layout(geom: Geometry) -> FlatLayout:
         for i in range(rows.kernel)
         for j in range(columns.kernel)
     )
-    span = -(-(rows.out * width) // BLOCK_POSITIONS) * BLOCK_POSITIONS
+    span = round_up(rows.out * width, BLOCK_POSITIONS)
     plane = max(span + offsets[-1], rows.padded * width)
     return FlatLayout(width, plane, span, offsets)
 

@@ -34,7 +34,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
-from hetflow.devices.cpu.kernels.jit_direct import flat_layout, pad_image
+from hetflow.devices.cpu.kernels.jit_direct import flat_layout, pad_image, round_up
 from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
 from hetflow.ops.spatial import Geometry
 
@@ -106,7 +106,7 @@ def pair_offsets(channels: int, plane: int, offsets: tuple[int, ...]) -> np.ndar
     """Each (channel, tap) pair's offset ``c*plane + offsets[t]`` in channel-major order, padded with 0 to
     whole blocks of PAIR_BLOCK."""
     pairs = (np.arange(channels, dtype=np.int64)[:, None] * plane + np.array(offsets, np.int64)).reshape(-1)
-    padded = np.zeros(-(-pairs.size // PAIR_BLOCK) * PAIR_BLOCK, np.int64)
+    padded = np.zeros(round_up(pairs.size, PAIR_BLOCK), np.int64)
     padded[: pairs.size] = pairs
     return padded
 
@@ -123,7 +123,7 @@ def weight_gradient(
     batch, channels = int(x.shape[0]), int(x.shape[1])
     kernels = int(dy.shape[1])
     taps = len(layout.offsets)
-    padded_kernels = -(-kernels // BLOCK_KERNELS) * BLOCK_KERNELS
+    padded_kernels = round_up(kernels, BLOCK_KERNELS)
     plane = layout.plane
     offsets = pair_offsets(channels, plane, layout.offsets)
     positions = rows.out * columns.out

@@ -24,7 +24,13 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
-from hetflow.devices.cpu.kernels.jit_direct import blocked_weights, conv_inputs, flat_layout, pad_image
+from hetflow.devices.cpu.kernels.jit_direct import (
+    blocked_weights,
+    conv_inputs,
+    flat_layout,
+    pad_image,
+    round_up,
+)
 from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
 from hetflow.ops.spatial import Geometry
 
@@ -104,7 +110,7 @@ def prefers_lanes(geom: Geometry, kernels: int) -> bool:
     rows, columns = geom.axes
     pixels = rows.out * columns.out
     kept_flat = pixels / flat_layout(geom).span
-    kept_lanes = pixels / _round_up(pixels, POSITION_BLOCK) * kernels / _round_up(kernels, BLOCK_KERNELS)
+    kept_lanes = pixels / round_up(pixels, POSITION_BLOCK) * kernels / round_up(kernels, BLOCK_KERNELS)
     return kept_lanes * LANES_SPEED > kept_flat
 
 
@@ -115,17 +121,13 @@ def prefers_lanes(geom: Geometry, kernels: int) -> bool:
 LANES_SPEED = 0.8
 
 
-def _round_up(count: int, block: int) -> int:
-    return -(-count // block) * block
-
-
 def position_offsets(geom: Geometry) -> np.ndarray:
     """The flat offset (``r*width + s``) of every output pixel in row-major order, padded with the last
     one to whole blocks of POSITION_BLOCK (those rows of the products are never copied out)."""
     rows, columns = geom.axes
     width = flat_layout(geom).width
     pixels = (np.arange(rows.out)[:, None] * width + np.arange(columns.out)).reshape(-1).astype(np.int64)
-    padded = np.full(-(-pixels.size // POSITION_BLOCK) * POSITION_BLOCK, pixels[-1], np.int64)
+    padded = np.full(round_up(pixels.size, POSITION_BLOCK), pixels[-1], np.int64)
     padded[: pixels.size] = pixels
     return padded
 
