@@ -193,3 +193,51 @@ def test_windows_that_miss_part_of_the_input_are_not_a_reduction():
     x = RNG.standard_normal((1, 2, 4, 4)).astype(np.float32)
     y = _pool("MaxPool", {"kernel_shape": (3, 3), "strides": (2, 2)}, x)
     np.testing.assert_array_equal(y, x[:, :, :3, :3].max(axis=(2, 3), keepdims=True))
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_the_phase_planes_come_from_the_workspace(op_type):
+    import tracemalloc
+
+    # cifar10-quick's pool1 (3x3/2 on 32x32x32, phases ~165 KB per part) at batch 8.
+    x = RNG.standard_normal((8, 32, 32, 32)).astype(np.float32)
+    attrs = {"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}
+    node = Node(op_type, "pool", ["x"], ["y"], registry.get(op_type).Attrs(**attrs))
+    (kernel,) = CPU.kernels.candidates(node, [TensorInfo(x.shape, x.dtype)])
+    nbytes = kernel.workspace(node, [TensorInfo(x.shape, x.dtype)])
+    assert nbytes > 100_000
+    workspace = np.full(nbytes, 0xFF, np.uint8)
+    y = np.empty((8, 32, 16, 16), np.float32)
+    kernel.fn(node, [x], [y], workspace)  # warm
+    tracemalloc.start()
+    try:
+        kernel.fn(node, [x], [y], workspace)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 20_000, peak
+    windows = np.lib.stride_tricks.sliding_window_view(
+        np.pad(x, ((0, 0), (0, 0), (0, 1), (0, 1)), constant_values=np.nan), (3, 3), axis=(2, 3)
+    )[:, :, ::2, ::2]
+    expected = np.nanmax(windows, axis=(-1, -2)) if op_type == "MaxPool" else np.nanmean(windows, axis=(-1, -2))
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_workspace_of_one_part_still_serves_two_threads():
+    from hetflow.devices.cpu.kernels import jit_pool
+    from hetflow.devices.cpu.threads import BLAS
+
+    x = RNG.standard_normal((3, 7, 12, 12)).astype(np.float32)
+    geo = geometry(pool_window(registry.get("MaxPool").Attrs(kernel_shape=(3, 3), pads=(1, 1, 1, 1))), (12, 12))
+    one_part = np.full(jit_pool.workspace_bytes(geo, np.dtype(np.float32), 1), 0xFF, np.uint8)
+    previous = BLAS.get()
+    try:
+        BLAS.set(2)
+        y = np.empty((3, 7, 12, 12), np.float32)
+        jit_pool.pool_2d(x, y, geo, None, one_part)
+    finally:
+        if previous is not None:
+            BLAS.set(previous)
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
+    np.testing.assert_array_equal(y, windows.max(axis=(-1, -2)))

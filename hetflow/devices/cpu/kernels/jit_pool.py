@@ -35,10 +35,10 @@ from collections.abc import Callable
 import numba
 import numpy as np
 
-from hetflow.devices.cpu.kernels.buffers import flat_target
+from hetflow.devices.cpu.kernels.buffers import aligned, flat_target
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.jit_phases import BLOCK_ELEMENTS, fill_phases, layout, tap_start
-from hetflow.devices.cpu.threads import parallel_planes, split_planes
+from hetflow.devices.cpu.threads import intra_op_threads, parallel_planes, split_planes
 from hetflow.ops.spatial import Geometry
 
 
@@ -53,11 +53,15 @@ _NO_INDICES = np.empty(0, np.int64)
 _UNUSED_SCALE = {dtype: np.ones((1, 1), dtype) for dtype in COMPILED_DTYPES}
 
 
-def pool_2d(x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | None) -> None:
+def pool_2d(
+    x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | None, workspace: np.ndarray | None = None
+) -> None:
     """``y`` = the 2-D pool of ``x`` ``[N, C, H, W]`` (C-contiguous) over ``geo``'s windows, in place.
 
     ``scale`` None: the maximum (padding never wins; NaN propagates, as with np.maximum). Otherwise the
     sum times ``scale`` ``[OH, OW]`` (the reciprocal window counts: an average), padding adding zero.
+    ``workspace``: bytes for the phase planes (``workspace_bytes``); without it, or where it holds fewer
+    parts than run at once, they are allocated per call.
     """
     if y.size == 0:
         return
@@ -76,13 +80,50 @@ def pool_2d(x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | Non
     pads = (rows.pad_begin, cols.pad_begin)
     target, flat_y, image_stride = flat_target(y)
     out = (image_stride, rows.out, cols.out)
+    parts = _part_buffers(workspace, part_elements(geo), x.dtype)
+    free = list(parts)
+
+    def planes(first: int, last: int) -> None:
+        # NOTE: list.pop/append are atomic: each running range holds its own part of the workspace.
+        buffer = free.pop() if free else np.empty(parts.shape[1], x.dtype)
+        try:
+            _planes(x, flat_y, *out, first, last, *window, *pads, is_max, weights, buffer)
+        finally:
+            free.append(buffer)
+
     split_planes(
-        lambda first, last: _planes(x, flat_y, *out, first, last, *window, *pads, is_max, weights),
-        lambda parts: _split(parts, x, flat_y, *out, *window, *pads, is_max, weights),
+        planes,
+        lambda count: _split(min(count, len(parts)), x, flat_y, *out, *window, *pads, is_max, weights, parts),
         y.shape[0] * y.shape[1], rows.out * cols.out,
     )  # fmt: skip
     if target is not y:
         np.copyto(y, target)
+
+
+def part_elements(geo: Geometry) -> int:
+    """Elements of one part's scratch in the overlapping windows' loop (``_planes``): its phase planes
+    (stacked for small maps) and its accumulator."""
+    rows, cols = geo.axes
+    span, depth, block_rows = layout(rows.out, cols.out, rows.kernel, cols.kernel, rows.stride, cols.stride,
+                                     rows.dilation, cols.dilation)  # fmt: skip
+    stacked = _stack(depth * span) * depth * span
+    return rows.stride * cols.stride * stacked + max(block_rows * span, stacked)
+
+
+def workspace_bytes(geo: Geometry, dtype: np.dtype, parts: int) -> int:
+    """The scratch ``pool_2d`` takes for ``parts`` ranges of planes run at once (0 where the windows
+    tile X: that loop needs none)."""
+    return 0 if tiles_input(geo) else aligned(parts * part_elements(geo) * np.dtype(dtype).itemsize)
+
+
+def _part_buffers(workspace: np.ndarray | None, elements: int, dtype: np.dtype) -> np.ndarray:
+    """``[parts, elements]`` of ``dtype``: as many parts as ``workspace`` holds, or one per kernel thread
+    allocated here without one."""
+    itemsize = np.dtype(dtype).itemsize
+    parts = 0 if workspace is None else workspace.nbytes // (elements * itemsize)
+    if parts == 0:
+        return np.empty((intra_op_threads(), elements), dtype)
+    return workspace[: parts * elements * itemsize].view(dtype).reshape(parts, elements)
 
 
 def tiles_input(geom: Geometry) -> bool:
@@ -225,13 +266,13 @@ def _compile_tiles(kh: int, kw: int) -> Callable[..., None]:
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _split(parts, x, y, image_stride, out_h, out_w,  # noqa: ANN001
-           kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale):  # fmt: skip
-    """``_planes`` over ``parts`` ranges of Y's planes, run by numba's threads."""
+           kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale, buffers):  # fmt: skip
+    """``_planes`` over ``parts`` ranges of Y's planes, run by numba's threads, part p in ``buffers[p]``."""
     planes = x.shape[0] * x.shape[1]
     for part in numba.prange(parts):
         first, last = planes * part // parts, planes * (part + 1) // parts
         _planes(x, y, image_stride, out_h, out_w, first, last,
-                kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale)  # fmt: skip
+                kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale, buffers[part])  # fmt: skip
 
 
 #: Phase planes of up to this many elements (maps up to about 20x20) are stacked ``BLOCK_ELEMENTS //
@@ -240,25 +281,34 @@ def _split(parts, x, y, image_stride, out_h, out_w,  # noqa: ANN001
 STACK_MAX_PLANE = 512
 
 
+@numba.njit(nogil=True, cache=True)
+def _stack(plane_size):  # noqa: ANN001, ANN202
+    """How many phase planes of ``plane_size`` elements ``_planes`` accumulates together."""
+    return BLOCK_ELEMENTS // plane_size if plane_size <= STACK_MAX_PLANE else 1
+
+
 # NOTE: no fastmath here: it would let the compiler assume no NaN, and a max pool must propagate NaN.
 @numba.njit(nogil=True, cache=True)
 def _planes(x, y, image_stride, out_h, out_w, first, last,  # noqa: ANN001
-            kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale):  # fmt: skip
+            kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale, buffer):  # fmt: skip
     """Output planes ``first .. last - 1`` (plane p = image p // C, channel p % C) of the flat Y ``y``
     (images ``image_stride`` elements apart, each ``[C, OH, OW]`` contiguous; ``flat_images``).
 
     A plane is accumulated a block of rows at a time; planes up to ``STACK_MAX_PLANE`` elements are stacked,
     ``stack`` of them one above the other in the phase planes, and accumulated together, so that each
     tap's loop is long enough to vectorise (a 7x7 plane's 63 elements alone ran scalar). The rows
-    between two stacked planes' outputs are computed and dropped.
+    between two stacked planes' outputs are computed and dropped. The phase planes and the
+    accumulator are carved from ``buffer`` (``part_elements``).
     """
     channels = x.shape[1]
     span, depth, block_rows = layout(out_h, out_w, kh, kw, sh, sw, dh, dw)
     plane_size = depth * span
-    stack = BLOCK_ELEMENTS // plane_size if plane_size <= STACK_MAX_PLANE else 1
-    # Padding, written once: each plane rewrites only X's part of its section.
-    phases = np.full((sh * sw, stack * plane_size), -np.inf if is_max else 0.0, x.dtype)
-    acc = np.empty(max(block_rows * span, stack * plane_size), x.dtype)
+    stack = _stack(plane_size)
+    phase_elements = sh * sw * stack * plane_size
+    phases = buffer[:phase_elements].reshape((sh * sw, stack * plane_size))
+    acc = buffer[phase_elements:]
+    # Padding, written once a call: each plane rewrites only X's part of its section.
+    phases[:] = -np.inf if is_max else 0.0
     scale_flat = scale.reshape(-1)
     width = np.uint64(out_w)
     for group in range(first, last, stack):

@@ -18,7 +18,9 @@ from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, output, s
 from hetflow.devices.cpu.kernels.conv import pad_into, padding_scratch
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.jit_pool import compiled_window, pool_2d
+from hetflow.devices.cpu.kernels.jit_pool import workspace_bytes as pool_workspace_bytes
 from hetflow.devices.cpu.table import cpu_kernel
+from hetflow.devices.cpu.threads import available_cores
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
 from hetflow.ops.pool import has_indices, pool_window
@@ -28,14 +30,17 @@ Workspace = np.ndarray | None
 
 
 def _pool_workspace(node: Node, inputs: Sequence[TensorInfo | None]) -> int:
-    """The padded input the tap loop takes (the compiled 2-D path needs none)."""
+    """The compiled 2-D loop's phase planes, for every core at once (``jit_pool.workspace_bytes``), or
+    the padded input the tap loop takes."""
     x = inputs[0]
     if x is None:
         return 0
     geo = geometry(pool_window(node.attrs), x.shape[2:])
     dtype = _compute_dtype(node, x.dtype)
+    if geo.covers_input and (node.op_type == "AveragePool" or not has_indices(node)):
+        return 0  # a global pool's reduction
     if _compiled(node, geo, dtype):
-        return 0
+        return pool_workspace_bytes(geo, dtype, available_cores())
     return scratch_bytes(padding_scratch(geo, x.shape, dtype))
 
 
@@ -70,7 +75,7 @@ def max_pool(
         return [_global_pool(np.max, x, out, x.dtype), None]
     if _compiled(node, geo, x.dtype):
         y = output(out, 0, (*x.shape[:2], *geo.out), x.dtype)
-        pool_2d(np.ascontiguousarray(x), y, geo, None)
+        pool_2d(np.ascontiguousarray(x), y, geo, None, workspace)
         return [y, None]
     padded = pad_into(geo, x, Scratch(workspace), _lowest(x.dtype))
     y: np.ndarray | None = None
@@ -136,7 +141,8 @@ def average_pool(
         total = output(out, 0, (*x.shape[:2], *geo.out), compute) if compute == x.dtype else None
         if total is None:
             total = np.empty((*x.shape[:2], *geo.out), compute)
-        pool_2d(np.ascontiguousarray(x, dtype=compute), total, geo, _reciprocal_counts(geo, include_pad, compute))
+        counts = _reciprocal_counts(geo, include_pad, compute)
+        pool_2d(np.ascontiguousarray(x, dtype=compute), total, geo, counts, workspace)
         return [deliver(out, 0, total.astype(x.dtype, copy=False))]
     padded = pad_into(geo, x.astype(compute, copy=False), Scratch(workspace))
     summed: np.ndarray | None = None
