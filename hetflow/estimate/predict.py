@@ -248,7 +248,7 @@ def _conv_method(node: Node, graph: Graph) -> str | None:
     spec = conv_op.conv_window(node.attrs, w)
     heuristic = getattr(conv_op, "heuristic_conv_algorithm", None)
     if heuristic is not None:
-        return str(heuristic(spec, x, w[0], node.attrs.group))
+        return str(heuristic(spec, x, w[0], node.attrs.group, graph.values[node.inputs[0]].dtype))
     return str(conv_op.conv_algorithm(spec, x[1], node.attrs.group))
 
 
@@ -280,7 +280,12 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
     x, w, y = shapes
     changes: dict[str, Any] = {}
     workspace_of = getattr(conv_op, "conv_workspace_bytes", None)
-    if workspace_of is not None:
+    if algorithm == getattr(conv_op, "DIRECT_FMA", None):
+        # The direct kernel's scratch follows its layout (padding, which variant), which only it knows.
+        from hetflow.devices.cpu.kernels.direct import workspace_bytes
+
+        changes["workspace_bytes"] = workspace_bytes(node, x, w)
+    elif workspace_of is not None:
         itemsize = graph.values[node.inputs[0]].dtype.itemsize
         workspace = int(workspace_of(algorithm, x, w, y, itemsize)) - cache_bytes(node, key, graph)
         changes["workspace_bytes"] = max(0, workspace)
@@ -340,8 +345,13 @@ def cache_bytes(node: Node, key: str, graph: Graph) -> int:
         return 0
     from hetflow.ops import conv as conv_op
 
-    tile = getattr(conv_op, "WINOGRAD_TILE", {}).get(key.split("/", 1)[1])
+    algorithm = key.split("/", 1)[1]
+    tile = getattr(conv_op, "WINOGRAD_TILE", {}).get(algorithm)
     shapes = _conv_shapes(node, graph)
+    if algorithm == getattr(conv_op, "DIRECT_FMA", None) and shapes is not None:
+        from hetflow.devices.cpu.kernels.direct import blocked_weight_bytes
+
+        return blocked_weight_bytes(node, shapes[0], shapes[1])
     if tile is None or shapes is None:
         return 0
     _, w, _ = shapes

@@ -32,12 +32,19 @@ DEPTHWISE = "depthwise"  # one input channel per group: tap accumulation, no GEM
 IM2COL = "im2col"  # everything else: im2col buffer + one GEMM per group
 WINOGRAD_F23 = "winograd_f23"  # 3x3 stride 1: 2x2 output tiles from 4x4 input tiles, 16 GEMMs
 WINOGRAD_F43 = "winograd_f43"  # 3x3 stride 1: 4x4 output tiles from 6x6 input tiles, 36 GEMMs
+#: 2-D stride 1, one group, float32: register-blocked vector FMAs straight on padded planes, no GEMM
+DIRECT_FMA = "direct_fma"
 #: Not an algorithm but a dispatcher: picks ``heuristic_conv_algorithm`` at run time (symbolic plans).
 AUTO = "auto"
 #: Output tile edge m of each Winograd F(m x m, 3 x 3) algorithm (its input tile edge is m + 2).
 WINOGRAD_TILE = {WINOGRAD_F23: 2, WINOGRAD_F43: 4}
 #: Every algorithm a CPU Conv kernel implements.
-CONV_ALGORITHMS = (POINTWISE, DEPTHWISE, IM2COL, WINOGRAD_F23, WINOGRAD_F43)
+CONV_ALGORITHMS = (POINTWISE, DEPTHWISE, IM2COL, WINOGRAD_F23, WINOGRAD_F43, DIRECT_FMA)
+#: What computes a layer on a device without the preferred algorithm's kernel (the direct kernel is the
+#: CPU's only).
+ALGORITHM_FALLBACK = {DIRECT_FMA: IM2COL}
+#: dtypes the direct kernel computes in (float16 is computed in float32, as every CPU Conv does).
+DIRECT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 
 @dataclass(frozen=True)
@@ -108,8 +115,29 @@ def winograd_unsupported(spec: WindowSpec, group: int) -> str | None:
     return None
 
 
-def heuristic_conv_algorithm(spec: WindowSpec, x_shape: Sequence[int], kernels: int, group: int) -> str:
-    """The cost model's algorithm when no measurement exists (see ``hetflow.tuning``).
+#: Channel counts (input or output) up to which a Conv's GEMM operand is thin and the direct kernel wins.
+THIN_CHANNELS = 32
+
+
+def direct_unsupported(spec: WindowSpec, group: int, dtype: np.dtype | None) -> str | None:
+    """Why the direct kernel cannot compute this window (None when it can): 2-D, stride 1, one group,
+    float32 (or float16, computed in float32)."""
+    if dtype is not None and np.dtype(dtype) not in DIRECT_DTYPES:
+        return f"the direct Conv computes float32; got {np.dtype(dtype)}"
+    if spec.rank != 2:
+        return f"the direct Conv is 2-D; got a {spec.rank}-D window"
+    if any(stride != 1 for stride in spec.strides):
+        return f"the direct Conv needs stride 1; got strides {spec.strides}"
+    if group != 1:
+        return f"the direct Conv needs group 1; got group {group}"
+    return None
+
+
+def heuristic_conv_algorithm(
+    spec: WindowSpec, x_shape: Sequence[int], kernels: int, group: int, dtype: np.dtype | None = None
+) -> str:
+    """The cost model's algorithm when no measurement exists (see ``hetflow.tuning``); ``dtype``: X's
+    (the direct kernel is considered only when it is given and computed there).
 
     Winograd's transforms are compiled single passes (``jit_winograd``), so it wins wherever its tiles
     fill the vector loops and there are enough input channels to share each transformed tile. Measured
@@ -118,11 +146,27 @@ def heuristic_conv_algorithm(spec: WindowSpec, x_shape: Sequence[int], kernels: 
     im2col; with C = 16 or 32, SqueezeNet's expand layers, it ties or loses at batch 16); F(2,3) at 12x12
     to 23x23 with C >= 112 (up to 1.4x; GoogLeNet's C = 96 and SqueezeNet's C = 48, 64 lose by 10-40%);
     im2col at 7x7 and below, where a row holds two tiles.
+
+    The direct kernel (``DIRECT_FMA``, ``hetflow.devices.cpu.kernels.direct``) wherever a GEMM's operand
+    would be thin -- 32 or fewer input or output channels -- and for the other windows (5x5, dilated) at
+    batch 2 and up, or thin. Measured through a session against the algorithm this heuristic picked
+    before (2 threads, same VM): 5x5 16 -> 32 at 28x28 1.7x (batch 1) / 1.9x (batch 16) faster, 5x5 64
+    -> 192 at 27x27 1.5x faster at batch 16 but 1.5x slower at batch 1 (im2col's one GEMM reuses W
+    across the image), 3x3 128 -> 32 at 7x7..56x56 1.1-2x, 3x3 3 -> 64 at 224x224 1.7x / 2.6x; while 3x3
+    48 -> 192 at 13x13 and 128 -> 192 at 28x28 stay with im2col and Winograd (1.2-1.4x slower direct).
     """
     structural = conv_algorithm(spec, int(x_shape[1]), group)
-    if structural != IM2COL or winograd_unsupported(spec, group) is not None:
+    if structural != IM2COL:
         return structural
-    channels, height, width = int(x_shape[1]), int(x_shape[2]), int(x_shape[3])
+    channels = int(x_shape[1])
+    thin = channels <= THIN_CHANNELS or kernels <= THIN_CHANNELS
+    winograd_fits = winograd_unsupported(spec, group) is None
+    if dtype is not None and direct_unsupported(spec, group, dtype) is None:
+        if thin or (not winograd_fits and int(x_shape[0]) > 1):
+            return DIRECT_FMA
+    if not winograd_fits:
+        return IM2COL
+    height, width = int(x_shape[2]), int(x_shape[3])
     side = min(height, width)
     if kernels >= 32 and channels >= 64 and side >= 24:
         return WINOGRAD_F43
@@ -143,7 +187,8 @@ def conv_workspace_bytes(
     im2col: the column buffer ``[N, C*taps, P]``. Winograd F(m, 3) with a = m + 2: the transformed weights
     ``[a*a, K, C]`` (kept for the session: 1.8x the raw 3x3 weights for F(2,3), 4x for F(4,3)), the
     transformed input tiles ``[a*a, C, T]`` and the products ``[a*a, K, T]``, with T the number of m x m
-    output tiles. Pointwise and depthwise need none.
+    output tiles. The direct kernel: one image's padded planes and products per thread. Pointwise and
+    depthwise need none.
     """
     batch, channels = int(x_shape[0]), int(x_shape[1])
     kernels = int(w_shape[0])
@@ -156,6 +201,11 @@ def conv_workspace_bytes(
         elems = (tile + 2) ** 2
         tiles = batch * -(-int(y_shape[2]) // tile) * -(-int(y_shape[3]) // tile)
         return elems * (kernels * channels + channels * tiles + kernels * tiles) * itemsize
+    if algorithm == DIRECT_FMA:
+        # One image's zero-bordered planes and products per thread, for two threads (the CPU kernel's
+        # own size, for its core count and variant, is ``direct.workspace_bytes``).
+        padded = int(np.prod([int(o) + int(k) - 1 for o, k in zip(y_shape[2:], w_shape[2:])], dtype=np.int64))
+        return 2 * (channels + kernels) * padded * 4
     return 0
 
 

@@ -1,12 +1,13 @@
 """Weight residency under a memory budget (CNNdroid's ``allocated_ram``).
 
 A session with ``memory_budget`` promises that what it holds — resident weights, the activation arena
-(workspace included), Winograd's transformed weights — plus the weights of the one layer being streamed
+(workspace included), Winograd's transformed and the direct kernel's blocked weights — plus the weights of the one layer being streamed
 never exceed the budget. ``fit_plan`` makes a bound plan fit, degrading speed step by step:
 
 1. nothing to do when everything fits;
-2. Winograd layers go back to im2col (their transformed weights are 1.8-4x the raw 3x3 weights and
-   their tile buffers are larger than im2col's columns);
+2. Winograd and direct layers go back to im2col (Winograd's transformed weights are 1.8-4x the raw 3x3
+   weights and its tile buffers are larger than im2col's columns; the direct kernel keeps a blocked
+   copy of its weights);
 3. weights are streamed: written once to a raw scratch file under the hetflow home, they are mapped
    (``np.memmap``) when their layer runs and unmapped after it, so they do not stay resident. As many
    as fit stay resident, the largest first (CNNdroid's order);
@@ -26,8 +27,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from hetflow.devices.cpu.kernels.direct import blocked_weight_bytes
 from hetflow.errors import BudgetError
-from hetflow.ops.conv import IM2COL, WINOGRAD_TILE
+from hetflow.ops.conv import DIRECT_FMA, IM2COL, WINOGRAD_TILE
 from hetflow.options import home_dir
 from hetflow.runtime.memory import plan_memory
 from hetflow.runtime.plan import Plan, Step, StreamedWeight
@@ -54,8 +56,8 @@ class Residency:
         stream_peak_bytes: the most streamed weight bytes one step maps at once.
         arena_bytes: activations and workspace.
         run_bytes: what each run allocates: the returned outputs and ``RUN_RESERVE_BYTES``.
-        transformed_bytes: Winograd's transformed weights (kept across runs).
-        winograd_off: whether Winograd layers were switched to im2col to fit.
+        transformed_bytes: Winograd's transformed and the direct kernel's blocked weights (kept across runs).
+        winograd_off: whether the Winograd and direct layers were switched to im2col to fit.
     """
 
     budget: int
@@ -113,23 +115,29 @@ def _remove(path: str) -> None:
 
 
 def transformed_weight_bytes(plan: Plan) -> int:
-    """Bytes of the transformed weights the plan's Winograd layers keep: ``(m+2)^2 * K * C`` each."""
+    """Bytes of the rearranged weights the plan's Conv layers keep: Winograd's transformed ones,
+    ``(m+2)^2 * K * C`` each, and the direct kernel's blocked ones (``direct.blocked_weight_bytes``)."""
     total = 0
     for step in plan.steps:
-        tile = WINOGRAD_TILE.get(step.kernel.algorithm)
-        if tile is None or step.node.op_type != "Conv":
+        if step.node.op_type != "Conv":
             continue
-        w = plan.graph.values[step.node.inputs[1]]
+        x, w = plan.graph.values[step.node.inputs[0]], plan.graph.values[step.node.inputs[1]]
         kernels, channels = int(w.shape[0]), int(w.shape[1])  # type: ignore[index]
-        total += (tile + 2) ** 2 * kernels * channels * w.dtype.itemsize
+        tile = WINOGRAD_TILE.get(step.kernel.algorithm)
+        if tile is not None:
+            total += (tile + 2) ** 2 * kernels * channels * w.dtype.itemsize
+        elif step.kernel.algorithm == DIRECT_FMA:
+            total += blocked_weight_bytes(step.node, x.shape, w.shape)  # type: ignore[arg-type]
     return total
 
 
 def without_winograd(plan: Plan) -> Plan:
-    """``plan`` with every Winograd Conv run by im2col instead (smaller workspace, no kept transforms)."""
+    """``plan`` with every Conv that keeps rearranged weights (Winograd, direct) run by im2col instead
+    (no kept copies of weights; Winograd's workspace is also larger)."""
     steps: list[Step] = []
     for step in plan.steps:
-        if step.node.op_type == "Conv" and step.kernel.algorithm in WINOGRAD_TILE:
+        keeps_weights = step.kernel.algorithm in WINOGRAD_TILE or step.kernel.algorithm == DIRECT_FMA
+        if step.node.op_type == "Conv" and keeps_weights:
             im2col = next(k for k in step.device.kernels.kernels["Conv"] if k.algorithm == IM2COL)
             step = Step(step.node, im2col, step.device)
         steps.append(step)

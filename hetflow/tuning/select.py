@@ -22,7 +22,7 @@ from typing import Any
 from hetflow.devices.base import Device, Kernel
 from hetflow.graph import Graph, Node
 from hetflow.ops.base import TensorInfo
-from hetflow.ops.conv import conv_window, heuristic_conv_algorithm
+from hetflow.ops.conv import ALGORITHM_FALLBACK, conv_window, heuristic_conv_algorithm
 from hetflow.tuning.cache import TuningCache, TuningRecord, cache_path, kernels_hash, now
 from hetflow.tuning.measure import MeasureOptions, measure
 from hetflow.tuning.space import Workload, tunable_kernels, workload_of
@@ -32,7 +32,7 @@ def _conv_heuristic(node: Node, inputs: Sequence[TensorInfo | None]) -> str:
     x, w = inputs[0], inputs[1]
     assert x is not None and w is not None
     spec = conv_window(node.attrs, w.shape)
-    return heuristic_conv_algorithm(spec, [int(d) for d in x.shape], int(w.shape[0]), node.attrs.group)
+    return heuristic_conv_algorithm(spec, [int(d) for d in x.shape], int(w.shape[0]), node.attrs.group, x.dtype)
 
 
 #: Op type -> the algorithm its cost model prefers for concrete inputs.
@@ -109,6 +109,8 @@ class Tuner:
                     return Choice(by_algorithm[min(timed, key=timed.__getitem__)], "tuned", record)
         heuristic = HEURISTICS.get(node.op_type)
         preferred = heuristic(node, inputs) if heuristic else None
+        if preferred not in by_algorithm:
+            preferred = ALGORITHM_FALLBACK.get(preferred)
         if preferred in by_algorithm:
             return Choice(by_algorithm[preferred], "heuristic")
         return Choice(candidates[0], "default")

@@ -143,8 +143,8 @@ def test_memory_limit_verdict(model_path, quick_profile, profile_path, capsys):
     assert result.memory.limit_bytes == 2**30 and result.memory.fits() is True
     tight = estimate(str(model_path), quick_profile, batch=4, memory_limit=result.memory.planned_total_bytes - 1)
     assert tight.memory.fits() is False
-    assert result.memory.planned_total_bytes == (result.memory.weights_bytes + result.memory.input_bytes
-                                                 + result.memory.peak_bytes)
+    assert result.memory.planned_total_bytes == (result.memory.weights_bytes + result.memory.cache_bytes
+                                                 + result.memory.input_bytes + result.memory.peak_bytes)
     assert "FITS" in format_table(result) and "DOES NOT FIT" in format_table(tight)
     # The command says so, and its exit status (3) lets scripts test it.
     assert main(["estimate", str(model_path), "--device", str(profile_path), "--memory-limit", "1KB"]) == 3

@@ -65,8 +65,10 @@ def test_planned_peak_replays_release_points(zoo_home, quick_profile):
     session = open_session("zoo:mentee", "cpu")
     one = estimate(session, quick_profile, batch=1).memory
     four = estimate(session, quick_profile, batch=4).memory
-    # Activations scale with the batch; weights do not; every blob at once is more than the live peak.
-    assert four.peak_bytes == pytest.approx(4 * one.peak_bytes, rel=0.02)
+    # Activations scale with the batch, weights do not, nor does the direct kernel's scratch (per core,
+    # not per image); every blob at once is more than the live peak.
+    assert four.data_bytes == 4 * one.data_bytes
+    assert 3 * one.peak_bytes < four.peak_bytes < 4 * one.peak_bytes
     assert four.weights_bytes == one.weights_bytes
     assert one.data_bytes + one.workspace_bytes > one.peak_bytes
     assert one.weights_bytes == sum(int(a.nbytes) for a in session.graph.initializers.values())

@@ -16,6 +16,7 @@ from hetflow.ops.base import TensorInfo
 from hetflow.ops.conv import (
     AUTO,
     DEPTHWISE,
+    DIRECT_FMA,
     IM2COL,
     POINTWISE,
     WINOGRAD_F23,
@@ -106,7 +107,7 @@ SHAPES_3X3 = [
 ]
 
 
-@pytest.mark.parametrize("algorithm", [IM2COL, *WINOGRADS, AUTO])
+@pytest.mark.parametrize("algorithm", [IM2COL, *WINOGRADS, DIRECT_FMA, AUTO])
 @pytest.mark.parametrize(("x_shape", "kernels", "pads"), SHAPES_3X3)
 def test_3x3_algorithms_match_onnxruntime(algorithm, x_shape, kernels, pads):
     x, w, b = _data(x_shape, (kernels, x_shape[1], 3, 3))
@@ -157,7 +158,7 @@ def test_depthwise_matches_onnxruntime(algorithm, multiplier, strides):
     _close(_run(algorithm, attrs, x, w, b), _onnxruntime(attrs, x, w, b), 1e-5)
 
 
-@pytest.mark.parametrize("algorithm", [POINTWISE, DEPTHWISE, IM2COL, *WINOGRADS])
+@pytest.mark.parametrize("algorithm", [POINTWISE, DEPTHWISE, IM2COL, *WINOGRADS, DIRECT_FMA])
 def test_fused_activation_is_applied(algorithm):
     if algorithm == POINTWISE:
         x, w, b = _data((2, 3, 5, 7), (4, 3, 1, 1))
@@ -276,3 +277,80 @@ def test_im2col_batch_paths_match_a_direct_sum(monkeypatch, whole_chunk, x_shape
     w = rng.standard_normal(w_shape).astype(np.float32)
     b = rng.standard_normal(w_shape[0]).astype(np.float32)
     _close(_run(IM2COL, attrs, x, w, b), _direct_conv(x, w, b, attrs), 1e-5)
+
+
+# -- the direct kernel ------------------------------------------------------------------------------
+DIRECT_CASES = [  # windows Winograd does not cover, both variants (flat positions, kernels as lanes)
+    ((2, 5, 13, 11), (7, 5, 5, 5), ConvAttrs(pads=(2, 1, 2, 1))),
+    ((3, 4, 12, 12), (20, 4, 3, 3), ConvAttrs(pads=(2, 2, 2, 2), dilations=(2, 2))),
+    ((1, 16, 28, 28), (32, 16, 5, 5), ConvAttrs(pads=(2, 2, 2, 2))),  # GoogLeNet's 5x5 reduce, one image
+    ((4, 64, 6, 6), (40, 64, 3, 3), ConvAttrs(pads=(1, 1, 1, 1))),  # a small map: kernels as lanes
+    ((2, 3, 9, 10), (4, 3, 2, 4), ConvAttrs(pads=(0, 3, 1, 0))),  # even, asymmetric window
+    ((1, 2, 4, 4), (3, 2, 1, 1), ConvAttrs()),  # a 1x1 window
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "attrs"), DIRECT_CASES)
+def test_direct_matches_a_direct_sum_within_its_workspace(x_shape, w_shape, attrs):
+    from hetflow.devices.cpu.kernels import buffers
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    b = rng.standard_normal(w_shape[0]).astype(np.float32)
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], attrs)
+    kernel = KERNELS[DIRECT_FMA]
+    assert kernel.reason_unsupported(node, _infos(x, w, b)) is None
+    workspace = np.full(kernel.workspace(node, _infos(x, w, b)), 0xFF, np.uint8)  # dirty
+    overflows = buffers.OVERFLOWS[0]
+    (y,) = kernel.fn(node, [x, w, b], None, workspace)
+    assert buffers.OVERFLOWS[0] == overflows  # fits the workspace it declared
+    _close(y, _direct_conv(x, w, b, attrs), 1e-5)
+
+
+def test_direct_float16_is_computed_in_float32():
+    x, w, b = _data((2, 6, 9, 9), (5, 6, 3, 3))
+    attrs = ConvAttrs(pads=(1, 1, 1, 1))
+    y = _run(DIRECT_FMA, attrs, x.astype(np.float16), w.astype(np.float16), b.astype(np.float16))
+    assert y.dtype == np.float16
+    expected = _direct_conv(*(a.astype(np.float16).astype(np.float32) for a in (x, w, b)), attrs)
+    _close(y, expected, 2e-3)
+
+
+def test_direct_writes_into_a_concat_slice():
+    x, w, b = _data((3, 4, 8, 8), (6, 4, 3, 3))
+    attrs = ConvAttrs(pads=(1, 1, 1, 1))
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], attrs)
+    concat = np.full((3, 10, 8, 8), np.nan, np.float32)
+    (y,) = KERNELS[DIRECT_FMA].fn(node, [x, w, b], [concat[:, 2:8]])
+    _close(concat[:, 2:8], _direct_conv(x, w, b, attrs), 1e-5)
+    assert np.isnan(concat[:, :2]).all() and np.isnan(concat[:, 8:]).all()
+
+
+@pytest.mark.parametrize(
+    ("attrs", "x_shape", "w_shape", "dtype", "expected"),
+    [
+        (ConvAttrs(strides=(2, 2)), (1, 4, 9, 9), (4, 4, 3, 3), np.float32, "stride"),
+        (ConvAttrs(group=2), (1, 4, 9, 9), (4, 2, 3, 3), np.float32, "group"),
+        (ConvAttrs(), (1, 4, 9, 9, 9), (4, 4, 3, 3, 3), np.float32, "2-D"),
+        (ConvAttrs(), (1, 4, 9, 9), (4, 4, 3, 3), np.float64, "float32"),
+    ],
+)
+def test_direct_rejects(attrs, x_shape, w_shape, dtype, expected):
+    node = Node("Conv", "conv", ["x", "w"], ["y"], attrs)
+    infos = [TensorInfo(x_shape, np.dtype(dtype)), TensorInfo(w_shape, np.dtype(dtype))]
+    reason = KERNELS[DIRECT_FMA].reason_unsupported(node, infos)
+    assert reason is not None and expected in reason
+
+
+def test_direct_weights_are_blocked_once_per_array():
+    from hetflow.devices.cpu.kernels.direct import BLOCKED_WEIGHTS
+    from hetflow.devices.cpu.kernels.jit_direct import KERNEL_BLOCK
+
+    x, w, b = _data((2, 3, 16, 16), (10, 3, 3, 3))
+    BLOCKED_WEIGHTS.clear()
+    _run(DIRECT_FMA, ConvAttrs(), x, w, b)
+    first = BLOCKED_WEIGHTS.get(w, KERNEL_BLOCK)
+    _run(DIRECT_FMA, ConvAttrs(), x, w, b)
+    assert BLOCKED_WEIGHTS.get(w, KERNEL_BLOCK) is first
+    assert BLOCKED_WEIGHTS.nbytes() == 16 * 3 * 9 * 4  # 10 kernels padded to two blocks of 8

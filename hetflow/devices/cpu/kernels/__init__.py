@@ -3,6 +3,7 @@
 from hetflow.devices.cpu.kernels import (  # noqa: F401  (imported for their registrations)
     activation,
     conv,
+    direct,
     elementwise,
     gemm,
     norm,

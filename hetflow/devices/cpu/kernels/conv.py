@@ -12,6 +12,7 @@ which layers it can compute:
   reshaped (the one copy: the im2col buffer ``[N, group, C/group*taps, P]``) and multiplied by the
   weights ``[group, K/group, C/group*taps]`` in one batched ``matmul``;
 * ``winograd_f23`` / ``winograd_f43`` (2-D 3x3 stride 1, one group): ``winograd.py``;
+* ``direct_fma`` (2-D stride 1, one group, float32): ``direct.py``;
 * ``auto`` (every Conv, registered first so that a lookup without shapes finds it): dispatches at run
   time on the concrete shapes with the cost model's heuristic; plans made for a symbolic batch use it.
 
@@ -217,19 +218,19 @@ def _supports_depthwise(node: Node, inputs: InputInfos) -> str | None:
 
 
 # -- the algorithms ----------------------------------------------------------------------------------
-def _auto_algorithm(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]) -> str:
+def _auto_algorithm(node: Node, x_shape: Sequence[int], w_shape: Sequence[int], dtype: np.dtype) -> str:
     spec = conv_window(node.attrs, w_shape)
-    return heuristic_conv_algorithm(spec, x_shape, int(w_shape[0]), node.attrs.group)
+    return heuristic_conv_algorithm(spec, x_shape, int(w_shape[0]), node.attrs.group, dtype)
 
 
 def _auto_workspace(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype) -> int:
-    return WORKSPACES[_auto_algorithm(node, x_shape, w_shape)](node, x_shape, w_shape, dtype)
+    return WORKSPACES[_auto_algorithm(node, x_shape, w_shape, dtype)](node, x_shape, w_shape, dtype)
 
 
 @conv_kernel(AUTO, supports=None, workspace=_auto_workspace)
 def _auto(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """Any Conv: the cost model's algorithm for the concrete shapes, chosen at run time."""
-    return BODIES[_auto_algorithm(node, x.shape, w.shape)](node, x, w, y, scratch)
+    return BODIES[_auto_algorithm(node, x.shape, w.shape, x.dtype)](node, x, w, y, scratch)
 
 
 @conv_kernel(POINTWISE, supports=_supports_pointwise)

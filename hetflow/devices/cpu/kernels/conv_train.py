@@ -128,28 +128,13 @@ def conv_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: C
     layout = conv_layout(attrs, x.shape, w.shape, x.itemsize)
     if _direct(layout, x.dtype):
         y = step_empty((layout.batch, layout.kernels, *layout.geom.out), x.dtype)
-        return direct_conv2d(x, w, bias, layout.geom, relu, y)
+        return jit_direct_lanes.direct_conv2d(x, w, bias, layout.geom, relu, y)
     y = step_empty((layout.batch, layout.kernels, layout.positions), x.dtype)
     if _position_major(layout, x.dtype):
         _over_images(_position_major_forward(x, w, bias, relu, layout, y), layout)
     else:
         _over_images(_channel_major_forward(x, w, bias, relu, layout, y), layout)
     return y.reshape(layout.batch, layout.kernels, *layout.geom.out)
-
-
-def direct_conv2d(
-    x: np.ndarray,
-    w: np.ndarray,
-    bias: np.ndarray | None,
-    geom: Geometry,
-    relu: bool,
-    y: np.ndarray,
-    mask: np.ndarray | None = None,
-) -> np.ndarray:
-    """``jit_direct.conv2d``, or its kernels-as-lanes variant where that keeps more of its work
-    (``jit_direct_lanes.prefers_lanes``: small maps)."""
-    variant = jit_direct_lanes if jit_direct_lanes.prefers_lanes(geom, int(w.shape[0])) else jit_direct
-    return variant.conv2d(x, w, bias, geom, relu, y, mask=mask)
 
 
 def _direct(layout: ConvLayout, dtype: np.dtype) -> bool:
@@ -263,7 +248,7 @@ def conv_backward(
     if want_x and _direct(layout, x.dtype):
         gradient_geom = jit_direct.input_gradient_geometry(layout.geom)
         if gradient_geom is not None:
-            dx = direct_conv2d(
+            dx = jit_direct_lanes.direct_conv2d(
                 dy, jit_direct.flipped_weights(w), None, gradient_geom, False, step_empty(x.shape, x.dtype), mask=y
             )
             want_x = False

@@ -207,6 +207,31 @@ def conv_inputs(
     )
 
 
+@dataclass(frozen=True)
+class PartBuffers:
+    """Scratch of a direct Conv, one slice per part of its work (``parts`` is the first axis):
+
+    ``planes [parts, C, plane]`` for the zero-bordered input planes and ``products [parts, rows,
+    columns]`` for the blocks' products (``buffer_shapes`` gives a part's). From a runtime workspace, or
+    allocated per call (``allocate``).
+    """
+
+    planes: np.ndarray
+    products: np.ndarray
+
+    @staticmethod
+    def allocate(parts: int, shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> PartBuffers:
+        planes, products = shapes
+        return PartBuffers(np.empty((parts, *planes), np.float32), np.empty((parts, *products), np.float32))
+
+
+def buffer_shapes(channels: int, kernels: int, geom: Geometry) -> tuple[tuple[int, int], tuple[int, int]]:
+    """One part's scratch: its padded planes ``(C, plane)`` and its products ``(K rounded up to whole
+    blocks, span)``."""
+    layout = flat_layout(geom)
+    return (channels, layout.plane), (round_up(kernels, KERNEL_BLOCK), layout.span)
+
+
 def conv2d(
     x: np.ndarray,
     w: np.ndarray,
@@ -215,31 +240,39 @@ def conv2d(
     relu: bool,
     y: np.ndarray,
     mask: np.ndarray | None = None,
+    wt: np.ndarray | None = None,
+    buffers: PartBuffers | None = None,
 ) -> np.ndarray:
     """``y = W * X + B`` (then ``max(y, 0)`` when ``relu``) for X ``[N, C, H, W]`` and W ``[K, C, kh, kw]``
     float32, C-contiguous; ``y`` ``[N, K, OH, OW]`` float32 with C-contiguous images.
 
     ``mask``: an array of X's shape; X is then read as ``X * (mask > 0)`` (a Relu's backward, applied as
-    the planes are copied). The images are split over the kernel threads (with one image, its kernel
-    blocks are).
+    the planes are copied). ``wt``: ``blocked_weights(w)`` when the caller keeps it; ``buffers``: the
+    scratch (else allocated), whose parts bound the threads. The images are split over the kernel
+    threads (with fewer images than threads, each image's kernel blocks are).
     """
     call = conv_inputs(x, w, bias, geom, mask)
     layout, offsets, pads = call.layout, call.offsets, call.pads
-    wt = blocked_weights(w)
+    wt = blocked_weights(w) if wt is None else wt
+    kernels = int(w.shape[0])
     batch, blocks = int(x.shape[0]), int(wt.shape[0])
     threads = min(intra_op_threads(), batch * blocks)
+    if buffers is not None:
+        threads = min(threads, buffers.planes.shape[0])
+    else:
+        buffers = PartBuffers.allocate(threads, buffer_shapes(int(x.shape[1]), kernels, geom))
 
     if batch >= threads:
 
         def images(part: int) -> None:
             first, last = batch * part // threads, batch * (part + 1) // threads
-            _images(x, call.mask, call.masking, first, last, pads, layout.width, layout.plane, layout.span,
-                    offsets, wt, call.bias, relu, y)  # fmt: skip
+            _images(x, call.mask, call.masking, first, last, pads, layout.width, offsets, wt, call.bias, relu, y,
+                    buffers.planes[part], buffers.products[part])  # fmt: skip
 
         parallel_for(images, threads, threads)
         return y
     # Fewer images than threads: each image's kernel blocks are split (its planes are padded once).
-    xp = np.empty((batch, int(x.shape[1]), layout.plane), np.float32)
+    xp = buffers.planes[:batch]
     for image in range(batch):
         pad_image(x, call.mask, call.masking, image, pads, layout.width, xp[image])
 
@@ -248,7 +281,7 @@ def conv2d(
     def kernel_blocks(part: int) -> None:
         image, share = divmod(part, shares)
         first, last = blocks * share // shares, blocks * (share + 1) // shares
-        yb = np.empty(((last - first) * KERNEL_BLOCK, layout.span), np.float32)
+        yb = buffers.products[part][: (last - first) * KERNEL_BLOCK]
         _multiply(xp[image], layout.plane, offsets, wt, first, last, layout.span, yb)
         _crop(yb, first * KERNEL_BLOCK, layout.width, call.bias, relu, y[image])
 
@@ -257,14 +290,13 @@ def conv2d(
 
 
 @numba.njit(nogil=True, cache=True)
-def _images(x, mask, masking, first, last, pads, width, plane, span, offsets, wt, bias, relu, y):  # noqa: ANN001
-    """Images ``first .. last - 1``: pad their planes, multiply every kernel block, crop into ``y``."""
+def _images(x, mask, masking, first, last, pads, width, offsets, wt, bias, relu, y, xp, yb):  # noqa: ANN001
+    """Images ``first .. last - 1``: pad their planes into ``xp``, multiply every kernel block into ``yb``,
+    crop into ``y``."""
     blocks = wt.shape[0]
-    xp = np.empty((x.shape[1], plane), np.float32)
-    yb = np.empty((blocks * KERNEL_BLOCK, span), np.float32)
     for image in range(first, last):
         pad_image(x, mask, masking, image, pads, width, xp)
-        _multiply(xp, plane, offsets, wt, 0, blocks, span, yb)
+        _multiply(xp, xp.shape[1], offsets, wt, 0, blocks, yb.shape[1], yb)
         _crop(yb, 0, width, bias, relu, y[image])
 
 

@@ -23,8 +23,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from hetflow.devices.cpu.kernels import jit_direct
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels.jit_direct import (
+    PartBuffers,
     blocked_weights,
     conv_inputs,
     flat_layout,
@@ -40,8 +42,6 @@ KERNEL_VECTORS = 2
 POSITION_BLOCK = 8
 #: Kernels per block.
 BLOCK_KERNELS = lv.LANES * KERNEL_VECTORS
-#: Positions per tile of the copy into Y's planes (the tile's position-major rows stay in L1).
-COPY_TILE = 16
 
 
 @intrinsic
@@ -114,6 +114,8 @@ def prefers_lanes(geom: Geometry, kernels: int) -> bool:
     return kept_lanes * LANES_SPEED > kept_flat
 
 
+#: Pixels per tile of the copy into Y's planes.
+COPY_TILE = 16
 #: This variant's speed per kept product relative to ``jit_direct``'s: its weights stream from L2 and
 #: its products reach Y through a transposing copy. One core, batch 128, 3x3 pad 1, fused Relu: 0.81
 #: (64 -> 64 at 16x16: 129 GFLOP/s there, 118 here), 0.82-0.92 (64 -> 128 and 128 -> 64 at 8x8: 99-101
@@ -132,6 +134,14 @@ def position_offsets(geom: Geometry) -> np.ndarray:
     return padded
 
 
+def buffer_shapes(channels: int, kernels: int, geom: Geometry) -> tuple[tuple[int, int], tuple[int, int]]:
+    """One part's scratch: its padded planes ``(C, plane)`` and its position-major products ``(P rounded
+    up to whole position blocks, K rounded up to whole kernel blocks)``."""
+    rows, columns = geom.axes
+    pixels = round_up(rows.out * columns.out, POSITION_BLOCK)
+    return (channels, flat_layout(geom).plane), (pixels, round_up(kernels, BLOCK_KERNELS))
+
+
 def conv2d(
     x: np.ndarray,
     w: np.ndarray,
@@ -140,17 +150,28 @@ def conv2d(
     relu: bool,
     y: np.ndarray,
     mask: np.ndarray | None = None,
+    wt: np.ndarray | None = None,
+    buffers: PartBuffers | None = None,
 ) -> np.ndarray:
-    """``jit_direct.conv2d`` with the kernels as the lanes: same arguments, same results. The images are
+    """``jit_direct.conv2d`` with the kernels as the lanes: same arguments (``wt``: ``blocked_weights(w,
+    BLOCK_KERNELS)``; ``buffers`` shaped by this module's ``buffer_shapes``), same results. The images are
     split over the kernel threads (with fewer images than threads, each image's kernel blocks are)."""
     call = conv_inputs(x, w, bias, geom, mask)
-    wt = blocked_weights(w, BLOCK_KERNELS)
+    wt = blocked_weights(w, BLOCK_KERNELS) if wt is None else wt
+    kernels = int(w.shape[0])
     positions = position_offsets(geom)
     batch, blocks = int(x.shape[0]), int(wt.shape[0])
     threads = min(intra_op_threads(), batch * blocks)
+    if buffers is not None:
+        threads = min(threads, buffers.planes.shape[0])
+    else:
+        buffers = PartBuffers.allocate(threads, buffer_shapes(int(x.shape[1]), kernels, geom))
     # Whole images per part, or (fewer images than threads) shares of one image's kernel blocks.
     shares = 1 if batch >= threads else max(1, threads // batch)
     parts = threads if shares == 1 else batch * shares
+    # Y as [N, K, P]: a view, as each image's planes are contiguous (also in a Concat's image-strided output).
+    y_planes = y.reshape(batch, kernels, -1)
+    assert np.may_share_memory(y_planes, y), "each image of Y must be contiguous"
 
     def run(part: int) -> None:
         if shares == 1:
@@ -160,22 +181,38 @@ def conv2d(
             first, share = divmod(part, shares)
             last = first + 1
             block_first, block_last = blocks * share // shares, blocks * (share + 1) // shares
-        _images(x, call.mask, call.masking, first, last, call.pads, call.layout.width, call.layout.plane,
-                positions, call.offsets, wt, block_first, block_last, call.bias, relu, y)  # fmt: skip
+        # The part's products, position-major over its own kernel blocks.
+        columns_here = (block_last - block_first) * BLOCK_KERNELS
+        yt = buffers.products[part].reshape(-1)[: positions.size * columns_here].reshape(-1, columns_here)
+        _images(x, call.mask, call.masking, first, last, call.pads, call.layout.width, positions, call.offsets, wt,
+                block_first, block_last, call.bias, relu, y_planes, buffers.planes[part], yt)  # fmt: skip
 
     parallel_for(run, parts, threads)
     return y
 
 
+def direct_conv2d(
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    geom: Geometry,
+    relu: bool,
+    y: np.ndarray,
+    mask: np.ndarray | None = None,
+) -> np.ndarray:
+    """``jit_direct.conv2d``, or this module's where it keeps more of its work (``prefers_lanes``)."""
+    variant = conv2d if prefers_lanes(geom, int(w.shape[0])) else jit_direct.conv2d
+    return variant(x, w, bias, geom, relu, y, mask=mask)
+
+
 @numba.njit(nogil=True, cache=True)
-def _images(x, mask, masking, first, last, pads, width, plane, positions, offsets, wt, block_first, block_last,  # noqa: ANN001
-            bias, relu, y):  # fmt: skip
-    """Images ``first .. last - 1``: pad their planes, multiply kernel blocks ``block_first ..
-    block_last - 1`` position block by position block, copy the products into ``y``."""
-    channels = x.shape[1]
-    xp = np.empty((channels, plane), np.float32)
-    kernels = (block_last - block_first) * BLOCK_KERNELS
-    yt = np.empty((positions.shape[0], kernels), np.float32)
+def _images(x, mask, masking, first, last, pads, width, positions, offsets, wt, block_first, block_last,  # noqa: ANN001
+            bias, relu, y, xp, yt):  # fmt: skip
+    """Images ``first .. last - 1``: pad their planes into ``xp``, multiply kernel blocks ``block_first ..
+    block_last - 1`` position block by position block into ``yt``, copy the products into ``y [N, K,
+    P]``."""
+    channels, plane = xp.shape[0], xp.shape[1]
+    kernels = yt.shape[1]
     flat_x = xp.reshape(xp.size)
     flat_w = wt.reshape(wt.size)
     flat_y = yt.reshape(yt.size)
@@ -193,20 +230,20 @@ def _images(x, mask, masking, first, last, pads, width, plane, positions, offset
 
 @numba.njit(nogil=True, cache=True)
 def _planes(yt, kernel_first, bias, relu, y_image):  # noqa: ANN001
-    """Position-major products ``yt [P', K'']`` (kernel ``kernel_first`` onward) into ``y_image [K, OH,
-    OW]`` with the bias added and, when ``relu``, negatives set to 0; kernels past K are dropped."""
+    """Position-major products ``yt [P', K'']`` (kernel ``kernel_first`` onward) into ``y_image [K, P]``
+    with the bias added and, when ``relu``, negatives set to 0; kernels past K are dropped. Tiles of
+    COPY_TILE pixels: their position-major rows stay in L1 while every kernel's part of Y is written."""
     kernels = min(yt.shape[1], y_image.shape[0] - kernel_first)
-    flat = y_image.reshape(y_image.shape[0], -1)
-    pixels = flat.shape[1]
+    pixels = y_image.shape[1]
     whole = pixels - pixels % COPY_TILE
     for tile in range(0, whole, COPY_TILE):
         for k in range(kernels):
             # A constant trip count: the tile's loop is unrolled.
             for p in range(tile, tile + COPY_TILE):
-                flat[kernel_first + k, p] = _output(yt[p, k], bias[kernel_first + k], relu)
+                y_image[kernel_first + k, p] = _output(yt[p, k], bias[kernel_first + k], relu)
     for k in range(kernels):
         for p in range(whole, pixels):
-            flat[kernel_first + k, p] = _output(yt[p, k], bias[kernel_first + k], relu)
+            y_image[kernel_first + k, p] = _output(yt[p, k], bias[kernel_first + k], relu)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")

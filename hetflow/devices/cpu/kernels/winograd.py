@@ -23,8 +23,6 @@ F(4,3) on the 2-core reference machine and with twice its float32 error, so it i
 from __future__ import annotations
 
 import math
-import threading
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -41,6 +39,7 @@ from hetflow.devices.cpu.kernels.jit_winograd import (
     input_transform,
     output_transform,
 )
+from hetflow.devices.cpu.kernels.weight_cache import WeightCache
 from hetflow.devices.cpu.threads import split_matmul
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
@@ -125,46 +124,8 @@ def transforms(m: int, r: int = 3) -> Transforms:
 
 
 # -- transformed weights, once per weight array --------------------------------------------------------
-class WeightCache:
-    """Transformed weights U ``[a*a, K, C]`` per (weight array, tile size), dropped with the array.
-
-    Keyed by ``id(w)``; a ``weakref.finalize`` on the array removes its entries when it is collected,
-    so an id reused by a later array never finds a stale entry. Weights are assumed immutable while
-    they are cached (initializers are; a trainer updating weights in place must call ``clear``).
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple[int, int], np.ndarray] = {}
-        self._lock = threading.Lock()
-
-    def get(self, w: np.ndarray, m: int) -> np.ndarray:
-        key = (id(w), m)
-        found = self._entries.get(key)
-        if found is not None:
-            return found
-        transformed = transform_weights(w, m)
-        with self._lock:
-            if key not in self._entries:
-                if not any(k[0] == key[0] for k in self._entries):
-                    weakref.finalize(w, self._forget, key[0])
-                self._entries[key] = transformed
-        return transformed
-
-    def _forget(self, array_id: int) -> None:
-        with self._lock:
-            for key in [k for k in self._entries if k[0] == array_id]:
-                del self._entries[key]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    def nbytes(self) -> int:
-        """Memory held by the cached transformed weights."""
-        return sum(u.nbytes for u in self._entries.values())
-
-
-TRANSFORMED_WEIGHTS = WeightCache()
+#: Transformed weights U ``[a*a, K, C]`` per (weight array, tile size m).
+TRANSFORMED_WEIGHTS = WeightCache(lambda w, m: transform_weights(w, m))  # defined below
 
 
 def transform_weights(w: np.ndarray, m: int) -> np.ndarray:

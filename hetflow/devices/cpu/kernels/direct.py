@@ -1,0 +1,109 @@
+"""CPU Conv kernel ``direct_fma``: 2-D stride-1 convolutions of one group by the direct kernels.
+
+``jit_direct`` (vectors of 16 flat positions) or, on small maps, ``jit_direct_lanes`` (vectors of 16
+kernels): register-blocked FMAs straight on zero-bordered copies of X's planes, no im2col columns, no
+GEMM. They win where a GEMM's operand is thin -- few input or output channels, where im2col's columns
+cost more than the products -- and on windows Winograd does not cover (5x5, dilated); the cost model
+(``hetflow.ops.conv.heuristic_conv_algorithm``) says where, and ``hetflow tune`` measures it per layer.
+
+float32 only (float16 is computed in float32 by ``run_conv``, as every CPU Conv is). The bias and a
+fused Relu are applied as the products are copied into Y; any other fused activation runs after. The
+weights are blocked once per weight array (``BLOCKED_WEIGHTS``); the padded planes and the products of
+each thread's part come from the node's workspace, sized for every core this process may use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetflow.devices.base import InputInfos
+from hetflow.devices.cpu.kernels import jit_direct, jit_direct_lanes
+from hetflow.devices.cpu.kernels.buffers import Scratch, aligned
+from hetflow.devices.cpu.kernels.conv import FINISHING, conv_kernel, target_y, window_of
+from hetflow.devices.cpu.kernels.weight_cache import WeightCache
+from hetflow.devices.cpu.threads import available_cores
+from hetflow.graph import Node
+from hetflow.ops.conv import DIRECT_FMA, conv_window, direct_unsupported
+from hetflow.ops.spatial import Geometry, geometry
+
+#: Weights blocked for the direct kernels, per (weight array, kernels per block).
+BLOCKED_WEIGHTS = WeightCache(jit_direct.blocked_weights)
+
+
+def _supports_direct(node: Node, inputs: InputInfos) -> str | None:
+    spec = window_of(node, inputs)
+    if isinstance(spec, str):
+        return spec
+    x = inputs[0] if inputs is not None else None
+    return direct_unsupported(spec, node.attrs.group, None if x is None else x.dtype)
+
+
+def _variant(geo: Geometry, kernels: int):  # noqa: ANN202  (a module)
+    """The direct kernel for these windows: the kernels-as-lanes one where it keeps more of its work."""
+    return jit_direct_lanes if jit_direct_lanes.prefers_lanes(geo, kernels) else jit_direct
+
+
+def _weight_block(variant) -> int:  # noqa: ANN001
+    return jit_direct_lanes.BLOCK_KERNELS if variant is jit_direct_lanes else jit_direct.KERNEL_BLOCK
+
+
+def _part_shapes(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+    geo = geometry(conv_window(node.attrs, tuple(w_shape)), tuple(x_shape[2:]))
+    return _variant(geo, int(w_shape[0])).buffer_shapes(int(x_shape[1]), int(w_shape[0]), geo)
+
+
+def workspace_bytes(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]) -> int:
+    """The kernel's scratch: every core's part, its padded planes and its products (float32)."""
+    parts = available_cores()
+    return sum(aligned(parts * math.prod(shape) * 4) for shape in _part_shapes(node, x_shape, w_shape))
+
+
+def blocked_weight_bytes(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]) -> int:
+    """What ``BLOCKED_WEIGHTS`` keeps for the node once it has run: W with its kernels padded to whole
+    blocks of the chosen variant (float32)."""
+    geo = geometry(conv_window(node.attrs, tuple(w_shape)), tuple(x_shape[2:]))
+    block = _weight_block(_variant(geo, int(w_shape[0])))
+    kernels = -(-int(w_shape[0]) // block) * block
+    return kernels * math.prod(int(d) for d in w_shape[1:]) * 4
+
+
+def _workspace(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype) -> int:
+    return workspace_bytes(node, x_shape, w_shape)
+
+
+def _direct(
+    node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch, bias: np.ndarray | None,
+    relu: bool,
+) -> np.ndarray:  # fmt: skip
+    """Y (into ``y`` when given), plus the bias when given, then ``max(Y, 0)`` when ``relu``."""
+    geo = geometry(conv_window(node.attrs, w.shape), x.shape[2:])
+    y = target_y(y, (x.shape[0], w.shape[0], *geo.out), x.dtype)
+    variant = _variant(geo, int(w.shape[0]))
+    parts = available_cores()
+    planes, products = variant.buffer_shapes(int(x.shape[1]), int(w.shape[0]), geo)
+    buffers = jit_direct.PartBuffers(
+        scratch.take((parts, *planes), np.float32), scratch.take((parts, *products), np.float32)
+    )
+    wt = BLOCKED_WEIGHTS.get(w, _weight_block(variant))
+    return variant.conv2d(x, w, bias, geo, relu, y, wt=wt, buffers=buffers)
+
+
+@conv_kernel(DIRECT_FMA, supports=_supports_direct, workspace=_workspace)
+def direct_fma(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
+    """2-D stride-1 group-1 float32 Conv by the direct kernels (bias and activation left to the caller)."""
+    return _direct(node, x, w, y, scratch, None, relu=False)
+
+
+def _finishing(
+    node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch, bias: np.ndarray | None
+) -> tuple[np.ndarray, bool]:
+    """``direct_fma`` with the bias, and a fused Relu, applied as the products are copied out."""
+    fused = node.attrs.fused
+    relu = fused is not None and fused.op_type == "Relu"
+    return _direct(node, x, w, y, scratch, bias, relu), fused is None or relu
+
+
+FINISHING[direct_fma] = _finishing
