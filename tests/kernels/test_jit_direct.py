@@ -46,6 +46,7 @@ def _relative_error(found: np.ndarray, expected: np.ndarray) -> float:
 def test_conv2d_matches_the_direct_sum(monkeypatch, threads, attrs, x_shape, w_shape):
     """Whole images per thread, or (batch below the thread count) each image's kernel blocks split."""
     monkeypatch.setattr(jit_direct, "intra_op_threads", lambda: threads)
+    monkeypatch.setattr(jit_direct, "MIN_PRODUCTS_PER_THREAD", 1)  # split even these small layers
     x, w, b = _float32(x_shape, w_shape, w_shape[:1])
     expected = direct_conv(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), attrs)
     y = np.full(expected.shape, np.nan, np.float32)
@@ -145,3 +146,21 @@ def test_training_conv_falls_back_where_direct_cannot():
         expected_dx, expected_dw = direct_grads(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64), attrs)
         assert _relative_error(grads.x, expected_dx) < 1e-5
         assert _relative_error(grads.w, expected_dw) < 1e-5
+
+
+def test_small_layers_stay_on_one_thread(monkeypatch):
+    monkeypatch.setattr(jit_direct, "intra_op_threads", lambda: 4)
+    assert jit_direct.split_threads(jit_direct.MIN_PRODUCTS_PER_THREAD - 1) == 1
+    assert jit_direct.split_threads(2 * jit_direct.MIN_PRODUCTS_PER_THREAD) == 2
+    assert jit_direct.split_threads(100 * jit_direct.MIN_PRODUCTS_PER_THREAD) == 4
+    # LeNet's conv1 at batch 1 (1 -> 20, 5x5 on 28x28): ~0.4M products, one thread, no hand-off.
+    parts = []
+    monkeypatch.setattr(jit_direct, "parallel_for", lambda body, count, threads: parts.append(threads) or [
+        body(i) for i in range(count)])  # fmt: skip
+    attrs, x_shape, w_shape = ConvAttrs(), (1, 1, 28, 28), (20, 1, 5, 5)
+    x, w, b = _float32(x_shape, w_shape, w_shape[:1])
+    y = np.empty((1, 20, 24, 24), np.float32)
+    jit_direct.conv2d(x, w, b, _geometry(attrs, x_shape, w_shape), False, y)
+    assert parts == [1]
+    expected = direct_conv(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), attrs)
+    assert _relative_error(y, expected) < 1e-5

@@ -19,7 +19,8 @@ WIDE = (ConvAttrs(pads=(1, 1, 1, 1)), (3, 4, 7, 5), (40, 4, 3, 3))
 @pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), [*CASES, WIDE], ids=[*IDS, "two-kernel-blocks"])
 def test_conv2d_matches_the_direct_sum(monkeypatch, threads, attrs, x_shape, w_shape):
     """Whole images per thread, or (batch below the thread count) each image's kernel blocks split."""
-    monkeypatch.setattr(jit_direct_lanes, "intra_op_threads", lambda: threads)
+    monkeypatch.setattr(jit_direct, "intra_op_threads", lambda: threads)
+    monkeypatch.setattr(jit_direct, "MIN_PRODUCTS_PER_THREAD", 1)  # split even these small layers
     x, w, b = _float32(x_shape, w_shape, w_shape[:1])
     expected = direct_conv(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), attrs)
     y = np.full(expected.shape, np.nan, np.float32)

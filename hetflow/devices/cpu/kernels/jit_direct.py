@@ -29,8 +29,9 @@ in two; the results are the same.
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numba
 import numpy as np
@@ -99,12 +100,29 @@ class FlatLayout:
         plane: elements of a zero-bordered input plane (every tap of every block stays inside it).
         span: output positions computed per plane (``OH * width`` rounded up to whole blocks).
         offsets: each tap's offset from its output position, in kernel order.
+        offset_array: ``offsets`` as the int64 array the compiled loops take (shared by every call: never
+            written; not flagged read-only, which numba would compile as another type).
     """
 
     width: int
     plane: int
     span: int
     offsets: tuple[int, ...]
+    offset_array: np.ndarray = field(compare=False, repr=False)
+
+
+#: Computed products (padding included) below which a share of a direct Conv is not worth a thread:
+#: about 65 us of one core. The kernel threads are a Python pool whose sleeping workers take ~100 us to
+#: wake on this VM; batch 1, 2 threads against 1 (16 -> 32 3x3 at 14x14: 1.0M products 35 -> 70-87 us,
+#: 64 -> 32 at 28x28: 14M, 237-250 -> 279-345 us), batch 4 and 16 (20 -> 50 5x5 at 12x12: 11M, 275 ->
+#: 205 us; 1 -> 20 5x5 at 28x28: 6.5M, 288 -> 212 us; 16 -> 32 3x3 at 14x14: 4.1M, 88 -> 168 us).
+MIN_PRODUCTS_PER_THREAD = 3_000_000
+
+
+def split_threads(products: int) -> int:
+    """Threads for a direct Conv of ``products`` computed products: the kernel threads, fewer where a
+    share would be under ``MIN_PRODUCTS_PER_THREAD``."""
+    return max(1, min(intra_op_threads(), products // MIN_PRODUCTS_PER_THREAD))
 
 
 def round_up(count: int, block: int) -> int:
@@ -112,6 +130,9 @@ def round_up(count: int, block: int) -> int:
     return -(-count // block) * block
 
 
+# NOTE: cached: a session calls it for every direct Conv of every run, and at LeNet's sizes working
+# it out again cost more than the layer's products.
+@functools.lru_cache(maxsize=4096)
 def flat_layout(geom: Geometry) -> FlatLayout:
     """The flattened planes of a 2-D Conv over ``geom``'s windows (stride 1)."""
     rows, columns = geom.axes
@@ -124,7 +145,7 @@ def flat_layout(geom: Geometry) -> FlatLayout:
     )
     span = round_up(rows.out * width, BLOCK_POSITIONS)
     plane = max(span + offsets[-1], rows.padded * width)
-    return FlatLayout(width, plane, span, offsets)
+    return FlatLayout(width, plane, span, offsets, np.array(offsets, np.int64))
 
 
 def supports(geom: Geometry, group: int, dtype: np.dtype) -> str | None:
@@ -199,7 +220,7 @@ def conv_inputs(
     kernels = int(w.shape[0])
     return ConvInputs(
         layout,
-        np.array(layout.offsets, np.int64),
+        layout.offset_array,
         np.zeros(kernels, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32),
         x if mask is None else mask,
         mask is not None,
@@ -256,7 +277,8 @@ def conv2d(
     wt = blocked_weights(w) if wt is None else wt
     kernels = int(w.shape[0])
     batch, blocks = int(x.shape[0]), int(wt.shape[0])
-    threads = min(intra_op_threads(), batch * blocks)
+    products = batch * layout.span * blocks * KERNEL_BLOCK * int(x.shape[1]) * len(layout.offsets)
+    threads = min(split_threads(products), batch * blocks)
     if buffers is not None:
         threads = min(threads, buffers.planes.shape[0])
     else:

@@ -17,6 +17,8 @@ as they are copied), so dX runs here as it does there. The kernels are padded to
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 from numba import types
@@ -32,8 +34,9 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     flat_layout,
     pad_image,
     round_up,
+    split_threads,
 )
-from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
+from hetflow.devices.cpu.threads import parallel_for
 from hetflow.ops.spatial import Geometry
 
 #: Vectors of 16 kernels per block.
@@ -123,6 +126,7 @@ COPY_TILE = 16
 LANES_SPEED = 0.8
 
 
+@functools.lru_cache(maxsize=1024)
 def position_offsets(geom: Geometry) -> np.ndarray:
     """The flat offset (``r*width + s``) of every output pixel in row-major order, padded with the last
     one to whole blocks of POSITION_BLOCK (those rows of the products are never copied out)."""
@@ -161,7 +165,8 @@ def conv2d(
     kernels = int(w.shape[0])
     positions = position_offsets(geom)
     batch, blocks = int(x.shape[0]), int(wt.shape[0])
-    threads = min(intra_op_threads(), batch * blocks)
+    products = batch * positions.size * blocks * BLOCK_KERNELS * int(x.shape[1]) * len(call.layout.offsets)
+    threads = min(split_threads(products), batch * blocks)
     if buffers is not None:
         threads = min(threads, buffers.planes.shape[0])
     else:
