@@ -66,7 +66,7 @@ def blocked_weight_bytes(node: Node, x_shape: Sequence[int], w_shape: Sequence[i
     blocks of the chosen variant (float32)."""
     geo = geometry(conv_window(node.attrs, tuple(w_shape)), tuple(x_shape[2:]))
     block = _weight_block(_variant(geo, int(w_shape[0])))
-    kernels = -(-int(w_shape[0]) // block) * block
+    kernels = jit_direct.round_up(int(w_shape[0]), block)
     return kernels * math.prod(int(d) for d in w_shape[1:]) * 4
 
 
