@@ -261,7 +261,8 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
     * every algorithm: the workspace ``hetflow.ops.conv.conv_workspace_bytes`` gives for it, less what
       the kernel keeps across calls (``cache_bytes``: Winograd's transformed weights);
     * Winograd F(m, 3): its own GEMMs, ``(m + 2)^2`` products of ``[K x C] @ [C x tiles]``;
-    * depthwise: no GEMM; every multiply-accumulate is elementwise work (a multiply and an add).
+    * depthwise: no GEMM; every multiply-accumulate is elementwise work (a multiply and an add);
+    * direct: no GEMM; the multiply-adds its kernel carries out (``direct.computed_products``).
 
     Reports keep the op's cost (Augur's convention); only features and memory use this one.
     """
@@ -281,10 +282,12 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
     changes: dict[str, Any] = {}
     workspace_of = getattr(conv_op, "conv_workspace_bytes", None)
     if algorithm == getattr(conv_op, "DIRECT_FMA", None):
-        # The direct kernel's scratch follows its layout (padding, which variant), which only it knows.
-        from hetflow.devices.cpu.kernels.direct import workspace_bytes
+        # The direct kernel's scratch and work follow its layout (padding, which variant), which only it
+        # knows: no GEMM, its multiply-adds (the dropped ones included) at its own fitted rate.
+        from hetflow.devices.cpu.kernels import direct
 
-        changes["workspace_bytes"] = workspace_bytes(node, x, w)
+        changes.update(gemm=None, macs=direct.computed_products(node, x, w),
+                       workspace_bytes=direct.workspace_bytes(node, x, w))  # fmt: skip
     elif workspace_of is not None:
         itemsize = graph.values[node.inputs[0]].dtype.itemsize
         workspace = int(workspace_of(algorithm, x, w, y, itemsize)) - cache_bytes(node, key, graph)

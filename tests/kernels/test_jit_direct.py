@@ -164,3 +164,14 @@ def test_small_layers_stay_on_one_thread(monkeypatch):
     assert parts == [1]
     expected = direct_conv(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), attrs)
     assert _relative_error(y, expected) < 1e-5
+
+
+def test_computed_products_count_the_dropped_work():
+    from hetflow.devices.cpu.kernels import jit_direct_lanes
+
+    # LeNet's conv2 (20 -> 50, 5x5 on 12x12): 8x8 outputs on rows 12 wide (96 flat positions, already
+    # whole blocks of 32) and 50 kernels in 7 blocks of 8.
+    geom = _geometry(ConvAttrs(), (1, 20, 12, 12), (50, 20, 5, 5))
+    assert jit_direct.computed_products(2, 20, 50, geom) == 2 * 96 * 56 * 20 * 25
+    # The lanes variant: 64 pixels (whole blocks of 8) and 50 kernels in 2 blocks of 32.
+    assert jit_direct_lanes.computed_products(2, 20, 50, geom) == 2 * 64 * 64 * 20 * 25

@@ -70,6 +70,14 @@ def blocked_weight_bytes(node: Node, x_shape: Sequence[int], w_shape: Sequence[i
     return kernels * math.prod(int(d) for d in w_shape[1:]) * 4
 
 
+def computed_products(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]) -> int:
+    """Multiply-adds the chosen variant carries out, those it computes and drops included (pad columns,
+    kernels and positions padded to whole blocks): what its time follows, rather than the Conv's MACs."""
+    geo = geometry(conv_window(node.attrs, tuple(w_shape)), tuple(x_shape[2:]))
+    variant = _variant(geo, int(w_shape[0]))
+    return variant.computed_products(int(x_shape[0]), int(x_shape[1]), int(w_shape[0]), geo)
+
+
 def _workspace(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype) -> int:
     return workspace_bytes(node, x_shape, w_shape)
 

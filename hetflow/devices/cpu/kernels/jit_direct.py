@@ -119,6 +119,13 @@ class FlatLayout:
 MIN_PRODUCTS_PER_THREAD = 3_000_000
 
 
+def computed_products(batch: int, channels: int, kernels: int, geom: Geometry) -> int:
+    """Multiply-adds ``conv2d`` carries out, the dropped ones included: every flat position of the span
+    (pad columns too) for every kernel of whole blocks."""
+    layout = flat_layout(geom)
+    return batch * layout.span * round_up(kernels, KERNEL_BLOCK) * channels * len(layout.offsets)
+
+
 def split_threads(products: int) -> int:
     """Threads for a direct Conv of ``products`` computed products: the kernel threads, fewer where a
     share would be under ``MIN_PRODUCTS_PER_THREAD``."""
@@ -277,8 +284,7 @@ def conv2d(
     wt = blocked_weights(w) if wt is None else wt
     kernels = int(w.shape[0])
     batch, blocks = int(x.shape[0]), int(wt.shape[0])
-    products = batch * layout.span * blocks * KERNEL_BLOCK * int(x.shape[1]) * len(layout.offsets)
-    threads = min(split_threads(products), batch * blocks)
+    threads = min(split_threads(computed_products(batch, int(x.shape[1]), kernels, geom)), batch * blocks)
     if buffers is not None:
         threads = min(threads, buffers.planes.shape[0])
     else:

@@ -138,6 +138,14 @@ def position_offsets(geom: Geometry) -> np.ndarray:
     return padded
 
 
+def computed_products(batch: int, channels: int, kernels: int, geom: Geometry) -> int:
+    """Multiply-adds ``conv2d`` carries out, the dropped ones included: output pixels in whole position
+    blocks, kernels in whole kernel blocks."""
+    rows, columns = geom.axes
+    pixels = round_up(rows.out * columns.out, POSITION_BLOCK)
+    return batch * pixels * round_up(kernels, BLOCK_KERNELS) * channels * rows.kernel * columns.kernel
+
+
 def buffer_shapes(channels: int, kernels: int, geom: Geometry) -> tuple[tuple[int, int], tuple[int, int]]:
     """One part's scratch: its padded planes ``(C, plane)`` and its position-major products ``(P rounded
     up to whole position blocks, K rounded up to whole kernel blocks)``."""
@@ -165,8 +173,7 @@ def conv2d(
     kernels = int(w.shape[0])
     positions = position_offsets(geom)
     batch, blocks = int(x.shape[0]), int(wt.shape[0])
-    products = batch * positions.size * blocks * BLOCK_KERNELS * int(x.shape[1]) * len(call.layout.offsets)
-    threads = min(split_threads(products), batch * blocks)
+    threads = min(split_threads(computed_products(batch, int(x.shape[1]), kernels, geom)), batch * blocks)
     if buffers is not None:
         threads = min(threads, buffers.planes.shape[0])
     else:
