@@ -43,6 +43,7 @@ class WeightCache:
                 del self._entries[key]
 
     def clear(self) -> None:
+        """Drop every entry (for weights changed in place)."""
         with self._lock:
             self._entries.clear()
 
