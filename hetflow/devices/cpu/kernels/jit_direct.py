@@ -253,6 +253,16 @@ class PartBuffers:
         return PartBuffers(np.empty((parts, *planes), np.float32), np.empty((parts, *products), np.float32))
 
 
+def fit_buffers(
+    threads: int, buffers: PartBuffers | None, shapes: tuple[tuple[int, ...], tuple[int, ...]]
+) -> tuple[int, PartBuffers]:
+    """The threads a call runs and its scratch: ``buffers`` when given (no more threads than its parts),
+    else scratch of ``shapes`` allocated for ``threads`` parts."""
+    if buffers is not None:
+        return min(threads, buffers.planes.shape[0]), buffers
+    return threads, PartBuffers.allocate(threads, shapes)
+
+
 def buffer_shapes(channels: int, kernels: int, geom: Geometry) -> tuple[tuple[int, int], tuple[int, int]]:
     """One part's scratch: its padded planes ``(C, plane)`` and its products ``(K rounded up to whole
     blocks, span)``."""
@@ -285,10 +295,7 @@ def conv2d(
     kernels = int(w.shape[0])
     batch, blocks = int(x.shape[0]), int(wt.shape[0])
     threads = min(split_threads(computed_products(batch, int(x.shape[1]), kernels, geom)), batch * blocks)
-    if buffers is not None:
-        threads = min(threads, buffers.planes.shape[0])
-    else:
-        buffers = PartBuffers.allocate(threads, buffer_shapes(int(x.shape[1]), kernels, geom))
+    threads, buffers = fit_buffers(threads, buffers, buffer_shapes(int(x.shape[1]), kernels, geom))
 
     if batch >= threads:
 

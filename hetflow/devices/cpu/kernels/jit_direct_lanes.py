@@ -31,6 +31,7 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     PartBuffers,
     blocked_weights,
     conv_inputs,
+    fit_buffers,
     flat_layout,
     pad_image,
     round_up,
@@ -174,10 +175,7 @@ def conv2d(
     positions = position_offsets(geom)
     batch, blocks = int(x.shape[0]), int(wt.shape[0])
     threads = min(split_threads(computed_products(batch, int(x.shape[1]), kernels, geom)), batch * blocks)
-    if buffers is not None:
-        threads = min(threads, buffers.planes.shape[0])
-    else:
-        buffers = PartBuffers.allocate(threads, buffer_shapes(int(x.shape[1]), kernels, geom))
+    threads, buffers = fit_buffers(threads, buffers, buffer_shapes(int(x.shape[1]), kernels, geom))
     # Whole images per part, or (fewer images than threads) shares of one image's kernel blocks.
     shares = 1 if batch >= threads else max(1, threads // batch)
     parts = threads if shares == 1 else batch * shares
