@@ -85,7 +85,10 @@ def pool_2d(
 
     def planes(first: int, last: int) -> None:
         # NOTE: list.pop/append are atomic: each running range holds its own part of the workspace.
-        buffer = free.pop() if free else np.empty(parts.shape[1], x.dtype)
+        try:
+            buffer = free.pop()
+        except IndexError:  # more ranges at once than parts (a smaller workspace than the cores)
+            buffer = np.empty(parts.shape[1], x.dtype)
         try:
             _planes(x, flat_y, *out, first, last, *window, *pads, is_max, weights, buffer)
         finally:
