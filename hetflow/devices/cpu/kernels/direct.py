@@ -27,7 +27,7 @@ from hetflow.devices.cpu.kernels.weight_cache import WeightCache
 from hetflow.devices.cpu.threads import available_cores
 from hetflow.graph import Node
 from hetflow.ops.conv import DIRECT_FMA, conv_window, direct_unsupported
-from hetflow.ops.spatial import Geometry, geometry
+from hetflow.ops.spatial import geometry
 
 #: Weights blocked for the direct kernels, per (weight array, kernels per block).
 BLOCKED_WEIGHTS = WeightCache(jit_direct.blocked_weights)
@@ -41,18 +41,13 @@ def _supports_direct(node: Node, inputs: InputInfos) -> str | None:
     return direct_unsupported(spec, node.attrs.group, None if x is None else x.dtype)
 
 
-def _variant(geo: Geometry, kernels: int):  # noqa: ANN202  (a module)
-    """The direct kernel for these windows: the kernels-as-lanes one where it keeps more of its work."""
-    return jit_direct_lanes if jit_direct_lanes.prefers_lanes(geo, kernels) else jit_direct
-
-
 def _weight_block(variant) -> int:  # noqa: ANN001
     return jit_direct_lanes.BLOCK_KERNELS if variant is jit_direct_lanes else jit_direct.KERNEL_BLOCK
 
 
 def _part_shapes(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]) -> tuple[tuple[int, ...], ...]:
     geo = geometry(conv_window(node.attrs, tuple(w_shape)), tuple(x_shape[2:]))
-    return _variant(geo, int(w_shape[0])).buffer_shapes(int(x_shape[1]), int(w_shape[0]), geo)
+    return jit_direct_lanes.variant(geo, int(w_shape[0])).buffer_shapes(int(x_shape[1]), int(w_shape[0]), geo)
 
 
 def workspace_bytes(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]) -> int:
@@ -65,7 +60,7 @@ def blocked_weight_bytes(node: Node, x_shape: Sequence[int], w_shape: Sequence[i
     """What ``BLOCKED_WEIGHTS`` keeps for the node once it has run: W with its kernels padded to whole
     blocks of the chosen variant (float32)."""
     geo = geometry(conv_window(node.attrs, tuple(w_shape)), tuple(x_shape[2:]))
-    block = _weight_block(_variant(geo, int(w_shape[0])))
+    block = _weight_block(jit_direct_lanes.variant(geo, int(w_shape[0])))
     kernels = jit_direct.round_up(int(w_shape[0]), block)
     return kernels * math.prod(int(d) for d in w_shape[1:]) * 4
 
@@ -74,7 +69,7 @@ def computed_products(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]
     """Multiply-adds the chosen variant carries out, those it computes and drops included (pad columns,
     kernels and positions padded to whole blocks): what its time follows, rather than the Conv's MACs."""
     geo = geometry(conv_window(node.attrs, tuple(w_shape)), tuple(x_shape[2:]))
-    variant = _variant(geo, int(w_shape[0]))
+    variant = jit_direct_lanes.variant(geo, int(w_shape[0]))
     return variant.computed_products(int(x_shape[0]), int(x_shape[1]), int(w_shape[0]), geo)
 
 
@@ -89,7 +84,7 @@ def _direct(
     """Y (into ``y`` when given), plus the bias when given, then ``max(Y, 0)`` when ``relu``."""
     geo = geometry(conv_window(node.attrs, w.shape), x.shape[2:])
     y = target_y(y, (x.shape[0], w.shape[0], *geo.out), x.dtype)
-    variant = _variant(geo, int(w.shape[0]))
+    variant = jit_direct_lanes.variant(geo, int(w.shape[0]))
     parts = available_cores()
     planes, products = variant.buffer_shapes(int(x.shape[1]), int(w.shape[0]), geo)
     buffers = jit_direct.PartBuffers(

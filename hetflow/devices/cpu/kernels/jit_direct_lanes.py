@@ -18,6 +18,8 @@ as they are copied), so dX runs here as it does there. The kernels are padded to
 from __future__ import annotations
 
 import functools
+import sys
+from types import ModuleType
 
 import numba
 import numpy as np
@@ -210,9 +212,14 @@ def direct_conv2d(
     y: np.ndarray,
     mask: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``jit_direct.conv2d``, or this module's where it keeps more of its work (``prefers_lanes``)."""
-    variant = conv2d if prefers_lanes(geom, int(w.shape[0])) else jit_direct.conv2d
-    return variant(x, w, bias, geom, relu, y, mask=mask)
+    """``jit_direct.conv2d``, or this module's where it keeps more of its work (``variant``)."""
+    return variant(geom, int(w.shape[0])).conv2d(x, w, bias, geom, relu, y, mask=mask)
+
+
+def variant(geom: Geometry, kernels: int) -> ModuleType:
+    """The direct kernel for these windows: this module where it keeps more of its work
+    (``prefers_lanes``), else ``jit_direct``."""
+    return sys.modules[__name__] if prefers_lanes(geom, kernels) else jit_direct
 
 
 @numba.njit(nogil=True, cache=True)
