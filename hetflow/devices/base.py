@@ -26,6 +26,12 @@ InputInfos = Sequence[TensorInfo | None] | None
 SupportsFn = Callable[[Node, InputInfos], str | None]
 #: ``workspace(node, inputs)``: scratch bytes the kernel wants for concrete input shapes.
 WorkspaceFn = Callable[[Node, Sequence[TensorInfo | None]], int]
+#: A kernel call bound to one node, its input shapes and the runtime's buffers: ``call(inputs)`` returns
+#: what ``fn(node, inputs, out, workspace)`` would.
+BoundCall = Callable[[Sequence[Any]], Sequence[Any]]
+#: ``prepare(node, inputs, out, workspace)``: a ``BoundCall`` for concrete ``inputs`` (TensorInfos), or
+#: None where the kernel has nothing to gain from binding this node (see ``Kernel.prepare``).
+PrepareFn = Callable[[Node, Sequence[TensorInfo | None], Any, Any], BoundCall | None]
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,13 @@ class Kernel:
         inplace: with ``writes_out``: an ``out`` entry may be the very memory of an input of the same
             shape and dtype (elementwise kernels), so the planner may hand it a dying input's buffer.
         workspace: scratch bytes the kernel carves from ``workspace`` (None: it needs none).
+        prepare: optional; binds the kernel to a node with concrete input shapes and to the buffers a
+            session's memory plan gives it (``out``, ``workspace``, as above), once, when the session
+            lays out its memory. Everything a call would otherwise work out again on every run (window
+            geometry, algorithm variant, thread split, scratch carving, converted attributes) is done
+            there, so that a run pays little more than the compiled loop: at LeNet's sizes that work
+            cost more than the layers' arithmetic. The bound call must give what ``fn`` gives, and
+            falls back to ``fn`` when its inputs do not have the shapes and dtypes it was bound to.
 
     Kernels without ``writes_out`` are called as ``fn(node, inputs)``; the runtime assumes their
     outputs may alias their inputs (Reshape, Slice and the other view kernels return views).
@@ -59,9 +72,21 @@ class Kernel:
     writes_out: bool = False
     inplace: bool = False
     workspace: WorkspaceFn | None = None
+    prepare: PrepareFn | None = None
 
     def reason_unsupported(self, node: Node, inputs: InputInfos = None) -> str | None:
         return None if self.supports is None else self.supports(node, inputs)
+
+    def bind(
+        self, node: Node, inputs: Sequence[TensorInfo | None] | None, out: Any = None, workspace: Any = None
+    ) -> BoundCall:
+        """This kernel's call on ``node`` as ``call(inputs)``: the prepared call where the kernel has one
+        for these (concrete) input shapes, else ``fn`` with ``out`` and ``workspace`` passed along."""
+        if self.prepare is not None and inputs is not None and _concrete(inputs):
+            bound = self.prepare(node, inputs, out, workspace)
+            if bound is not None:
+                return bound
+        return unbound(self, node, out, workspace)
 
     def steady_call(
         self,
@@ -78,16 +103,30 @@ class Kernel:
         this call, so a measured time is what a run pays. ``outputs``: a result of this call already
         computed (its shapes size the buffers; otherwise the kernel runs once here).
         """
+        infos = array_infos(inputs)
         if not self.writes_out:
-            return functools.partial(self.fn, node, inputs)
+            return functools.partial(self.bind(node, infos), inputs)
         if outputs is None:
             outputs = self.fn(node, inputs)
         out = [None if y is None else _touched(np.empty_like(y)) for y in outputs]
         scratch = None
         if self.workspace is not None:
-            nbytes = int(self.workspace(node, array_infos(inputs)))
+            nbytes = int(self.workspace(node, infos))
             scratch = _touched(np.empty(nbytes, dtype=np.uint8)) if nbytes > 0 else None
-        return functools.partial(self.fn, node, inputs, out, scratch)
+        return functools.partial(self.bind(node, infos, out, scratch), inputs)
+
+
+def unbound(kernel: Kernel, node: Node, out: Any = None, workspace: Any = None) -> BoundCall:
+    """``kernel.fn`` on ``node`` as a ``BoundCall`` (with ``out`` and ``workspace`` for a ``writes_out``
+    kernel that has them): the call a prepared kernel falls back to."""
+    fn = kernel.fn
+    if out is None and workspace is None:
+        return lambda inputs: fn(node, inputs)
+    return lambda inputs: fn(node, inputs, out, workspace)
+
+
+def _concrete(inputs: Sequence[TensorInfo | None]) -> bool:
+    return all(info is None or all(isinstance(d, int) for d in info.shape) for info in inputs)
 
 
 def _touched(array: np.ndarray) -> np.ndarray:
@@ -110,12 +149,13 @@ class KernelTable:
         writes_out: bool = False,
         inplace: bool = False,
         workspace: WorkspaceFn | None = None,
+        prepare: PrepareFn | None = None,
     ) -> Callable[[KernelFn], KernelFn]:
         """Decorator: register ``fn`` as the kernel for each of ``op_types`` (see ``Kernel``)."""
 
         def decorate(fn: KernelFn) -> KernelFn:
             for op_type in op_types:
-                kernel = Kernel(op_type, fn, algorithm, supports, writes_out, inplace, workspace)
+                kernel = Kernel(op_type, fn, algorithm, supports, writes_out, inplace, workspace, prepare)
                 self.kernels.setdefault(op_type, []).append(kernel)
             return fn
 

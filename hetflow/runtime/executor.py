@@ -38,12 +38,13 @@ from typing import Literal
 
 import numpy as np
 
-from hetflow.devices.base import Device
+from hetflow.devices.base import BoundCall, Device
 from hetflow.devices.cpu.kernels import jit_gemm
 from hetflow.devices.cpu.threads import NUMBA_POOL, available_cores, blas_threads, own_threads
 from hetflow.devices.opencl import DeviceArray
 from hetflow.errors import HetflowError
-from hetflow.graph import Node
+from hetflow.graph import Node, Value
+from hetflow.ops.base import TensorInfo
 from hetflow.runtime.memory import MemoryPlan, Order, plan_memory
 from hetflow.runtime.plan import Plan, Step, StreamedWeight
 
@@ -221,6 +222,7 @@ class Program:
         self.roots = tuple(i for i, count in enumerate(self.waiting) if count == 0)
         self.branches = _has_branches(self.ops, self.waiting)
         self.conv_macs = plan_conv_macs(plan)
+        self.values = graph.values
         self._plan = plan
         self._wanted = tuple(wanted)
         self._memory: dict[Order, MemoryPlan | None] = {"sequential": self._plan_memory("sequential")}
@@ -270,11 +272,8 @@ class Program:
         arena = self._acquire("sequential")
         node = None
         try:
-            for fn, node, inputs, outputs, release, out, workspace in arena.hot:
-                if out is None:
-                    results = fn(node, [env[slot] for slot in inputs])
-                else:
-                    results = fn(node, [env[slot] for slot in inputs], out, workspace)
+            for call, node, inputs, outputs, release in arena.hot:  # noqa: B007  (node: for the error)
+                results = call([env[slot] for slot in inputs])
                 for slot, array in zip(outputs, results):
                     env[slot] = array
                 for slot in release:
@@ -304,7 +303,7 @@ class Program:
         try:
             for index, op in enumerate(self.ops):
                 started = time.perf_counter()
-                residency.run(op, env, arena.buffers[index])
+                residency.run(op, env, arena.calls[index])
                 if observer is not None:
                     residency.settle(op, env)
                     observer(op.step, time.perf_counter() - started)
@@ -326,7 +325,7 @@ class Program:
         try:
             for index, op in enumerate(self.ops):
                 started = time.perf_counter()
-                _run_op(op, env, arena.buffers[index])
+                _run_op(op, env, arena.calls[index])
                 observer(op.step, time.perf_counter() - started)
                 for slot in op.release:
                     env[slot] = None
@@ -363,7 +362,8 @@ _Buffers = tuple[list[np.ndarray | None] | None, np.ndarray | None]
 
 
 class _Arena:
-    """One arena of a program's memory plan, with every step's views into it made once."""
+    """One arena of a program's memory plan, with every step's views into it made once, and every
+    step's kernel bound to them (``Kernel.bind``: a prepared call where the kernel has one)."""
 
     def __init__(self, program: Program, memory: MemoryPlan | None):
         self.memory = memory
@@ -383,10 +383,11 @@ class _Arena:
                 if workspace is None and all(view is None for view in out):
                     out = None
             self.buffers.append((out, workspace))
+        values = program.values
+        self.calls: list[BoundCall] = [_bind(op, values, out, workspace) for op, (out, workspace) in zip(program.ops, self.buffers)]
         # Tuples the hot loop unpacks without attribute lookups.
         self.hot = tuple(
-            (op.fn, op.step.node, op.inputs, op.outputs, op.release, out, workspace)
-            for op, (out, workspace) in zip(program.ops, self.buffers)
+            (call, op.step.node, op.inputs, op.outputs, op.release) for op, call in zip(program.ops, self.calls)
         )
         copy = memory.copy_out if memory is not None else frozenset()
         self.copy_slots = tuple(program.slots[name] for name in copy if name in program.slots)
@@ -522,15 +523,36 @@ def _has_branches(ops: Sequence[_Op], waiting: Sequence[int]) -> bool:
     return False
 
 
-def _run_op(op: _Op, env: list[np.ndarray | None], buffers: _Buffers) -> None:
-    node = op.step.node
+def _bind(op: _Op, values: Mapping[str, Value], out: list[np.ndarray | None] | None, workspace: np.ndarray | None) -> BoundCall:
+    """The step's call as ``call(inputs)``: its kernel bound to the node's planned input shapes and its
+    buffers. Steps on resident devices (their inputs are device buffers) and steps that map streamed
+    weights call their function as it is."""
+    node, kernel, fn = op.step.node, op.step.kernel, op.fn
+    if op.device is None and fn is kernel.fn:
+        return kernel.bind(node, _planned_infos(node, values), out, workspace)
+    if out is None:
+        return lambda inputs: fn(node, inputs)
+    return lambda inputs: fn(node, inputs, out, workspace)
+
+
+def _planned_infos(node: Node, values: Mapping[str, Value]) -> list[TensorInfo | None] | None:
+    """The node's inputs as the plan's graph knows them (None when any is unknown)."""
+    infos: list[TensorInfo | None] = []
+    for name in node.inputs:
+        if not name:
+            infos.append(None)
+            continue
+        value = values.get(name)
+        if value is None or value.shape is None or value.dtype is None:
+            return None
+        infos.append(TensorInfo(tuple(value.shape), np.dtype(value.dtype)))
+    return infos
+
+
+def _run_op(op: _Op, env: list[np.ndarray | None], call: BoundCall) -> None:
     inputs = [env[slot] for slot in op.inputs]
-    out, workspace = buffers
     try:
-        if out is None:
-            results = op.fn(node, inputs)
-        else:
-            results = op.fn(node, inputs, out, workspace)
+        results = call(inputs)
     except HetflowError:
         raise
     except Exception as error:  # noqa: BLE001  (re-raised with the node's context)
@@ -567,19 +589,15 @@ class _Residency:
         self.lock = threading.Lock()
 
     # -- one step --------------------------------------------------------------------------------
-    def run(self, op: _Op, env: list, buffers: _Buffers) -> None:
+    def run(self, op: _Op, env: list, call: BoundCall) -> None:
         """Move the step's inputs where it reads them, run it, and record what it left on a device."""
         if op.device is None:
             self._wait_for_devices()
         inputs = [env[slot] for slot in op.inputs]
         for position, slot, target in op.moves:
             inputs[position] = self._where(slot, inputs[position], target)
-        out, workspace = buffers
         try:
-            if out is None:
-                results = op.fn(op.step.node, inputs)
-            else:
-                results = op.fn(op.step.node, inputs, out, workspace)
+            results = call(inputs)
         except HetflowError:
             raise
         except Exception as error:  # noqa: BLE001  (re-raised with the node's context)
@@ -706,7 +724,7 @@ class _ParallelRun:
     def __init__(self, program: Program, env: list[np.ndarray | None], arena: _Arena, residency: _Residency | None):
         self.residency = residency
         self.ops = program.ops
-        self.buffers = arena.buffers
+        self.calls = arena.calls
         self.env = env
         self.waiting = list(program.waiting)
         self.readers = list(program.reader_counts)
@@ -729,9 +747,9 @@ class _ParallelRun:
                 self.running += 1
             try:
                 if self.residency is not None:
-                    self.residency.run(op, self.env, self.buffers[index])
+                    self.residency.run(op, self.env, self.calls[index])
                 else:
-                    _run_op(op, self.env, self.buffers[index])
+                    _run_op(op, self.env, self.calls[index])
             except BaseException as error:  # noqa: BLE001  (re-raised by finish on the caller's thread)
                 with cond:
                     self.error = self.error or error
