@@ -82,11 +82,12 @@ class Kernel:
     ) -> BoundCall:
         """This kernel's call on ``node`` as ``call(inputs)``: the prepared call where the kernel has one
         for these (concrete) input shapes, else ``fn`` with ``out`` and ``workspace`` passed along."""
-        if self.prepare is not None and inputs is not None and _concrete(inputs):
+        fallback = unbound(self, node, out, workspace)
+        if self.prepare is not None and inputs is not None and inputs and inputs[0] and _concrete(inputs):
             bound = self.prepare(node, inputs, out, workspace)
             if bound is not None:
-                return bound
-        return unbound(self, node, out, workspace)
+                return guarded(bound, fallback, inputs[0])
+        return fallback
 
     def steady_call(
         self,
@@ -123,6 +124,23 @@ def unbound(kernel: Kernel, node: Node, out: Any = None, workspace: Any = None) 
     if out is None and workspace is None:
         return lambda inputs: fn(node, inputs)
     return lambda inputs: fn(node, inputs, out, workspace)
+
+
+def guarded(bound: BoundCall, fallback: BoundCall, first: TensorInfo) -> BoundCall:
+    """``bound``, or ``fallback`` for a call whose first input has not ``first``'s shape and dtype.
+
+    NOTE: only the first input is checked (a shape tuple and a dtype compared, ~0.2 us): the others of
+    the nodes that prepare are weights, whose shapes a plan fixes.
+    """
+    shape, dtype = tuple(first.shape), np.dtype(first.dtype)
+
+    def call(inputs: Sequence[Any]) -> Sequence[Any]:
+        x = inputs[0]
+        if x.shape == shape and x.dtype == dtype:
+            return bound(inputs)
+        return fallback(inputs)
+
+    return call
 
 
 def _concrete(inputs: Sequence[TensorInfo | None]) -> bool:

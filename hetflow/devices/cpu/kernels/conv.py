@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hetflow.devices.base import InputInfos
+from hetflow.devices.base import InputInfos, PrepareFn
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, image_contiguous, scratch_bytes
 from hetflow.devices.cpu.kernels.epilogue import apply_activation, finish_channels
 from hetflow.devices.cpu.kernels.jit_depthwise import depthwise_2d
@@ -83,10 +83,12 @@ def conv_kernel(
     algorithm: str,
     supports: Callable[[Node, InputInfos], str | None] | None,
     workspace: Callable[[Node, tuple[int, ...], tuple[int, ...], np.dtype], int] | None = None,
+    prepare: PrepareFn | None = None,
 ) -> Callable[[ConvBody], ConvBody]:
     """Register ``body`` as the CPU Conv kernel ``algorithm``, wrapped in the shared prologue/epilogue.
 
-    ``workspace(node, x_shape, w_shape, compute_dtype)`` gives the scratch bytes the body takes.
+    ``workspace(node, x_shape, w_shape, compute_dtype)`` gives the scratch bytes the body takes;
+    ``prepare`` binds the whole kernel (prologue and epilogue included) to a node (``Kernel.prepare``).
     """
 
     def decorate(body: ConvBody) -> ConvBody:
@@ -102,9 +104,9 @@ def conv_kernel(
             return workspace(node, tuple(x.shape), tuple(w.shape), compute_dtype(x.dtype))
 
         functools.update_wrapper(kernel, body)  # __wrapped__ lets tuning hash the body's source
-        cpu_kernel("Conv", algorithm=algorithm, supports=supports, writes_out=True, workspace=workspace_bytes)(
-            kernel
-        )
+        cpu_kernel(
+            "Conv", algorithm=algorithm, supports=supports, writes_out=True, workspace=workspace_bytes, prepare=prepare
+        )(kernel)
         BODIES[algorithm] = body
         WORKSPACES[algorithm] = workspace or (lambda *_: 0)
         return body

@@ -19,13 +19,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetflow.devices.base import InputInfos
+from hetflow.devices.base import BoundCall, InputInfos
 from hetflow.devices.cpu.kernels import jit_direct, jit_direct_lanes
-from hetflow.devices.cpu.kernels.buffers import Scratch, aligned
+from hetflow.devices.cpu.kernels.buffers import Out, Scratch, aligned, image_contiguous
 from hetflow.devices.cpu.kernels.conv import FINISHING, conv_kernel, target_y, window_of
+from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.kernels.weight_cache import WeightCache
-from hetflow.devices.cpu.threads import available_cores
+from hetflow.devices.cpu.threads import available_cores, intra_op_threads
 from hetflow.graph import Node
+from hetflow.ops.base import TensorInfo
 from hetflow.ops.conv import DIRECT_FMA, conv_window, direct_unsupported
 from hetflow.ops.spatial import geometry
 
@@ -94,7 +96,52 @@ def _direct(
     return variant.conv2d(x, w, bias, geo, relu, y, wt=wt, buffers=buffers)
 
 
-@conv_kernel(DIRECT_FMA, supports=_supports_direct, workspace=_workspace)
+def _prepare(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None) -> BoundCall | None:
+    """``direct_fma`` bound to a float32 node's shapes and buffers (``Kernel.prepare``): the geometry,
+    the variant, the scratch's parts and the epilogue are worked out here once; a call that fits one
+    thread is then the compiled loop, a larger one the variant's split ``conv2d``."""
+    x_info, w_info = inputs[0], inputs[1]
+    if x_info is None or w_info is None or x_info.dtype != np.float32 or w_info.dtype != np.float32:
+        return None
+    x_shape, w_shape = tuple(x_info.shape), tuple(w_info.shape)
+    channels, kernels = int(x_shape[1]), int(w_shape[0])
+    geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
+    y_shape = (int(x_shape[0]), kernels, *geo.out)
+    variant = jit_direct_lanes.variant(geo, kernels)
+    block = _weight_block(variant)
+    planes, products = variant.buffer_shapes(channels, kernels, geo)
+    scratch = Scratch(workspace)
+    parts = available_cores()
+    buffers = jit_direct.PartBuffers(
+        scratch.take((parts, *planes), np.float32), scratch.take((parts, *products), np.float32)
+    )
+    fused = node.attrs.fused
+    relu = fused is not None and fused.op_type == "Relu"
+    after = None if relu else fused  # a fused activation the copy-out does not apply
+    one_part = variant.bind_one_part(x_shape, kernels, geo, relu, buffers)
+    most = jit_direct.most_threads(y_shape[0], channels, kernels, geo, jit_direct.round_up(kernels, block) // block)
+    target = out[0] if out is not None else None
+    if target is not None and not (target.shape == y_shape and target.dtype == np.float32 and image_contiguous(target)):
+        target = None
+    no_bias = np.zeros(kernels, np.float32)
+
+    def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        x, w = arrays[0], arrays[1]
+        b = arrays[2] if len(arrays) > 2 else None
+        bias = no_bias if b is None else np.ascontiguousarray(b, np.float32)
+        y = np.empty(y_shape, np.float32) if target is None else target
+        wt = BLOCKED_WEIGHTS.get(w, block)
+        if most == 1 or intra_op_threads() == 1:
+            one_part(np.ascontiguousarray(x), wt, bias, y)
+        else:
+            variant.conv2d(np.ascontiguousarray(x), w, bias, geo, relu, y, wt=wt, buffers=buffers)
+        apply_activation(y, after)
+        return [y]
+
+    return call
+
+
+@conv_kernel(DIRECT_FMA, supports=_supports_direct, workspace=_workspace, prepare=_prepare)
 def direct_fma(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """2-D stride-1 group-1 float32 Conv by the direct kernels (bias and activation left to the caller)."""
     return _direct(node, x, w, y, scratch, None, relu=False)

@@ -6,14 +6,64 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hetflow.devices.base import BoundCall
 from hetflow.devices.cpu.kernels.buffers import Out, deliver, output
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
+from hetflow.devices.cpu.kernels.jit_epilogue import (
+    COMPILED_DTYPES,
+    NO_ACTIVATION,
+    activation_code,
+    finish_rows,
+)
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.devices.cpu.threads import split_matmul
 from hetflow.graph import Node
+from hetflow.ops.base import TensorInfo
 
 
-@cpu_kernel("Gemm", writes_out=True)
+def _prepare_gemm(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: object) -> BoundCall | None:
+    """``gemm`` bound to a float node with ``alpha == 1`` (``Kernel.prepare``): Y's buffer and the
+    transposes are settled once; a call is the product, the in-place add of C and the activation."""
+    a_info, b_info = inputs[0], inputs[1]
+    attrs = node.attrs
+    if a_info is None or b_info is None or attrs.alpha != 1 or len(a_info.shape) != 2 or len(b_info.shape) != 2:
+        return None
+    dtype = np.result_type(a_info.dtype, b_info.dtype)
+    if dtype.kind != "f":
+        return None
+    trans_a, trans_b, beta, fused = bool(attrs.transA), bool(attrs.transB), attrs.beta, attrs.fused
+    shape = (int(a_info.shape[1 if trans_a else 0]), int(b_info.shape[0 if trans_b else 1]))
+    target = out[0] if out is not None else None
+    if target is not None and (target.shape != shape or target.dtype != dtype):
+        target = None
+    c_info = inputs[2] if len(inputs) > 2 else None
+    if c_info is None or beta == 0:
+        row_bias = True
+    else:
+        row_bias = beta == 1 and tuple(c_info.shape) in ((shape[1],), (1, shape[1])) and c_info.dtype == dtype
+    code, alpha, limit = activation_code(fused)
+    compiled = row_bias and dtype in COMPILED_DTYPES and (fused is None or code != NO_ACTIVATION)
+    constants = np.array([alpha, limit, 0.0], dtype)
+    no_bias = np.zeros(shape[1], dtype)
+
+    def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        a, b = arrays[0], arrays[1]
+        c = arrays[2] if len(arrays) > 2 and beta != 0 else None
+        y = np.empty(shape, dtype) if target is None else target
+        split_matmul(a.T if trans_a else a, b.T if trans_b else b, out=y)  # type: ignore[union-attr]
+        if compiled:
+            if c is not None or code != NO_ACTIVATION:
+                finish_rows(y, no_bias if c is None else c.reshape(-1), c is not None, code, constants)
+            return [y]
+        if c is not None:
+            y += c if beta == 1 else _scaled(c, beta)
+        apply_activation(y, fused)
+        return [y]
+
+    return call
+
+
+@cpu_kernel("Gemm", writes_out=True, prepare=_prepare_gemm)
 def gemm(
     node: Node, inputs: Sequence[np.ndarray | None], out: Out = None, workspace: np.ndarray | None = None
 ) -> list[np.ndarray]:

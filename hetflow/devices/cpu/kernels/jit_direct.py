@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numba
@@ -322,6 +323,29 @@ def conv2d(
 
     parallel_for(kernel_blocks, batch * shares, threads)
     return y
+
+
+def most_threads(batch: int, channels: int, kernels: int, geom: Geometry, blocks: int) -> int:
+    """The most threads ``conv2d`` (either variant's) splits this call over, whatever the kernel threads:
+    one per ``MIN_PRODUCTS_PER_THREAD`` computed products, at most one per image's kernel block."""
+    return max(1, min(computed_products(batch, channels, kernels, geom) // MIN_PRODUCTS_PER_THREAD, batch * blocks))
+
+
+def bind_one_part(
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]:
+    """``conv2d`` without a mask, on one thread, bound to X's shape and the scratch's first part:
+    ``run(x, wt, bias, y)`` (``wt`` blocked, ``bias`` float32) computes every image into ``y`` with its
+    arguments worked out once."""
+    layout = flat_layout(geom)
+    rows, columns = geom.axes
+    pads, width, offsets = (rows.pad_begin, columns.pad_begin), layout.width, layout.offset_array
+    batch, planes, products = int(x_shape[0]), buffers.planes[0], buffers.products[0]
+
+    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray) -> None:
+        _images(x, x, False, 0, batch, pads, width, offsets, wt, bias, relu, y, planes, products)
+
+    return run
 
 
 @numba.njit(nogil=True, cache=True)

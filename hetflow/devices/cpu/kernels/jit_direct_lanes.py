@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
 from types import ModuleType
 
 import numba
@@ -201,6 +202,27 @@ def conv2d(
 
     parallel_for(run, parts, threads)
     return y
+
+
+def bind_one_part(
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]:
+    """``jit_direct.bind_one_part`` for this variant: ``run(x, wt, bias, y)`` (``wt`` blocked by
+    ``BLOCK_KERNELS``), one thread, the scratch's first part, Y with C-contiguous images."""
+    layout = flat_layout(geom)
+    rows, columns = geom.axes
+    pads, width, offsets = (rows.pad_begin, columns.pad_begin), layout.width, layout.offset_array
+    positions = position_offsets(geom)
+    batch, planes = int(x_shape[0]), buffers.planes[0]
+    blocks = round_up(kernels, BLOCK_KERNELS) // BLOCK_KERNELS
+    columns_here = blocks * BLOCK_KERNELS
+    yt = buffers.products[0].reshape(-1)[: positions.size * columns_here].reshape(-1, columns_here)
+
+    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray) -> None:
+        _images(x, x, False, 0, batch, pads, width, positions, offsets, wt, 0, blocks, bias, relu,
+                y.reshape(batch, kernels, -1), planes, yt)  # fmt: skip
+
+    return run
 
 
 def direct_conv2d(

@@ -14,19 +14,22 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from hetflow.devices.base import BoundCall
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, output, scratch_bytes
 from hetflow.devices.cpu.kernels.conv import pad_into, padding_scratch
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
-from hetflow.devices.cpu.kernels.jit_pool import compiled_window, pool_2d
+from hetflow.devices.cpu.kernels.jit_pool import compiled_window, pool_2d, tile_loop, tiles_input
 from hetflow.devices.cpu.kernels.jit_pool import workspace_bytes as pool_workspace_bytes
 from hetflow.devices.cpu.table import cpu_kernel
-from hetflow.devices.cpu.threads import available_cores
+from hetflow.devices.cpu.threads import MIN_ELEMENTS_PER_THREAD, available_cores
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
 from hetflow.ops.pool import has_indices, pool_window
 from hetflow.ops.spatial import Geometry, geometry
 
 Workspace = np.ndarray | None
+#: The (unwritten) indices argument of a tiling loop run without Indices.
+_NO_INDICES = np.empty(0, np.int64)
 
 
 def _pool_workspace(node: Node, inputs: Sequence[TensorInfo | None]) -> int:
@@ -59,7 +62,43 @@ def _lowest(dtype: np.dtype) -> float | int:
     return -np.inf if dtype.kind == "f" else int(np.iinfo(dtype).min)
 
 
-@cpu_kernel("MaxPool", writes_out=True, workspace=_pool_workspace)
+def _prepare_pool(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: Workspace) -> BoundCall | None:
+    """A 2-D float pool without Indices bound to its shapes and buffers (``Kernel.prepare``): the
+    geometry and an average's reciprocal window counts are worked out once, and a max pool whose windows
+    tile X calls its compiled loop directly when one thread runs it."""
+    x_info = inputs[0]
+    if x_info is None or len(x_info.shape) != 4:
+        return None
+    dtype = np.dtype(x_info.dtype)
+    x_shape = tuple(int(d) for d in x_info.shape)
+    geo = geometry(pool_window(node.attrs), x_shape[2:])
+    is_max = node.op_type == "MaxPool"
+    if _compute_dtype(node, dtype) != dtype or geo.covers_input or not _compiled(node, geo, dtype):
+        return None
+    y_shape = (*x_shape[:2], *geo.out)
+    target = out[0] if out is not None else None
+    if target is not None and (target.shape != y_shape or target.dtype != dtype):
+        target = None
+    scale = None if is_max else _reciprocal_counts(geo, bool(node.attrs.count_include_pad), dtype)
+    planes, plane_elements = x_shape[0] * x_shape[1], geo.out[0] * geo.out[1]
+    one_thread = planes * plane_elements < 2 * MIN_ELEMENTS_PER_THREAD  # parallel_planes keeps it on one
+    tiles = is_max and tiles_input(geo) and one_thread and (target is None or target.flags.c_contiguous)
+    loop = tile_loop(geo.axes[0].kernel, geo.axes[1].kernel, record=False) if tiles else None
+    second = [None] if is_max else []
+
+    def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+        x = np.ascontiguousarray(arrays[0])
+        y = np.empty(y_shape, dtype) if target is None else target
+        if loop is not None:
+            loop(x, y, _NO_INDICES, 0, planes)
+        else:
+            pool_2d(x, y, geo, scale, workspace)
+        return [y, *second]
+
+    return call
+
+
+@cpu_kernel("MaxPool", writes_out=True, workspace=_pool_workspace, prepare=_prepare_pool)
 def max_pool(
     node: Node, inputs: Sequence[np.ndarray | None], out: Out = None, workspace: Workspace = None
 ) -> list[np.ndarray | None]:
@@ -120,7 +159,7 @@ def _flat_indices(best: np.ndarray, shape: Sequence[int], geo: Geometry, storage
     return flat
 
 
-@cpu_kernel("AveragePool", writes_out=True, workspace=_pool_workspace)
+@cpu_kernel("AveragePool", writes_out=True, workspace=_pool_workspace, prepare=_prepare_pool)
 def average_pool(
     node: Node, inputs: Sequence[np.ndarray | None], out: Out = None, workspace: Workspace = None
 ) -> list[np.ndarray]:

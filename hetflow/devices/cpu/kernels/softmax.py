@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
+import numba
 import numpy as np
 
+from hetflow.devices.base import BoundCall
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, output, scratch_bytes
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
@@ -13,7 +16,52 @@ from hetflow.ops.base import TensorInfo
 from hetflow.ops.softmax import normalised_axes
 
 
-@cpu_kernel("Softmax", writes_out=True, inplace=True)
+def _prepare_softmax(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: object) -> BoundCall | None:
+    """``softmax`` bound to a float32/float64 node whose rows are X's trailing axes (``Kernel.prepare``):
+    one compiled pass per row instead of five numpy passes (a classifier's 10 classes took 8 us)."""
+    x_info = inputs[0]
+    if x_info is None or x_info.dtype not in _ROW_DTYPES or not x_info.shape:
+        return None
+    shape, dtype = tuple(int(d) for d in x_info.shape), np.dtype(x_info.dtype)
+    axes = normalised_axes(shape, node.attrs)
+    if axes != tuple(range(axes[0], len(shape))) or math.prod(shape) == 0:
+        return None
+    rows = (math.prod(shape[: axes[0]]), math.prod(shape[axes[0]:]))
+    target = out[0] if out is not None else None
+    if target is not None and not (target.shape == shape and target.dtype == dtype and target.flags.c_contiguous):
+        target = None
+
+    def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        x = arrays[0]
+        y = np.empty(shape, dtype) if target is None else target
+        _softmax_rows(x.reshape(rows), y.reshape(rows))  # type: ignore[union-attr]
+        return [y]
+
+    return call
+
+
+_ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@numba.njit(nogil=True, cache=True)
+def _softmax_rows(x, y):  # noqa: ANN001, ANN202
+    """Softmax of each row of ``x`` into ``y`` (both 2-D; ``y`` may be ``x``). The row's maximum is
+    subtracted first (exp() <= 1); a NaN or an infinity in a row makes the row NaN, as numpy's does."""
+    for row in range(x.shape[0]):
+        top = x[row, 0]
+        for value in x[row]:
+            top = value if value > top else top
+        total = 0.0
+        for column in range(x.shape[1]):
+            e = np.exp(x[row, column] - top)
+            y[row, column] = e
+            total += e
+        scale = y.dtype.type(1.0 / total)
+        for column in range(x.shape[1]):
+            y[row, column] *= scale
+
+
+@cpu_kernel("Softmax", writes_out=True, inplace=True, prepare=_prepare_softmax)
 def softmax(
     node: Node, inputs: Sequence[np.ndarray | None], out: Out = None, workspace: np.ndarray | None = None
 ) -> list[np.ndarray]:
