@@ -90,6 +90,30 @@ def test_direct_conv_bound_splits_a_large_call_over_threads(monkeypatch):
     _check_bound(DIRECT, Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(pads=(2, 1, 2, 1))), [x, w, b], 1e-5)
 
 
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape"), [((1, 20, 12, 12), (50, 20, 5, 5)), ((1, 64, 6, 6), (40, 64, 3, 3))], ids=["flat", "lanes"]
+)
+def test_direct_conv_bound_shares_one_image_over_numba_threads(monkeypatch, x_shape, w_shape):
+    """One image on two threads: its kernel blocks are shared out in numba's pool, same result."""
+    from hetflow.devices.cpu.kernels import direct, jit_direct, jit_direct_lanes
+
+    monkeypatch.setattr(direct, "MIN_PRODUCTS_PER_NATIVE_SHARE", 1)
+    monkeypatch.setattr(direct, "available_cores", lambda: 2)
+    monkeypatch.setattr(direct, "intra_op_threads", lambda: 2)
+    shared = []
+    for module in (jit_direct, jit_direct_lanes):
+        original = module._split_blocks
+        monkeypatch.setattr(module, "_split_blocks", lambda shares, *rest, original=original: (
+            shared.append(shares), original(shares, *rest))[1])  # fmt: skip
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    b = rng.standard_normal(w_shape[0]).astype(np.float32)
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(pads=(1, 1, 1, 1), fused=RELU))
+    _check_bound(DIRECT, node, [x, w, b], rtol=1e-5)
+    assert shared == [2, 2]
+
+
 def test_direct_conv_does_not_bind_float16():
     node = Node("Conv", "conv", ["x", "w"], ["y"], ConvAttrs())
     infos = [TensorInfo((1, 2, 6, 6), np.dtype(np.float16)), TensorInfo((3, 2, 3, 3), np.dtype(np.float16))]

@@ -96,6 +96,14 @@ def _direct(
     return variant.conv2d(x, w, bias, geo, relu, y, wt=wt, buffers=buffers)
 
 
+#: Computed products per share from which a batch smaller than the threads has each image's kernel
+#: blocks shared out in numba's pool (``bind_block_split``). One image, 2 threads against one, one
+#: process: 20 -> 50 5x5 at 12x12 (2.7M) 35 -> 24 us, 32 -> 32 5x5 at 16x16 (7.4M) 139 -> 80 us, 32 ->
+#: 64 5x5 at 8x8 (3.3M, lanes) 47 -> 28 us, 3 -> 32 5x5 at 32x32 (2.6M) 45 -> 36 us; 64 -> 40 3x3 at 6x6
+#: (1.5M) 22 -> 23 us lost, 1 -> 20 5x5 at 28x28 (0.4M) 11 -> 10 us.
+MIN_PRODUCTS_PER_NATIVE_SHARE = 1_000_000
+
+
 def _prepare(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None) -> BoundCall | None:
     """``direct_fma`` bound to a float32 node's shapes and buffers (``Kernel.prepare``): the geometry,
     the variant, the scratch's parts and the epilogue are worked out here once; a call that fits one
@@ -119,6 +127,10 @@ def _prepare(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspac
     relu = fused is not None and fused.op_type == "Relu"
     after = None if relu else fused  # a fused activation the copy-out does not apply
     one_part = variant.bind_one_part(x_shape, kernels, geo, relu, buffers)
+    products_computed = variant.computed_products(y_shape[0], channels, kernels, geo)
+    # A batch smaller than the threads shares out each image's kernel blocks in numba's pool.
+    native_parts = min(parts, products_computed // MIN_PRODUCTS_PER_NATIVE_SHARE)
+    split = variant.bind_block_split(x_shape, kernels, geo, relu, buffers) if y_shape[0] < native_parts else None
     most = jit_direct.most_threads(y_shape[0], channels, kernels, geo, jit_direct.round_up(kernels, block) // block)
     target = out[0] if out is not None else None
     if target is not None and not (target.shape == y_shape and target.dtype == np.float32 and image_contiguous(target)):
@@ -131,7 +143,10 @@ def _prepare(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspac
         bias = no_bias if b is None else np.ascontiguousarray(b, np.float32)
         y = np.empty(y_shape, np.float32) if target is None else target
         wt = BLOCKED_WEIGHTS.get(w, block)
-        if most == 1 or intra_op_threads() == 1:
+        threads = intra_op_threads()
+        if split is not None and threads > y_shape[0]:
+            split(np.ascontiguousarray(x), wt, bias, y, min(threads, native_parts))
+        elif most == 1 or threads == 1:
             one_part(np.ascontiguousarray(x), wt, bias, y)
         else:
             variant.conv2d(np.ascontiguousarray(x), w, bias, geo, relu, y, wt=wt, buffers=buffers)

@@ -348,6 +348,40 @@ def bind_one_part(
     return run
 
 
+def bind_block_split(
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int], None]:
+    """``conv2d`` without a mask, each image's kernel blocks shared out over ``parts`` parts of
+    ``buffers`` and run by numba's threads (``_split_blocks``): ``run(x, wt, bias, y, parts)``. For a
+    batch smaller than the threads, where splitting images leaves threads idle."""
+    layout = flat_layout(geom)
+    rows, columns = geom.axes
+    pads, width, offsets = (rows.pad_begin, columns.pad_begin), layout.width, layout.offset_array
+    batch = int(x_shape[0])
+
+    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> None:
+        shares = max(1, min(parts, buffers.planes.shape[0]) // batch)
+        assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
+        _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, y, buffers.planes, buffers.products)
+
+    return run
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
+    """Every image's kernel blocks in ``shares`` shares, part p (image p // shares) padding into
+    ``planes[p]`` and multiplying into ``products[p]``, the parts run by numba's threads."""
+    blocks = wt.shape[0]
+    for part in numba.prange(x.shape[0] * shares):
+        image, share = part // shares, part % shares
+        first, last = blocks * share // shares, blocks * (share + 1) // shares
+        xp = planes[part]
+        pad_image(x, x, False, image, pads, width, xp)
+        yb = products[part][: (last - first) * KERNEL_BLOCK]
+        _multiply(xp, xp.shape[1], offsets, wt, first, last, yb.shape[1], yb)
+        _crop(yb, first * KERNEL_BLOCK, width, bias, relu, y[image])
+
+
 @numba.njit(nogil=True, cache=True)
 def _images(x, mask, masking, first, last, pads, width, offsets, wt, bias, relu, y, xp, yb):  # noqa: ANN001
     """Images ``first .. last - 1``: pad their planes into ``xp``, multiply every kernel block into ``yb``,

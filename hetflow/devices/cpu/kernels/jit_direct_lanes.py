@@ -225,6 +225,41 @@ def bind_one_part(
     return run
 
 
+def bind_block_split(
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int], None]:
+    """``jit_direct.bind_block_split`` for this variant: ``run(x, wt, bias, y, parts)``, each image's
+    kernel blocks shared out over ``parts`` parts of ``buffers``, run by numba's threads."""
+    layout = flat_layout(geom)
+    rows, columns = geom.axes
+    pads, width, offsets = (rows.pad_begin, columns.pad_begin), layout.width, layout.offset_array
+    positions = position_offsets(geom)
+    batch = int(x_shape[0])
+    products = buffers.products.reshape(buffers.products.shape[0], -1)
+
+    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> None:
+        shares = max(1, min(parts, buffers.planes.shape[0]) // batch)
+        assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
+        _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, y.reshape(batch, kernels, -1),
+                      buffers.planes, products)  # fmt: skip
+
+    return run
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
+    """Every image's kernel blocks in ``shares`` shares, part p (image p // shares) padding into
+    ``planes[p]`` and multiplying into ``products[p]`` (flat), the parts run by numba's threads."""
+    blocks = wt.shape[0]
+    for part in numba.prange(x.shape[0] * shares):
+        image, share = part // shares, part % shares
+        first, last = blocks * share // shares, blocks * (share + 1) // shares
+        columns_here = (last - first) * BLOCK_KERNELS
+        yt = products[part][: positions.shape[0] * columns_here].reshape((positions.shape[0], columns_here))
+        _images(x, x, False, image, image + 1, pads, width, positions, offsets, wt, first, last, bias, relu, y,
+                planes[part], yt)  # fmt: skip
+
+
 def direct_conv2d(
     x: np.ndarray,
     w: np.ndarray,
