@@ -165,6 +165,25 @@ def test_gemm_bound_matches_the_plain_call(attrs, a_shape, b_shape, c_shape, dty
     _check_bound(_kernel("Gemm"), node, [a, b, c])
 
 
+@pytest.mark.parametrize("trans_a", [0, 1])
+def test_gemm_bound_splits_one_row_over_numba_threads(monkeypatch, trans_a):
+    """A one-row product (a classifier at batch 1) is split by columns in numba's pool (where numba
+    reaches numpy's CBLAS; else BLAS runs it whole)."""
+    from hetflow.devices.cpu.kernels import gemm, jit_gemm
+
+    monkeypatch.setattr(gemm, "available_cores", lambda: 2)
+    monkeypatch.setattr(gemm, "intra_op_threads", lambda: 2)
+    parts = []
+    original = jit_gemm.split_product
+    monkeypatch.setattr(jit_gemm, "split_product", lambda a, b, out, n: parts.append(n) or original(a, b, out, n))
+    rng = np.random.default_rng(14)
+    a = rng.standard_normal((800, 1) if trans_a else (1, 800)).astype(np.float32)
+    b, c = rng.standard_normal((500, 800)).astype(np.float32), rng.standard_normal(500).astype(np.float32)
+    node = Node("Gemm", "fc1", ["a", "b", "c"], ["y"], GemmAttrs(transA=trans_a, transB=1, fused=RELU))
+    _check_bound(_kernel("Gemm"), node, [a, b, c], rtol=1e-5)
+    assert parts == ([2, 2] if jit_gemm.available() else [])
+
+
 def test_gemm_does_not_bind_alpha_or_integers():
     infos = [TensorInfo((2, 3), np.dtype(np.float32)), TensorInfo((3, 4), np.dtype(np.float32))]
     assert _kernel("Gemm").prepare(Node("Gemm", "fc", ["a", "b"], ["y"], GemmAttrs(alpha=2.0)), infos, None, None) is None
