@@ -94,12 +94,13 @@ def test_direct_conv_bound_splits_a_large_call_over_threads(monkeypatch):
     ("x_shape", "w_shape"), [((1, 20, 12, 12), (50, 20, 5, 5)), ((1, 64, 6, 6), (40, 64, 3, 3))], ids=["flat", "lanes"]
 )
 def test_direct_conv_bound_shares_one_image_over_numba_threads(monkeypatch, x_shape, w_shape):
-    """One image on two threads: its kernel blocks are shared out in numba's pool, same result."""
+    """One image on two threads of numba's pool: its kernel blocks are shared out there, same result."""
     from hetflow.devices.cpu.kernels import direct, jit_direct, jit_direct_lanes
 
     monkeypatch.setattr(direct, "MIN_PRODUCTS_PER_NATIVE_SHARE", 1)
     monkeypatch.setattr(direct, "available_cores", lambda: 2)
     monkeypatch.setattr(direct, "intra_op_threads", lambda: 2)
+    monkeypatch.setattr(direct, "in_numba_pool", lambda: True)
     shared = []
     for module in (jit_direct, jit_direct_lanes):
         original = module._split_blocks
@@ -163,25 +164,6 @@ def test_gemm_bound_matches_the_plain_call(attrs, a_shape, b_shape, c_shape, dty
     c = None if c_shape is None else rng.standard_normal(c_shape).astype(dtype)
     node = Node("Gemm", "fc", ["a", "b", "c" if c is not None else ""], ["y"], attrs)
     _check_bound(_kernel("Gemm"), node, [a, b, c])
-
-
-@pytest.mark.parametrize("trans_a", [0, 1])
-def test_gemm_bound_splits_one_row_over_numba_threads(monkeypatch, trans_a):
-    """A one-row product (a classifier at batch 1) is split by columns in numba's pool (where numba
-    reaches numpy's CBLAS; else BLAS runs it whole)."""
-    from hetflow.devices.cpu.kernels import gemm, jit_gemm
-
-    monkeypatch.setattr(gemm, "available_cores", lambda: 2)
-    monkeypatch.setattr(gemm, "intra_op_threads", lambda: 2)
-    parts = []
-    original = jit_gemm.split_product
-    monkeypatch.setattr(jit_gemm, "split_product", lambda a, b, out, n: parts.append(n) or original(a, b, out, n))
-    rng = np.random.default_rng(14)
-    a = rng.standard_normal((800, 1) if trans_a else (1, 800)).astype(np.float32)
-    b, c = rng.standard_normal((500, 800)).astype(np.float32), rng.standard_normal(500).astype(np.float32)
-    node = Node("Gemm", "fc1", ["a", "b", "c"], ["y"], GemmAttrs(transA=trans_a, transB=1, fused=RELU))
-    _check_bound(_kernel("Gemm"), node, [a, b, c], rtol=1e-5)
-    assert parts == ([2, 2] if jit_gemm.available() else [])
 
 
 def test_gemm_does_not_bind_alpha_or_integers():

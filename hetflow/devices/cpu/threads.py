@@ -99,6 +99,15 @@ NUMBA_POOL = os.environ.get("HETFLOW_NUMBA_POOL", "0") == "1"
 _held = threading.local()
 
 
+def in_numba_pool() -> bool:
+    """Whether the running call splits in numba's pool (``own_threads(numba_pool=True)``, with BLAS at
+    one thread). Splits in that pool are only safe then: its regions give each thread fixed items, so an
+    item whose thread is off its core (OpenBLAS's spinning workers on it, another process) holds up
+    the call. mentee at batch 1 with OpenBLAS at two threads and a busy second core: 0.5 -> 76 ms
+    median."""
+    return _numba_pool
+
+
 def intra_op_threads() -> int:
     """How many threads a kernel may split its own work over: the session's count (as ``own_threads``
     set it, or as BLAS holds it)."""

@@ -25,7 +25,7 @@ from hetflow.devices.cpu.kernels.buffers import Out, Scratch, aligned, image_con
 from hetflow.devices.cpu.kernels.conv import FINISHING, conv_kernel, target_y, window_of
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.kernels.weight_cache import WeightCache
-from hetflow.devices.cpu.threads import available_cores, intra_op_threads
+from hetflow.devices.cpu.threads import available_cores, in_numba_pool, intra_op_threads
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
 from hetflow.ops.conv import DIRECT_FMA, conv_window, direct_unsupported
@@ -96,8 +96,8 @@ def _direct(
     return variant.conv2d(x, w, bias, geo, relu, y, wt=wt, buffers=buffers)
 
 
-#: Computed products per share from which a batch smaller than the threads has each image's kernel
-#: blocks shared out in numba's pool (``bind_block_split``). One image, 2 threads against one, one
+#: Computed products per share from which, in numba's pool (``in_numba_pool``), a batch smaller than
+#: the threads has each image's kernel blocks shared out there (``bind_block_split``). One image, 2 threads against one, one
 #: process: 20 -> 50 5x5 at 12x12 (2.7M) 35 -> 24 us, 32 -> 32 5x5 at 16x16 (7.4M) 139 -> 80 us, 32 ->
 #: 64 5x5 at 8x8 (3.3M, lanes) 47 -> 28 us, 3 -> 32 5x5 at 32x32 (2.6M) 45 -> 36 us; 64 -> 40 3x3 at 6x6
 #: (1.5M) 22 -> 23 us lost, 1 -> 20 5x5 at 28x28 (0.4M) 11 -> 10 us.
@@ -128,7 +128,7 @@ def _prepare(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspac
     after = None if relu else fused  # a fused activation the copy-out does not apply
     one_part = variant.bind_one_part(x_shape, kernels, geo, relu, buffers)
     products_computed = variant.computed_products(y_shape[0], channels, kernels, geo)
-    # A batch smaller than the threads shares out each image's kernel blocks in numba's pool.
+    # In numba's pool, a batch smaller than the threads shares out each image's kernel blocks.
     native_parts = min(parts, products_computed // MIN_PRODUCTS_PER_NATIVE_SHARE)
     split = variant.bind_block_split(x_shape, kernels, geo, relu, buffers) if y_shape[0] < native_parts else None
     most = jit_direct.most_threads(y_shape[0], channels, kernels, geo, jit_direct.round_up(kernels, block) // block)
@@ -144,7 +144,7 @@ def _prepare(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspac
         y = np.empty(y_shape, np.float32) if target is None else target
         wt = BLOCKED_WEIGHTS.get(w, block)
         threads = intra_op_threads()
-        if split is not None and threads > y_shape[0]:
+        if split is not None and threads > y_shape[0] and in_numba_pool():
             split(np.ascontiguousarray(x), wt, bias, y, min(threads, native_parts))
         elif most == 1 or threads == 1:
             one_part(np.ascontiguousarray(x), wt, bias, y)

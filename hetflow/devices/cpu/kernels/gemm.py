@@ -7,7 +7,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from hetflow.devices.base import BoundCall
-from hetflow.devices.cpu.kernels import jit_gemm
 from hetflow.devices.cpu.kernels.buffers import Out, deliver, output
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.kernels.jit_epilogue import (
@@ -17,12 +16,7 @@ from hetflow.devices.cpu.kernels.jit_epilogue import (
     finish_rows,
 )
 from hetflow.devices.cpu.table import cpu_kernel
-from hetflow.devices.cpu.threads import (
-    MIN_MACS_PER_NATIVE_SPLIT,
-    available_cores,
-    intra_op_threads,
-    split_matmul,
-)
+from hetflow.devices.cpu.threads import split_matmul
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
 
@@ -51,21 +45,12 @@ def _prepare_gemm(node: Node, inputs: Sequence[TensorInfo | None], out: Out, wor
     compiled = row_bias and dtype in COMPILED_DTYPES and (fused is None or code != NO_ACTIVATION)
     constants = np.array([alpha, limit, 0.0], dtype)
     no_bias = np.zeros(shape[1], dtype)
-    # One row (a classifier at batch 1) is a GEMV, which BLAS runs on one thread: its columns are split
-    # in numba's pool instead (1x800x500, LeNet's fc1: 24 -> 16 us on two threads).
-    depth = int(a_info.shape[0 if trans_a else 1])
-    vector_parts = min(available_cores(), shape[1] // 16) if shape[0] == 1 else 1
-    if depth * shape[1] < MIN_MACS_PER_NATIVE_SPLIT or not jit_gemm.available():
-        vector_parts = 1
 
     def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         a, b = arrays[0], arrays[1]
         c = arrays[2] if len(arrays) > 2 and beta != 0 else None
         y = np.empty(shape, dtype) if target is None else target
-        a, b = a.T if trans_a else a, b.T if trans_b else b  # type: ignore[union-attr]
-        parts = min(vector_parts, intra_op_threads()) if vector_parts > 1 else 1
-        if parts == 1 or not jit_gemm.split_product(a, b, y, parts):
-            split_matmul(a, b, out=y)
+        split_matmul(a.T if trans_a else a, b.T if trans_b else b, out=y)  # type: ignore[union-attr]
         if compiled:
             if c is not None or code != NO_ACTIVATION:
                 finish_rows(y, no_bias if c is None else c.reshape(-1), c is not None, code, constants)
