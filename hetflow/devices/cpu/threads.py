@@ -251,6 +251,9 @@ def parallel_planes(body: Callable[[int, int], None], planes: int, elements_per_
     (``intra_op_threads``), with no more threads than ranges of at least ``MIN_ELEMENTS_PER_THREAD``
     output elements (for the compiled per-plane kernels, which release the GIL)."""
     threads = max(1, min(intra_op_threads(), planes, planes * elements_per_plane // MIN_ELEMENTS_PER_THREAD))
+    if threads == 1:
+        body(0, planes)  # NOTE: without parallel_for's closures: ~1 us, a fifth of a small pool's loop
+        return
     bounds = [planes * part // threads for part in range(threads + 1)]  # NOTE: np.linspace costs ~30 us
     parallel_for(lambda part: body(bounds[part], bounds[part + 1]), threads, threads)
 
