@@ -23,7 +23,23 @@ The training MaxPool's Indices forward uses the same loop (``jit_backward``). 2x
 of their own whose rows vectorise (``_rows_2x2``: each column's winner, then the pair's): one core,
 batch 128, 32x32x32 with Indices 8.5 -> 1.6 ms, without 6.4 -> 0.9 ms.
 
-Like ``jit_depthwise``, the compiled loop releases the GIL and the planes are split over the CPU's
+float32 pools with column stride 1 or 2 (every pool in the zoo) now run
+``jit_pool_lanes`` instead: 16-lane vectors of outputs in LLVM IR, each window tap a masked load
+straight from X, no phase planes. On small maps the phase planes' copy (a strided gather that ran
+scalar) was half the time, and their rows were too short for numba's vector loops. Measured on one core
+inside ``blas_threads(1)`` (as a run holds it), the minimum of up to 5000 calls, commit 8b53ca3 and this
+tree each in its own process on the same VM, ``pool_2d`` / its compiled loop: cifar10-quick at batch 1,
+3x3/2 max on 32x32x32 43.6 / 32.1 -> 11.3 / 7.8 us, 3x3/2 average on 32x16x16 22.8 / 11.9 -> 6.4 / 3.0,
+on 64x8x8 21.8 / 11.2 -> 5.3 / 2.2 (part of it Python: ``pool_2d`` calls the loop itself when one
+thread is enough, and ``buffers.flat_images`` no longer builds an as_strided view of a contiguous Y,
+~4 us); ``pool_2d`` on larger maps: 3x3/2 max on 192x56x56 498 -> 169 us, 3x3/1 max on 480x28x28 745
+-> 264, 3x3/1 average on 256x28x28 276 -> 134, 3x3/2 max on 64x112x112 621 -> 203, 3x3/1 max on
+1024x7x7 204 -> 61, 3x3/1 average on 576x14x14 193 -> 84, 2x2/2 max on 832x14x14 (a tiling loop
+before) 182 -> 40. At two threads: 192x56x56 363 -> 157 us, 480x28x28 465 -> 203. 2x2 max windows over
+rows of 16 outputs or more keep the tiling loop (``runs_tiles``); float64 and other column strides keep
+the phase planes.
+
+Like ``jit_depthwise``, the compiled loops release the GIL and the planes are split over the CPU's
 kernel threads.
 """
 
@@ -84,16 +100,16 @@ def pool_2d(
 
 def runs_tiles(geo: Geometry, dtype: np.dtype) -> bool:
     """Whether ``pool_2d`` runs a max pool over ``geo`` (into a C-contiguous Y) by the tiling loop
-    (``tile_loop``): windows that tile X, and ``jit_pool_lanes`` does not run them or they are 2x2 over
-    rows of ``VECTOR_ROW_2X2`` outputs or more, which ``_rows_2x2`` streams through once in order. One
-    core, 2x2/2 on [N, C, H, W], tiles -> lanes: 1x832x14x14 182 -> 41 us, 1x512x28x28 459 -> 135,
-    128x128x8x8 1.21 -> 0.31 ms, 1x50x8x8 7.3 -> 6.2 us; but 32x32x32x32 205 -> 253 us and 128x32x32x32
-    0.81 -> 1.01 ms (out of the caches), 1x64x224x224 0.65 ms either way."""
-    if not tiles_input(geo):
-        return False
+    (``tile_loop``): windows that tile X, which ``jit_pool_lanes`` does not run or which are 2x2 over
+    rows of ``VECTOR_ROW_2X2`` outputs or more, those ``_rows_2x2`` streams through once in order. One
+    core, 2x2/2 on [N, C, H, W], tiles -> lanes: 1x832x14x14 182 -> 40 us, 1x512x28x28 445 -> 88,
+    1x20x24x24 16.8 -> 7.4, 1x50x8x8 7.3 -> 5.3, 128x128x8x8 1.21 -> 0.32 ms; but 32x32x32x32 205 -> 250 us
+    and 128x32x32x32 0.81 -> 1.0 ms (out of the caches), 1x64x224x224 0.65 ms either way."""
     rows, cols = geo.axes
-    long_rows_2x2 = (rows.kernel, cols.kernel) == (2, 2) and cols.out >= VECTOR_ROW_2X2
-    return long_rows_2x2 or not jit_pool_lanes.applies(geo, dtype)
+    short_rows = (rows.kernel, cols.kernel) != (2, 2) or cols.out < VECTOR_ROW_2X2
+    if short_rows and jit_pool_lanes.applies(geo, dtype):
+        return False
+    return tiles_input(geo)
 
 
 def _window(geo: Geometry) -> tuple[int, ...]:
