@@ -141,3 +141,11 @@ def test_two_by_two_windows_over_long_rows_keep_the_tiling_loop(monkeypatch):
     y, expected = _pool(x[..., :14, :14].copy(), short_rows, "MaxPool")
     assert len(calls) == 1
     np.testing.assert_array_equal(y, expected)
+
+
+def test_the_vector_loop_refuses_arrays_other_than_float32():
+    from numba.core.errors import TypingError
+
+    x, y, scale = np.zeros((1, 2, 8, 8)), np.zeros(32), np.ones((1, 1))  # float64: its IR reads float32
+    with pytest.raises(TypingError):
+        jit_pool_lanes.vector_planes(x, y, 32, 4, 4, 0, 2, 3, 3, 2, 2, 1, 1, 0, 0, True, scale)

@@ -34,6 +34,7 @@ import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
+from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
@@ -153,6 +154,9 @@ def _window_vectors(
     arguments = (x, x_start, planes, plane_step, top, row_step, segments, height, width, first_tap, last_tap,
                  kw, dh, dw, col_start, y, y_start, y_plane, y_row, count, scale, scale_start, rows, stride,
                  is_max)  # fmt: skip
+    for array in (x, y, scale):  # the IR reads and writes floats through their data pointers
+        if not (isinstance(array, types.Array) and array.dtype == types.float32 and array.ndim == 1):
+            raise TypingError(f"_window_vectors takes flat float32 arrays, not {array}")
     signature = types.void(*arguments)
 
     def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
