@@ -409,12 +409,14 @@ def _geometry(node: Node, graph: Graph) -> Any:
 
 
 def _tiling_max_pool(node: Node, graph: Graph) -> bool:
-    """Whether a MaxPool's windows tile its input (``jit_pool.tiles_input``) and no Indices are asked."""
-    from hetflow.devices.cpu.kernels.jit_pool import tiles_input
+    """Whether a MaxPool runs the loop for windows that tile its input (``jit_pool.runs_tiles``) and no
+    Indices are asked."""
+    from hetflow.devices.cpu.kernels.jit_pool import runs_tiles
 
     geo = _geometry(node, graph)
     wants_indices = len(node.outputs) > 1 and bool(node.outputs[1])
-    return geo is not None and len(geo.axes) == 2 and not wants_indices and tiles_input(geo)
+    x = graph.values[node.inputs[0]]
+    return geo is not None and len(geo.axes) == 2 and not wants_indices and runs_tiles(geo, np.dtype(x.dtype))
 
 
 def _whole_map(node: Node, graph: Graph) -> bool:

@@ -122,15 +122,19 @@ def test_integer_pools_and_indices_keep_the_numpy_loop():
     np.testing.assert_array_equal(y, windows.max(axis=(-1, -2)))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])  # the lanes' loop, the phase planes'
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
-def test_two_threads_split_the_planes_and_agree_with_one(monkeypatch, op_type):
-    from hetflow.devices.cpu.kernels import jit_pool
+def test_two_threads_split_the_planes_and_agree_with_one(monkeypatch, op_type, dtype):
+    from hetflow.devices.cpu.kernels import jit_pool, jit_pool_lanes
     from hetflow.devices.cpu.threads import BLAS
     from tests.helpers import record_splits
 
-    x = RNG.standard_normal((3, 7, 12, 12)).astype(np.float32)
+    # NOTE: the float64 cases draw from a generator of their own, leaving the module's stream (and so
+    # the inputs of the tests after this one) as it was.
+    source = RNG if dtype == np.float32 else np.random.default_rng(5)
+    x = source.standard_normal((3, 7, 12, 12)).astype(dtype)
     attrs = {"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}
-    splits = record_splits(monkeypatch, jit_pool)
+    splits = record_splits(monkeypatch, jit_pool_lanes if dtype == np.float32 else jit_pool)
     previous = BLAS.get()
     try:
         BLAS.set(1)
@@ -195,19 +199,21 @@ def test_windows_that_miss_part_of_the_input_are_not_a_reduction():
     np.testing.assert_array_equal(y, x[:, :, :3, :3].max(axis=(2, 3), keepdims=True))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
-def test_the_phase_planes_come_from_the_workspace(op_type):
+def test_the_phase_planes_come_from_the_workspace(op_type, dtype):
     import tracemalloc
 
-    # cifar10-quick's pool1 (3x3/2 on 32x32x32, phases ~165 KB per part) at batch 8.
-    x = RNG.standard_normal((8, 32, 32, 32)).astype(np.float32)
+    # cifar10-quick's pool1 (3x3/2 on 32x32x32, float64 phases ~330 KB per part) at batch 8; in float32
+    # the lanes' loop runs it, reading X where it lies: no workspace, and nothing allocated either.
+    x = RNG.standard_normal((8, 32, 32, 32)).astype(dtype)
     attrs = {"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}
     node = Node(op_type, "pool", ["x"], ["y"], registry.get(op_type).Attrs(**attrs))
     (kernel,) = CPU.kernels.candidates(node, [TensorInfo(x.shape, x.dtype)])
     nbytes = kernel.workspace(node, [TensorInfo(x.shape, x.dtype)])
-    assert nbytes > 100_000
+    assert nbytes > 100_000 if dtype == np.float64 else nbytes == 0
     workspace = np.full(nbytes, 0xFF, np.uint8)
-    y = np.empty((8, 32, 16, 16), np.float32)
+    y = np.empty((8, 32, 16, 16), dtype)
     kernel.fn(node, [x], [y], workspace)  # warm
     tracemalloc.start()
     try:
@@ -227,13 +233,14 @@ def test_a_workspace_of_one_part_still_serves_two_threads():
     from hetflow.devices.cpu.kernels import jit_pool
     from hetflow.devices.cpu.threads import BLAS
 
-    x = RNG.standard_normal((3, 7, 12, 12)).astype(np.float32)
+    x = RNG.standard_normal((3, 7, 12, 12))  # float64: the phase planes (float32 takes no workspace)
     geo = geometry(pool_window(registry.get("MaxPool").Attrs(kernel_shape=(3, 3), pads=(1, 1, 1, 1))), (12, 12))
-    one_part = np.full(jit_pool.workspace_bytes(geo, np.dtype(np.float32), 1), 0xFF, np.uint8)
+    one_part = np.full(jit_pool.workspace_bytes(geo, x.dtype, 1), 0xFF, np.uint8)
+    assert one_part.size
     previous = BLAS.get()
     try:
         BLAS.set(2)
-        y = np.empty((3, 7, 12, 12), np.float32)
+        y = np.empty((3, 7, 12, 12))
         jit_pool.pool_2d(x, y, geo, None, one_part)
     finally:
         if previous is not None:

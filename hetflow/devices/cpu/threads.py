@@ -259,7 +259,10 @@ def parallel_planes(body: Callable[[int, int], None], planes: int, elements_per_
     """Run ``body(first, last)`` over contiguous ranges of ``planes`` output planes, one range per thread
     (``intra_op_threads``), with no more threads than ranges of at least ``MIN_ELEMENTS_PER_THREAD``
     output elements (for the compiled per-plane kernels, which release the GIL)."""
-    threads = max(1, min(intra_op_threads(), planes, planes * elements_per_plane // MIN_ELEMENTS_PER_THREAD))
+    threads = _ranges(planes, elements_per_plane, MIN_ELEMENTS_PER_THREAD)
+    if threads == 1:
+        body(0, planes)  # NOTE: without parallel_for's closures: ~1 us, a fifth of a small pool's loop
+        return
     bounds = [planes * part // threads for part in range(threads + 1)]  # NOTE: np.linspace costs ~30 us
     parallel_for(lambda part: body(bounds[part], bounds[part + 1]), threads, threads)
 
@@ -290,7 +293,20 @@ def plane_parts(planes: int, elements_per_plane: int) -> int:
     """How many contiguous ranges of ``planes`` output planes a compiled kernel's parallel driver (a
     numba ``prange`` over the ranges) splits them into: one per kernel thread (``intra_op_threads``),
     with no range under ``MIN_ELEMENTS_PER_PART`` output elements. 1 means: call the loop directly."""
-    return max(1, min(intra_op_threads(), planes, planes * elements_per_plane // MIN_ELEMENTS_PER_PART))
+    return _ranges(planes, elements_per_plane, MIN_ELEMENTS_PER_PART)
+
+
+def split_ranges(planes: int, elements_per_plane: int) -> int:
+    """How many ranges ``split_planes`` runs ``planes`` output planes in: 1 means the caller may run its
+    loop over them all itself (a small kernel's closures for ``split_planes`` cost ~1 us)."""
+    minimum = MIN_ELEMENTS_PER_PART if _numba_pool else MIN_ELEMENTS_PER_THREAD
+    return _ranges(planes, elements_per_plane, minimum)
+
+
+def _ranges(planes: int, elements_per_plane: int, minimum: int) -> int:
+    """One range of planes per kernel thread (``intra_op_threads``), none under ``minimum`` output
+    elements, at least one."""
+    return max(1, min(intra_op_threads(), planes, planes * elements_per_plane // minimum))
 
 
 class _Shared:

@@ -23,7 +23,23 @@ The training MaxPool's Indices forward uses the same loop (``jit_backward``). 2x
 of their own whose rows vectorise (``_rows_2x2``: each column's winner, then the pair's): one core,
 batch 128, 32x32x32 with Indices 8.5 -> 1.6 ms, without 6.4 -> 0.9 ms.
 
-Like ``jit_depthwise``, the compiled loop releases the GIL and the planes are split over the CPU's
+float32 pools with column stride 1 or 2 (every pool in the zoo) now run
+``jit_pool_lanes`` instead: 16-lane vectors of outputs in LLVM IR, each window tap a masked load
+straight from X, no phase planes. On small maps the phase planes' copy (a strided gather that ran
+scalar) was half the time, and their rows were too short for numba's vector loops. Measured on one core
+inside ``blas_threads(1)`` (as a run holds it), the minimum of up to 5000 calls, commit 8b53ca3 and this
+tree each in its own process on the same VM, ``pool_2d`` / its compiled loop: cifar10-quick at batch 1,
+3x3/2 max on 32x32x32 43.6 / 32.1 -> 11.3 / 7.8 us, 3x3/2 average on 32x16x16 22.8 / 11.9 -> 6.4 / 3.0,
+on 64x8x8 21.8 / 11.2 -> 5.3 / 2.2 (part of it Python: ``pool_2d`` calls the loop itself when one
+thread is enough, and ``buffers.flat_images`` no longer builds an as_strided view of a contiguous Y,
+~4 us); ``pool_2d`` on larger maps: 3x3/2 max on 192x56x56 498 -> 169 us, 3x3/1 max on 480x28x28 745
+-> 264, 3x3/1 average on 256x28x28 276 -> 134, 3x3/2 max on 64x112x112 621 -> 203, 3x3/1 max on
+1024x7x7 204 -> 61, 3x3/1 average on 576x14x14 193 -> 84, 2x2/2 max on 832x14x14 (a tiling loop
+before) 182 -> 40. At two threads: 192x56x56 363 -> 157 us, 480x28x28 465 -> 203. 2x2 max windows over
+rows of 16 outputs or more keep the tiling loop (``runs_tiles``); float64 and other column strides keep
+the phase planes.
+
+Like ``jit_depthwise``, the compiled loops release the GIL and the planes are split over the CPU's
 kernel threads.
 """
 
@@ -35,6 +51,7 @@ from collections.abc import Callable
 import numba
 import numpy as np
 
+from hetflow.devices.cpu.kernels import jit_pool_lanes
 from hetflow.devices.cpu.kernels.buffers import aligned, flat_target
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.jit_phases import BLOCK_ELEMENTS, fill_phases, layout, tap_start
@@ -61,25 +78,67 @@ def pool_2d(
     ``scale`` None: the maximum (padding never wins; NaN propagates, as with np.maximum). Otherwise the
     sum times ``scale`` ``[OH, OW]`` (the reciprocal window counts: an average), padding adding zero.
     ``workspace``: bytes for the phase planes (``workspace_bytes``); without it, or where it holds fewer
-    parts than run at once, they are allocated per call.
+    parts than run at once, they are allocated per call. float32 with column stride 1 or 2 runs
+    ``jit_pool_lanes`` (no scratch); max pools whose windows tile X the tiling loop; the rest the phase
+    planes.
     """
     if y.size == 0:
         return
-    rows, cols = geo.axes
     is_max = scale is None
-    if is_max and tiles_input(geo) and y.flags.c_contiguous:
-        loop = tile_loop(rows.kernel, cols.kernel, record=False)
-        # NOTE: on the Python pool even in numba-pool mode: the loop is compiled per window, and a
-        # prange driver would have to take it as an argument.
-        parallel_planes(
-            lambda first, last: loop(x, y, _NO_INDICES, first, last), y.shape[0] * y.shape[1], rows.out * cols.out
-        )
+    if is_max and y.flags.c_contiguous and runs_tiles(geo, x.dtype):
+        _pool_tiles(x, y, geo)
         return
     weights = _UNUSED_SCALE[x.dtype] if is_max else np.ascontiguousarray(scale, x.dtype)
-    window = (rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation, cols.dilation)
-    pads = (rows.pad_begin, cols.pad_begin)
     target, flat_y, image_stride = flat_target(y)
+    if jit_pool_lanes.applies(geo, x.dtype):
+        jit_pool_lanes.pool(x, flat_y, image_stride, geo.out, _window(geo), is_max, weights)
+    else:
+        _pool_phases(x, flat_y, image_stride, geo, is_max, weights, workspace)
+    if target is not y:
+        np.copyto(y, target)
+
+
+def runs_tiles(geo: Geometry, dtype: np.dtype) -> bool:
+    """Whether ``pool_2d`` runs a max pool over ``geo`` (into a C-contiguous Y) by the tiling loop
+    (``tile_loop``): windows that tile X, which ``jit_pool_lanes`` does not run or which are 2x2 over
+    rows of ``VECTOR_ROW_2X2`` outputs or more, those ``_rows_2x2`` streams through once in order. One
+    core, 2x2/2 on [N, C, H, W], tiles -> lanes: 1x832x14x14 182 -> 40 us, 1x512x28x28 445 -> 88,
+    1x20x24x24 16.8 -> 7.4, 1x50x8x8 7.3 -> 5.3, 128x128x8x8 1.21 -> 0.32 ms; but 32x32x32x32 205 -> 250 us
+    and 128x32x32x32 0.81 -> 1.0 ms (out of the caches), 1x64x224x224 0.65 ms either way."""
+    rows, cols = geo.axes
+    short_rows = (rows.kernel, cols.kernel) != (2, 2) or cols.out < VECTOR_ROW_2X2
+    if short_rows and jit_pool_lanes.applies(geo, dtype):
+        return False
+    return tiles_input(geo)
+
+
+def _window(geo: Geometry) -> tuple[int, ...]:
+    """The compiled loops' window arguments: kh, kw, sh, sw, dh, dw, pad_top, pad_left."""
+    rows, cols = geo.axes
+    return (rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation, cols.dilation,
+            rows.pad_begin, cols.pad_begin)  # fmt: skip
+
+
+def _pool_tiles(x: np.ndarray, y: np.ndarray, geo: Geometry) -> None:
+    """A max pool whose windows tile X (``tile_loop``) into the C-contiguous ``y``."""
+    rows, cols = geo.axes
+    loop = tile_loop(rows.kernel, cols.kernel, record=False)
+    # NOTE: on the Python pool even in numba-pool mode: the loop is compiled per window, and a prange
+    # driver would have to take it as an argument.
+    parallel_planes(
+        lambda first, last: loop(x, y, _NO_INDICES, first, last), y.shape[0] * y.shape[1], rows.out * cols.out
+    )
+
+
+def _pool_phases(
+    x: np.ndarray, flat_y: np.ndarray, image_stride: int, geo: Geometry, is_max: bool, weights: np.ndarray,
+    workspace: np.ndarray | None,
+) -> None:  # fmt: skip
+    """The pool by the phase planes' loop (``_planes``) into the flat Y ``flat_y``, its scratch from
+    ``workspace``."""
+    rows, cols = geo.axes
     out = (image_stride, rows.out, cols.out)
+    window = _window(geo)
     parts = _part_buffers(workspace, part_elements(geo), x.dtype)
     free = list(parts)
 
@@ -90,17 +149,15 @@ def pool_2d(
         except IndexError:  # more ranges at once than parts (a smaller workspace than the cores)
             buffer = np.empty(parts.shape[1], x.dtype)
         try:
-            _planes(x, flat_y, *out, first, last, *window, *pads, is_max, weights, buffer)
+            _planes(x, flat_y, *out, first, last, *window, is_max, weights, buffer)
         finally:
             free.append(buffer)
 
     split_planes(
         planes,
-        lambda count: _split(min(count, len(parts)), x, flat_y, *out, *window, *pads, is_max, weights, parts),
-        y.shape[0] * y.shape[1], rows.out * cols.out,
+        lambda count: _split(min(count, len(parts)), x, flat_y, *out, *window, is_max, weights, parts),
+        x.shape[0] * x.shape[1], rows.out * cols.out,
     )  # fmt: skip
-    if target is not y:
-        np.copyto(y, target)
 
 
 def part_elements(geo: Geometry) -> int:
@@ -114,9 +171,11 @@ def part_elements(geo: Geometry) -> int:
 
 
 def workspace_bytes(geo: Geometry, dtype: np.dtype, parts: int) -> int:
-    """The scratch ``pool_2d`` takes for ``parts`` ranges of planes run at once (0 where the windows
-    tile X: that loop needs none)."""
-    return 0 if tiles_input(geo) else aligned(parts * part_elements(geo) * np.dtype(dtype).itemsize)
+    """The scratch ``pool_2d`` takes for ``parts`` ranges of planes run at once (0 where
+    ``jit_pool_lanes`` runs it or the windows tile X: those loops need none)."""
+    if jit_pool_lanes.applies(geo, dtype) or tiles_input(geo):
+        return 0
+    return aligned(parts * part_elements(geo) * np.dtype(dtype).itemsize)
 
 
 def _part_buffers(workspace: np.ndarray | None, elements: int, dtype: np.dtype) -> np.ndarray:

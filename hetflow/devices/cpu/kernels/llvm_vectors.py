@@ -93,3 +93,73 @@ def store_accumulators(
             if add:
                 total = builder.fadd(builder.load(pointer, align=4), total)
             builder.store(total, pointer, align=4)
+
+
+# Masked lanes (the pools' kernel, ``jit_pool_lanes``): vectors of any length n (<n x float>), whose lanes
+# outside a row or a map are never read or written. LLVM splits a vector longer than a register.
+
+INT32 = ir.IntType(32)
+
+
+def float_vector(count: int, value: float) -> ir.Constant:
+    """``count`` lanes of the float ``value``."""
+    return ir.Constant(ir.VectorType(FLOAT, count), [value] * count)
+
+
+def lanes_inside(builder: ir.IRBuilder, start: ir.Value, count: int, limit: ir.Value) -> ir.Value:
+    """The ``count``-lane mask of ``0 <= start + lane < limit`` (``start`` and ``limit`` int64, within
+    int32: one unsigned compare, a negative sum wrapping past any limit)."""
+    indices = ir.VectorType(INT32, count)
+    lanes = ir.Constant(indices, list(range(count)))
+    first = builder.shuffle_vector(
+        builder.insert_element(ir.Constant(indices, ir.Undefined), builder.trunc(start, INT32), _LANE0),
+        ir.Constant(indices, ir.Undefined), ir.Constant(indices, [0] * count),
+    )  # fmt: skip
+    bound = builder.shuffle_vector(
+        builder.insert_element(ir.Constant(indices, ir.Undefined), builder.trunc(limit, INT32), _LANE0),
+        ir.Constant(indices, ir.Undefined), ir.Constant(indices, [0] * count),
+    )  # fmt: skip
+    return builder.icmp_unsigned("<", builder.add(first, lanes), bound)
+
+
+def masked_load(
+    builder: ir.IRBuilder, base: ir.Value, offset: ir.Value, mask: ir.Value, fill: ir.Value
+) -> ir.Value:
+    """The floats at ``base + offset`` where ``mask`` is set, ``fill``'s lanes elsewhere (those addresses
+    are never read: they may lie outside the array)."""
+    vector = fill.type
+    function = builder.module.declare_intrinsic(
+        f"llvm.masked.load.v{vector.count}f32.p0",
+        fnty=ir.FunctionType(vector, [ir.PointerType(), INT32, mask.type, vector]),
+    )
+    return builder.call(function, [builder.gep(base, [offset]), INT32(4), mask, fill])
+
+
+def masked_store(
+    builder: ir.IRBuilder, value: ir.Value, base: ir.Value, offset: ir.Value, mask: ir.Value
+) -> None:
+    """``value``'s lanes where ``mask`` is set to ``base + offset + lane`` (the others are never written)."""
+    function = builder.module.declare_intrinsic(
+        f"llvm.masked.store.v{value.type.count}f32.p0",
+        fnty=ir.FunctionType(ir.VoidType(), [value.type, ir.PointerType(), INT32, mask.type]),
+    )
+    builder.call(function, [value, builder.gep(base, [offset]), INT32(4), mask])
+
+
+def concatenate(builder: ir.IRBuilder, vectors: list[ir.Value]) -> ir.Value:
+    """One vector of ``vectors`` (all of one length, a power of two of them) end to end."""
+    while len(vectors) > 1:
+        count = vectors[0].type.count
+        order = ir.Constant(ir.VectorType(INT32, 2 * count), list(range(2 * count)))
+        vectors = [
+            builder.shuffle_vector(a, b, order) for a, b in zip(vectors[::2], vectors[1::2], strict=True)
+        ]
+    return vectors[0]
+
+
+def every_other(builder: ir.IRBuilder, vector: ir.Value) -> ir.Value:
+    """Lanes 0, 2, 4, ... of ``vector`` (half as many)."""
+    count = vector.type.count // 2
+    return builder.shuffle_vector(
+        vector, vector, ir.Constant(ir.VectorType(INT32, count), list(range(0, 2 * count, 2)))
+    )

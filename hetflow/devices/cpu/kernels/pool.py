@@ -33,8 +33,8 @@ _NO_INDICES = np.empty(0, np.int64)
 
 
 def _pool_workspace(node: Node, inputs: Sequence[TensorInfo | None]) -> int:
-    """The compiled 2-D loop's phase planes, for every core at once (``jit_pool.workspace_bytes``), or
-    the padded input the tap loop takes."""
+    """The compiled 2-D loop's phase planes, for every core at once (``jit_pool.workspace_bytes``: none
+    for the float32 vector loop), or the padded input the tap loop takes."""
     x = inputs[0]
     if x is None:
         return 0

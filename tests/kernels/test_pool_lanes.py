@@ -1,0 +1,151 @@
+"""The float32 pools' vector loop (``jit_pool_lanes``) against a float64 numpy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetflow.devices.cpu.kernels import jit_pool, jit_pool_lanes
+from hetflow.ops import registry
+from hetflow.ops.pool import pool_window
+from hetflow.ops.spatial import Geometry, geometry
+
+RNG = np.random.default_rng(11)
+
+CASES = [  # (attrs, x shape): each vector shape (rows of 1, 2 and 4 outputs a vector), both strides
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (1, 32, 32, 32)),  # cifar10-quick's pools
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (1, 32, 16, 16)),
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (1, 64, 8, 8)),
+    ({"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}, (2, 11, 7, 7)),  # 7 outputs a row: two rows a vector
+    ({"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}, (1, 9, 3, 4)),  # four rows a vector, 3 of them alive
+    ({"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}, (1, 3, 19, 37)),  # rows of 37: chunks of 16, a tail
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}, (2, 5, 45, 70)),  # stride 2, 3 chunks
+    ({"kernel_shape": (2, 2), "strides": (2, 2)}, (3, 5, 14, 14)),  # tiling windows, 7 outputs a row
+    ({"kernel_shape": (3, 2), "strides": (3, 2)}, (1, 2, 10, 7)),
+    ({"kernel_shape": (5, 4), "strides": (3, 2), "pads": (2, 1, 2, 1), "ceil_mode": 1}, (1, 3, 13, 12)),
+    ({"kernel_shape": (3, 3), "dilations": (2, 2), "pads": (2, 1, 1, 2)}, (2, 10, 11, 10)),
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "dilations": (2, 3), "pads": (3, 0, 1, 2)}, (1, 17, 15, 9)),
+    ({"kernel_shape": (4, 1), "strides": (1, 2), "pads": (3, 0, 3, 0)}, (1, 4, 5, 6)),  # rows all padding
+    ({"kernel_shape": (1, 5), "strides": (3, 1), "pads": (0, 4, 0, 4)}, (1, 3, 7, 3)),  # columns too
+    ({"kernel_shape": (7, 7), "pads": (1, 1, 0, 0)}, (2, 3, 7, 7)),  # near global, 1x1 output
+]
+
+
+def _geometry(attrs: dict, shape: tuple[int, ...]) -> Geometry:
+    return geometry(pool_window(registry.get("MaxPool").Attrs(**attrs)), shape[2:])
+
+
+def _reference(x: np.ndarray, geo: Geometry, scale: np.ndarray | None) -> np.ndarray:
+    """The window maxima (np.maximum's NaN rule, padding -inf) or sums (padding 0) times ``scale``, in
+    float64, one tap at a time."""
+    rows, cols = geo.axes
+    is_max = scale is None
+    padded = np.full((*x.shape[:2], rows.padded, cols.padded), -np.inf if is_max else 0.0)
+    padded[:, :, rows.pad_begin : rows.pad_begin + rows.size, cols.pad_begin : cols.pad_begin + cols.size] = x
+    total = None
+    for tap in geo.taps():
+        value = padded[(..., *geo.tap_slices(tap))]
+        total = value.copy() if total is None else np.maximum(total, value) if is_max else total + value
+    assert total is not None
+    return total if is_max else total * scale
+
+
+def _pool(
+    x: np.ndarray, geo: Geometry, op_type: str, out: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(Y by ``jit_pool.pool_2d``, the float64 reference)."""
+    scale = None if op_type == "MaxPool" else (1.0 / geo.window_counts(include_pad=bool(x.shape[1] % 2)))
+    y = np.full((*x.shape[:2], *geo.out), np.nan, np.float32) if out is None else out
+    jit_pool.pool_2d(x, y, geo, None if scale is None else scale.astype(np.float32), None)
+    return y, _reference(x.astype(np.float64), geo, scale)
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize(("attrs", "shape"), CASES)
+def test_lanes_match_the_float64_reference(op_type, attrs, shape):
+    geo = _geometry(attrs, shape)
+    assert jit_pool_lanes.applies(geo, np.dtype(np.float32))
+    x = RNG.standard_normal(shape).astype(np.float32)
+    y, expected = _pool(x, geo, op_type)
+    np.testing.assert_allclose(y, expected, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize(("attrs", "shape"), [CASES[1], CASES[4], CASES[5], CASES[9]])
+def test_lanes_write_into_a_strided_slice_and_only_there(op_type, attrs, shape):
+    geo = _geometry(attrs, shape)
+    x = RNG.standard_normal((3, *shape[1:])).astype(np.float32)  # three images: blocks end at each
+    concat = np.full((3, shape[1] + 3, *geo.out), 7.0, np.float32)
+    y, expected = _pool(x, geo, op_type, out=concat[:, 1 : 1 + shape[1]])
+    np.testing.assert_allclose(y, expected, rtol=2e-6, atol=2e-6)
+    assert (concat[:, 0] == 7).all() and (concat[:, 1 + shape[1] :] == 7).all()
+
+
+@pytest.mark.parametrize(("attrs", "shape"), [CASES[0], CASES[2], CASES[3], CASES[5], CASES[10]])
+def test_lanes_max_keeps_nan_and_infinities(attrs, shape):
+    geo = _geometry(attrs, shape)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[RNG.choice(flat.size, flat.size // 40, replace=False)] = np.nan
+    flat[RNG.choice(flat.size, flat.size // 40, replace=False)] = np.inf  # NaN beside +inf stays NaN
+    flat[RNG.choice(flat.size, flat.size // 40, replace=False)] = -np.inf
+    x[0, -1] = -np.inf  # a plane of -inf: -inf, never the padding's value standing in for it
+    y, expected = _pool(x, geo, "MaxPool")
+    assert np.isnan(expected).any() and np.isposinf(expected).any()
+    np.testing.assert_array_equal(y, expected)  # NaN where the reference has it, every other value exact
+
+
+def test_lanes_max_padding_never_wins():
+    attrs, shape = CASES[3]
+    geo = _geometry(attrs, shape)
+    x = -1000 - np.abs(RNG.standard_normal(shape)).astype(np.float32)
+    y, expected = _pool(x, geo, "MaxPool")
+    assert (y <= -1000).all()
+    np.testing.assert_array_equal(y, expected)
+
+
+@pytest.mark.parametrize("planes", [1, 7, 8, 9, 17])
+def test_lanes_blocks_of_planes_of_any_count(planes):
+    # Blocks of 8 planes; a short last block computes its last plane again and stores it once.
+    attrs, shape = CASES[1]
+    geo = _geometry(attrs, (planes, 1, *shape[2:]))
+    x = RNG.standard_normal((planes, 1, *shape[2:])).astype(np.float32)
+    for op_type in ("MaxPool", "AveragePool"):
+        y, expected = _pool(x, geo, op_type)
+        np.testing.assert_allclose(y, expected, rtol=2e-6, atol=2e-6)
+
+
+def test_lanes_run_float32_with_column_strides_one_and_two_only():
+    float32, float64 = np.dtype(np.float32), np.dtype(np.float64)
+    assert jit_pool_lanes.applies(
+        _geometry({"kernel_shape": (3, 3), "strides": (3, 2)}, (1, 1, 9, 9)), float32
+    )
+    assert not jit_pool_lanes.applies(
+        _geometry({"kernel_shape": (3, 3), "strides": (2, 3)}, (1, 1, 9, 9)), float32
+    )
+    assert not jit_pool_lanes.applies(_geometry({"kernel_shape": (3, 3)}, (1, 1, 9, 9)), float64)
+    geo = _geometry({"kernel_shape": (3, 3), "strides": (2, 2)}, (1, 1, 9, 9))
+    assert jit_pool.workspace_bytes(geo, float32, 4) == 0 < jit_pool.workspace_bytes(geo, float64, 4)
+
+
+def test_two_by_two_windows_over_long_rows_keep_the_tiling_loop(monkeypatch):
+    calls = []
+    real = jit_pool_lanes.vector_planes
+    monkeypatch.setattr(jit_pool_lanes, "vector_planes", lambda *args: calls.append(args) or real(*args))
+    long_rows = _geometry({"kernel_shape": (2, 2), "strides": (2, 2)}, (1, 1, 32, 32))  # rows of 16 outputs
+    x = RNG.standard_normal((1, 3, 32, 32)).astype(np.float32)
+    y, expected = _pool(x, long_rows, "MaxPool")
+    assert not calls
+    np.testing.assert_array_equal(y, expected)
+    short_rows = _geometry({"kernel_shape": (2, 2), "strides": (2, 2)}, (1, 1, 14, 14))  # rows of 7
+    y, expected = _pool(x[..., :14, :14].copy(), short_rows, "MaxPool")
+    assert len(calls) == 1
+    np.testing.assert_array_equal(y, expected)
+
+
+def test_the_vector_loop_refuses_arrays_other_than_float32():
+    from numba.core.errors import TypingError
+
+    x, y, scale = np.zeros((1, 2, 8, 8)), np.zeros(32), np.ones((1, 1))  # float64: its IR reads float32
+    with pytest.raises(TypingError):
+        jit_pool_lanes.vector_planes(x, y, 32, 4, 4, 0, 2, 3, 3, 2, 2, 1, 1, 0, 0, True, scale)
