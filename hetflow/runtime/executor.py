@@ -6,7 +6,9 @@ run copies (a list copy, not a dict rebuild). The per-node cost of the sequentia
 comprehension, the kernel call and a few list stores.
 
 Activations live in an arena laid out once per compiled program (``hetflow.runtime.memory``): kernels
-that declared ``writes_out`` get views into it, so a steady-state run allocates no large arrays. Every
+that declared ``writes_out`` get views into it, so a steady-state run allocates no large arrays. Each
+arena binds every step's kernel to those views and to the node's planned shapes once (``Kernel.bind``),
+so a kernel that prepares does its per-call bookkeeping there rather than on every run. Every
 concurrently running call takes its own arena from a pool (two threads never share one), and the values
 returned to the caller never live in an arena (they are allocated per run, or copied out when they may
 alias it).
