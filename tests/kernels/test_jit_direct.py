@@ -150,9 +150,19 @@ def test_training_conv_falls_back_where_direct_cannot():
 
 def test_small_layers_stay_on_one_thread(monkeypatch):
     monkeypatch.setattr(jit_direct, "intra_op_threads", lambda: 4)
-    assert jit_direct.split_threads(jit_direct.MIN_PRODUCTS_PER_THREAD - 1) == 1
-    assert jit_direct.split_threads(2 * jit_direct.MIN_PRODUCTS_PER_THREAD) == 2
-    assert jit_direct.split_threads(100 * jit_direct.MIN_PRODUCTS_PER_THREAD) == 4
+    many = 100  # images
+    assert jit_direct.split_threads(jit_direct.MIN_PRODUCTS_PER_THREAD - 1, many, 1) == 1
+    assert jit_direct.split_threads(2 * jit_direct.MIN_PRODUCTS_PER_THREAD, many, 1) == 2
+    assert jit_direct.split_threads(100 * jit_direct.MIN_PRODUCTS_PER_THREAD, many, 1) == 4
+    # One image shares its kernel blocks only from MIN_PRODUCTS_PER_SHARE a share, and never over more
+    # threads than it has blocks.
+    share = jit_direct.MIN_PRODUCTS_PER_SHARE
+    assert jit_direct.split_threads(2 * share - 1, 1, 8) == 1
+    assert jit_direct.split_threads(2 * share, 1, 8) == 2
+    assert jit_direct.split_threads(100 * share, 1, 3) == 3
+    # Two images on four threads: one thread an image, more once shares of an image are worth it.
+    assert jit_direct.split_threads(3 * share, 2, 8) == 3
+    assert jit_direct.split_threads(share, 2, 8) == 2
     # LeNet's conv1 at batch 1 (1 -> 20, 5x5 on 28x28): ~0.4M products, one thread, no hand-off.
     parts = []
     monkeypatch.setattr(jit_direct, "parallel_for", lambda body, count, threads: parts.append(threads) or [

@@ -131,7 +131,7 @@ def _prepare(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspac
     # In numba's pool, a batch smaller than the threads shares out each image's kernel blocks.
     native_parts = min(parts, products_computed // MIN_PRODUCTS_PER_NATIVE_SHARE)
     split = variant.bind_block_split(x_shape, kernels, geo, relu, buffers) if y_shape[0] < native_parts else None
-    most = jit_direct.most_threads(y_shape[0], channels, kernels, geo, jit_direct.round_up(kernels, block) // block)
+    most = jit_direct.most_threads(products_computed, y_shape[0], jit_direct.round_up(kernels, block) // block)
     target = out[0] if out is not None else None
     if target is not None and not (target.shape == y_shape and target.dtype == np.float32 and image_contiguous(target)):
         target = None

@@ -127,10 +127,27 @@ def computed_products(batch: int, channels: int, kernels: int, geom: Geometry) -
     return batch * layout.span * round_up(kernels, KERNEL_BLOCK) * channels * len(layout.offsets)
 
 
-def split_threads(products: int) -> int:
-    """Threads for a direct Conv of ``products`` computed products: the kernel threads, fewer where a
-    share would be under ``MIN_PRODUCTS_PER_THREAD``."""
-    return max(1, min(intra_op_threads(), products // MIN_PRODUCTS_PER_THREAD))
+#: Computed products a share of one image's kernel blocks needs on the Python pool (fewer images than
+#: threads). Quiet VM, batch 1, 2 threads against 1, min us: 20 -> 50 5x5 at 12x12 (5.4M) 71 -> 115,
+#: 32 -> 32 5x5 at 16x16 (7.4M) 94 -> 127, 16 -> 32 5x5 at 28x28 (11M) 141 -> 163, but 32 -> 64 5x5 at
+#: 28x28 (44M) 509 -> 357, 64 -> 64 3x3 at 56x56 (118M) 1679 -> 1041, 64 -> 128 5x5 at 56x56 (669M)
+#: 8160 -> 4251.
+MIN_PRODUCTS_PER_SHARE = 20_000_000
+
+
+def most_threads(products: int, batch: int, blocks: int) -> int:
+    """The most threads ``conv2d`` (either variant's) splits a call of ``products`` computed products
+    over, whatever the kernel threads: images from ``MIN_PRODUCTS_PER_THREAD`` a share; with fewer
+    images than that, shares of an image's ``blocks`` kernel blocks from ``MIN_PRODUCTS_PER_SHARE``."""
+    cap = min(products // MIN_PRODUCTS_PER_THREAD, batch * blocks)
+    if batch < cap:
+        cap = max(batch, min(cap, products // MIN_PRODUCTS_PER_SHARE))
+    return max(1, cap)
+
+
+def split_threads(products: int, batch: int, blocks: int) -> int:
+    """Threads for a direct Conv: the kernel threads, no more than ``most_threads``."""
+    return max(1, min(intra_op_threads(), most_threads(products, batch, blocks)))
 
 
 def round_up(count: int, block: int) -> int:
@@ -295,7 +312,7 @@ def conv2d(
     wt = blocked_weights(w) if wt is None else wt
     kernels = int(w.shape[0])
     batch, blocks = int(x.shape[0]), int(wt.shape[0])
-    threads = min(split_threads(computed_products(batch, int(x.shape[1]), kernels, geom)), batch * blocks)
+    threads = split_threads(computed_products(batch, int(x.shape[1]), kernels, geom), batch, blocks)
     threads, buffers = fit_buffers(threads, buffers, buffer_shapes(int(x.shape[1]), kernels, geom))
 
     if batch >= threads:
@@ -323,12 +340,6 @@ def conv2d(
 
     parallel_for(kernel_blocks, batch * shares, threads)
     return y
-
-
-def most_threads(batch: int, channels: int, kernels: int, geom: Geometry, blocks: int) -> int:
-    """The most threads ``conv2d`` (either variant's) splits this call over, whatever the kernel threads:
-    one per ``MIN_PRODUCTS_PER_THREAD`` computed products, at most one per image's kernel block."""
-    return max(1, min(computed_products(batch, channels, kernels, geom) // MIN_PRODUCTS_PER_THREAD, batch * blocks))
 
 
 def bind_one_part(

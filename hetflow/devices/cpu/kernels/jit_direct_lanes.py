@@ -177,7 +177,7 @@ def conv2d(
     kernels = int(w.shape[0])
     positions = position_offsets(geom)
     batch, blocks = int(x.shape[0]), int(wt.shape[0])
-    threads = min(split_threads(computed_products(batch, int(x.shape[1]), kernels, geom)), batch * blocks)
+    threads = split_threads(computed_products(batch, int(x.shape[1]), kernels, geom), batch, blocks)
     threads, buffers = fit_buffers(threads, buffers, buffer_shapes(int(x.shape[1]), kernels, geom))
     # Whole images per part, or (fewer images than threads) shares of one image's kernel blocks.
     shares = 1 if batch >= threads else max(1, threads // batch)
