@@ -342,15 +342,29 @@ def conv2d(
     return y
 
 
+def loop_window(geom: Geometry) -> tuple[tuple[int, int], int, np.ndarray]:
+    """What the compiled loops of both variants take of ``geom``'s flat layout: the padding before the
+    rows and the columns, the padded row length, and the taps' offsets."""
+    layout = flat_layout(geom)
+    rows, columns = geom.axes
+    return (rows.pad_begin, columns.pad_begin), layout.width, layout.offset_array
+
+
+def block_shares(parts: int, batch: int, buffers: PartBuffers) -> int:
+    """Shares of each image's kernel blocks when ``batch`` images split over ``parts`` parts of
+    ``buffers`` (``bind_block_split``): every share one part of the scratch."""
+    shares = max(1, min(parts, buffers.planes.shape[0]) // batch)
+    assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
+    return shares
+
+
 def bind_one_part(
     x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
 ) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]:
     """``conv2d`` without a mask, on one thread, bound to X's shape and the scratch's first part:
     ``run(x, wt, bias, y)`` (``wt`` blocked, ``bias`` float32) computes every image into ``y`` with its
     arguments worked out once."""
-    layout = flat_layout(geom)
-    rows, columns = geom.axes
-    pads, width, offsets = (rows.pad_begin, columns.pad_begin), layout.width, layout.offset_array
+    pads, width, offsets = loop_window(geom)
     batch, planes, products = int(x_shape[0]), buffers.planes[0], buffers.products[0]
 
     def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray) -> None:
@@ -365,15 +379,11 @@ def bind_block_split(
     """``conv2d`` without a mask, each image's kernel blocks shared out over ``parts`` parts of
     ``buffers`` and run by numba's threads (``_split_blocks``): ``run(x, wt, bias, y, parts)``. For a
     batch smaller than the threads, where splitting images leaves threads idle."""
-    layout = flat_layout(geom)
-    rows, columns = geom.axes
-    pads, width, offsets = (rows.pad_begin, columns.pad_begin), layout.width, layout.offset_array
+    pads, width, offsets = loop_window(geom)
     batch = int(x_shape[0])
 
     def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> None:
-        shares = max(1, min(parts, buffers.planes.shape[0]) // batch)
-        assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
-        _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, y, buffers.planes, buffers.products)
+        _split_blocks(block_shares(parts, batch, buffers), x, pads, width, offsets, wt, bias, relu, y, buffers.planes, buffers.products)
 
     return run
 

@@ -32,10 +32,12 @@ from hetflow.devices.cpu.kernels import jit_direct
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels.jit_direct import (
     PartBuffers,
+    block_shares,
     blocked_weights,
     conv_inputs,
     fit_buffers,
     flat_layout,
+    loop_window,
     pad_image,
     round_up,
     split_threads,
@@ -209,9 +211,7 @@ def bind_one_part(
 ) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]:
     """``jit_direct.bind_one_part`` for this variant: ``run(x, wt, bias, y)`` (``wt`` blocked by
     ``BLOCK_KERNELS``), one thread, the scratch's first part, Y with C-contiguous images."""
-    layout = flat_layout(geom)
-    rows, columns = geom.axes
-    pads, width, offsets = (rows.pad_begin, columns.pad_begin), layout.width, layout.offset_array
+    pads, width, offsets = loop_window(geom)
     positions = position_offsets(geom)
     batch, planes = int(x_shape[0]), buffers.planes[0]
     blocks = round_up(kernels, BLOCK_KERNELS) // BLOCK_KERNELS
@@ -230,17 +230,13 @@ def bind_block_split(
 ) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int], None]:
     """``jit_direct.bind_block_split`` for this variant: ``run(x, wt, bias, y, parts)``, each image's
     kernel blocks shared out over ``parts`` parts of ``buffers``, run by numba's threads."""
-    layout = flat_layout(geom)
-    rows, columns = geom.axes
-    pads, width, offsets = (rows.pad_begin, columns.pad_begin), layout.width, layout.offset_array
+    pads, width, offsets = loop_window(geom)
     positions = position_offsets(geom)
     batch = int(x_shape[0])
     products = buffers.products.reshape(buffers.products.shape[0], -1)
 
     def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> None:
-        shares = max(1, min(parts, buffers.planes.shape[0]) // batch)
-        assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
-        _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, y.reshape(batch, kernels, -1),
+        _split_blocks(block_shares(parts, batch, buffers), x, pads, width, positions, offsets, wt, bias, relu, y.reshape(batch, kernels, -1),
                       buffers.planes, products)  # fmt: skip
 
     return run
