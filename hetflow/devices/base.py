@@ -83,7 +83,7 @@ class Kernel:
         """This kernel's call on ``node`` as ``call(inputs)``: the prepared call where the kernel has one
         for these (concrete) input shapes, else ``fn`` with ``out`` and ``workspace`` passed along."""
         fallback = unbound(self, node, out, workspace)
-        if self.prepare is not None and inputs is not None and inputs and inputs[0] and _concrete(inputs):
+        if self.prepare is not None and inputs and inputs[0] is not None and _concrete(inputs):
             bound = self.prepare(node, inputs, out, workspace)
             if bound is not None:
                 return guarded(bound, fallback, inputs[0])

@@ -371,7 +371,7 @@ class _Arena:
         self.memory = memory
         self.array = memory.new_arena() if memory is not None else None
         views = memory.views(self.array) if memory is not None else {}
-        self.buffers: list[_Buffers] = []
+        buffers: list[_Buffers] = []
         for index, op in enumerate(program.ops):
             kernel, node = op.step.kernel, op.step.node
             out: list[np.ndarray | None] | None = None
@@ -384,9 +384,10 @@ class _Arena:
                     out += [views[name] if name in memory.concat_parts else None for name in node.inputs]
                 if workspace is None and all(view is None for view in out):
                     out = None
-            self.buffers.append((out, workspace))
-        values = program.values
-        self.calls: list[BoundCall] = [_bind(op, values, out, workspace) for op, (out, workspace) in zip(program.ops, self.buffers)]
+            buffers.append((out, workspace))
+        self.calls: list[BoundCall] = [
+            _bind(op, program.values, out, workspace) for op, (out, workspace) in zip(program.ops, buffers)
+        ]
         # Tuples the hot loop unpacks without attribute lookups.
         self.hot = tuple(
             (call, op.step.node, op.inputs, op.outputs, op.release) for op, call in zip(program.ops, self.calls)

@@ -97,10 +97,10 @@ def _direct(
 
 
 #: Computed products per share from which, in numba's pool (``in_numba_pool``), a batch smaller than
-#: the threads has each image's kernel blocks shared out there (``bind_block_split``). One image, 2 threads against one, one
-#: process: 20 -> 50 5x5 at 12x12 (2.7M) 35 -> 24 us, 32 -> 32 5x5 at 16x16 (7.4M) 139 -> 80 us, 32 ->
-#: 64 5x5 at 8x8 (3.3M, lanes) 47 -> 28 us, 3 -> 32 5x5 at 32x32 (2.6M) 45 -> 36 us; 64 -> 40 3x3 at 6x6
-#: (1.5M) 22 -> 23 us lost, 1 -> 20 5x5 at 28x28 (0.4M) 11 -> 10 us.
+#: the threads has each image's kernel blocks shared out there (``bind_block_split``). One image, two
+#: threads against one, one process, min us: 20 -> 50 5x5 at 12x12 (2.7M) 35 -> 24, 32 -> 32 5x5 at
+#: 16x16 (7.4M) 139 -> 80, 32 -> 64 5x5 at 8x8 (3.3M, lanes) 47 -> 28, 3 -> 32 5x5 at 32x32 (2.6M) 45 ->
+#: 36; 64 -> 40 3x3 at 6x6 (1.5M) 22 -> 23 lost, 1 -> 20 5x5 at 28x28 (0.4M) 11 -> 10.
 MIN_PRODUCTS_PER_NATIVE_SHARE = 1_000_000
 
 
