@@ -104,7 +104,9 @@ def _direct(
 MIN_PRODUCTS_PER_NATIVE_SHARE = 1_000_000
 
 
-def _prepare(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None) -> BoundCall | None:
+def _prepare(
+    node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
+) -> BoundCall | None:
     """``direct_fma`` bound to a float32 node's shapes and buffers (``Kernel.prepare``): the geometry,
     the variant, the scratch's parts and the epilogue are worked out here once; a call that fits one
     thread is then the compiled loop, a larger one the variant's split ``conv2d``."""
@@ -131,9 +133,11 @@ def _prepare(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspac
     # In numba's pool, a batch smaller than the threads shares out each image's kernel blocks.
     native_parts = min(parts, products_computed // MIN_PRODUCTS_PER_NATIVE_SHARE)
     split = variant.bind_block_split(x_shape, kernels, geo, relu, buffers) if y_shape[0] < native_parts else None
-    most = jit_direct.most_threads(products_computed, y_shape[0], jit_direct.round_up(kernels, block) // block)
+    blocks = jit_direct.round_up(kernels, block) // block
+    most = jit_direct.most_threads(products_computed, y_shape[0], blocks)
     target = out[0] if out is not None else None
-    if target is not None and not (target.shape == y_shape and target.dtype == np.float32 and image_contiguous(target)):
+    fits = target is not None and target.shape == y_shape and target.dtype == np.float32
+    if not fits or not image_contiguous(target):
         target = None
     no_bias = np.zeros(kernels, np.float32)
 

@@ -21,7 +21,9 @@ from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
 
 
-def _prepare_gemm(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: object) -> BoundCall | None:
+def _prepare_gemm(
+    node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: object
+) -> BoundCall | None:
     """``gemm`` bound to a float node with ``alpha == 1`` (``Kernel.prepare``): Y's buffer and the
     transposes are settled once; a call is the product, the in-place add of C and the activation."""
     a_info, b_info = inputs[0], inputs[1]

@@ -383,7 +383,8 @@ def bind_block_split(
     batch = int(x_shape[0])
 
     def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> None:
-        _split_blocks(block_shares(parts, batch, buffers), x, pads, width, offsets, wt, bias, relu, y, buffers.planes, buffers.products)
+        shares = block_shares(parts, batch, buffers)
+        _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, y, buffers.planes, buffers.products)
 
     return run
 

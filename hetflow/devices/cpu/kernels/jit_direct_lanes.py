@@ -236,7 +236,8 @@ def bind_block_split(
     products = buffers.products.reshape(buffers.products.shape[0], -1)
 
     def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> None:
-        _split_blocks(block_shares(parts, batch, buffers), x, pads, width, positions, offsets, wt, bias, relu, y.reshape(batch, kernels, -1),
+        shares = block_shares(parts, batch, buffers)
+        _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, y.reshape(batch, kernels, -1),
                       buffers.planes, products)  # fmt: skip
 
     return run

@@ -60,7 +60,9 @@ def _lowest(dtype: np.dtype) -> float | int:
     return -np.inf if dtype.kind == "f" else int(np.iinfo(dtype).min)
 
 
-def _prepare_pool(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: Workspace) -> BoundCall | None:
+def _prepare_pool(
+    node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: Workspace
+) -> BoundCall | None:
     """A 2-D float pool without Indices bound to its shapes and buffers (``Kernel.prepare``): the
     geometry, the output buffer and an average's reciprocal window counts are worked out once (~5 us of
     a cifar10-quick pool's ~11 us)."""

@@ -10,17 +10,20 @@ import numpy as np
 
 from hetflow.devices.base import BoundCall
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, output, scratch_bytes
+from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
 from hetflow.ops.softmax import normalised_axes
 
 
-def _prepare_softmax(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: object) -> BoundCall | None:
+def _prepare_softmax(
+    node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: object
+) -> BoundCall | None:
     """``softmax`` bound to a float32/float64 node whose rows are X's trailing axes (``Kernel.prepare``):
     one compiled pass per row instead of five numpy passes (a classifier's 10 classes took 8 us)."""
     x_info = inputs[0]
-    if x_info is None or x_info.dtype not in _ROW_DTYPES or not x_info.shape:
+    if x_info is None or x_info.dtype not in COMPILED_DTYPES or not x_info.shape:
         return None
     shape, dtype = tuple(int(d) for d in x_info.shape), np.dtype(x_info.dtype)
     axes = normalised_axes(shape, node.attrs)
@@ -40,13 +43,10 @@ def _prepare_softmax(node: Node, inputs: Sequence[TensorInfo | None], out: Out, 
     return call
 
 
-_ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
 @numba.njit(nogil=True, cache=True)
 def _softmax_rows(x, y):  # noqa: ANN001, ANN202
     """Softmax of each row of ``x`` into ``y`` (both 2-D; ``y`` may be ``x``). The row's maximum is
-    subtracted first (exp() <= 1); a NaN or an infinity in a row makes the row NaN, as numpy's does."""
+    subtracted first (exp() <= 1); a NaN or a +inf in a row makes the row NaN, as numpy's does."""
     for row in range(x.shape[0]):
         top = x[row, 0]
         for value in x[row]:
