@@ -105,6 +105,7 @@ class InferenceSession:
         self._bound_plans: dict[tuple[tuple[str, int], ...], Plan] = {}
         self._inputs = self._graph.input_values()
         self._outputs = self._graph.output_values()
+        self._all_outputs = [v.name for v in self._outputs]
         self._lock = threading.Lock()
         self._threads = check_threads(threads)
         self._mode = check_mode(execution_mode)
@@ -112,6 +113,9 @@ class InferenceSession:
         self._store: WeightStore | None = None
         self._residency: dict[int, Residency] = {}
         self._run_lock = threading.Lock()
+        # (name, dtype, shape) of every feed of an accepted run -> its plan: a run fed alike skips the
+        # checks and the binding (~8 us of LeNet's ~130 at batch 1).
+        self._accepted: dict[tuple[tuple[str, np.dtype, tuple[int, ...]], ...], Plan] = {}
         if self._budget is not None:
             self._start_budget()
         elif _is_concrete(self._graph):
@@ -282,9 +286,18 @@ class InferenceSession:
         Raises:
             FeedError: a feed is missing, unknown, or has the wrong dtype or shape.
         """
-        feeds = self._check_feeds(input_feed)
-        names = self._check_output_names(output_names)
-        plan = self.plan_for(_bindings(self._inputs, feeds))
+        names = self._all_outputs if output_names is None else self._check_output_names(output_names)
+        signature = _signature(input_feed)
+        plan = self._accepted.get(signature) if signature is not None else None
+        if plan is not None:
+            feeds = input_feed
+        else:
+            feeds = self._check_feeds(input_feed)
+            plan = self.plan_for(_bindings(self._inputs, feeds))
+            if signature is not None:
+                if len(self._accepted) >= _MOST_SIGNATURES:
+                    self._accepted.clear()
+                self._accepted[signature] = plan
         if self._budget is not None:
             # NOTE: one arena in all, so the budget holds: runs take turns, sequentially.
             with self._run_lock:
@@ -345,6 +358,16 @@ def _parse_budget(budget: int | str) -> int:
     from hetflow.estimate.predict import parse_bytes
 
     return parse_bytes(budget)
+
+
+#: Feed signatures a session remembers (``_signature``); past this many it forgets them all.
+_MOST_SIGNATURES = 64
+
+
+def _signature(feeds: Mapping[str, Any]) -> tuple[tuple[str, np.dtype, tuple[int, ...]], ...] | None:
+    """(name, dtype, shape) of every feed when all are numpy arrays (what the checks read), else None."""
+    signature = tuple((name, array.dtype, array.shape) for name, array in feeds.items() if type(array) is np.ndarray)
+    return signature if len(signature) == len(feeds) else None
 
 
 def _is_concrete(graph: Graph) -> bool:

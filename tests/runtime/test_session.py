@@ -59,6 +59,22 @@ def test_inconsistent_symbolic_dimension_across_inputs():
         session.run(None, {"a": np.zeros((2, 2), np.float32), "b": np.zeros((3, 2), np.float32)})
 
 
+def test_feeds_are_checked_again_after_a_run_fed_alike():
+    """A run fed like an earlier one skips the checks; any other feed is still checked."""
+    session = hetflow.InferenceSession(add_relu_model())
+    x = np.array([[-2.0, 0.0, 3.0]], np.float32)
+    for _ in range(2):
+        np.testing.assert_array_equal(session.run(None, {"x": x})[0], np.maximum(x + 1, 0))
+    with pytest.raises(FeedError, match="expected tensor"):
+        session.run(None, {"x": x.astype(np.float64)})
+    with pytest.raises(FeedError, match=r"expected \[N, 3\]"):
+        session.run(None, {"x": np.zeros((1, 4), np.float32)})
+    with pytest.raises(FeedError, match="unknown input"):
+        session.run(None, {"x": x, "z": x})
+    (batch,) = session.run(None, {"x": np.ones((5, 3), np.float32)})
+    np.testing.assert_array_equal(batch, np.full((5, 3), 2, np.float32))
+
+
 def test_unknown_output_name(session):
     with pytest.raises(FeedError, match="unknown output"):
         session.run(["nope"], {"x": np.zeros((1, 3), np.float32)})
