@@ -18,7 +18,7 @@ from hetflow.devices.base import BoundCall
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, output, scratch_bytes
 from hetflow.devices.cpu.kernels.conv import pad_into, padding_scratch
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
-from hetflow.devices.cpu.kernels.jit_pool import compiled_window, pool_2d
+from hetflow.devices.cpu.kernels.jit_pool import bind_small_pool, compiled_window, pool_2d
 from hetflow.devices.cpu.kernels.jit_pool import workspace_bytes as pool_workspace_bytes
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.devices.cpu.threads import available_cores
@@ -81,6 +81,14 @@ def _prepare_pool(
         target = None
     scale = None if is_max else _reciprocal_counts(geo, bool(node.attrs.count_include_pad), dtype)
     second = [None] if is_max else []
+    small = bind_small_pool(x_shape, target, geo, scale) if target is not None else None
+    if small is not None:
+
+        def call_small(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+            small(np.ascontiguousarray(arrays[0]))
+            return [target, *second]
+
+        return call_small
 
     def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
         y = np.empty(y_shape, dtype) if target is None else target
