@@ -62,7 +62,9 @@ def test_operands_that_cblas_cannot_read_are_refused() -> None:
 def test_split_matmul_uses_numba_pool_when_own_threads_ask(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     original = jit_gemm.split_product
-    monkeypatch.setattr(jit_gemm, "split_product", lambda a, b, out, parts: calls.append(parts) or original(a, b, out, parts))
+    monkeypatch.setattr(
+        jit_gemm, "split_product", lambda a, b, out, parts, pool: calls.append(parts) or original(a, b, out, parts, pool)
+    )
     a = RNG.standard_normal((40, 300)).astype(np.float32)
     b = RNG.standard_normal((1, 300, 200)).astype(np.float32)  # one image of a stack
     out = np.empty((1, 40, 200), np.float32)
@@ -73,6 +75,11 @@ def test_split_matmul_uses_numba_pool_when_own_threads_ask(monkeypatch: pytest.M
     with threads.own_threads(2):  # the Python pool
         threads.split_matmul(a, b, out)
     assert calls == []
+    np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-4, atol=1e-4)
+    out[:] = np.nan
+    with threads.own_threads(2, spin=True):  # the spinning pool
+        threads.split_matmul(a, b, out)
+    assert calls == [2]
     np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-4, atol=1e-4)
     calls.clear()
     threads.split_matmul(a, b, out)  # outside own_threads: one numpy call

@@ -115,6 +115,30 @@ def test_direct_conv_bound_shares_one_image_over_numba_threads(monkeypatch, x_sh
     assert shared == [2, 2]
 
 
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape"), [((1, 20, 12, 12), (50, 20, 5, 5)), ((1, 64, 6, 6), (40, 64, 3, 3))], ids=["flat", "lanes"]
+)
+def test_direct_conv_bound_shares_one_image_over_spinning_threads(monkeypatch, x_shape, w_shape):
+    """One image on two spinning threads: its kernel blocks are two chunks of a spin-pool job, same result."""
+    from hetflow.devices.cpu import threads
+    from hetflow.devices.cpu.kernels import direct
+
+    monkeypatch.setattr(direct, "MIN_PRODUCTS_PER_SPIN_SHARE", 1)
+    monkeypatch.setattr(direct, "available_cores", lambda: 2)
+    pool = threads.spin_pool(2)
+    chunks = []
+    original = pool.run
+    monkeypatch.setattr(pool, "run", lambda job, block, count: (chunks.append(count), original(job, block, count))[1])
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    b = rng.standard_normal(w_shape[0]).astype(np.float32)
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(pads=(1, 1, 1, 1), fused=RELU))
+    with threads.own_threads(2, spin=True):
+        _check_bound(DIRECT, node, [x, w, b], rtol=1e-5)
+    assert chunks == [2, 2]
+
+
 def test_direct_conv_does_not_bind_float16():
     node = Node("Conv", "conv", ["x", "w"], ["y"], ConvAttrs())
     infos = [TensorInfo((1, 2, 6, 6), np.dtype(np.float16)), TensorInfo((3, 2, 3, 3), np.dtype(np.float16))]

@@ -83,6 +83,21 @@ def test_a_convolutional_network_runs_on_own_threads_in_numbas_pool_when_asked(
     assert _blas_threads_now() == 2 and not threads._numba_pool
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+def test_one_example_through_a_small_convolutional_network_runs_on_spinning_threads(blas_at_two, batch):
+    from hetflow.devices.cpu.kernels import jit_gemm
+
+    session = hetflow.InferenceSession(_conv_model(), threads=2)
+    seen: list[tuple[int, bool]] = []
+    (y,) = session.run(None, {"x": np.ones((batch, 2, 6, 6), np.float32)},
+                       observer=lambda step, seconds: seen.append((_blas_threads_now(), threads.spinning() is not None)))
+    # One example spins (BLAS keeps its count); a batch does not; nothing spins once the run is over.
+    assert set(seen) == {(2, batch == 1 and jit_gemm.available())}
+    assert threads.spinning() is None
+    (alone,) = hetflow.InferenceSession(_conv_model(), threads=1).run(None, {"x": np.ones((batch, 2, 6, 6), np.float32)})
+    np.testing.assert_allclose(y, alone, rtol=1e-6)
+
+
 def test_a_batch_of_a_small_network_keeps_blas_threads(blas_at_two):
     session = hetflow.InferenceSession(add_relu_model(), threads=3)
     seen: list[tuple[int, int]] = []

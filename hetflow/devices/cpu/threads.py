@@ -9,7 +9,8 @@ splits need next. The splits run in numba's OpenMP pool (the GEMMs through ``jit
 kernels through their ``prange`` drivers, sized by ``plane_parts``), whose workers spin between calls:
 on a small VM a sleeping thread takes ~100 us to wake, longer than most of a small model's kernels.
 ``parallel_for`` (a Python pool) remains for the rest (the training splits, products without
-``jit_gemm``).
+``jit_gemm``). One example through a small network splits on ``spin_pool``'s threads instead
+(``own_threads(spin=True)``): the products (``jit_gemm``'s jobs) and one image's direct Conv.
 
 NOTE: the BLAS pool size (and ``own_threads``' count) is process-wide state. Two sessions asking for
 different counts at the same time from two threads get correct results, but each may run with the
@@ -26,6 +27,8 @@ from typing import Any
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
+
+from hetflow.devices.cpu.spin_pool import SpinPool
 
 
 def available_cores() -> int:
@@ -85,6 +88,24 @@ BLAS = BlasThreads()
 _own_threads: int | None = None
 #: Set while such a run splits in numba's OpenMP pool (``own_threads(numba_pool=True)``).
 _numba_pool = False
+#: Set while such a run splits on spinning threads (``own_threads(spin=True)``): their pool.
+_spinning: SpinPool | None = None
+_spin_pools: dict[int, SpinPool] = {}
+_spin_pools_lock = threading.Lock()
+
+
+def spin_pool(threads: int) -> SpinPool:
+    """The process's spinning pool for runs of ``threads`` threads (``threads - 1`` workers)."""
+    with _spin_pools_lock:
+        pool = _spin_pools.get(threads)
+        if pool is None:
+            pool = _spin_pools[threads] = SpinPool(threads - 1)
+        return pool
+
+
+def spinning() -> SpinPool | None:
+    """The spinning pool the running call splits on (``own_threads(spin=True)``), or None."""
+    return _spinning
 
 #: Whether runs of convolutional networks split in numba's pool (``jit_gemm``): opt in with
 #: ``HETFLOW_NUMBA_POOL=1``. Off by default: alone in a process it measured 5-38% faster on the small
@@ -145,22 +166,33 @@ class own_threads(blas_threads):  # noqa: N801
     the executor does that for every run of a convolutional network when ``NUMBA_POOL`` is set.
     """
 
-    def __init__(self, count: int, numba_pool: bool = False):
-        super().__init__(1)
+    def __init__(self, count: int, numba_pool: bool = False, spin: bool = False):
+        self.pool = spin_pool(count) if spin and count > 1 and not numba_pool else None
+        # NOTE: on spinning threads BLAS keeps its count: setting OpenBLAS to one thread and back around
+        # each run cost LeNet ~20 us a run (its workers woke on the cores the spinning threads use);
+        # OpenBLAS runs products under ~0.26 M multiply-adds on one thread anyway, and larger ones fitting
+        # CBLAS split here.
+        super().__init__(count if self.pool is not None else 1)
         self.threads = count
         self.numba_pool = numba_pool
 
     def __enter__(self) -> own_threads:
-        global _own_threads, _numba_pool
+        global _own_threads, _numba_pool, _spinning
         super().__enter__()
         _own_threads = self.threads
         _numba_pool = self.numba_pool
+        if self.pool is not None:
+            self.pool.spin()
+            _spinning = self.pool
         return self
 
     def __exit__(self, *exc: object) -> None:
-        global _own_threads, _numba_pool
+        global _own_threads, _numba_pool, _spinning
         _own_threads = None
         _numba_pool = False
+        if self.pool is not None:
+            _spinning = None
+            self.pool.rest()
         super().__exit__(*exc)
 
 
@@ -177,7 +209,7 @@ def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     split in numba's pool where ``jit_gemm`` can read them, else on the Python pool from
     ``MIN_MACS_PER_SPLIT``."""
     threads = _own_threads or 1
-    if threads > 1 and _numba_pool and _native_split(a, b, out, threads):
+    if threads > 1 and (_numba_pool or _spinning is not None) and _native_split(a, b, out, threads):
         return out
     if threads <= 1 or a.shape[-1] * out.size < MIN_MACS_PER_SPLIT:
         return np.matmul(a, b, out=out)
@@ -210,13 +242,13 @@ def _native_split(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -
     if out.ndim == 3 and out.shape[0] > 1:
         if a.shape[-1] * out.size < MIN_MACS_PER_NATIVE_SPLIT or not jit_gemm.available():
             return False
-        return jit_gemm.split_stack(a, b, out, min(threads, out.shape[0]))
+        return jit_gemm.split_stack(a, b, out, min(threads, out.shape[0]), _spinning)
     if out.ndim == 3 and out.shape[0] == 1 and a.ndim in (2, 3) and b.ndim == 3:
         a, b, out = (a[0] if a.ndim == 3 else a), b[0], out[0]
     if out.ndim != 2 or a.ndim != 2 or b.ndim != 2 or a.shape[1] * out.size < MIN_MACS_PER_NATIVE_SPLIT:
         return False
     parts = min(threads, max(1, out.shape[1] // 16))
-    return parts > 1 and jit_gemm.available() and jit_gemm.split_product(a, b, out, parts)
+    return parts > 1 and jit_gemm.available() and jit_gemm.split_product(a, b, out, parts, _spinning)
 
 
 _pool: ThreadPoolExecutor | None = None

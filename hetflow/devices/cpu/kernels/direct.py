@@ -25,7 +25,7 @@ from hetflow.devices.cpu.kernels.buffers import Out, Scratch, aligned, image_con
 from hetflow.devices.cpu.kernels.conv import FINISHING, conv_kernel, target_y, window_of
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.kernels.weight_cache import WeightCache
-from hetflow.devices.cpu.threads import available_cores, in_numba_pool, intra_op_threads
+from hetflow.devices.cpu.threads import available_cores, in_numba_pool, intra_op_threads, spinning
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
 from hetflow.ops.conv import DIRECT_FMA, conv_window, direct_unsupported
@@ -102,6 +102,9 @@ def _direct(
 #: 16x16 (7.4M) 139 -> 80, 32 -> 64 5x5 at 8x8 (3.3M, lanes) 47 -> 28, 3 -> 32 5x5 at 32x32 (2.6M) 45 ->
 #: 36; 64 -> 40 3x3 at 6x6 (1.5M) 22 -> 23 lost, 1 -> 20 5x5 at 28x28 (0.4M) 11 -> 10.
 MIN_PRODUCTS_PER_NATIVE_SHARE = 1_000_000
+#: From this many computed products a share of one image's kernel blocks splits on spinning threads
+#: (``threads.spinning``).
+MIN_PRODUCTS_PER_SPIN_SHARE = 500_000
 
 
 def _prepare(
@@ -133,6 +136,9 @@ def _prepare(
     # In numba's pool, a batch smaller than the threads shares out each image's kernel blocks.
     native_parts = min(parts, products_computed // MIN_PRODUCTS_PER_NATIVE_SHARE)
     split = variant.bind_block_split(x_shape, kernels, geo, relu, buffers) if y_shape[0] < native_parts else None
+    # On spinning threads (``own_threads(spin=True)``), likewise from MIN_PRODUCTS_PER_SPIN_SHARE a share.
+    spin_parts = min(parts, products_computed // MIN_PRODUCTS_PER_SPIN_SHARE)
+    spin_split = variant.bind_spin_split(x_shape, kernels, geo, relu, buffers) if y_shape[0] < spin_parts else None
     blocks = jit_direct.round_up(kernels, block) // block
     most = jit_direct.most_threads(products_computed, y_shape[0], blocks)
     target = out[0] if out is not None else None
@@ -140,6 +146,7 @@ def _prepare(
     if not fits or not image_contiguous(target):
         target = None
     no_bias = np.zeros(kernels, np.float32)
+    spin_target = target is not None and target.flags.c_contiguous  # the spin job reads Y by its shape
 
     def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         x, w = arrays[0], arrays[1]
@@ -148,7 +155,10 @@ def _prepare(
         y = np.empty(y_shape, np.float32) if target is None else target
         wt = BLOCKED_WEIGHTS.get(w, block)
         threads = intra_op_threads()
-        if split is not None and threads > y_shape[0] and in_numba_pool():
+        pool = spinning()
+        if spin_split is not None and pool is not None and threads > y_shape[0] and spin_target:
+            spin_split(np.ascontiguousarray(x), wt, bias, y, pool, min(threads, spin_parts))
+        elif split is not None and threads > y_shape[0] and in_numba_pool():
             split(np.ascontiguousarray(x), wt, bias, y, min(threads, native_parts))
         elif most == 1 or threads == 1:
             one_part(np.ascontiguousarray(x), wt, bias, y)

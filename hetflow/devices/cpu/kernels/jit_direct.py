@@ -40,7 +40,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
+from hetflow.devices.cpu.spin_pool import SpinPool, float32_1d, float32_3d, float32_4d, int64_1d, put_array
 from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
 from hetflow.ops.spatial import AxisGeometry, Geometry
 
@@ -391,17 +393,69 @@ def bind_block_split(
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
-    """Every image's kernel blocks in ``shares`` shares, part p (image p // shares) padding into
-    ``planes[p]`` and multiplying into ``products[p]``, the parts run by numba's threads."""
-    blocks = wt.shape[0]
+    """Every image's kernel blocks in ``shares`` shares (``_share``), the parts run by numba's threads."""
     for part in numba.prange(x.shape[0] * shares):
-        image, share = part // shares, part % shares
-        first, last = blocks * share // shares, blocks * (share + 1) // shares
-        xp = planes[part]
-        pad_image(x, x, False, image, pads, width, xp)
-        yb = products[part][: (last - first) * KERNEL_BLOCK]
-        _multiply(xp, xp.shape[1], offsets, wt, first, last, yb.shape[1], yb)
-        _crop(yb, first * KERNEL_BLOCK, width, bias, relu, y[image])
+        _share(part, shares, x, pads, width, offsets, wt, bias, relu, y, planes, products)
+
+
+@numba.njit(nogil=True, cache=True)
+def _share(part, shares, x, pads, width, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
+    """Part ``part``: image ``part // shares``, its kernel-block share ``part % shares``, padding into
+    ``planes[part]`` and multiplying into ``products[part]``."""
+    blocks = wt.shape[0]
+    image, share = part // shares, part % shares
+    first, last = blocks * share // shares, blocks * (share + 1) // shares
+    xp = planes[part]
+    pad_image(x, x, False, image, pads, width, xp)
+    yb = products[part][: (last - first) * KERNEL_BLOCK]
+    _multiply(xp, xp.shape[1], offsets, wt, first, last, yb.shape[1], yb)
+    _crop(yb, first * KERNEL_BLOCK, width, bias, relu, y[image])
+
+
+def bind_spin_split(
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, SpinPool, int], None]:
+    """``bind_block_split`` on a spinning pool: ``run(x, wt, bias, y, pool, parts)``, each of ``parts``
+    parts a chunk of ``pool``'s job (``_share_job``). X and Y C-contiguous."""
+    pads, width, offsets = loop_window(geom)
+    batch = int(x_shape[0])
+    block = np.empty(SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
+
+    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, pool: SpinPool, parts: int) -> None:
+        shares = block_shares(parts, batch, buffers)
+        pack_share(block, shares, relu, pads, width, x, offsets, wt, bias, y, buffers.planes, buffers.products)
+        pool.run(_share_address(), block, batch * shares)
+
+    return run
+
+
+#: Slots of a direct Conv share job's argument block (``pack_share``): 5 numbers, then x (4-D),
+#: offsets (1-D), wt (4-D), bias (1-D), y (4-D or 3-D) and the scratch's planes and products (3-D or 2-D).
+SHARE_BLOCK_SLOTS = 5 + 5 + 2 + 5 + 2 + 5 + 4 + 4
+
+
+@numba.njit(nogil=True, cache=True)
+def pack_share(block, shares, relu, pads, width, x, offsets, wt, bias, y, planes, products):  # noqa: ANN001, ANN201
+    """The argument block of a direct Conv share job: the numbers, then the arrays in order (``put_array``)."""
+    block[0], block[1], block[2], block[3], block[4] = shares, relu, pads[0], pads[1], width
+    slot = put_array(block, 5, x)
+    slot = put_array(block, slot, offsets)
+    slot = put_array(block, slot, wt)
+    slot = put_array(block, slot, bias)
+    slot = put_array(block, slot, y)
+    slot = put_array(block, slot, planes)
+    put_array(block, slot, products)
+
+
+def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """``_share`` as a spin-pool job (``pack_share``'s block)."""
+    _share(chunk, args[0], float32_4d(args, 5), (args[2], args[3]), args[4], int64_1d(args, 10), float32_4d(args, 12),
+           float32_1d(args, 17), args[1] != 0, float32_4d(args, 19), float32_3d(args, 24), float32_3d(args, 28))  # fmt: skip
+
+
+@functools.cache
+def _share_address() -> int:
+    return spin_pool.job(_share_job)
 
 
 @numba.njit(nogil=True, cache=True)

@@ -28,6 +28,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import jit_direct
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels.jit_direct import (
@@ -41,6 +42,15 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     pad_image,
     round_up,
     split_threads,
+)
+from hetflow.devices.cpu.spin_pool import (
+    SpinPool,
+    float32_1d,
+    float32_2d,
+    float32_3d,
+    float32_4d,
+    int64_1d,
+    put_array,
 )
 from hetflow.devices.cpu.threads import parallel_for
 from hetflow.ops.spatial import Geometry
@@ -245,16 +255,72 @@ def bind_block_split(
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
-    """Every image's kernel blocks in ``shares`` shares, part p (image p // shares) padding into
-    ``planes[p]`` and multiplying into ``products[p]`` (flat), the parts run by numba's threads."""
-    blocks = wt.shape[0]
+    """Every image's kernel blocks in ``shares`` shares (``_share``), the parts run by numba's threads."""
     for part in numba.prange(x.shape[0] * shares):
-        image, share = part // shares, part % shares
-        first, last = blocks * share // shares, blocks * (share + 1) // shares
-        columns_here = (last - first) * BLOCK_KERNELS
-        yt = products[part][: positions.shape[0] * columns_here].reshape((positions.shape[0], columns_here))
-        _images(x, x, False, image, image + 1, pads, width, positions, offsets, wt, first, last, bias, relu, y,
-                planes[part], yt)  # fmt: skip
+        _share(part, shares, x, pads, width, positions, offsets, wt, bias, relu, y, planes, products)
+
+
+@numba.njit(nogil=True, cache=True)
+def _share(part, shares, x, pads, width, positions, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
+    """Part ``part``: image ``part // shares``, its kernel-block share ``part % shares``, padding into
+    ``planes[part]`` and multiplying into ``products[part]`` (flat)."""
+    blocks = wt.shape[0]
+    image, share = part // shares, part % shares
+    first, last = blocks * share // shares, blocks * (share + 1) // shares
+    columns_here = (last - first) * BLOCK_KERNELS
+    yt = products[part][: positions.shape[0] * columns_here].reshape((positions.shape[0], columns_here))
+    _images(x, x, False, image, image + 1, pads, width, positions, offsets, wt, first, last, bias, relu, y,
+            planes[part], yt)  # fmt: skip
+
+
+def bind_spin_split(
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, SpinPool, int], None]:
+    """``jit_direct.bind_spin_split`` for this variant: ``run(x, wt, bias, y, pool, parts)``."""
+    pads, width, offsets = loop_window(geom)
+    positions = position_offsets(geom)
+    batch = int(x_shape[0])
+    products = buffers.products.reshape(buffers.products.shape[0], -1)
+    block = np.empty(_SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
+
+    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, pool: SpinPool, parts: int) -> None:
+        shares = block_shares(parts, batch, buffers)
+        _pack_share(block, shares, relu, pads, width, x, positions, offsets, wt, bias, y.reshape(batch, kernels, -1),
+                    buffers.planes, products)  # fmt: skip
+        pool.run(_share_address(), block, batch * shares)
+
+    return run
+
+
+#: Slots of a share job's argument block (``_pack_share``): 5 numbers, then x (4-D), positions and
+#: offsets (1-D), wt (4-D), bias (1-D), y (3-D), the scratch's planes (3-D) and products (2-D).
+_SHARE_BLOCK_SLOTS = 5 + 5 + 2 + 2 + 5 + 2 + 4 + 4 + 3
+
+
+@numba.njit(nogil=True, cache=True)
+def _pack_share(block, shares, relu, pads, width, x, positions, offsets, wt, bias, y, planes, products):  # noqa: ANN001, ANN202
+    """``jit_direct.pack_share`` with the positions after X."""
+    block[0], block[1], block[2], block[3], block[4] = shares, relu, pads[0], pads[1], width
+    slot = put_array(block, 5, x)
+    for array in (positions, offsets):
+        slot = put_array(block, slot, array)
+    slot = put_array(block, slot, wt)
+    slot = put_array(block, slot, bias)
+    slot = put_array(block, slot, y)
+    slot = put_array(block, slot, planes)
+    put_array(block, slot, products)
+
+
+def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """``_share`` as a spin-pool job (``_pack_share``'s block)."""
+    _share(chunk, args[0], float32_4d(args, 5), (args[2], args[3]), args[4], int64_1d(args, 10), int64_1d(args, 12),
+           float32_4d(args, 14), float32_1d(args, 19), args[1] != 0, float32_3d(args, 21), float32_3d(args, 25),
+           float32_2d(args, 29))  # fmt: skip
+
+
+@functools.cache
+def _share_address() -> int:
+    return spin_pool.job(_share_job)
 
 
 def direct_conv2d(

@@ -31,6 +31,9 @@ import numba
 import numpy as np
 from numba import types
 
+from hetflow.devices.cpu import spin_pool
+from hetflow.devices.cpu.spin_pool import SpinPool
+
 #: (prefix, suffix) of the 64-bit-integer CBLAS builds numpy ships or links: numpy's wheels bundle
 #: scipy-openblas with prefixed and suffixed names.
 _NAMINGS = (("scipy_cblas_", "64_"), ("cblas_", "64_"))
@@ -99,9 +102,10 @@ def _fits(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> tuple[tuple[int, int
     return layouts  # type: ignore[return-value]
 
 
-def split_product(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int) -> bool:
+def split_product(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int, pool: SpinPool | None = None) -> bool:
     """``out = a @ b`` (2-D, one float dtype) in ``parts`` column blocks, one single-threaded GEMM each,
-    run by numba's threads. Returns False, having done nothing, when the operands do not fit CBLAS."""
+    run by numba's threads, or by ``pool``'s. Returns False, having done nothing, when the operands do
+    not fit CBLAS."""
     layouts = _fits(a, b, out)
     if layouts is None:
         return False
@@ -110,16 +114,26 @@ def split_product(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int) -> 
         # One row (a fully connected layer at batch 1): GEMV, which reads B once without packing it.
         # NOTE: sgemm with M = 1 packs B first: AlexNet's 9216x4096 layer took 30 ms instead of ~12.
         step = 1 if trans_a == _NO_TRANS else lda
-        _vector_columns(parts, b.shape[1], a.shape[1], a, step, b, trans_b, ldb, out)
+        if pool is None:
+            _vector_columns(parts, b.shape[1], a.shape[1], a, step, b, trans_b, ldb, out)
+        else:
+            block = np.empty(_BLOCK_SLOTS, np.int64)
+            _pack(block, (b.shape[1], a.shape[1]), a, (step,), b, (trans_b, ldb), out, (out.itemsize,))
+            pool.run(_spin_jobs()[1], block, parts)
         return True
-    _columns(parts, a.shape[0], b.shape[1], a.shape[1], a, trans_a, lda, b, trans_b, ldb, out, ldc)
+    if pool is None:
+        _columns(parts, a.shape[0], b.shape[1], a.shape[1], a, trans_a, lda, b, trans_b, ldb, out, ldc)
+    else:
+        block = np.empty(_BLOCK_SLOTS, np.int64)
+        _pack(block, (a.shape[0], b.shape[1], a.shape[1]), a, (trans_a, lda), b, (trans_b, ldb), out, (ldc, out.itemsize))
+        pool.run(_spin_jobs()[0], block, parts)
     return True
 
 
-def split_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int) -> bool:
+def split_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int, pool: SpinPool | None = None) -> bool:
     """``out[i] = a[i] @ b[i]`` (``a`` or ``b`` may be one 2-D matrix for every item) over ``out``'s
     leading axis, in ``parts`` ranges of items, one single-threaded GEMM per item, run by numba's
-    threads. Returns False, having done nothing, when the operands do not fit CBLAS."""
+    threads, or by ``pool``'s. Returns False, having done nothing, when the operands do not fit CBLAS."""
     if out.ndim != 3 or a.ndim not in (2, 3) or b.ndim not in (2, 3):
         return False
     first_a, first_b = (a[0] if a.ndim == 3 else a), (b[0] if b.ndim == 3 else b)
@@ -130,8 +144,13 @@ def split_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int) -> bo
     item = out.itemsize
     step_a = a.strides[0] // item if a.ndim == 3 else 0
     step_b = b.strides[0] // item if b.ndim == 3 else 0
-    _items(parts, out.shape[0], out.shape[1], out.shape[2], first_a.shape[1], a, step_a, trans_a, lda,
-           b, step_b, trans_b, ldb, out, out.strides[0] // item, ldc)  # fmt: skip
+    sizes = (out.shape[0], out.shape[1], out.shape[2], first_a.shape[1])
+    if pool is None:
+        _items(parts, *sizes, a, step_a, trans_a, lda, b, step_b, trans_b, ldb, out, out.strides[0] // item, ldc)
+    else:
+        block = np.empty(_BLOCK_SLOTS, np.int64)
+        _pack(block, sizes, a, (step_a, trans_a, lda), b, (step_b, trans_b, ldb), out, (out.strides[0] // item, ldc, item))
+        pool.run(_spin_jobs()[2], block, parts)
     return True
 
 
@@ -147,40 +166,109 @@ def _gemm(single, m, n, k, a, trans_a, lda, b, trans_b, ldb, out, ldc):  # noqa:
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _columns(parts, m, n, k, a, trans_a, lda, b, trans_b, ldb, out, ldc):  # noqa: ANN001, ANN202
     """``out = a @ b`` by ``parts`` column blocks."""
-    item = out.itemsize
     for part in numba.prange(parts):
-        first, last = n * part // parts, n * (part + 1) // parts
-        # Column ``first`` of B: its element offset, by the layout B is read in.
-        offset = first if trans_b == _NO_TRANS else first * ldb
-        _gemm(item == 4, m, last - first, k, a.ctypes.data, trans_a, lda, b.ctypes.data + offset * item,
-              trans_b, ldb, out.ctypes.data + first * item, ldc)  # fmt: skip
+        _column_block(part, parts, m, n, k, a.ctypes.data, trans_a, lda, b.ctypes.data, trans_b, ldb,
+                      out.ctypes.data, ldc, out.itemsize)  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True)
+def _column_block(part, parts, m, n, k, a, trans_a, lda, b, trans_b, ldb, out, ldc, item):  # noqa: ANN001, ANN202
+    """Column block ``part`` of ``parts`` of ``out = a @ b`` (raw addresses, elements ``item`` bytes)."""
+    first, last = n * part // parts, n * (part + 1) // parts
+    # Column ``first`` of B: its element offset, by the layout B is read in.
+    offset = first if trans_b == _NO_TRANS else first * ldb
+    _gemm(item == 4, m, last - first, k, a, trans_a, lda, b + offset * item, trans_b, ldb, out + first * item, ldc)
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _items(parts, count, m, n, k, a, step_a, trans_a, lda, b, step_b, trans_b, ldb, out, step_out, ldc):  # noqa: ANN001, ANN202
     """``out[i] = a[i] @ b[i]`` by ``parts`` ranges of items (a step of 0: one matrix for every item)."""
-    item = out.itemsize
     for part in numba.prange(parts):
-        for index in range(count * part // parts, count * (part + 1) // parts):
-            _gemm(item == 4, m, n, k, a.ctypes.data + index * step_a * item, trans_a, lda,
-                  b.ctypes.data + index * step_b * item, trans_b, ldb,
-                  out.ctypes.data + index * step_out * item, ldc)  # fmt: skip
+        _item_range(part, parts, count, m, n, k, a.ctypes.data, step_a, trans_a, lda, b.ctypes.data, step_b,
+                    trans_b, ldb, out.ctypes.data, step_out, ldc, out.itemsize)  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True)
+def _item_range(part, parts, count, m, n, k, a, step_a, trans_a, lda, b, step_b, trans_b, ldb, out, step_out, ldc,
+                item):  # noqa: ANN001, ANN202
+    """Range ``part`` of ``parts`` of the items of ``out[i] = a[i] @ b[i]`` (raw addresses)."""
+    for index in range(count * part // parts, count * (part + 1) // parts):
+        _gemm(item == 4, m, n, k, a + index * step_a * item, trans_a, lda, b + index * step_b * item, trans_b, ldb,
+              out + index * step_out * item, ldc)  # fmt: skip
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _vector_columns(parts, n, k, x, step_x, b, trans_b, ldb, out):  # noqa: ANN001, ANN202
     """``out[0] = x[0] @ b`` (``x`` one row of ``k``, elements ``step_x`` apart) by ``parts`` column blocks."""
-    item = out.itemsize
     for part in numba.prange(parts):
-        first, last = n * part // parts, n * (part + 1) // parts
-        y = out.ctypes.data + first * item
-        if trans_b == _NO_TRANS:
-            # B [k, n] row-major: y = B[:, first:last]^T x.
-            _gemv(item == 4, _TRANS, k, last - first, b.ctypes.data + first * item, ldb, x.ctypes.data, step_x, y)
-        else:
-            # B is W^T, W [n, k] row-major: y = W[first:last] x.
-            _gemv(item == 4, _NO_TRANS, last - first, k, b.ctypes.data + first * ldb * item, ldb, x.ctypes.data,
-                  step_x, y)  # fmt: skip
+        _vector_block(part, parts, n, k, x.ctypes.data, step_x, b.ctypes.data, trans_b, ldb, out.ctypes.data,
+                      out.itemsize)  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True)
+def _vector_block(part, parts, n, k, x, step_x, b, trans_b, ldb, out, item):  # noqa: ANN001, ANN202
+    """Column block ``part`` of ``parts`` of ``out[0] = x[0] @ b`` (raw addresses, elements ``item`` bytes)."""
+    first, last = n * part // parts, n * (part + 1) // parts
+    y = out + first * item
+    if trans_b == _NO_TRANS:
+        # B [k, n] row-major: y = B[:, first:last]^T x.
+        _gemv(item == 4, _TRANS, k, last - first, b + first * item, ldb, x, step_x, y)
+    else:
+        # B is W^T, W [n, k] row-major: y = W[first:last] x.
+        _gemv(item == 4, _NO_TRANS, last - first, k, b + first * ldb * item, ldb, x, step_x, y)
+
+
+#: Slots of a product job's argument block (``_pack``).
+_BLOCK_SLOTS = 16
+
+
+@numba.njit(nogil=True, cache=True)
+def _pack(block, head, a, after_a, b, after_b, out, tail):  # noqa: ANN001, ANN202
+    """A product job's argument block: ``head``, A's address, ``after_a``, B's, ``after_b``, Y's, ``tail``
+    (the jobs below read them in that order)."""
+    slot = 0
+    for value in head:
+        block[slot] = value
+        slot += 1
+    block[slot] = a.ctypes.data
+    slot += 1
+    for value in after_a:
+        block[slot] = value
+        slot += 1
+    block[slot] = b.ctypes.data
+    slot += 1
+    for value in after_b:
+        block[slot] = value
+        slot += 1
+    block[slot] = out.ctypes.data
+    slot += 1
+    for value in tail:
+        block[slot] = value
+        slot += 1
+
+
+def _column_job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """``_column_block`` as a spin-pool job (``split_product``'s argument block)."""
+    _column_block(chunk, chunks, args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8],
+                  args[9], args[10], args[11])  # fmt: skip
+
+
+def _item_job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """``_item_range`` as a spin-pool job (``split_stack``'s argument block)."""
+    _item_range(chunk, chunks, args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8],
+                args[9], args[10], args[11], args[12], args[13], args[14], args[15])  # fmt: skip
+
+
+def _vector_job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """``_vector_block`` as a spin-pool job (``split_product``'s argument block)."""
+    _vector_block(chunk, chunks, args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8])
+
+
+@functools.cache
+def _spin_jobs() -> tuple[int, int, int]:
+    """The addresses of the column, vector and item jobs (compiled once ``available`` bound BLAS's
+    symbols)."""
+    return spin_pool.job(_column_job), spin_pool.job(_vector_job), spin_pool.job(_item_job)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")

@@ -1,0 +1,131 @@
+"""The spinning pool (``hetflow.devices.cpu.spin_pool``): every chunk of a job runs exactly once, from
+the caller and the workers, and the products split on it match numpy."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from hetflow.devices.cpu import spin_pool
+from hetflow.devices.cpu.kernels import jit_gemm
+from hetflow.devices.cpu.spin_pool import SpinPool, float32_1d, int64_1d, job_arguments
+
+
+def _count_chunk(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """Add 1 to counts[chunk] and record ``chunks`` (a job for the tests)."""
+    counts = int64_1d(args, 0)
+    counts[chunk] += 1
+    seen = int64_1d(args, 2)
+    seen[0] = chunks
+
+
+def _scale_chunk(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """y[range of chunk] = 2 * x[range of chunk] (a job that touches float arrays)."""
+    x = float32_1d(args, 0)
+    y = float32_1d(args, 2)
+    first, last = x.shape[0] * chunk // chunks, x.shape[0] * (chunk + 1) // chunks
+    for i in range(first, last):
+        y[i] = 2 * x[i]
+
+
+COUNT = spin_pool.job(_count_chunk)
+SCALE = spin_pool.job(_scale_chunk)
+
+
+@pytest.fixture
+def pool():
+    pool = SpinPool(1, grace=1_000)
+    pool.spin()
+    yield pool
+    pool.rest()
+    pool.close()
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 7, 64])
+def test_every_chunk_runs_exactly_once(pool, chunks):
+    for _ in range(300):
+        counts, seen = np.zeros(chunks, np.int64), np.zeros(1, np.int64)
+        pool.run(COUNT, job_arguments([counts, seen]), chunks)
+        assert counts.tolist() == [1] * chunks
+        assert seen[0] == chunks
+
+
+def test_a_job_starts_the_worker_and_completes(pool):
+    x = np.arange(1 << 20, dtype=np.float32)
+    y = np.zeros_like(x)
+    pool.run(SCALE, job_arguments([x, y]), 2)
+    np.testing.assert_array_equal(y, 2 * x)
+    assert len(pool._threads) == 1 and pool._threads[0].is_alive()
+
+
+def test_a_job_completes_after_the_workers_went_to_sleep(pool):
+    pool.run(SCALE, job_arguments([np.ones(8, np.float32), np.zeros(8, np.float32)]), 2)
+    pool.rest()
+    time.sleep(0.05)  # past the grace: the worker sleeps
+    x = np.arange(1000, dtype=np.float32)
+    y = np.zeros_like(x)
+    pool.run(SCALE, job_arguments([x, y]), 4)
+    np.testing.assert_array_equal(y, 2 * x)
+    pool.spin()
+
+
+def test_concurrent_callers_each_get_every_chunk(pool):
+    """A caller that finds the pool busy runs its chunks alone: no chunk is lost or run twice."""
+    failures = []
+
+    def caller() -> None:
+        for _ in range(200):
+            counts, seen = np.zeros(5, np.int64), np.zeros(1, np.int64)
+            pool.run(COUNT, job_arguments([counts, seen]), 5)
+            if counts.tolist() != [1] * 5:
+                failures.append(counts.tolist())
+
+    callers = [threading.Thread(target=caller) for _ in range(3)]
+    for thread in callers:
+        thread.start()
+    for thread in callers:
+        thread.join()
+    assert failures == []
+
+
+def test_bad_requests_raise(pool):
+    with pytest.raises(ValueError, match="at most"):
+        pool.run(COUNT, job_arguments([np.zeros(1, np.int64), np.zeros(1, np.int64)]), spin_pool.MAX_CHUNKS + 1)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        job_arguments([np.zeros((4, 4), np.float32)[:, ::2]])
+
+
+def test_close_stops_the_workers(pool):
+    pool.run(SCALE, job_arguments([np.ones(8, np.float32), np.zeros(8, np.float32)]), 2)
+    threads = list(pool._threads)
+    pool.close()
+    assert threads and not any(thread.is_alive() for thread in threads)
+
+
+needs_cblas = pytest.mark.skipif(not jit_gemm.available(), reason="numpy's BLAS is not an OpenBLAS with CBLAS")
+
+
+@needs_cblas
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("m", "k", "n", "trans_b"), [(1, 800, 500, True), (1, 33, 70, False), (7, 40, 90, True),
+                                                     (16, 64, 33, False)])  # fmt: skip
+def test_products_split_on_the_pool_match_numpy(pool, dtype, m, k, n, trans_b):
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((n, k)).astype(dtype).T if trans_b else rng.standard_normal((k, n)).astype(dtype)
+    out = np.full((m, n), np.nan, dtype)
+    assert jit_gemm.split_product(a, b, out, 2, pool)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4 if dtype == np.float32 else 1e-10, atol=1e-4)
+
+
+@needs_cblas
+def test_stacked_products_split_on_the_pool_match_numpy(pool):
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((5, 6, 7)).astype(np.float32)
+    b = rng.standard_normal((7, 9)).astype(np.float32)
+    out = np.full((5, 6, 9), np.nan, np.float32)
+    assert jit_gemm.split_stack(a, b, out, 2, pool)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
