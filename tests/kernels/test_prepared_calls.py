@@ -98,6 +98,7 @@ def test_direct_conv_bound_shares_one_image_over_numba_threads(monkeypatch, x_sh
     from hetflow.devices.cpu.kernels import direct, jit_direct, jit_direct_lanes
 
     monkeypatch.setattr(direct, "MIN_PRODUCTS_PER_NATIVE_SHARE", 1)
+    monkeypatch.setattr(direct, "MIN_PRODUCTS_PER_SPIN_SHARE", 1)
     monkeypatch.setattr(direct, "available_cores", lambda: 2)
     monkeypatch.setattr(direct, "intra_op_threads", lambda: 2)
     monkeypatch.setattr(direct, "in_numba_pool", lambda: True)

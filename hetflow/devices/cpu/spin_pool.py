@@ -250,6 +250,16 @@ def put_array(block, slot, array):  # noqa: ANN001, ANN201
     return slot + 1 + array.ndim
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def put_values(block, slot, values):  # noqa: ANN001, ANN201
+    """Write the integers ``values`` (a tuple) from ``slot`` of the argument block ``block``; returns the
+    next free slot."""
+    for value in values:
+        block[slot] = value
+        slot += 1
+    return slot
+
+
 ArgumentItem = np.ndarray | int | bool
 
 

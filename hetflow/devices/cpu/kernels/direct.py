@@ -135,10 +135,9 @@ def _prepare(
     products_computed = variant.computed_products(y_shape[0], channels, kernels, geo)
     # In numba's pool, a batch smaller than the threads shares out each image's kernel blocks.
     native_parts = min(parts, products_computed // MIN_PRODUCTS_PER_NATIVE_SHARE)
-    split = variant.bind_block_split(x_shape, kernels, geo, relu, buffers) if y_shape[0] < native_parts else None
     # On spinning threads (``own_threads(spin=True)``), likewise from MIN_PRODUCTS_PER_SPIN_SHARE a share.
     spin_parts = min(parts, products_computed // MIN_PRODUCTS_PER_SPIN_SHARE)
-    spin_split = variant.bind_spin_split(x_shape, kernels, geo, relu, buffers) if y_shape[0] < spin_parts else None
+    split = variant.bind_block_split(x_shape, kernels, geo, relu, buffers) if y_shape[0] < spin_parts else None
     blocks = jit_direct.round_up(kernels, block) // block
     most = jit_direct.most_threads(products_computed, y_shape[0], blocks)
     target = out[0] if out is not None else None
@@ -156,9 +155,9 @@ def _prepare(
         wt = BLOCKED_WEIGHTS.get(w, block)
         threads = intra_op_threads()
         pool = spinning()
-        if spin_split is not None and pool is not None and threads > y_shape[0] and spin_target:
-            spin_split(np.ascontiguousarray(x), wt, bias, y, pool, min(threads, spin_parts))
-        elif split is not None and threads > y_shape[0] and in_numba_pool():
+        if split is not None and pool is not None and threads > y_shape[0] and spin_target:
+            split(np.ascontiguousarray(x), wt, bias, y, min(threads, spin_parts), pool)
+        elif split is not None and y_shape[0] < native_parts and threads > y_shape[0] and in_numba_pool():
             split(np.ascontiguousarray(x), wt, bias, y, min(threads, native_parts))
         elif most == 1 or threads == 1:
             one_part(np.ascontiguousarray(x), wt, bias, y)

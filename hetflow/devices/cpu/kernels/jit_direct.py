@@ -42,7 +42,15 @@ from numba.extending import intrinsic
 
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
-from hetflow.devices.cpu.spin_pool import SpinPool, float32_1d, float32_3d, float32_4d, int64_1d, put_array
+from hetflow.devices.cpu.spin_pool import (
+    SpinPool,
+    float32_1d,
+    float32_3d,
+    float32_4d,
+    int64_1d,
+    put_array,
+    put_values,
+)
 from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
 from hetflow.ops.spatial import AxisGeometry, Geometry
 
@@ -377,16 +385,22 @@ def bind_one_part(
 
 def bind_block_split(
     x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
-) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int], None]:
+) -> Callable[..., None]:
     """``conv2d`` without a mask, each image's kernel blocks shared out over ``parts`` parts of
-    ``buffers`` and run by numba's threads (``_split_blocks``): ``run(x, wt, bias, y, parts)``. For a
+    ``buffers``: ``run(x, wt, bias, y, parts, pool=None)``, the parts run by numba's threads
+    (``_split_blocks``), or as the chunks of a job on the spinning ``pool`` (X and Y C-contiguous). For a
     batch smaller than the threads, where splitting images leaves threads idle."""
     pads, width, offsets = loop_window(geom)
     batch = int(x_shape[0])
+    block = np.empty(SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
 
-    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> None:
+    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int, pool: SpinPool | None = None) -> None:
         shares = block_shares(parts, batch, buffers)
-        _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, y, buffers.planes, buffers.products)
+        if pool is None:
+            _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, y, buffers.planes, buffers.products)
+            return
+        pack_share(block, (shares, int(relu), *pads, width), x, (offsets,), wt, bias, y, buffers.planes, buffers.products)
+        pool.run(_share_address(), block, batch * shares)
 
     return run
 
@@ -412,34 +426,20 @@ def _share(part, shares, x, pads, width, offsets, wt, bias, relu, y, planes, pro
     _crop(yb, first * KERNEL_BLOCK, width, bias, relu, y[image])
 
 
-def bind_spin_split(
-    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
-) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, SpinPool, int], None]:
-    """``bind_block_split`` on a spinning pool: ``run(x, wt, bias, y, pool, parts)``, each of ``parts``
-    parts a chunk of ``pool``'s job (``_share_job``). X and Y C-contiguous."""
-    pads, width, offsets = loop_window(geom)
-    batch = int(x_shape[0])
-    block = np.empty(SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
-
-    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, pool: SpinPool, parts: int) -> None:
-        shares = block_shares(parts, batch, buffers)
-        pack_share(block, shares, relu, pads, width, x, offsets, wt, bias, y, buffers.planes, buffers.products)
-        pool.run(_share_address(), block, batch * shares)
-
-    return run
-
-
 #: Slots of a direct Conv share job's argument block (``pack_share``): 5 numbers, then x (4-D),
 #: offsets (1-D), wt (4-D), bias (1-D), y (4-D or 3-D) and the scratch's planes and products (3-D or 2-D).
 SHARE_BLOCK_SLOTS = 5 + 5 + 2 + 5 + 2 + 5 + 4 + 4
 
 
 @numba.njit(nogil=True, cache=True)
-def pack_share(block, shares, relu, pads, width, x, offsets, wt, bias, y, planes, products):  # noqa: ANN001, ANN201
-    """The argument block of a direct Conv share job: the numbers, then the arrays in order (``put_array``)."""
-    block[0], block[1], block[2], block[3], block[4] = shares, relu, pads[0], pads[1], width
-    slot = put_array(block, 5, x)
-    slot = put_array(block, slot, offsets)
+def pack_share(block, numbers, x, tables, wt, bias, y, planes, products):  # noqa: ANN001, ANN201
+    """The argument block of a direct Conv share job: ``numbers`` (shares, relu, the two pads, width),
+    then X, the int64 ``tables`` (the taps' offsets; the lanes variant's positions first), the weights,
+    the bias, Y and the scratch (``put_array`` each)."""
+    slot = put_values(block, 0, numbers)
+    slot = put_array(block, slot, x)
+    for table in tables:
+        slot = put_array(block, slot, table)
     slot = put_array(block, slot, wt)
     slot = put_array(block, slot, bias)
     slot = put_array(block, slot, y)

@@ -39,6 +39,7 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     fit_buffers,
     flat_layout,
     loop_window,
+    pack_share,
     pad_image,
     round_up,
     split_threads,
@@ -50,7 +51,6 @@ from hetflow.devices.cpu.spin_pool import (
     float32_3d,
     float32_4d,
     int64_1d,
-    put_array,
 )
 from hetflow.devices.cpu.threads import parallel_for
 from hetflow.ops.spatial import Geometry
@@ -237,18 +237,25 @@ def bind_one_part(
 
 def bind_block_split(
     x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
-) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int], None]:
-    """``jit_direct.bind_block_split`` for this variant: ``run(x, wt, bias, y, parts)``, each image's
-    kernel blocks shared out over ``parts`` parts of ``buffers``, run by numba's threads."""
+) -> Callable[..., None]:
+    """``jit_direct.bind_block_split`` for this variant: ``run(x, wt, bias, y, parts, pool=None)``, each
+    image's kernel blocks shared out over ``parts`` parts of ``buffers``, run by numba's threads or on
+    the spinning ``pool``."""
     pads, width, offsets = loop_window(geom)
     positions = position_offsets(geom)
     batch = int(x_shape[0])
     products = buffers.products.reshape(buffers.products.shape[0], -1)
+    block = np.empty(_SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
 
-    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> None:
+    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int, pool: SpinPool | None = None) -> None:
         shares = block_shares(parts, batch, buffers)
-        _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, y.reshape(batch, kernels, -1),
-                      buffers.planes, products)  # fmt: skip
+        planes = y.reshape(batch, kernels, -1)
+        if pool is None:
+            _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, planes, buffers.planes, products)
+            return
+        numbers = (shares, int(relu), *pads, width)
+        pack_share(block, numbers, x, (positions, offsets), wt, bias, planes, buffers.planes, products)
+        pool.run(_share_address(), block, batch * shares)
 
     return run
 
@@ -273,46 +280,13 @@ def _share(part, shares, x, pads, width, positions, offsets, wt, bias, relu, y, 
             planes[part], yt)  # fmt: skip
 
 
-def bind_spin_split(
-    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
-) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, SpinPool, int], None]:
-    """``jit_direct.bind_spin_split`` for this variant: ``run(x, wt, bias, y, pool, parts)``."""
-    pads, width, offsets = loop_window(geom)
-    positions = position_offsets(geom)
-    batch = int(x_shape[0])
-    products = buffers.products.reshape(buffers.products.shape[0], -1)
-    block = np.empty(_SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
-
-    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, pool: SpinPool, parts: int) -> None:
-        shares = block_shares(parts, batch, buffers)
-        _pack_share(block, shares, relu, pads, width, x, positions, offsets, wt, bias, y.reshape(batch, kernels, -1),
-                    buffers.planes, products)  # fmt: skip
-        pool.run(_share_address(), block, batch * shares)
-
-    return run
-
-
-#: Slots of a share job's argument block (``_pack_share``): 5 numbers, then x (4-D), positions and
+#: Slots of a share job's argument block (``jit_direct.pack_share``): 5 numbers, then x (4-D), positions and
 #: offsets (1-D), wt (4-D), bias (1-D), y (3-D), the scratch's planes (3-D) and products (2-D).
 _SHARE_BLOCK_SLOTS = 5 + 5 + 2 + 2 + 5 + 2 + 4 + 4 + 3
 
 
-@numba.njit(nogil=True, cache=True)
-def _pack_share(block, shares, relu, pads, width, x, positions, offsets, wt, bias, y, planes, products):  # noqa: ANN001, ANN202
-    """``jit_direct.pack_share`` with the positions after X."""
-    block[0], block[1], block[2], block[3], block[4] = shares, relu, pads[0], pads[1], width
-    slot = put_array(block, 5, x)
-    for array in (positions, offsets):
-        slot = put_array(block, slot, array)
-    slot = put_array(block, slot, wt)
-    slot = put_array(block, slot, bias)
-    slot = put_array(block, slot, y)
-    slot = put_array(block, slot, planes)
-    put_array(block, slot, products)
-
-
 def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
-    """``_share`` as a spin-pool job (``_pack_share``'s block)."""
+    """``_share`` as a spin-pool job (``jit_direct.pack_share``'s block, the positions before the offsets)."""
     _share(chunk, args[0], float32_4d(args, 5), (args[2], args[3]), args[4], int64_1d(args, 10), int64_1d(args, 12),
            float32_4d(args, 14), float32_1d(args, 19), args[1] != 0, float32_3d(args, 21), float32_3d(args, 25),
            float32_2d(args, 29))  # fmt: skip

@@ -32,7 +32,7 @@ import numpy as np
 from numba import types
 
 from hetflow.devices.cpu import spin_pool
-from hetflow.devices.cpu.spin_pool import SpinPool
+from hetflow.devices.cpu.spin_pool import SpinPool, put_values
 
 #: (prefix, suffix) of the 64-bit-integer CBLAS builds numpy ships or links: numpy's wheels bundle
 #: scipy-openblas with prefixed and suffixed names.
@@ -226,25 +226,10 @@ _BLOCK_SLOTS = 16
 def _pack(block, head, a, after_a, b, after_b, out, tail):  # noqa: ANN001, ANN202
     """A product job's argument block: ``head``, A's address, ``after_a``, B's, ``after_b``, Y's, ``tail``
     (the jobs below read them in that order)."""
-    slot = 0
-    for value in head:
-        block[slot] = value
-        slot += 1
-    block[slot] = a.ctypes.data
-    slot += 1
-    for value in after_a:
-        block[slot] = value
-        slot += 1
-    block[slot] = b.ctypes.data
-    slot += 1
-    for value in after_b:
-        block[slot] = value
-        slot += 1
-    block[slot] = out.ctypes.data
-    slot += 1
-    for value in tail:
-        block[slot] = value
-        slot += 1
+    slot = put_values(block, 0, head)
+    slot = put_values(block, slot, (np.int64(a.ctypes.data), *after_a))
+    slot = put_values(block, slot, (np.int64(b.ctypes.data), *after_b))
+    put_values(block, slot, (np.int64(out.ctypes.data), *tail))
 
 
 def _column_job(args, chunk, chunks):  # noqa: ANN001, ANN202
