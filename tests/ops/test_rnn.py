@@ -552,3 +552,37 @@ def test_saturated_gates_stay_finite_in_the_compiled_cell():
     feeds["W"] = feeds["W"] * 200
     outputs = check_against_ort("LSTM", feeds)
     assert all(np.isfinite(output).all() for output in outputs)
+
+
+@pytest.mark.parametrize(("batch", "whole_projection"), [(1, True), (3, True), (3, False), (16, False)])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("keep_y", [False, True])
+def test_the_compiled_sequence_matches_the_stepwise_lstm_driver(monkeypatch, batch, whole_projection, reverse, keep_y):
+    from hetflow.devices.cpu.kernels import jit_lstm
+
+    if not jit_lstm.runs_sequence(batch):
+        pytest.fail("numpy's BLAS here cannot be called from compiled code: the compiled sequence never runs")
+    if not whole_projection:
+        monkeypatch.setattr(jit_lstm, "WHOLE_PROJECTION_BYTES", 0)
+    rng = np.random.default_rng(batch)
+    hidden, inputs, steps = 24, 5, 7
+    r = (rng.standard_normal((4 * hidden, hidden)) * 0.3).astype(np.float32)
+    w = rng.standard_normal((4 * hidden, inputs)).astype(np.float32)
+    bias = rng.standard_normal(4 * hidden).astype(np.float32)
+    x_t = rng.standard_normal((steps, inputs, batch)).astype(np.float32)
+    h0 = rng.standard_normal((hidden, batch)).astype(np.float32)
+    c0 = rng.standard_normal((hidden, batch)).astype(np.float32)
+
+    def drive(scan):  # noqa: ANN001, ANN202
+        c = c0.copy()
+        y = np.zeros((steps, hidden, batch), np.float32) if keep_y else None
+        h = scan(r, w, bias, x_t, h0.copy(), c, reverse, y)[0]
+        return h, c, y
+
+    compiled, stepwise = drive(jit_lstm.scan), drive(jit_lstm._scan_stepwise)
+    for mine, theirs in zip(compiled, stepwise):
+        if mine is not None:
+            np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    if keep_y:
+        # Y's last written step is the final H.
+        np.testing.assert_array_equal(compiled[2][0 if reverse else -1], compiled[0])

@@ -1,19 +1,30 @@
 """The standard LSTM cell (sigmoid / tanh / tanh, no peepholes, no clip, separate input and forget
-gates) over a whole sequence, in the transposed layout, with each step's elementwise work in three
-compiled passes around numpy's vectorised ``exp``.
+gates) over a whole sequence, in the transposed layout, compiled.
 
 Layout: the states are kept as ``[hidden, B]`` and the gates as ``[4*hidden, B]``, so that the
 recurrent product is ``R @ H^T`` on R as the model stores it. In the usual layout, ``H @ R^T`` reads R
 through its transposed view, which OpenBLAS ran 1.3x (B = 64) to 1.7x (B = 8) slower than R as stored,
-and transposing the product back cost as much again (~1 ns an element). Each step's input projection
-is made in the same layout beside it, and Y is written ``[seq, hidden, B]`` and transposed once at the
-end.
+and transposing the product back cost as much again (~1 ns an element). Y is written
+``[seq, hidden, B]`` and transposed once at the end.
 
-Per step, after the GEMM (numpy's LSTM step took a dozen ufunc calls, each a pass over memory):
+Two drivers, the same arithmetic:
+
+* up to ``SEQUENCE_MAX_BATCH`` columns, one compiled loop runs every step (``_sequence``): the
+  products call numpy's OpenBLAS from compiled code (``jit_gemm``) and the cell is one flat pass whose
+  ``exp`` vectorises (``jit_math.exp``), so a step never returns to Python. At batch 1 a step is the
+  recurrent GEMV (~36 us for hidden 512) plus ~4 us; the stepwise driver spent ~25 us more a step on
+  seven Python-level calls.
+* above it (and where BLAS cannot be called from compiled code), each step runs from Python
+  (``_scan_stepwise``): the products by numpy, the elementwise work in three compiled passes around
+  numpy's SIMD ``np.exp``, which beats the fused pass on long rows (at B = 64, hidden 512: 123 against
+  210 us a step, the fused pass being one thread's 8-lane loop with five divisions an element).
+
+The stepwise passes, per step after the GEMM (numpy's LSTM step took a dozen ufunc calls, each a pass
+over memory):
 
 1. ``negate_preactivations``: ``-(R h + W x + b)`` for the sigmoid gates i, o, f and twice that for
    the cell gate, in place;
-2. ``np.exp`` (numba's ``exp`` is scalar libm here; numpy's is SIMD);
+2. ``np.exp``;
 3. ``update_cell``: ``sigmoid = 1 / (1 + e)``, ``tanh(z) = 2 / (1 + exp(-2z)) - 1``, the new cell state
    ``C' = f C + i g`` in place, the output gate, and ``-2 C'`` for the second ``exp``;
 4. ``np.exp``, then ``update_hidden``: ``H' = o tanh(C')``.
@@ -28,6 +39,31 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+
+from hetflow.devices.cpu.kernels import jit_gemm
+from hetflow.devices.cpu.kernels.jit_math import exp
+
+#: Up to this many bytes, the input projection of every step is made up front in one product (0.8 MB
+#: for lstm-gesture at batch 1, where a product per step cost ~7 us of the step's ~45); beyond it, each
+#: step's projection is made beside its recurrent product, in cache (52 MB at batch 64: 30 ms of writing).
+WHOLE_PROJECTION_BYTES = 8 << 20
+#: The most columns (batch) the compiled sequence runs (``_sequence``). Measured on the 2-core VM,
+#: hidden 512, 100 steps, compiled against stepwise: B = 1 5.1 / 6.2 ms, 2 23.1 / 25.4, 8 28.4 / 29.2,
+#: 16 32.6 / 32.6, 32 49.5 / 47.3, 64 82.1 / 76.6.
+SEQUENCE_MAX_BATCH = 16
+
+
+def runs_sequence(batch: int) -> bool:
+    """Whether ``scan`` runs ``batch`` columns as one compiled loop (``_sequence``)."""
+    return batch <= SEQUENCE_MAX_BATCH and jit_gemm.available()
+
+
+def sequence_scratch_bytes(seq_length: int, hidden: int, batch: int, itemsize: int) -> int:
+    """Bytes the compiled sequence allocates beyond what both drivers share (the gates, the states):
+    the input projections (every step's, or one step's) and the bias repeated per column."""
+    rows = 4 * hidden
+    whole = seq_length * rows * batch * itemsize <= WHOLE_PROJECTION_BYTES
+    return ((seq_length if whole else 1) * rows * batch + rows * batch) * itemsize
 
 
 def scan(
@@ -51,6 +87,102 @@ def scan(
         reverse: run the steps from last to first.
         y_t: ``[seq, hidden, B]`` to receive every step's hidden state, or None.
     """
+    if runs_sequence(x_t.shape[2]):
+        return _scan_compiled(r, w, bias, x_t, h_t, c_t, reverse, y_t)
+    return _scan_stepwise(r, w, bias, x_t, h_t, c_t, reverse, y_t)
+
+
+def _scan_compiled(
+    r: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray,
+    x_t: np.ndarray,
+    h_t: np.ndarray,
+    c_t: np.ndarray,
+    reverse: bool,
+    y_t: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``scan`` as one compiled loop over the steps (``_sequence``; ``runs_sequence`` must hold)."""
+    seq_length, _, batch = x_t.shape
+    rows, hidden = r.shape[0], r.shape[0] // 4
+    gates = np.empty((rows, batch), r.dtype)
+    whole = seq_length * rows * batch * r.itemsize <= WHOLE_PROJECTION_BYTES
+    projections = np.matmul(w, x_t) if whole else np.empty((1, rows, batch), r.dtype)
+    spare = np.empty((2, hidden, batch), r.dtype)
+    bias_per_column = np.repeat(np.ascontiguousarray(bias, r.dtype), batch)
+    h_end = _sequence(np.ascontiguousarray(r), np.ascontiguousarray(w), bias_per_column, x_t, h_t, c_t, reverse,
+                      spare if y_t is None else y_t, y_t is not None, whole, gates, projections, spare)  # fmt: skip
+    return h_end, c_t
+
+
+_NO_TRANS = 111  # CBLAS: the matrix as stored
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _sequence(r, w, bias, x_t, h, c, reverse, y_t, has_y, whole, gates, projections, spare):  # noqa: ANN001, ANN202
+    """Every step of the standard cell: ``gates = R h`` (BLAS, at the session's threads), the input
+    projection (``projections[t]`` made up front when ``whole``, else ``W x_t`` now into
+    ``projections[0]``), then ``_update_states``; H goes into ``y_t[t]`` when ``has_y``, else into the
+    ``spare`` buffer it is not in. Returns the last H."""
+    seq_length, inputs, batch = x_t.shape
+    rows = r.shape[0]
+    hidden = rows // 4
+    single = r.itemsize == 4
+    for index in range(seq_length):
+        t = seq_length - 1 - index if reverse else index
+        projection = projections[t] if whole else projections[0]
+        if batch == 1:
+            jit_gemm._gemv(single, _NO_TRANS, rows, hidden, r.ctypes.data, hidden, h.ctypes.data, 1,
+                           gates.ctypes.data)  # fmt: skip
+        else:
+            jit_gemm._gemm(single, rows, batch, hidden, r.ctypes.data, _NO_TRANS, hidden, h.ctypes.data, _NO_TRANS,
+                           batch, gates.ctypes.data, batch)  # fmt: skip
+        if not whole:
+            jit_gemm._gemm(single, rows, batch, inputs, w.ctypes.data, _NO_TRANS, inputs, x_t[t].ctypes.data,
+                           _NO_TRANS, batch, projection.ctypes.data, batch)  # fmt: skip
+        h_next = y_t[t] if has_y else spare[index % 2]
+        _update_states(gates.reshape(-1), projection.reshape(-1), bias, c.reshape(-1), h_next.reshape(-1))
+        h = h_next
+    return h
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _sigmoid(z, one):  # noqa: ANN001, ANN202
+    """``1 / (1 + e^-z)``; ``one`` is 1 in z's dtype."""
+    return one / (one + exp(-z))
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _update_states(gates, projection, bias, c, h):  # noqa: ANN001, ANN202
+    """One step of the cell in one flat pass: pre-activations ``gates + projection + bias`` (blocks i,
+    o, f, c of ``c.size`` elements), ``C = f C + i g`` in place and ``H = o tanh(C)``, with
+    ``tanh(z) = 2 sigmoid(2z) - 1``. The loop vectorises (``jit_math.exp``)."""
+    size = np.uint64(c.shape[0])
+    two = c.dtype.type(2)
+    one = c.dtype.type(1)
+    for j in range(size):
+        input_gate = _sigmoid(gates[j] + projection[j] + bias[j], one)
+        output_gate = _sigmoid(gates[size + j] + projection[size + j] + bias[size + j], one)
+        forget_gate = _sigmoid(gates[2 * size + j] + projection[2 * size + j] + bias[2 * size + j], one)
+        cell_input = gates[3 * size + j] + projection[3 * size + j] + bias[3 * size + j]
+        candidate = two * _sigmoid(two * cell_input, one) - one
+        cell = forget_gate * c[j] + input_gate * candidate
+        c[j] = cell
+        h[j] = output_gate * (two * _sigmoid(two * cell, one) - one)
+
+
+def _scan_stepwise(
+    r: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray,
+    x_t: np.ndarray,
+    h_t: np.ndarray,
+    c_t: np.ndarray,
+    reverse: bool,
+    y_t: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``scan`` with each step's products by numpy and its elementwise work in three compiled passes
+    around numpy's ``exp`` (where BLAS cannot be called from compiled code)."""
     seq_length, _, batch = x_t.shape
     rows = r.shape[0]
     hidden = rows // 4

@@ -388,9 +388,10 @@ def runs_compiled(attrs: Any, specs: Sequence[ActivationSpec], peepholes: bool, 
 
 def compiled_lstm_scratch_bytes(node: Node, inputs: Sequence[TensorInfo | None]) -> int | None:
     """Bytes the compiled LSTM (``jit_lstm.scan``) allocates in one call beyond its outputs: per
-    direction the gate and projection buffers (``4*hidden x batch`` each), four ``hidden x batch``
-    state buffers and the transposed input; None when the node runs the numpy step (whose scratch is
-    the op's: the input projection of every step)."""
+    direction the transposed input and the gates (``4*hidden x batch``), then for the compiled sequence
+    two ``hidden x batch`` state buffers and ``jit_lstm.sequence_scratch_bytes``, or for the stepwise
+    driver a projection buffer (``4*hidden x batch``) and four state buffers; None when the node runs
+    the numpy step (whose scratch is the op's: the input projection of every step)."""
     padded = list(inputs) + [None] * (8 - len(inputs))
     x, r, sequence_lens, peepholes = padded[0], padded[2], padded[4], padded[7]
     attrs = node.attrs
@@ -409,8 +410,13 @@ def compiled_lstm_scratch_bytes(node: Node, inputs: Sequence[TensorInfo | None])
     if attrs.layout == 1:
         seq_length, batch = batch, seq_length
     hidden = int(r.shape[2])
-    per_direction = (2 * 4 * hidden + 4 * hidden) * batch + seq_length * input_size * batch
-    return directions * per_direction * work.itemsize
+    shared = (seq_length * input_size + 4 * hidden) * batch * work.itemsize
+    if jit_lstm.runs_sequence(batch):
+        driver = 2 * hidden * batch * work.itemsize + jit_lstm.sequence_scratch_bytes(
+            seq_length, hidden, batch, work.itemsize)
+    else:
+        driver = (4 * hidden + 4 * hidden) * batch * work.itemsize
+    return directions * (shared + driver)
 
 
 def _numpy_scans(
