@@ -554,7 +554,7 @@ def test_saturated_gates_stay_finite_in_the_compiled_cell():
     assert all(np.isfinite(output).all() for output in outputs)
 
 
-@pytest.mark.parametrize(("batch", "whole_projection"), [(1, True), (3, True), (3, False), (16, False)])
+@pytest.mark.parametrize(("batch", "whole_projection"), [(1, True), (3, True), (3, False), (6, True), (16, False)])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("keep_y", [False, True])
 def test_the_compiled_sequence_matches_the_stepwise_lstm_driver(monkeypatch, batch, whole_projection, reverse, keep_y):

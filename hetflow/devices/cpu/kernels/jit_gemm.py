@@ -257,9 +257,10 @@ def _spin_jobs() -> tuple[int, int, int]:
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _gemv(single, trans, m, n, a, lda, x, step_x, y):  # noqa: ANN001, ANN202
-    """``y = op(A) x`` on raw addresses, A ``[m, n]`` row-major: float32 if ``single``."""
+def _gemv(single, trans, m, n, a, lda, x, step_x, y, step_y=1):  # noqa: ANN001, ANN202
+    """``y = op(A) x`` on raw addresses, A ``[m, n]`` row-major, the vectors' elements ``step_x`` and
+    ``step_y`` apart: float32 if ``single``."""
     if single:
-        _sgemv(_ROW_MAJOR, trans, m, n, np.float32(1), a, lda, x, step_x, np.float32(0), y, 1)
+        _sgemv(_ROW_MAJOR, trans, m, n, np.float32(1), a, lda, x, step_x, np.float32(0), y, step_y)
     else:
-        _dgemv(_ROW_MAJOR, trans, m, n, 1.0, a, lda, x, step_x, 0.0, y, 1)
+        _dgemv(_ROW_MAJOR, trans, m, n, 1.0, a, lda, x, step_x, 0.0, y, step_y)
