@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -117,6 +118,14 @@ def winograd_unsupported(spec: WindowSpec, group: int) -> str | None:
 
 #: Channel counts (input or output) up to which a Conv's GEMM operand is thin and the direct kernel wins.
 THIN_CHANNELS = 32
+#: Up to this many multiply-adds, one image's Conv (3x3 or 5x5, stride 1) is fastest direct, whatever
+#: its channels. Measured with ``hetflow tune`` at batch 1 (2 threads, 2026-11-24) on the zoo's layers,
+#: direct against the best other algorithm: every layer up to 29.7 M won or tied (0.49-0.97: 48 -> 192 and
+#: 64 -> 256 at 13x13, 64 -> 96 to 128 -> 128 at 14x14, 64 -> 64 at 28x28, 160 -> 224 to 224 -> 224 at
+#: 7x7, 160 -> 320 and 192 -> 384 at 6x6, mentee's 64 -> 64 at 16x16 and 64 -> 128 at 8x8), every one
+#: from 36 M lost (1.07-1.50: 128 -> 160 at 14x14, 112 -> 224 at 13x13, 64 -> 96 at 28x28, 512 -> 512 at
+#: 7x7), and GoogLeNet's 96 -> 208 at 13x13 (30.4 M) tied.
+DIRECT_MAX_MACS_ONE_IMAGE = 32_000_000
 
 
 def direct_unsupported(spec: WindowSpec, group: int, dtype: np.dtype | None) -> str | None:
@@ -154,6 +163,9 @@ def heuristic_conv_algorithm(
     -> 192 at 27x27 1.5x faster at batch 16 but 1.5x slower at batch 1 (im2col's one GEMM reuses W
     across the image), 3x3 128 -> 32 at 7x7..56x56 1.1-2x, 3x3 3 -> 64 at 224x224 1.7x / 2.6x; while 3x3
     48 -> 192 at 13x13 and 128 -> 192 at 28x28 stay with im2col and Winograd (1.2-1.4x slower direct).
+    One image is different: there the direct kernel takes every layer up to ``DIRECT_MAX_MACS_ONE_IMAGE``
+    whatever its channels, and a thin layer above that only where Winograd cannot run (DenseNet's 128
+    -> 32 at 56x56 ran 1.13x slower direct than F(4,3)).
     """
     structural = conv_algorithm(spec, int(x_shape[1]), group)
     if structural != IM2COL:
@@ -162,7 +174,11 @@ def heuristic_conv_algorithm(
     thin = channels <= THIN_CHANNELS or kernels <= THIN_CHANNELS
     winograd_fits = winograd_unsupported(spec, group) is None
     if dtype is not None and direct_unsupported(spec, group, dtype) is None:
-        if thin or (not winograd_fits and int(x_shape[0]) > 1):
+        if int(x_shape[0]) == 1:
+            macs = kernels * channels * math.prod(spec.kernel) * math.prod(geometry(spec, x_shape[2:]).out)
+            if macs <= DIRECT_MAX_MACS_ONE_IMAGE or (thin and not winograd_fits):
+                return DIRECT_FMA
+        elif thin or not winograd_fits:
             return DIRECT_FMA
     if not winograd_fits:
         return IM2COL

@@ -171,3 +171,23 @@ def test_tune_command_on_a_zoo_model(capsys: pytest.CaptureFixture):
         assert record.workload.params["x"][0] == 1
         assert set(record.candidates) == {"im2col", "direct_fma"}
         assert record.chosen == min(record.candidates, key=record.candidates.__getitem__)
+
+
+@pytest.mark.parametrize(
+    ("channels", "kernels", "side", "batch", "expected"),
+    [
+        (64, 64, 16, 1, "direct_fma"),  # 9.4 M multiply-adds: one image runs direct
+        (64, 64, 16, 16, "im2col"),  # a batch keeps the GEMM
+        (224, 224, 7, 1, "direct_fma"),  # wide channels, small map: 22 M
+        (512, 512, 7, 1, "im2col"),  # 116 M
+        (128, 32, 56, 1, "winograd_f43"),  # thin, but 116 M and Winograd fits
+        (128, 32, 56, 16, "direct_fma"),  # thin at a batch
+        (112, 224, 13, 1, "winograd_f23"),  # 38 M
+    ],
+)
+def test_the_cost_model_runs_small_layers_of_one_image_direct(channels, kernels, side, batch, expected):
+    from hetflow.ops.conv import ConvAttrs, conv_window, heuristic_conv_algorithm
+
+    spec = conv_window(ConvAttrs(pads=(1, 1, 1, 1)), (kernels, channels, 3, 3))
+    shape = (batch, channels, side, side)
+    assert heuristic_conv_algorithm(spec, shape, kernels, 1, np.dtype(np.float32)) == expected
