@@ -89,11 +89,14 @@ def test_split_matmul_uses_numba_pool_when_own_threads_ask(monkeypatch: pytest.M
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("strided_row", [False, True])
-def test_one_row_products_take_gemv(dtype: type, trans_b: bool, strided_row: bool) -> None:
+@pytest.mark.parametrize("spinning", [False, True])
+def test_one_row_products_take_gemv(dtype: type, trans_b: bool, strided_row: bool, spinning: bool) -> None:
     # A fully connected layer at batch 1; its row may be a column of a wider array (elements lda apart).
+    # On the spinning pool, float32 parts run compiled loops instead of BLAS (53 columns in two parts:
+    # the four-row loop and its remainder).
     source = RNG.standard_normal((37, 3) if strided_row else (1, 37)).astype(dtype)
     a = source[:, :1].T if strided_row else source
     b = _matrix((37, 53), dtype, trans_b)
     out = np.full((1, 53), np.nan, dtype)
-    assert jit_gemm.split_product(a, b, out, 2)
+    assert jit_gemm.split_product(a, b, out, 2, threads.spin_pool(2) if spinning else None)
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)

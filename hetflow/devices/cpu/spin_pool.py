@@ -210,6 +210,12 @@ def _int64_pointer(typingctx, address):  # noqa: ANN001, ANN202
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
+def float32_matrix(address, rows, columns):  # noqa: ANN001, ANN201
+    """The C-contiguous ``rows x columns`` float32 matrix at ``address`` (an integer)."""
+    return numba.carray(_float32_pointer(address), (rows, columns))
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
 def float32_1d(args, slot):  # noqa: ANN001, ANN201
     """The float32 vector at ``slot`` of an argument block (as ``put_array`` wrote it)."""
     return numba.carray(_float32_pointer(args[slot]), (args[slot + 1],))

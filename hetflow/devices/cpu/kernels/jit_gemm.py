@@ -32,7 +32,7 @@ import numpy as np
 from numba import types
 
 from hetflow.devices.cpu import spin_pool
-from hetflow.devices.cpu.spin_pool import SpinPool, put_values
+from hetflow.devices.cpu.spin_pool import SpinPool, float32_matrix, put_values
 
 #: (prefix, suffix) of the 64-bit-integer CBLAS builds numpy ships or links: numpy's wheels bundle
 #: scipy-openblas with prefixed and suffixed names.
@@ -210,12 +210,71 @@ def _vector_block(part, parts, n, k, x, step_x, b, trans_b, ldb, out, item):  # 
     """Column block ``part`` of ``parts`` of ``out[0] = x[0] @ b`` (raw addresses, elements ``item`` bytes)."""
     first, last = n * part // parts, n * (part + 1) // parts
     y = out + first * item
-    if trans_b == _NO_TRANS:
+    if item == 4:
+        _own_vector_block(first, last, k, x, step_x, b, trans_b, ldb, y)
+    elif trans_b == _NO_TRANS:
         # B [k, n] row-major: y = B[:, first:last]^T x.
         _gemv(item == 4, _TRANS, k, last - first, b + first * item, ldb, x, step_x, y)
     else:
         # B is W^T, W [n, k] row-major: y = W[first:last] x.
         _gemv(item == 4, _NO_TRANS, last - first, k, b + first * ldb * item, ldb, x, step_x, y)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _own_vector_block(first, last, k, x, step_x, b, trans_b, ldb, y):  # noqa: ANN001, ANN202
+    """Columns ``first:last`` of ``x @ B`` (float32, raw addresses) by compiled loops, not BLAS: a spin-pool
+    job runs beside the caller, and a GEMV there that OpenBLAS splits over its own threads waits for
+    workers that the spinning threads keep off the cores (mentee's 2048 -> 512 layer took 3.5 ms instead
+    of 0.09)."""
+    width = last - first
+    result = float32_matrix(y, 1, width)[0]
+    # NOTE: a contiguous x gets its own (C-layout) view, so that the loops vectorise.
+    if trans_b == _NO_TRANS:
+        rows = float32_matrix(b + first * 4, k, ldb)
+        if step_x == 1:
+            _combine_rows(rows, float32_matrix(x, 1, k)[0], result)
+        else:
+            _combine_rows(rows, float32_matrix(x, k, step_x)[:, 0], result)
+    else:
+        rows = float32_matrix(b + first * ldb * 4, width, ldb)
+        if step_x == 1:
+            _rows_times(rows, float32_matrix(x, 1, k)[0], result)
+        else:
+            _rows_times(rows, float32_matrix(x, k, step_x)[:, 0], result)
+
+
+@numba.njit(nogil=True, cache=True, fastmath=True, error_model="numpy")
+def _combine_rows(rows, vector, result):  # noqa: ANN001, ANN202
+    """``result = vector @ rows[:, :result.size]`` (B [k, n] row-major), one row of B at a time."""
+    result[:] = 0
+    for index in range(vector.shape[0]):
+        scale, row = vector[index], rows[index]
+        for column in range(result.shape[0]):
+            result[column] += scale * row[column]
+
+
+@numba.njit(nogil=True, cache=True, fastmath=True, error_model="numpy")
+def _rows_times(rows, vector, result):  # noqa: ANN001, ANN202
+    """``result = rows[:, :k] @ vector`` (W [n, k] row-major), four rows at a time: each element of
+    ``vector`` is loaded once per four rows."""
+    width, k = result.shape[0], vector.shape[0]
+    row = 0
+    while row + 4 <= width:
+        first, second, third, fourth = rows[row], rows[row + 1], rows[row + 2], rows[row + 3]
+        a0 = a1 = a2 = a3 = np.float32(0)
+        for index in range(k):
+            value = vector[index]
+            a0 += first[index] * value
+            a1 += second[index] * value
+            a2 += third[index] * value
+            a3 += fourth[index] * value
+        result[row], result[row + 1], result[row + 2], result[row + 3] = a0, a1, a2, a3
+        row += 4
+    for rest in range(row, width):
+        total = np.float32(0)
+        for index in range(k):
+            total += rows[rest, index] * vector[index]
+        result[rest] = total
 
 
 #: Slots of a product job's argument block (``_pack``).
