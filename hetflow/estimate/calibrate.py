@@ -467,11 +467,19 @@ def _time_probe(probe: probe_catalogue.Probe, settings: Settings, device: Device
     from hetflow.devices.cpu.threads import own_threads
 
     split = terms.splits(probe)
-    with own_threads(terms.threads) if split else contextlib.nullcontext():
-        return _time_probe_nodes(probe.build(), settings, device, terms, split)
+    if split:
+        context: Any = own_threads(terms.threads)
+    elif probe.spin and device.kind == "cpu":
+        context = own_threads(terms.threads, spin=True)
+    else:
+        context = contextlib.nullcontext()
+    with context:
+        return _time_probe_nodes(probe.build(), settings, device, terms, split, probe.spin)
 
 
-def _time_probe_nodes(model: object, settings: Settings, device: Device, terms: Terms, split: bool) -> list[Sample]:
+def _time_probe_nodes(
+    model: object, settings: Settings, device: Device, terms: Terms, split: bool, spin: bool = False
+) -> list[Sample]:
     graph = optimize(load_model(model))  # type: ignore[arg-type]
     costs = {node.name: cost for node, cost in node_costs(graph)}
     feeds = _random_feeds(graph)
@@ -495,7 +503,7 @@ def _time_probe_nodes(model: object, settings: Settings, device: Device, terms: 
             seconds = amortised_seconds(call, min_time=settings.min_time, rounds=settings.rounds,
                                         synchronize=device.synchronize, first_seconds=first)
             transient, retained = _allocations(lambda c=candidate: c.fn(node, inputs))
-            key = layer_key(node, candidate, graph)
+            key = layer_key(node, candidate, graph, spin)
             cost = kernel_cost(node, costs[node.name], key, graph)
             strided = window_strided(node, graph)
             samples.append(Sample(

@@ -209,14 +209,36 @@ def resolve_profile(device: str | os.PathLike[str] | DeviceProfile, quiet: bool 
 DISPATCHERS = ("default", "auto")
 
 
-def layer_key(node: Node, kernel: Kernel, graph: Graph | None = None) -> str:
-    """The profile key of a node run by ``kernel``: ``"OpType/algorithm"``.
+#: Marks the key of a layer that a spinning run splits (``hetflow.runtime.executor.spins``): timed as such
+#: runs call it, it has a model of its own.
+SPIN_MARK = "@spin"
+#: The layers a spinning run splits: one image's direct Conv shared out by kernel blocks, and the
+#: fully connected layers' products split by columns.
+SPIN_SPLIT_KEYS = frozenset({"Conv/direct_fma", "Gemm/default", "MatMul/default"})
+
+
+def key_algorithm(key: str) -> str:
+    """The algorithm named in a profile key (``"Conv/direct_fma@spin"`` -> ``"direct_fma"``)."""
+    return key.split("/", 1)[1].removesuffix(SPIN_MARK)
+
+
+def layer_key(node: Node, kernel: Kernel, graph: Graph | None = None, spinning: bool = False) -> str:
+    """The profile key of a node run by ``kernel``: ``"OpType/algorithm"``, marked ``SPIN_MARK`` where a
+    spinning run (``spinning``) splits the layer.
 
     The algorithm is the kernel's own. A kernel that covers several methods (``default``, ``auto``) is
     refined by the method the op's cost model would pick (Conv's heuristic), so pointwise, depthwise,
-    im2col and Winograd convolutions are told apart whichever kernel the plan holds.
+    im2col and Winograd convolutions are told apart whichever kernel the plan holds; an LSTM whose steps
+    run as one compiled loop (``jit_lstm.runs_sequence``) is ``LSTM/sequence``.
     """
+    key = _unmarked_key(node, kernel, graph)
+    return key + SPIN_MARK if spinning and key in SPIN_SPLIT_KEYS else key
+
+
+def _unmarked_key(node: Node, kernel: Kernel, graph: Graph | None) -> str:
     algorithm = kernel.algorithm
+    if node.op_type == "LSTM" and graph is not None and _lstm_columns(node, graph) is not None:
+        return "LSTM/sequence"
     if algorithm in DISPATCHERS and node.op_type == "Conv" and graph is not None:
         algorithm = _conv_method(node, graph) or algorithm
     if node.op_type in ("MaxPool", "AveragePool") and graph is not None and _whole_map(node, graph):
@@ -275,7 +297,7 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
     from hetflow.ops import conv as conv_op
 
     shapes = _conv_shapes(node, graph)
-    algorithm = key.split("/", 1)[1]
+    algorithm = key_algorithm(key)
     if shapes is None:
         return cost
     x, w, y = shapes
@@ -310,14 +332,39 @@ PER_PLANE_KEYS = frozenset({"Conv/depthwise", "MaxPool/default", "MaxPool/tiles"
 
 
 def _lstm_cost(node: Node, cost: Cost, graph: Graph) -> Cost:
-    """An LSTM's cost with the scratch its CPU kernel allocates: the compiled cell's per-step buffers
+    """An LSTM's cost with the scratch its CPU kernel allocates: the compiled cell's buffers
     (``compiled_lstm_scratch_bytes``; 0.6 MB at batch 16 for lstm-gesture, where the op's input
-    projection of every step is 13 MB), else the op's."""
+    projection of every step is 13 MB), else the op's; and where the compiled sequence makes the
+    recurrent product a GEMV per column (``jit_lstm.GEMV_MAX_COLUMNS``), that many one-column products
+    a step instead of one GEMM."""
+    from hetflow.devices.cpu.kernels import jit_lstm
     from hetflow.devices.cpu.kernels.rnn import compiled_lstm_scratch_bytes
     from hetflow.runtime.planner import input_infos
 
     scratch = compiled_lstm_scratch_bytes(node, input_infos(graph, node) or [])
-    return cost if scratch is None else dataclasses.replace(cost, workspace_bytes=scratch)
+    if scratch is None:
+        return cost
+    changes: dict[str, Any] = {"workspace_bytes": scratch}
+    columns = _lstm_columns(node, graph)
+    if columns is not None and columns <= jit_lstm.GEMV_MAX_COLUMNS and cost.gemm is not None:
+        gemm = cost.gemm
+        changes["gemm"] = GemmDims(n=gemm.n, m=1, k=gemm.k, count=gemm.count * gemm.m)
+    return dataclasses.replace(cost, **changes)
+
+
+def _lstm_columns(node: Node, graph: Graph) -> int | None:
+    """The batch an LSTM's steps run as one compiled loop (``jit_lstm.runs_sequence``), else None."""
+    from hetflow.devices.cpu.kernels import jit_lstm
+    from hetflow.devices.cpu.kernels.rnn import compiled_lstm_scratch_bytes
+    from hetflow.runtime.planner import input_infos
+
+    x = graph.values.get(node.inputs[0])
+    if x is None or x.shape is None or not is_static(x.shape) or len(x.shape) != 3:
+        return None
+    batch = int(x.shape[0] if getattr(node.attrs, "layout", 0) == 1 else x.shape[1])
+    if compiled_lstm_scratch_bytes(node, input_infos(graph, node) or []) is None:
+        return None
+    return batch if jit_lstm.runs_sequence(batch) else None
 
 
 def _output_planes(node: Node, graph: Graph) -> int:
@@ -348,7 +395,7 @@ def cache_bytes(node: Node, key: str, graph: Graph) -> int:
         return 0
     from hetflow.ops import conv as conv_op
 
-    algorithm = key.split("/", 1)[1]
+    algorithm = key_algorithm(key)
     tile = getattr(conv_op, "WINOGRAD_TILE", {}).get(algorithm)
     shapes = _conv_shapes(node, graph)
     if algorithm == getattr(conv_op, "DIRECT_FMA", None) and shapes is not None:
@@ -474,6 +521,14 @@ def split_threads(profile: DeviceProfile, plan: Any, batch: int, threads: int | 
     return count
 
 
+def spin_run(profile: DeviceProfile, plan: Any, batch: int, threads: int | None) -> bool:
+    """Whether a run of ``plan`` at ``batch`` splits on the spinning pool (``executor.spins``), with the
+    session's ``threads`` or else the profile's: a CPU profile only."""
+    from hetflow.runtime.executor import plan_conv_macs, spins
+
+    return profile.device == "cpu" and spins(plan_conv_macs(plan), batch > 1, threads or profile.threads)
+
+
 # -- the estimate ----------------------------------------------------------------------------------
 def batch_bindings(graph: Graph, batch: int) -> dict[str, int]:
     """Every symbolic dimension of the graph's inputs, set to ``batch``."""
@@ -530,10 +585,11 @@ def estimate(
     plan = session.plan_for(bindings)
     by_name = {node.name: node for node in graph.nodes}
     steps = [(by_name[step.node.name], step.kernel) for step in plan.steps]
-    keys = [layer_key(node, kernel, graph) for node, kernel in steps]
+    threads = getattr(session, "_threads", None)  # NOTE: no public accessor on InferenceSession yet
+    spinning = spin_run(profile, plan, batch, threads)
+    keys = [layer_key(node, kernel, graph, spinning) for node, kernel in steps]
     raw = {node.name: cost for node, cost in node_costs(graph)}
     costs = {node.name: kernel_cost(node, raw[node.name], key, graph) for (node, _), key in zip(steps, keys)}
-    threads = getattr(session, "_threads", None)  # NOTE: no public accessor on InferenceSession yet
     split = split_threads(profile, plan, batch, threads)
     layers = [_layer(graph, node, key, raw[node.name], costs[node.name], profile, split)
               for (node, _), key in zip(steps, keys)]
@@ -622,7 +678,7 @@ def _layer(
     return LayerEstimate(
         name=node.name,
         op=node.op_type,
-        algorithm=key.split("/", 1)[1],
+        algorithm=key_algorithm(key),
         output_shape=shape,
         params=params,
         macs=int(cost.macs),

@@ -33,6 +33,9 @@ class Probe:
     #: timed as a batch run of a big convolutional network runs: BLAS at one thread, each GEMM split
     #: over the run's threads by hetflow (``hetflow.runtime.executor.splits_gemms``).
     split: bool = False
+    #: timed as one example through a small convolutional network runs: on the spinning pool
+    #: (``hetflow.runtime.executor.spins``), its direct Convs and fully connected layers split there.
+    spin: bool = False
 
 
 class _Model:
@@ -295,7 +298,23 @@ def _conv_probes() -> list[Probe]:
         probes.append(Probe(_conv_label(args, kwargs), conv(*args, **kwargs), quick))
     for args, kwargs in BATCH_RUN_CONVS:
         probes.append(Probe(_conv_label(args, kwargs) + " split", conv(*args, **kwargs), split=True))
+    for args in SPIN_RUN_CONVS:
+        probes.append(Probe(_conv_label(args, {}) + " spin", conv(*args), spin=True))
     return probes
+
+
+#: Convolutions as batch-1 runs of the small networks have them (LeNet, cifar10-quick, mentee: all
+#: direct), timed on the spinning pool as those runs share them out: timed alone, one thread computed
+#: them, and mentee's and cifar10-quick's predictions came out 30-38% slow.
+SPIN_RUN_CONVS: list[tuple] = [
+    (20, 12, 50, 5, 1, 0),
+    (32, 16, 32, 5),
+    (32, 8, 64, 5),
+    (3, 32, 32, 3),
+    (32, 32, 32, 3),
+    (64, 16, 64, 3),
+    (64, 8, 128, 3),
+]
 
 
 #: Convolutions as batch runs of the big networks have them (VGG, ResNet, GoogLeNet, AlexNet at batch
@@ -380,6 +399,10 @@ def catalogue() -> list[Probe]:
         Probe("fc 2048 -> 1000 b8", fully_connected(8, 2048, 1000)),
         Probe("fc 800 -> 500 relu", fully_connected(1, 800, 500, relu=True), True),
         Probe("fc 64 -> 10 b16", fully_connected(16, 64, 10)),
+        Probe("fc 800 -> 500 relu spin", fully_connected(1, 800, 500, relu=True), spin=True),
+        Probe("fc 2048 -> 512 relu spin", fully_connected(1, 2048, 512, relu=True), spin=True),
+        Probe("fc 1024 -> 64 spin", fully_connected(1, 1024, 64), spin=True),
+        Probe("fc 512 -> 256 relu spin", fully_connected(1, 512, 256, relu=True), spin=True),
         Probe("fc 25088 -> 4096 b2", fully_connected(2, 25088, 4096)),
         Probe("fc 25088 -> 4096 b16 split", fully_connected(16, 25088, 4096), split=True),
         Probe("fc 4096 -> 4096 b16 split", fully_connected(16, 4096, 4096, relu=True), split=True),
@@ -405,6 +428,10 @@ def catalogue() -> list[Probe]:
         Probe("lstm 30x4x6 h512", lstm(30, 4, 6, 512)),
         Probe("lstm 100x1x6 h512 last", lstm(100, 1, 6, 512, last_only=True)),
         Probe("lstm 60x16x6 h512 last", lstm(60, 16, 6, 512, last_only=True)),
+        Probe("lstm 40x2x6 h512 last", lstm(40, 2, 6, 512, last_only=True)),
+        Probe("lstm 30x8x6 h512 last", lstm(30, 8, 6, 512, last_only=True)),
+        Probe("lstm 20x32x6 h256", lstm(20, 32, 6, 256)),
+        Probe("lstm 10x64x6 h512 last", lstm(10, 64, 6, 512, last_only=True)),
     ]
     probes += _elementwise_probes()
     return probes

@@ -14,7 +14,9 @@ A profile holds these groups of fitted terms:
 * ``transfer``: host-to-device and device-to-host copies as latency plus bytes over bandwidth (zero on
   the CPU; on host-unified-memory devices a map, which is what the bandwidth then measures);
 * ``ops``: one linear model per (op type, algorithm) over physical features (GEMM seconds, bytes over
-  bandwidth, elementwise work, a fixed overhead) and the kernel's transient memory.
+  bandwidth, elementwise work, a fixed overhead) and the kernel's transient memory; a layer that runs
+  differently inside some runs has a key of its own (``Conv/direct_fma@spin``: shared out on the
+  spinning pool in batch-1 runs of small networks; ``LSTM/sequence``: every step in one compiled loop).
 
 Every number is plain JSON, so a profile for a device you do not have is a file you can copy or edit
 (a what-if: halve ``gemm.peak_gflops`` and see what a slower chip would do).

@@ -23,6 +23,7 @@ from hetflow.estimate.models import (
 from hetflow.estimate.predict import batch_bindings, estimate, split_threads
 from hetflow.estimate.profile import GemmModel
 from hetflow.ops.base import GemmDims, TensorInfo
+from hetflow.passes.infer_shapes import bind_batch
 from hetflow.runtime.executor import OWN_THREADS_MIN_CONV_MACS, plan_conv_macs, splits_gemms
 
 #: One BLAS thread: 50 GFLOP/s, 2 us a call, no small-matrix terms (residuals zero).
@@ -148,3 +149,52 @@ def test_the_compiled_lstm_scratch_is_what_the_kernel_allocates(batch):
     peephole = dataclasses.replace(node, inputs=[*node.inputs, "", "", "", "p"])
     peephole_info = TensorInfo((1, 3 * 512), np.dtype(np.float32))
     assert compiled_lstm_scratch_bytes(peephole, [*input_infos(graph, node), None, None, None, peephole_info]) is None
+
+
+def test_layers_a_spinning_run_splits_have_keys_of_their_own(quick_profile):
+    """One example through lenet spins (``executor.spins``): its direct Convs and fully connected
+    layers are predicted from the ``@spin`` models; at batch 16 nothing is marked."""
+    from hetflow.estimate.predict import SPIN_MARK, key_algorithm, spin_run
+    from hetflow.runtime.executor import spins
+
+    session = InferenceSession("zoo:lenet")
+    for batch in (1, 16):
+        plan = session.plan_for(batch_bindings(session.graph, batch))
+        spinning = spins(plan_conv_macs(plan), batch > 1, quick_profile.threads)
+        assert spin_run(quick_profile, plan, batch, None) is spinning
+        report = estimate(session, quick_profile, batch)
+        assert all(SPIN_MARK not in layer.algorithm for layer in report.layers)  # reports name algorithms
+        keys = [key for key in _keys(session, quick_profile, batch) if key.endswith(SPIN_MARK)]
+        assert bool(keys) is spinning
+        assert all(key.split("/")[0] in ("Conv", "Gemm") for key in keys)
+    assert key_algorithm("Conv/direct_fma" + SPIN_MARK) == "direct_fma"
+
+
+def _keys(session, profile, batch):  # noqa: ANN001, ANN202
+    from hetflow.estimate.predict import layer_key, spin_run
+
+    bindings = batch_bindings(session.graph, batch)
+    graph = bind_batch(session.graph, bindings)
+    plan = session.plan_for(bindings)
+    spinning = spin_run(profile, plan, batch, None)
+    by_name = {node.name: node for node in graph.nodes}
+    return [layer_key(by_name[step.node.name], step.kernel, graph, spinning) for step in plan.steps]
+
+
+@pytest.mark.parametrize(("batch", "key", "columns"), [(1, "LSTM/sequence", 1), (3, "LSTM/sequence", 1),
+                                                       (16, "LSTM/sequence", 16), (64, "LSTM/default", 64)])
+def test_the_lstm_is_costed_as_its_driver_runs_it(batch, key, columns):
+    from hetflow.devices.cpu import CPUDevice
+    from hetflow.estimate.predict import kernel_cost, layer_key
+    from hetflow.ops.cost import node_costs
+    from hetflow.runtime.planner import input_infos
+
+    session = InferenceSession("zoo:lstm-gesture")
+    graph = bind_batch(session.graph, {"N": batch})
+    node = next(n for n in graph.nodes if n.op_type == "LSTM")
+    kernel = CPUDevice().kernels.lookup(node, input_infos(graph, node))
+    assert layer_key(node, kernel, graph) == key
+    raw = dict((n.name, c) for n, c in node_costs(graph))[node.name]
+    cost = kernel_cost(node, raw, key, graph)
+    # Up to four columns the recurrent product is a GEMV per column: one-column products, batch x steps.
+    assert cost.gemm.m == columns and cost.gemm.count * cost.gemm.m == raw.gemm.count * raw.gemm.m
