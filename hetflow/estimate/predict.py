@@ -345,26 +345,33 @@ def _lstm_cost(node: Node, cost: Cost, graph: Graph) -> Cost:
     if scratch is None:
         return cost
     changes: dict[str, Any] = {"workspace_bytes": scratch}
-    columns = _lstm_columns(node, graph)
-    if columns is not None and columns <= jit_lstm.GEMV_MAX_COLUMNS and cost.gemm is not None:
+    columns = _lstm_batch(node, graph)
+    gemvs = columns is not None and columns <= jit_lstm.GEMV_MAX_COLUMNS and jit_lstm.runs_sequence(columns)
+    if gemvs and cost.gemm is not None:
         gemm = cost.gemm
         changes["gemm"] = GemmDims(n=gemm.n, m=1, k=gemm.k, count=gemm.count * gemm.m)
     return dataclasses.replace(cost, **changes)
 
 
+def _lstm_batch(node: Node, graph: Graph) -> int | None:
+    """The batch of an LSTM's input, when static."""
+    x = graph.values.get(node.inputs[0])
+    if x is None or x.shape is None or not is_static(x.shape) or len(x.shape) != 3:
+        return None
+    return int(x.shape[0] if getattr(node.attrs, "layout", 0) == 1 else x.shape[1])
+
+
 def _lstm_columns(node: Node, graph: Graph) -> int | None:
-    """The batch an LSTM's steps run as one compiled loop (``jit_lstm.runs_sequence``), else None."""
+    """The batch of a standard-cell LSTM whose steps run as one compiled loop (``jit_lstm.runs_sequence``),
+    else None."""
     from hetflow.devices.cpu.kernels import jit_lstm
     from hetflow.devices.cpu.kernels.rnn import compiled_lstm_scratch_bytes
     from hetflow.runtime.planner import input_infos
 
-    x = graph.values.get(node.inputs[0])
-    if x is None or x.shape is None or not is_static(x.shape) or len(x.shape) != 3:
+    batch = _lstm_batch(node, graph)
+    if batch is None or not jit_lstm.runs_sequence(batch):
         return None
-    batch = int(x.shape[0] if getattr(node.attrs, "layout", 0) == 1 else x.shape[1])
-    if compiled_lstm_scratch_bytes(node, input_infos(graph, node) or []) is None:
-        return None
-    return batch if jit_lstm.runs_sequence(batch) else None
+    return batch if compiled_lstm_scratch_bytes(node, input_infos(graph, node) or []) is not None else None
 
 
 def _output_planes(node: Node, graph: Graph) -> int:

@@ -1,5 +1,6 @@
 """Matrix products split over numba's threads, each part one single-threaded call of the OpenBLAS that
-numpy loaded (its CBLAS ``sgemm``/``dgemm``, bound by symbol name).
+numpy loaded (its CBLAS ``sgemm``/``dgemm``, bound by symbol name); a float32 product of one row (a
+GEMV) runs compiled loops instead (``_own_vector_block``).
 
 Why: the second core of a small VM sleeps between calls, and waking it costs ~100 us, so a product split
 over hetflow's Python pool gains nothing under a few hundred microseconds, and OpenBLAS's own threads
@@ -213,11 +214,11 @@ def _vector_block(part, parts, n, k, x, step_x, b, trans_b, ldb, out, item):  # 
     if item == 4:
         _own_vector_block(first, last, k, x, step_x, b, trans_b, ldb, y)
     elif trans_b == _NO_TRANS:
-        # B [k, n] row-major: y = B[:, first:last]^T x.
-        _gemv(item == 4, _TRANS, k, last - first, b + first * item, ldb, x, step_x, y)
+        # float64 by BLAS. B [k, n] row-major: y = B[:, first:last]^T x.
+        _gemv(False, _TRANS, k, last - first, b + first * item, ldb, x, step_x, y)
     else:
-        # B is W^T, W [n, k] row-major: y = W[first:last] x.
-        _gemv(item == 4, _NO_TRANS, last - first, k, b + first * ldb * item, ldb, x, step_x, y)
+        # float64 by BLAS. B is W^T, W [n, k] row-major: y = W[first:last] x.
+        _gemv(False, _NO_TRANS, last - first, k, b + first * ldb * item, ldb, x, step_x, y)
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")

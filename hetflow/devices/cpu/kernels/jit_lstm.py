@@ -63,12 +63,17 @@ def runs_sequence(batch: int) -> bool:
     return batch <= SEQUENCE_MAX_BATCH and jit_gemm.available()
 
 
+def whole_projection(seq_length: int, rows: int, batch: int, itemsize: int) -> bool:
+    """Whether the compiled sequence makes every step's input projection up front (``WHOLE_PROJECTION_BYTES``)."""
+    return seq_length * rows * batch * itemsize <= WHOLE_PROJECTION_BYTES
+
+
 def sequence_scratch_bytes(seq_length: int, hidden: int, batch: int, itemsize: int) -> int:
     """Bytes the compiled sequence allocates beyond what both drivers share (the gates, the states):
     the input projections (every step's, or one step's) and the bias repeated per column."""
     rows = 4 * hidden
-    whole = seq_length * rows * batch * itemsize <= WHOLE_PROJECTION_BYTES
-    return ((seq_length if whole else 1) * rows * batch + rows * batch) * itemsize
+    steps = seq_length if whole_projection(seq_length, rows, batch, itemsize) else 1
+    return (steps * rows * batch + rows * batch) * itemsize
 
 
 def scan(
@@ -111,7 +116,7 @@ def _scan_compiled(
     seq_length, _, batch = x_t.shape
     rows, hidden = r.shape[0], r.shape[0] // 4
     gates = np.empty((rows, batch), r.dtype)
-    whole = seq_length * rows * batch * r.itemsize <= WHOLE_PROJECTION_BYTES
+    whole = whole_projection(seq_length, rows, batch, r.itemsize)
     projections = np.matmul(w, x_t) if whole else np.empty((1, rows, batch), r.dtype)
     spare = np.empty((2, hidden, batch), r.dtype)
     bias_per_column = np.repeat(np.ascontiguousarray(bias, r.dtype), batch)
