@@ -8,7 +8,8 @@ the memory peak with tracemalloc) and prints:
   of the measured time that are within +-20%, the per-layer MAPE, the memory peak error, and Augur's
   baseline (a linear-in-MACs matmul model fitted on the same GEMM grid, summed over the layers' GEMMs);
 * the summary per device: share of runs within +-10% (nn-Meter's metric), MAPE, worst case, and the
-  per-layer share within +-20%.
+  per-layer share within +-20%; and the same over the runs measured while numpy's sgemm ran within
+  +-10% of its speed right after calibrating (this VM's speed drifts by up to 2x over minutes).
 
 Usage::
 
@@ -64,6 +65,23 @@ def augur_ms(result: Estimate, slope: float) -> float:
     return total * 1e3
 
 
+#: Side of the float32 product that reads the machine's speed (``machine_speed``): ~10 ms at 200 GFLOP/s.
+SPEED_PROBE_SIDE = 1024
+
+
+def machine_speed() -> float:
+    """GFLOP/s of numpy's sgemm now (best of three): this VM's speed drifts by up to 2x over minutes, so
+    every row records its speed against the calibration's, and the summary also reads the rows the
+    calibration's machine measured (speed within +-10%)."""
+    a = np.full((SPEED_PROBE_SIDE, SPEED_PROBE_SIDE), 0.5, dtype=np.float32)
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        np.matmul(a, a)
+        best = min(best, time.perf_counter() - started)
+    return 2 * SPEED_PROBE_SIDE**3 / best / 1e9
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", type=Path, help="a saved profile (default: calibrate now)")
@@ -91,15 +109,18 @@ def main() -> int:
             print(f"saved {profile.save(default_profile_path(device.id, device.fingerprint()))}")
     print(f"device  {profile.describe()}")
     slope = augur_slope(profile)
+    reference = machine_speed()
+    print(f"sgemm {SPEED_PROBE_SIDE}^3 after calibrating: {reference:.0f} GFLOP/s (each row's speed is against this)")
 
     header = (f"{'model':<14} {'batch':>5} {'pred ms':>10} {'meas ms':>10} {'error':>7} {'layers+-20%':>11} "
-              f"{'layer MAPE':>10} {'mem err':>8} {'Augur ms':>10} {'Augur err':>9}")
+              f"{'layer MAPE':>10} {'mem err':>8} {'Augur ms':>10} {'Augur err':>9} {'speed':>6}")
     print(header)
     print("-" * len(header))
     rows = []
     for name in args.models.split(","):
         session = InferenceSession(f"zoo:{name}", threads=args.threads)
         for batch in (int(b) for b in args.batches.split(",")):
+            speed = machine_speed() / reference
             result = estimate(session, profile, batch, validate=True, name=name)
             assert result.measured_ms is not None
             error = relative_error(result.predicted_ms, result.measured_ms)
@@ -114,31 +135,36 @@ def main() -> int:
             rows.append({"model": name, "batch": batch, "predicted_ms": result.predicted_ms,
                          "measured_ms": result.measured_ms, "error": error, "layer_share": share,
                          "layer_count": count, "layers_within": within, "layer_mape": layer_mape,
-                         "memory_error": memory_error, "augur_ms": baseline, "augur_error": baseline_error})
+                         "memory_error": memory_error, "augur_ms": baseline, "augur_error": baseline_error,
+                         "speed": speed})
             print(f"{name:<14} {batch:>5} {result.predicted_ms:>10.2f} {result.measured_ms:>10.2f} "
                   f"{error * 100:>+6.1f}% {share * 100:>10.0f}% {layer_mape * 100:>9.1f}% "
-                  f"{memory_error * 100:>+7.1f}% {baseline:>10.2f} {baseline_error * 100:>+8.1f}%", flush=True)
+                  f"{memory_error * 100:>+7.1f}% {baseline:>10.2f} {baseline_error * 100:>+8.1f}% {speed:>5.2f}x",
+                  flush=True)
     for sweep in range(2, args.passes + 1):
         print(f"sweep {sweep}: timing every whole run again", flush=True)
-        remeasure(rows, args.threads)
+        remeasure(rows, args.threads, reference)
     summarise(rows)
     if args.json:
         args.json.write_text(json.dumps({"device": profile.describe(), "rows": rows}, indent=1))
     return 0
 
 
-def remeasure(rows: list[dict], threads: int | None) -> None:
-    """Time every row's whole run again; a row keeps its faster measurement (errors recomputed)."""
+def remeasure(rows: list[dict], threads: int | None, reference: float) -> None:
+    """Time every row's whole run again; a row keeps its faster measurement (errors recomputed) and the
+    machine speed read before it."""
     sessions: dict[str, InferenceSession] = {}
     for row in rows:
         session = sessions.setdefault(row["model"], InferenceSession(f"zoo:{row['model']}", threads=threads))
+        speed = machine_speed() / reference
         again = model_seconds(session, random_feeds(session, row["batch"])) * 1e3
         if again < row["measured_ms"]:
             row["measured_ms"] = again
             row["error"] = relative_error(row["predicted_ms"], again)
             row["augur_error"] = relative_error(row["augur_ms"], again)
+            row["speed"] = speed
         print(f"{row['model']:<14} {row['batch']:>5} {row['predicted_ms']:>10.2f} {row['measured_ms']:>10.2f} "
-              f"{row['error'] * 100:>+6.1f}%", flush=True)
+              f"{row['error'] * 100:>+6.1f}% {row['speed']:>5.2f}x", flush=True)
 
 
 def summarise(rows: list[dict]) -> None:
@@ -158,6 +184,10 @@ def summarise(rows: list[dict]) -> None:
           f"({within / max(1, dominant) * 100:.0f}%)")
     if memory.size:
         print(f"memory peak: {np.mean(memory <= 0.05) * 100:.0f}% of runs within 5%, worst {memory.max() * 100:.1f}%")
+    steady = np.array([abs(r["error"]) for r in rows if abs(r["speed"] - 1.0) <= 0.10])
+    if steady.size:
+        print(f"runs measured on the calibration's machine (sgemm within +-10% of it): {steady.size} of {len(rows)}; "
+              f"{np.mean(steady <= 0.10) * 100:.0f}% of them within +-10%, MAPE {steady.mean() * 100:.1f}%")
 
 
 if __name__ == "__main__":
