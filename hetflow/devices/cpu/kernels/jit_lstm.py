@@ -97,22 +97,9 @@ def scan(
         reverse: run the steps from last to first.
         y_t: ``[seq, hidden, B]`` to receive every step's hidden state, or None.
     """
-    if runs_sequence(x_t.shape[2]):
-        return _scan_compiled(r, w, bias, x_t, h_t, c_t, reverse, y_t)
-    return _scan_stepwise(r, w, bias, x_t, h_t, c_t, reverse, y_t)
-
-
-def _scan_compiled(
-    r: np.ndarray,
-    w: np.ndarray,
-    bias: np.ndarray,
-    x_t: np.ndarray,
-    h_t: np.ndarray,
-    c_t: np.ndarray,
-    reverse: bool,
-    y_t: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``scan`` as one compiled loop over the steps (``_sequence``; ``runs_sequence`` must hold)."""
+    if not runs_sequence(x_t.shape[2]):
+        return _scan_stepwise(r, w, bias, x_t, h_t, c_t, reverse, y_t)
+    # One compiled loop over the steps (``_sequence``).
     seq_length, _, batch = x_t.shape
     rows, hidden = r.shape[0], r.shape[0] // 4
     gates = np.empty((rows, batch), r.dtype)
@@ -131,10 +118,9 @@ _NO_TRANS = 111  # CBLAS: the matrix as stored
 @numba.njit(nogil=True, cache=True, error_model="numpy")
 def _sequence(r, w, bias, x_t, h, c, reverse, y_t, has_y, whole, gates, projections, spare):  # noqa: ANN001, ANN202
     """Every step of the standard cell: ``gates = R h`` (BLAS, at the session's threads: a GEMV per
-    column up to ``GEMV_MAX_COLUMNS``, else one GEMM), the input
-    projection (``projections[t]`` made up front when ``whole``, else ``W x_t`` now into
-    ``projections[0]``), then ``_update_states``; H goes into ``y_t[t]`` when ``has_y``, else into the
-    ``spare`` buffer it is not in. Returns the last H."""
+    column up to ``GEMV_MAX_COLUMNS``, else one GEMM), the input projection (``projections[t]`` made up
+    front when ``whole``, else ``W x_t`` now into ``projections[0]``), then ``_update_states``; H goes
+    into ``y_t[t]`` when ``has_y``, else into the ``spare`` buffer it is not in. Returns the last H."""
     seq_length, inputs, batch = x_t.shape
     rows = r.shape[0]
     hidden = rows // 4
