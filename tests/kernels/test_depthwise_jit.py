@@ -26,6 +26,13 @@ CASES = [
     ((2, 2, 7, 9), 3, (1, 4), ConvAttrs(pads=(0, 2, 0, 1), strides=(1, 3), group=2)),
     ((1, 8, 5, 5), 1, (5, 5), ConvAttrs(group=8)),  # one output position
     ((1, 2, 80, 75), 1, (3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=2)),  # two blocks of rows, the last partial
+    # The vector kernel's shapes (jit_depthwise_lanes): 2 and 4 output rows per vector, rows of more than
+    # one vector, blocks of planes that end inside an image, column stride 2 with padding on both sides.
+    ((2, 11, 7, 7), 1, (3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=11)),
+    ((3, 9, 4, 4), 1, (3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=9)),
+    ((1, 3, 8, 37), 1, (3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=3)),
+    ((2, 10, 15, 15), 1, (5, 5), ConvAttrs(pads=(2, 2, 2, 2), strides=(2, 2), group=10)),
+    ((1, 17, 14, 14), 1, (3, 3), ConvAttrs(pads=(0, 1, 2, 1), strides=(1, 2), dilations=(2, 1), group=17)),
 ]
 
 ACTIVATIONS = [None, FusedActivation("Relu"), FusedActivation("Clip", 0.0, 6.0),
@@ -60,9 +67,20 @@ def _run(attrs: ConvAttrs, x, w, b, out=None):
     return KERNEL.fn(node, [x, w, b], None if out is None else [out], None)[0]
 
 
+@pytest.fixture(params=["vectors", "phases"])
+def float32_kernel(request, monkeypatch):
+    """Which compiled kernel runs a float32 layer with one kernel per channel: the vector kernel
+    (``jit_depthwise_lanes``, where it applies) or the phase-plane kernel it replaces there."""
+    from hetflow.devices.cpu.kernels import jit_depthwise_lanes
+
+    if request.param == "phases":
+        monkeypatch.setattr(jit_depthwise_lanes, "applies", lambda *args: False)
+    return request.param
+
+
 @pytest.mark.parametrize("fused", ACTIVATIONS, ids=lambda f: "none" if f is None else f.op_type)
 @pytest.mark.parametrize(("x_shape", "multiplier", "kernel", "attrs"), CASES)
-def test_matches_a_direct_sum(x_shape, multiplier, kernel, attrs, fused):
+def test_matches_a_direct_sum(x_shape, multiplier, kernel, attrs, fused, float32_kernel):
     x, w, b = _case(x_shape, multiplier, kernel)
     attrs = ConvAttrs(**{**attrs.__dict__, "fused": fused})
     expected = _activate(_direct_conv(x, w, b, attrs), fused)
@@ -98,13 +116,14 @@ def test_nan_passes_through_the_fused_activation():
     assert np.isnan(got[0, 1, 2:5, 2:5]).all() and not np.isnan(got[0, 0]).any()
 
 
-def test_two_threads_split_the_planes_and_agree_with_one(monkeypatch):
-    from hetflow.devices.cpu.kernels import jit_depthwise
+@pytest.mark.parametrize("multiplier", [1, 2], ids=["vectors", "phases"])
+def test_two_threads_split_the_planes_and_agree_with_one(monkeypatch, multiplier):
+    from hetflow.devices.cpu.kernels import jit_depthwise, jit_depthwise_lanes
     from tests.helpers import record_splits
 
-    x, w, b = _case((4, 16, 20, 20), 1, (3, 3))
+    x, w, b = _case((4, 16, 20, 20), multiplier, (3, 3))
     attrs = ConvAttrs(pads=(1, 1, 1, 1), group=16)
-    splits = record_splits(monkeypatch, jit_depthwise)
+    splits = record_splits(monkeypatch, jit_depthwise_lanes if multiplier == 1 else jit_depthwise)
     previous = BLAS.get()
     try:
         BLAS.set(1)

@@ -14,6 +14,12 @@ stride 2 1.43 -> 0.88 ms. Rows are stored at unsigned flat offsets of Y (``buffe
 the store loop vectorises: 144x56x56 0.49 -> 0.42 ms, 32x112x112 0.44 -> 0.40 ms, 7x7 and 14x14 maps
 0-6% (one core, A/B in one process; at two threads within this VM's noise).
 
+float32 layers with one kernel per channel and column stride 1 or 2 (every depthwise layer of the zoo)
+run ``jit_depthwise_lanes`` instead: no phase planes, each tap a masked vector load straight from X.
+A/B over whole networks (``benchmarks/ab.py``, 3 rounds of 10 runs, minimums): shufflenet 0.87x at
+batch 1 and 0.86x at 16, mobilenetv2 0.86x and 0.83x. This kernel keeps channel multipliers, column
+strides over 2 and float64.
+
 The compiled function releases the GIL; ``depthwise_2d`` splits the planes over the CPU's kernel
 threads (``parallel_for``), so the session's thread count holds here as for every other kernel.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from hetflow.devices.cpu.kernels import jit_depthwise_lanes
 from hetflow.devices.cpu.kernels.buffers import flat_target
 from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, NO_ACTIVATION, RELU, activation_code
 from hetflow.devices.cpu.kernels.jit_phases import fill_phases, layout, tap_start
@@ -54,16 +61,26 @@ def depthwise_2d(
     bias = np.zeros(y.shape[1], y.dtype) if bias is None else np.ascontiguousarray(bias, y.dtype)
 
     target, flat_y, image_stride = flat_target(y)
-    out = (image_stride, int(y.shape[1]), int(y.shape[2]), int(y.shape[3]))
     window = (strides[0], strides[1], dilations[0], dilations[1], pads_begin[0], pads_begin[1])
-    split_planes(
-        lambda first, last: _planes(x, w, bias, flat_y, *out, first, last, *window, code, constants),
-        lambda parts: _split(parts, x, w, bias, flat_y, *out, *window, code, constants),
-        y.shape[0] * y.shape[1], int(y.shape[2]) * int(y.shape[3]),
-    )  # fmt: skip
+    if jit_depthwise_lanes.applies(x.dtype, int(x.shape[1]), int(y.shape[1]), strides[1]):
+        activation = jit_depthwise_lanes.activation_constants(code, alpha, beta)
+        out_hw = (int(y.shape[2]), int(y.shape[3]))
+        jit_depthwise_lanes.depthwise(x, w, bias, flat_y, image_stride, out_hw, (*w.shape[2:], *window), activation)
+    else:
+        _phase_planes(x, w, bias, flat_y, image_stride, y.shape, window, code, constants)
     if target is not y:
         np.copyto(y, target)
     return code != NO_ACTIVATION or fused is None
+
+
+def _phase_planes(x, w, bias, flat_y, image_stride, y_shape, window, code, constants) -> None:  # noqa: ANN001
+    """The phase-plane kernel (``_planes``) over every output plane, split over the kernel threads."""
+    out = (image_stride, int(y_shape[1]), int(y_shape[2]), int(y_shape[3]))
+    split_planes(
+        lambda first, last: _planes(x, w, bias, flat_y, *out, first, last, *window, code, constants),
+        lambda parts: _split(parts, x, w, bias, flat_y, *out, *window, code, constants),
+        y_shape[0] * y_shape[1], int(y_shape[2]) * int(y_shape[3]),
+    )  # fmt: skip
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)

@@ -1,0 +1,218 @@
+"""The float32 2-D depthwise Conv (one kernel per channel) with column strides 1 and 2, over 16-lane
+vectors of outputs in LLVM IR, bias and activation fused.
+
+Why: the phase-plane kernel (``jit_depthwise._planes``) copies each input plane into its phases, a
+strided gather that runs scalar, and on small maps its vector loops are shorter than one unrolled
+iteration, so they run scalar too: 544x7x7 took 121 us on one core, 0.2 multiply-adds per ns. Here each
+tap is read straight from X by masked loads (``window_lanes``, the pools' layout), multiplied by the
+plane's weight and accumulated in registers: 24 us (the same 1-core measurement, see
+``DEPTHWISE_LANES_MAX_ELEMENTS`` for where the phase kernel still wins).
+
+Accumulators start at the bias. The activation is a multiply and two clamps with constants from
+``activation_code``: Relu is (slope 1, 0, +inf), Clip (1, min, max), LeakyRelu (alpha, -inf, +inf), none
+(1, -inf, +inf); NaN passes through, as in the phase kernel's store.
+
+The bodies for the three vector shapes and both strides are compiled into one function, once per
+machine (cached on disk).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core.errors import TypingError
+from numba.extending import intrinsic
+
+from hetflow.devices.cpu.kernels import llvm_vectors as lv
+from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, RELU
+from hetflow.devices.cpu.kernels.window_lanes import (
+    LANES,
+    PLANE_BLOCK,
+    STRIDES,
+    Outputs,
+    VectorShape,
+    Window,
+    clamped_plane,
+    plane_starts,
+    row_masks,
+    row_taps,
+    rows_per_vector,
+    slot,
+    store_planes,
+    walk_taps,
+)
+from hetflow.devices.cpu.threads import split_planes, split_ranges
+
+_FLOAT32 = np.dtype(np.float32)
+_SHAPES = tuple(VectorShape(rows, stride) for rows in (1, 2, 4) for stride in STRIDES)
+
+
+def applies(dtype: np.dtype, channels: int, kernels: int, column_stride: int) -> bool:
+    """Whether this kernel runs a 2-D depthwise Conv: float32, one kernel per channel (no channel
+    multiplier), column stride 1 or 2 (any window, row stride, dilation and padding)."""
+    return dtype == _FLOAT32 and kernels == channels and column_stride in STRIDES
+
+
+@functools.lru_cache(maxsize=64)
+def activation_constants(code: int, alpha: float, beta: float) -> np.ndarray:
+    """(slope, low, high) of the fused activation ``code`` (``jit_epilogue.activation_code``): the
+    output is min(max(v < 0 ? v * slope : v, low), high). Shared between calls: never written."""
+    inf = float("inf")
+    if code == RELU:
+        return np.array([1.0, 0.0, inf], np.float32)
+    if code == CLIP:
+        return np.array([1.0, alpha, beta], np.float32)
+    if code == LEAKY_RELU:
+        return np.array([alpha, -inf, inf], np.float32)
+    return np.array([1.0, -inf, inf], np.float32)
+
+
+def depthwise(
+    x: np.ndarray, w: np.ndarray, bias: np.ndarray, y: np.ndarray, image_stride: int,
+    out: tuple[int, int], window: tuple[int, ...], activation: np.ndarray,
+) -> None:  # fmt: skip
+    """Depthwise Conv of float32 ``x`` ``[N, C, H, W]`` with ``w`` ``[C, 1, kh, kw]`` plus ``bias`` ``[C]``
+    into the flat Y ``y`` (``buffers.flat_images``: images ``image_stride`` apart) of ``out`` (OH, OW),
+    ``window`` (kh, kw, sh, sw, dh, dw, pad_top, pad_left), then the ``activation_constants``."""
+    head = (x, w.reshape(-1), bias, activation, y, image_stride, *out)
+    planes, per_plane = x.shape[0] * x.shape[1], out[0] * out[1]
+    if split_ranges(planes, per_plane) == 1:
+        vector_planes(*head, 0, planes, *window)  # NOTE: no closures for a kernel too small to split
+        return
+    split_planes(
+        lambda first, last: vector_planes(*head, first, last, *window),
+        lambda parts: _split(parts, *head, *window),
+        planes, per_plane,
+    )  # fmt: skip
+
+
+@intrinsic
+def _depthwise_vectors(
+    typingctx, x, x_start, planes, plane_step, top, row_step, segments, height, width, first_tap, last_tap,
+    kw, dh, dw, col_start, y, y_start, y_plane, y_row, count, w, w_start, w_plane, bias, bias_start,
+    activation, rows, stride,
+):  # noqa: ANN001, ANN202  # fmt: skip
+    """One vector of outputs for each of ``planes`` (<= PLANE_BLOCK) planes, ``plane_step`` floats apart
+    from ``x_start`` in the flat X ``x``, read and stored as ``window_lanes.Window`` and ``Outputs`` say:
+    bias[bias_start + p] plus, per tap (i, j), the tap times w[w_start + p*w_plane + i*kw + j], then the
+    activation (``activation_constants``). ``rows`` and ``stride`` pick one of the bodies compiled for
+    ``_SHAPES``.
+    """
+    arguments = (x, x_start, planes, plane_step, top, row_step, segments, height, width, first_tap, last_tap,
+                 kw, dh, dw, col_start, y, y_start, y_plane, y_row, count, w, w_start, w_plane, bias,
+                 bias_start, activation, rows, stride)  # fmt: skip
+    for array in (x, y, w, bias, activation):  # the IR reads and writes floats through data pointers
+        if not (isinstance(array, types.Array) and array.dtype == types.float32 and array.ndim == 1):
+            raise TypingError(f"_depthwise_vectors takes flat float32 arrays, not {array}")
+    signature = types.void(*arguments)
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        values = list(args[:26])
+        for index in (0, 15, 20, 23, 25):  # the arrays' data pointers
+            values[index] = lv.array_data(context, builder, sig.args[index], args[index])
+        x_start_v, planes_v, plane_step_v = values[1:4]
+        window = Window(values[0], *values[4:15])
+        outputs = Outputs(*values[15:20])
+        weights = values[20:23]
+        bias_p, bias_start_v, activation_p = values[23:26]
+        rows_v, stride_v = args[26:]
+        for shape in _SHAPES:
+            chosen = builder.and_(
+                builder.icmp_signed("==", rows_v, lv.INT(shape.rows)),
+                builder.icmp_signed("==", stride_v, lv.INT(shape.stride)),
+            )
+            with builder.if_then(chosen):
+                starts = plane_starts(builder, x_start_v, planes_v, plane_step_v)
+                biases = [
+                    lv.broadcast(
+                        builder, lv.load_scalar(builder, bias_p, builder.add(bias_start_v, p))
+                    )
+                    for p in _clamped(builder, planes_v)
+                ]
+                totals = _accumulate(
+                    builder, shape, window, starts, weights, _clamped(builder, planes_v), biases
+                )
+                results = [_activate(builder, activation_p, value) for value in totals]
+                masks, shifts = row_masks(builder, shape.rows, window.segments, outputs)
+                store_planes(builder, outputs, planes_v, masks, shifts, results)
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+def _clamped(builder: ir.IRBuilder, planes: ir.Value) -> list[ir.Value]:
+    """The block's plane indices, slots past ``planes`` repeating the last (never stored)."""
+    return [clamped_plane(builder, plane, planes) for plane in range(PLANE_BLOCK)]
+
+
+def _accumulate(
+    builder: ir.IRBuilder, shape: VectorShape, window: Window, starts: list[ir.Value],
+    weights: list[ir.Value], planes: list[ir.Value], biases: list[ir.Value],
+) -> list[ir.Value]:  # fmt: skip
+    """Each plane's sum over the taps of tap times weight, from its bias."""
+    w_p, w_start, w_plane = weights
+    fma = lv.fused_multiply_add(builder)
+    totals = [slot(builder, bias) for bias in biases]
+    plane_weights = [builder.add(w_start, builder.mul(plane, w_plane)) for plane in planes]
+
+    def multiply_add(plane: int, values: ir.Value, row_tap: ir.Value, column_tap: ir.Value) -> None:
+        tap = builder.add(builder.mul(row_tap, window.kw), column_tap)
+        weight = lv.broadcast(builder, lv.load_scalar(builder, w_p, builder.add(plane_weights[plane], tap)))
+        total = totals[plane]
+        builder.store(builder.call(fma, [values, weight, builder.load(total)]), total)
+
+    walk_taps(builder, shape, window, starts, 0.0, multiply_add)
+    return [builder.load(total) for total in totals]
+
+
+def _activate(builder: ir.IRBuilder, activation: ir.Value, value: ir.Value) -> ir.Value:
+    """min(max(v < 0 ? v * slope : v, low), high) with (slope, low, high) from ``activation``; NaN stays."""
+    slope, low, high = (
+        lv.broadcast(builder, lv.load_scalar(builder, activation, lv.INT(i))) for i in range(3)
+    )
+    zero = lv.float_vector(LANES, 0.0)
+    value = builder.select(builder.fcmp_ordered("<", value, zero), builder.fmul(value, slope), value)
+    value = builder.select(builder.fcmp_ordered("<", value, low), low, value)
+    return builder.select(builder.fcmp_ordered(">", value, high), high, value)
+
+
+@numba.njit(nogil=True, cache=True)
+def vector_planes(x, w, bias, activation, y, image_stride, out_h, out_w, first, last,  # noqa: ANN001, ANN201
+                  kh, kw, sh, sw, dh, dw, pad_top, pad_left):  # fmt: skip
+    """Output planes ``first .. last - 1`` (plane p = image p // C, channel p % C) of the flat Y ``y``
+    (images ``image_stride`` elements apart, each ``[C, OH, OW]`` contiguous; ``buffers.flat_images``),
+    up to ``PLANE_BLOCK`` planes of one image at a time, each a vector of outputs at a time; ``w`` is the
+    flat ``[C, 1, kh, kw]`` weights."""
+    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    taps = kh * kw
+    flat_x = x.reshape(-1)
+    out_size = out_h * out_w
+    rows = rows_per_vector(out_w)
+    lanes = LANES // rows
+    plane = first
+    while plane < last:
+        channel = plane % channels
+        planes = min(PLANE_BLOCK, last - plane, channels - channel)  # a block's weights are consecutive
+        y_plane = (plane // channels) * image_stride + channel * out_size
+        for oy in range(0, out_h, rows):
+            segments, top, first_tap, last_tap = row_taps(oy, rows, out_h, kh, sh, dh, pad_top, height)
+            for ox in range(0, out_w, lanes):
+                _depthwise_vectors(flat_x, plane * height * width, planes, height * width, top, sh, segments,
+                                   height, width, first_tap, last_tap, kw, dh, dw, ox * sw - pad_left,
+                                   y, y_plane + oy * out_w + ox, out_size, out_w, min(lanes, out_w - ox),
+                                   w, channel * taps, taps, bias, channel, activation, rows, sw)  # fmt: skip
+        plane += planes
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _split(parts, x, w, bias, activation, y, image_stride, out_h, out_w,  # noqa: ANN001, ANN201
+           kh, kw, sh, sw, dh, dw, pad_top, pad_left):  # fmt: skip
+    """``vector_planes`` over ``parts`` ranges of Y's planes, run by numba's threads."""
+    planes = x.shape[0] * x.shape[1]
+    for part in numba.prange(parts):
+        vector_planes(x, w, bias, activation, y, image_stride, out_h, out_w, planes * part // parts,
+                      planes * (part + 1) // parts, kh, kw, sh, sw, dh, dw, pad_top, pad_left)  # fmt: skip
