@@ -105,6 +105,7 @@ def test_max_pool_backward_nan_and_infinite_windows():
 def test_max_pool_backward_split_over_threads(monkeypatch, case):
     monkeypatch.setattr(threads, "intra_op_threads", lambda: 2)
     monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    monkeypatch.setattr(threads, "MIN_ELEMENTS_BESIDE_BLAS_THREADS", 1)
     attrs, shape = POOL_CASES[case]
     x, dy, geom = _pool_inputs(attrs, shape, np.float32)
     np.testing.assert_allclose(
@@ -207,6 +208,7 @@ def test_max_pool_indices_split_over_threads(monkeypatch, case):
     dx = jit_backward.max_pool_scatter_2d(indices, dy, x.shape)
     monkeypatch.setattr(threads, "intra_op_threads", lambda: 2)
     monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    monkeypatch.setattr(threads, "MIN_ELEMENTS_BESIDE_BLAS_THREADS", 1)
     split_y, split_indices = jit_backward.max_pool_indices_2d(x, geom)
     np.testing.assert_array_equal(split_y, y)
     np.testing.assert_array_equal(split_indices, indices)
@@ -218,6 +220,7 @@ def test_max_pool_indices_split_over_threads(monkeypatch, case):
 def test_relu_backward_is_the_numpy_rule(monkeypatch, shape, dtype):
     monkeypatch.setattr(threads, "intra_op_threads", lambda: 2)
     monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    monkeypatch.setattr(threads, "MIN_ELEMENTS_BESIDE_BLAS_THREADS", 1)
     x = RNG.standard_normal(shape).astype(dtype)
     x.reshape(-1)[:3] = (0.0, -0.0, np.nan)
     dy = RNG.standard_normal(shape).astype(dtype)

@@ -94,6 +94,7 @@ def test_two_threads_split_the_planes_and_agree_with_one(algorithm, monkeypatch)
     x, w, b = _case((3, 6, 14, 13), 8)
     attrs = ConvAttrs(pads=(1, 1, 1, 1))
     monkeypatch.setattr(threads, "MIN_ELEMENTS_PER_THREAD", 1)
+    monkeypatch.setattr(threads, "MIN_ELEMENTS_BESIDE_BLAS_THREADS", 1)
     previous = BLAS.get()
     try:
         BLAS.set(1)

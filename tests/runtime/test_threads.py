@@ -214,3 +214,27 @@ def test_intra_op_threads_reads_the_held_count_without_asking_blas(blas_at_two, 
         assert intra_op_threads() == 3
     assert getattr(threads._held, "count", None) is None
     assert intra_op_threads() == 2
+
+
+def test_plane_ranges_go_to_the_python_pool_beside_blas_threads_only_when_large(blas_at_two):
+    """A run that leaves BLAS its threads keeps a mid-sized per-plane loop on the calling thread
+    (OpenBLAS's spinning workers would hold the core it hands a range to); a run on its own threads splits
+    it."""
+    calls: list[tuple[int, int]] = []
+    planes, per_plane = 100, 1000  # 100 000 output elements
+
+    def body(first: int, last: int) -> None:
+        calls.append((first, last))
+
+    with threads.blas_threads(2):
+        threads.parallel_planes(body, planes, per_plane)
+        assert calls == [(0, planes)]
+        assert threads.split_ranges(planes, per_plane) == 1
+        calls.clear()
+        threads.parallel_planes(body, planes, threads.MIN_ELEMENTS_BESIDE_BLAS_THREADS)
+        assert sorted(calls) == [(0, 50), (50, 100)]
+    calls.clear()
+    with threads.own_threads(2):
+        threads.parallel_planes(body, planes, per_plane)
+        assert sorted(calls) == [(0, 50), (50, 100)]
+        assert threads.split_ranges(planes, per_plane) == 2

@@ -291,12 +291,25 @@ def parallel_planes(body: Callable[[int, int], None], planes: int, elements_per_
     """Run ``body(first, last)`` over contiguous ranges of ``planes`` output planes, one range per thread
     (``intra_op_threads``), with no more threads than ranges of at least ``MIN_ELEMENTS_PER_THREAD``
     output elements (for the compiled per-plane kernels, which release the GIL)."""
-    threads = _ranges(planes, elements_per_plane, MIN_ELEMENTS_PER_THREAD)
+    threads = _ranges(planes, elements_per_plane, _python_pool_minimum())
     if threads == 1:
         body(0, planes)  # NOTE: without parallel_for's closures: ~1 us, a fifth of a small pool's loop
         return
     bounds = [planes * part // threads for part in range(threads + 1)]  # NOTE: np.linspace costs ~30 us
     parallel_for(lambda part: body(bounds[part], bounds[part + 1]), threads, threads)
+
+
+#: The same while a run leaves BLAS its own threads (one example through a network too large to spin):
+#: OpenBLAS's workers spin on the cores after each product, and a range handed to the Python pool
+#: waits for them. Measured at batch 1, 2 threads, one process alternating thresholds (minimums):
+#: 32 Ki -> 1 Mi elements, shufflenet 5.88 -> 5.42 ms, mobilenetv2 8.93 -> 8.22, squeezenet 6.50 ->
+#: 6.27, resnet50 55.7 -> 53.0, googlenet 25.2 -> 24.4 (512 Ki and 2 Mi measured alike).
+MIN_ELEMENTS_BESIDE_BLAS_THREADS = 1 << 20
+
+
+def _python_pool_minimum() -> int:
+    """Output elements below which a range of planes is not handed to the Python pool."""
+    return MIN_ELEMENTS_PER_THREAD if _own_threads else MIN_ELEMENTS_BESIDE_BLAS_THREADS
 
 
 #: Below this many output elements a range of planes is not worth a part of a compiled split
@@ -331,7 +344,7 @@ def plane_parts(planes: int, elements_per_plane: int) -> int:
 def split_ranges(planes: int, elements_per_plane: int) -> int:
     """How many ranges ``split_planes`` runs ``planes`` output planes in: 1 means the caller may run its
     loop over them all itself (a small kernel's closures for ``split_planes`` cost ~1 us)."""
-    minimum = MIN_ELEMENTS_PER_PART if _numba_pool else MIN_ELEMENTS_PER_THREAD
+    minimum = MIN_ELEMENTS_PER_PART if _numba_pool else _python_pool_minimum()
     return _ranges(planes, elements_per_plane, minimum)
 
 
