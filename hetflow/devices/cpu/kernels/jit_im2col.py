@@ -52,10 +52,22 @@ def im2col(x: np.ndarray, geom: Geometry, cols: np.ndarray, channel_major: bool 
 
     shape = (count, channels, height, width, row_stride, image_stride)
     split_planes(
-        lambda first, last: _fill(flat_x, flat_cols, first, last, *shape, *window),
+        lambda first, last: _fill(flat_x, flat_cols, first, last, *shape, *window, 0, rows.out),
         lambda parts: _split(parts, flat_x, flat_cols, *shape, *window),
         channels, taps * count * positions,
     )  # fmt: skip
+
+
+def im2col_rows(x: np.ndarray, geom: Geometry, cols: np.ndarray, first_row: int, last_row: int) -> None:
+    """Fill ``cols`` (C-contiguous, ``[C*kh*kw, (last_row - first_row) * OW]``) with the columns of the
+    output rows ``first_row .. last_row - 1`` of the one image ``x`` (``[1, C, H, W]``), on the calling
+    thread: a band of an image's columns, small enough to stay in cache for the GEMM that reads it."""
+    _, channels, height, width = x.shape
+    rows, columns = geom.axes
+    band = (last_row - first_row) * columns.out
+    _fill(x.reshape(-1), cols.reshape(-1), 0, channels, 1, channels, height, width, band, 0,
+          rows.kernel, columns.kernel, rows.stride, columns.stride, rows.dilation, columns.dilation,
+          rows.pad_begin, columns.pad_begin, rows.out, columns.out, first_row, last_row)  # fmt: skip
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
@@ -65,15 +77,16 @@ def _split(parts, x, cols, count, channels, height, width, row_stride, image_str
     for part in numba.prange(parts):
         first, last = channels * part // parts, channels * (part + 1) // parts
         _fill(x, cols, first, last, count, channels, height, width, row_stride, image_stride,
-              kh, kw, sh, sw, dh, dw, pad_top, pad_left, out_h, out_w)  # fmt: skip
+              kh, kw, sh, sw, dh, dw, pad_top, pad_left, out_h, out_w, 0, out_h)  # fmt: skip
 
 
 # NOTE: indices are unsigned sums on flat arrays: numba tests a signed index for wraparound, and that
 # test keeps the copy loops from vectorising (see jit_phases).
 @numba.njit(nogil=True, cache=True)
 def _fill(x, cols, first, last, count, channels, height, width, row_stride, image_stride,  # noqa: ANN001
-          kh, kw, sh, sw, dh, dw, pad_top, pad_left, out_h, out_w):  # fmt: skip
-    """Column rows of input channels ``first .. last - 1``."""
+          kh, kw, sh, sw, dh, dw, pad_top, pad_left, out_h, out_w, first_oy, last_oy):  # fmt: skip
+    """Column rows of input channels ``first .. last - 1``, for output rows ``first_oy .. last_oy - 1``
+    (output row ``first_oy`` at the start of each column row)."""
     step = np.uint64(sw)
     plane_size = height * width
     for c in range(first, last):
@@ -86,8 +99,8 @@ def _fill(x, cols, first, last, count, channels, height, width, row_stride, imag
                 hi = max(lo, min(out_w, (width - shift + sw - 1) // sw))
                 for n in range(count):
                     plane = (n * channels + c) * plane_size
-                    for oy in range(out_h):
-                        target = row + np.uint64(n * image_stride + oy * out_w)
+                    for oy in range(first_oy, last_oy):
+                        target = row + np.uint64(n * image_stride + (oy - first_oy) * out_w)
                         iy = oy * sh + i * dh - pad_top
                         if iy < 0 or iy >= height:
                             for ox in range(np.uint64(out_w)):
