@@ -28,24 +28,9 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
+from hetflow.devices.cpu.kernels import window_lanes as wl
 from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, RELU
-from hetflow.devices.cpu.kernels.window_lanes import (
-    LANES,
-    PLANE_BLOCK,
-    STRIDES,
-    Outputs,
-    VectorShape,
-    Window,
-    clamped_plane,
-    plane_starts,
-    row_masks,
-    row_taps,
-    rows_per_vector,
-    slot,
-    store_planes,
-    walk_taps,
-)
-from hetflow.devices.cpu.threads import split_planes, split_ranges
+from hetflow.devices.cpu.kernels.window_lanes import LANES, PLANE_BLOCK, STRIDES, VectorShape
 
 _FLOAT32 = np.dtype(np.float32)
 _SHAPES = tuple(VectorShape(rows, stride) for rows in (1, 2, 4) for stride in STRIDES)
@@ -79,15 +64,7 @@ def depthwise(
     into the flat Y ``y`` (``buffers.flat_images``: images ``image_stride`` apart) of ``out`` (OH, OW),
     ``window`` (kh, kw, sh, sw, dh, dw, pad_top, pad_left), then the ``activation_constants``."""
     head = (x, w.reshape(-1), bias, activation, y, image_stride, *out)
-    planes, per_plane = x.shape[0] * x.shape[1], out[0] * out[1]
-    if split_ranges(planes, per_plane) == 1:
-        vector_planes(*head, 0, planes, *window)  # NOTE: no closures for a kernel too small to split
-        return
-    split_planes(
-        lambda first, last: vector_planes(*head, first, last, *window),
-        lambda parts: _split(parts, *head, *window),
-        planes, per_plane,
-    )  # fmt: skip
+    wl.run_planes(vector_planes, _split, head, window, x.shape[0] * x.shape[1], out[0] * out[1])
 
 
 @intrinsic
@@ -115,8 +92,8 @@ def _depthwise_vectors(
         for index in (0, 15, 20, 23, 25):  # the arrays' data pointers
             values[index] = lv.array_data(context, builder, sig.args[index], args[index])
         x_start_v, planes_v, plane_step_v = values[1:4]
-        window = Window(values[0], *values[4:15])
-        outputs = Outputs(*values[15:20])
+        window = wl.Window(values[0], *values[4:15])
+        outputs = wl.Outputs(*values[15:20])
         weights = values[20:23]
         bias_p, bias_start_v, activation_p = values[23:26]
         rows_v, stride_v = args[26:]
@@ -126,19 +103,17 @@ def _depthwise_vectors(
                 builder.icmp_signed("==", stride_v, lv.INT(shape.stride)),
             )
             with builder.if_then(chosen):
-                starts = plane_starts(builder, x_start_v, planes_v, plane_step_v)
+                starts = wl.plane_starts(builder, x_start_v, planes_v, plane_step_v)
                 biases = [
-                    lv.broadcast(
-                        builder, lv.load_scalar(builder, bias_p, builder.add(bias_start_v, p))
-                    )
+                    lv.broadcast(builder, lv.load_scalar(builder, bias_p, builder.add(bias_start_v, p)))
                     for p in _clamped(builder, planes_v)
                 ]
                 totals = _accumulate(
                     builder, shape, window, starts, weights, _clamped(builder, planes_v), biases
                 )
                 results = [_activate(builder, activation_p, value) for value in totals]
-                masks, shifts = row_masks(builder, shape.rows, window.segments, outputs)
-                store_planes(builder, outputs, planes_v, masks, shifts, results)
+                masks, shifts = wl.row_masks(builder, shape.rows, window.segments, outputs)
+                wl.store_planes(builder, outputs, planes_v, masks, shifts, results)
         return context.get_dummy_value()
 
     return signature, codegen
@@ -146,17 +121,17 @@ def _depthwise_vectors(
 
 def _clamped(builder: ir.IRBuilder, planes: ir.Value) -> list[ir.Value]:
     """The block's plane indices, slots past ``planes`` repeating the last (never stored)."""
-    return [clamped_plane(builder, plane, planes) for plane in range(PLANE_BLOCK)]
+    return [wl.clamped_plane(builder, plane, planes) for plane in range(PLANE_BLOCK)]
 
 
 def _accumulate(
-    builder: ir.IRBuilder, shape: VectorShape, window: Window, starts: list[ir.Value],
+    builder: ir.IRBuilder, shape: VectorShape, window: wl.Window, starts: list[ir.Value],
     weights: list[ir.Value], planes: list[ir.Value], biases: list[ir.Value],
 ) -> list[ir.Value]:  # fmt: skip
     """Each plane's sum over the taps of tap times weight, from its bias."""
     w_p, w_start, w_plane = weights
     fma = lv.fused_multiply_add(builder)
-    totals = [slot(builder, bias) for bias in biases]
+    totals = [wl.slot(builder, bias) for bias in biases]
     plane_weights = [builder.add(w_start, builder.mul(plane, w_plane)) for plane in planes]
 
     def multiply_add(plane: int, values: ir.Value, row_tap: ir.Value, column_tap: ir.Value) -> None:
@@ -165,7 +140,7 @@ def _accumulate(
         total = totals[plane]
         builder.store(builder.call(fma, [values, weight, builder.load(total)]), total)
 
-    walk_taps(builder, shape, window, starts, 0.0, multiply_add)
+    wl.walk_taps(builder, shape, window, starts, 0.0, multiply_add)
     return [builder.load(total) for total in totals]
 
 
@@ -191,7 +166,7 @@ def vector_planes(x, w, bias, activation, y, image_stride, out_h, out_w, first, 
     taps = kh * kw
     flat_x = x.reshape(-1)
     out_size = out_h * out_w
-    rows = rows_per_vector(out_w)
+    rows = wl.rows_per_vector(out_w)
     lanes = LANES // rows
     plane = first
     while plane < last:
@@ -199,7 +174,7 @@ def vector_planes(x, w, bias, activation, y, image_stride, out_h, out_w, first, 
         planes = min(PLANE_BLOCK, last - plane, channels - channel)  # a block's weights are consecutive
         y_plane = (plane // channels) * image_stride + channel * out_size
         for oy in range(0, out_h, rows):
-            segments, top, first_tap, last_tap = row_taps(oy, rows, out_h, kh, sh, dh, pad_top, height)
+            segments, top, first_tap, last_tap = wl.row_taps(oy, rows, out_h, kh, sh, dh, pad_top, height)
             for ox in range(0, out_w, lanes):
                 _depthwise_vectors(flat_x, plane * height * width, planes, height * width, top, sh, segments,
                                    height, width, first_tap, last_tap, kw, dh, dw, ox * sw - pad_left,
