@@ -116,6 +116,19 @@ def test_the_in_run_factor_applies_only_to_runs_that_keep_blas_threads(quick_pro
     assert (batch.in_run_ms == 0.0) is splits
 
 
+def test_a_recurrent_layer_has_no_in_run_slowdown(quick_profile):
+    """The LSTM reads its weights at every step of one call, so in a run, as alone, they are in cache:
+    only the other layers pay the in-run factor."""
+    from hetflow.estimate.predict import WEIGHTS_REREAD_OPS
+
+    profile = dataclasses.replace(quick_profile, run_factor=1.2)
+    result = estimate(InferenceSession("zoo:lstm-gesture"), profile, 1)
+    others = sum(layer.predicted_ms for layer in result.layers if layer.op not in WEIGHTS_REREAD_OPS)
+    assert any(layer.op == "LSTM" for layer in result.layers)
+    assert result.in_run_ms == pytest.approx(0.2 * others)
+    assert result.in_run_ms < 0.01 * sum(layer.predicted_ms for layer in result.layers)
+
+
 @pytest.mark.parametrize("batch", [1, 16, 64])
 def test_the_compiled_lstm_scratch_is_what_the_kernel_allocates(batch):
     """The estimator's LSTM workspace is the compiled cell's buffers, not the op's projection of every
