@@ -45,7 +45,7 @@ from hetflow.estimate.models import (
     neighbour_point,
     nnls,
 )
-from hetflow.estimate.predict import kernel_cost, layer_key, memory_terms, window_strided
+from hetflow.estimate.predict import SPIN_MARK, kernel_cost, layer_key, memory_terms, window_strided
 from hetflow.estimate.profile import DeviceProfile, GemmModel, MemoryModel, OpModel, TransferModel, now_iso
 from hetflow.estimate.timing import amortised_seconds, replay, threads_held, timed_call
 from hetflow.frontends import load_model
@@ -497,13 +497,18 @@ def _time_probe_nodes(
         for candidate in device.kernels.candidates(node, infos):
             if candidate.algorithm in SKIPPED_ALGORITHMS:
                 continue
+            key = layer_key(node, candidate, graph, spin)
+            if spin and not key.endswith(SPIN_MARK):
+                # NOTE: a spinning probe times only what a spinning run splits: the others have probes
+                # of their own, and one of them run here (an im2col GEMM on OpenBLAS's threads) left
+                # those threads spinning on the cores: the direct Conv timed after it took 2x.
+                continue
             result = candidate.fn(node, inputs)  # warm-up: a compiled kernel's first call compiles it
             call = device.timed_call(candidate, node, inputs, result)
             _, first = timed_call(call, device.synchronize)
             seconds = amortised_seconds(call, min_time=settings.min_time, rounds=settings.rounds,
                                         synchronize=device.synchronize, first_seconds=first)
             transient, retained = _allocations(lambda c=candidate: c.fn(node, inputs))
-            key = layer_key(node, candidate, graph, spin)
             cost = kernel_cost(node, costs[node.name], key, graph)
             strided = window_strided(node, graph)
             samples.append(Sample(
@@ -520,6 +525,8 @@ def _time_probe_nodes(
             ))
             if outputs is None:
                 outputs = result
+        if outputs is None:  # every candidate skipped: the next nodes still need this one's outputs
+            outputs = kernel.fn(node, inputs)  # type: ignore[attr-defined]
         return outputs  # type: ignore[return-value]
 
     replay(graph, steps, feeds, visit)  # type: ignore[arg-type]

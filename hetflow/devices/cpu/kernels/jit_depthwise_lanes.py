@@ -3,10 +3,13 @@ vectors of outputs in LLVM IR, bias and activation fused.
 
 Why: the phase-plane kernel (``jit_depthwise._planes``) copies each input plane into its phases, a
 strided gather that runs scalar, and on small maps its vector loops are shorter than one unrolled
-iteration, so they run scalar too: 544x7x7 took 121 us on one core, 0.2 multiply-adds per ns. Here each
-tap is read straight from X by masked loads (``window_lanes``, the pools' layout), multiplied by the
-plane's weight and accumulated in registers: 24 us (the same 1-core measurement, see
-``DEPTHWISE_LANES_MAX_ELEMENTS`` for where the phase kernel still wins).
+iteration, so they run scalar too. Here each tap is read straight from X by masked loads
+(``window_lanes``, the pools' layout), multiplied by the plane's weight and accumulated in registers.
+Measured on one core, 3x3 pad 1, two images, phase planes -> vectors (minimums): 544x7x7 233 -> 58 us,
+960x7x7 411 -> 104, 272x14x14 157 -> 80, 136x28x28 224 -> 142, 144x56x56 789 -> 599, 32x112x112 721 ->
+441, stride 2 on 112x56x56 408 -> 194 and on 96x112x112 1391 -> 635. A fixed cost per vector of
+outputs remains (~2.5 ns a plane, ~15 ns a block of planes): a 1x1 window over 136x28x28 takes 33 us
+where a copy of it takes 11.
 
 Accumulators start at the bias. The activation is a multiply and two clamps with constants from
 ``activation_code``: Relu is (slope 1, 0, +inf), Clip (1, min, max), LeakyRelu (alpha, -inf, +inf), none
