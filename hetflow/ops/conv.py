@@ -60,6 +60,10 @@ class ConvAttrs:
     strides: tuple[int, ...] = ()
     #: hetflow-internal, not an ONNX attribute: the activation fused into the epilogue.
     fused: FusedActivation | None = None
+    #: hetflow-internal: X is read channel-shuffled in this many groups (ShuffleNet's Reshape ->
+    #: Transpose -> Reshape, folded by ``passes.fold_channel_shuffle``): channel c of the input is X's
+    #: channel ``(c % groups) * (C // groups) + c // groups``. 0: X as it is.
+    shuffle_groups: int = 0
 
 
 def conv_window(attrs: ConvAttrs, weight_shape: Sequence[Dim]) -> WindowSpec:

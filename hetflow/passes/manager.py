@@ -8,6 +8,7 @@ from hetflow.graph import Graph
 from hetflow.passes.drop_unread_outputs import drop_unread_outputs
 from hetflow.passes.eliminate_noops import eliminate_noops
 from hetflow.passes.fold_batchnorm import fold_batchnorm
+from hetflow.passes.fold_channel_shuffle import fold_channel_shuffle
 from hetflow.passes.fuse_activation import fuse_activation
 from hetflow.passes.infer_shapes import infer_shapes
 
@@ -17,7 +18,9 @@ Pass = Callable[[Graph], Graph]
 #: No-ops go first so that a Dropout between a Conv and its BatchNormalization does not block the
 #: fold, and BatchNormalization folds before activations fuse (a fused activation ends the chain).
 #: Unread optional outputs go last, once no rewrite can add a reader.
-OPTIMIZATION_PASSES: list[Pass] = [eliminate_noops, fold_batchnorm, fuse_activation, drop_unread_outputs]
+OPTIMIZATION_PASSES: list[Pass] = [
+    eliminate_noops, fold_batchnorm, fuse_activation, fold_channel_shuffle, drop_unread_outputs,
+]
 
 
 def optimize(graph: Graph, passes: list[Pass] | None = None) -> Graph:

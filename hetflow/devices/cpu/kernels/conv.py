@@ -37,7 +37,7 @@ import numpy as np
 from hetflow.devices.base import InputInfos, PrepareFn
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, image_contiguous, scratch_bytes
 from hetflow.devices.cpu.kernels.epilogue import apply_activation, finish_channels
-from hetflow.devices.cpu.kernels.jit_depthwise import depthwise_2d
+from hetflow.devices.cpu.kernels.jit_depthwise import depthwise_2d, shuffled_channels
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.jit_im2col import im2col as compiled_im2col
 from hetflow.devices.cpu.kernels.jit_im2col import im2col_rows as compiled_im2col_rows
@@ -93,6 +93,11 @@ def conv_kernel(
     """
 
     def decorate(body: ConvBody) -> ConvBody:
+        def supports_node(node: Node, inputs: InputInfos) -> str | None:
+            if node.attrs.shuffle_groups and algorithm != DEPTHWISE:
+                return f"{algorithm} reads X as it lies; this Conv reads it channel-shuffled"
+            return None if supports is None else supports(node, inputs)
+
         def kernel(
             node: Node, inputs: Sequence[np.ndarray | None], out: Out = None, workspace: np.ndarray | None = None
         ) -> list[np.ndarray]:
@@ -106,8 +111,9 @@ def conv_kernel(
 
         functools.update_wrapper(kernel, body)  # __wrapped__ lets tuning hash the body's source
         cpu_kernel(
-            "Conv", algorithm=algorithm, supports=supports, writes_out=True, workspace=workspace_bytes, prepare=prepare
-        )(kernel)
+            "Conv", algorithm=algorithm, supports=supports_node, writes_out=True, workspace=workspace_bytes,
+            prepare=prepare,
+        )(kernel)  # fmt: skip
         BODIES[algorithm] = body
         WORKSPACES[algorithm] = workspace or (lambda *_: 0)
         return body
@@ -473,11 +479,14 @@ def _depthwise(
     batch, channels = x.shape[:2]
     multiplier = w.shape[0] // channels  # output channels per input channel
     y = target_y(y, (batch, channels * multiplier, *geo.out), x.dtype)
+    groups = node.attrs.shuffle_groups
     if _compiled(geo):
         rows, cols = geo.axes
         activated = depthwise_2d(x, w, bias, y, (rows.stride, cols.stride), (rows.dilation, cols.dilation),
-                                 (rows.pad_begin, cols.pad_begin), fused)
+                                 (rows.pad_begin, cols.pad_begin), fused, groups)
         return y, activated
+    if groups:
+        x = shuffled_channels(x, groups)
     # Weights per tap as [C, multiplier, 1, ...] so they broadcast over the output positions.
     taps = w.reshape(channels, multiplier, -1)
     if all(a.stride == 1 for a in geo.axes):

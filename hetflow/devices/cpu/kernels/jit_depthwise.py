@@ -46,12 +46,14 @@ def depthwise_2d(
     dilations: tuple[int, int],
     pads_begin: tuple[int, int],
     fused: FusedActivation | None,
+    shuffle_groups: int = 0,
 ) -> bool:
     """``y`` = depthwise Conv of ``x`` ``[N, C, H, W]`` with ``w`` ``[C*m, 1, kh, kw]``, plus ``bias``.
 
     ``y`` (``[N, C*m, OH, OW]``, any strides) is written in place (through ``flat_target``: flat when each
-    image is contiguous, else through a contiguous copy). Returns whether the fused activation
-    was applied too (Relu, Clip and LeakyRelu are; the caller applies any other).
+    image is contiguous, else through a contiguous copy). ``x`` is read channel-shuffled in
+    ``shuffle_groups`` when that is not 0 (``ConvAttrs.shuffle_groups``). Returns whether the fused
+    activation was applied too (Relu, Clip and LeakyRelu are; the caller applies any other).
     """
     code, alpha, beta = activation_code(fused)
     if y.size == 0:
@@ -65,12 +67,23 @@ def depthwise_2d(
     if jit_depthwise_lanes.applies(x.dtype, int(x.shape[1]), int(y.shape[1]), strides[1]):
         activation = jit_depthwise_lanes.activation_constants(code, alpha, beta)
         out_hw = (int(y.shape[2]), int(y.shape[3]))
-        jit_depthwise_lanes.depthwise(x, w, bias, flat_y, image_stride, out_hw, (*w.shape[2:], *window), activation)
+        jit_depthwise_lanes.depthwise(
+            x, w, bias, flat_y, image_stride, out_hw, (*w.shape[2:], *window), activation, shuffle_groups
+        )
     else:
-        _phase_planes(x, w, bias, flat_y, image_stride, y.shape, window, code, constants)
+        source = shuffled_channels(x, shuffle_groups) if shuffle_groups else x
+        _phase_planes(source, w, bias, flat_y, image_stride, y.shape, window, code, constants)
     if target is not y:
         np.copyto(y, target)
     return code != NO_ACTIVATION or fused is None
+
+
+def shuffled_channels(x: np.ndarray, groups: int) -> np.ndarray:
+    """``x`` ``[N, C, ...]`` channel-shuffled in ``groups``, as a new contiguous array: channel c is x's
+    channel ``(c % groups) * (C // groups) + c // groups`` (ShuffleNet's Reshape -> Transpose -> Reshape)."""
+    batch, channels = x.shape[:2]
+    split = x.reshape(batch, groups, channels // groups, *x.shape[2:])
+    return np.ascontiguousarray(np.swapaxes(split, 1, 2)).reshape(x.shape)
 
 
 def _phase_planes(x, w, bias, flat_y, image_stride, y_shape, window, code, constants) -> None:  # noqa: ANN001

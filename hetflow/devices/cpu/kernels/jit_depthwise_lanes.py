@@ -61,45 +61,47 @@ def activation_constants(code: int, alpha: float, beta: float) -> np.ndarray:
 
 def depthwise(
     x: np.ndarray, w: np.ndarray, bias: np.ndarray, y: np.ndarray, image_stride: int,
-    out: tuple[int, int], window: tuple[int, ...], activation: np.ndarray,
+    out: tuple[int, int], window: tuple[int, ...], activation: np.ndarray, shuffle_groups: int = 0,
 ) -> None:  # fmt: skip
     """Depthwise Conv of float32 ``x`` ``[N, C, H, W]`` with ``w`` ``[C, 1, kh, kw]`` plus ``bias`` ``[C]``
     into the flat Y ``y`` (``buffers.flat_images``: images ``image_stride`` apart) of ``out`` (OH, OW),
-    ``window`` (kh, kw, sh, sw, dh, dw, pad_top, pad_left), then the ``activation_constants``."""
+    ``window`` (kh, kw, sh, sw, dh, dw, pad_top, pad_left), then the ``activation_constants``; X read
+    channel-shuffled in ``shuffle_groups`` (``ConvAttrs.shuffle_groups``) when that is not 0."""
     head = (x, w.reshape(-1), bias, activation, y, image_stride, *out)
-    wl.run_planes(vector_planes, _split, head, window, x.shape[0] * x.shape[1], out[0] * out[1])
+    tail = (*window, max(1, shuffle_groups))
+    wl.run_planes(vector_planes, _split, head, tail, x.shape[0] * x.shape[1], out[0] * out[1])
 
 
 @intrinsic
 def _depthwise_vectors(
     typingctx, x, x_start, planes, plane_step, top, row_step, segments, height, width, first_tap, last_tap,
     kw, dh, dw, col_start, y, y_start, y_plane, y_row, count, w, w_start, w_plane, bias, bias_start,
-    activation, rows, stride,
+    bias_step, activation, rows, stride,
 ):  # noqa: ANN001, ANN202  # fmt: skip
     """One vector of outputs for each of ``planes`` (<= PLANE_BLOCK) planes, ``plane_step`` floats apart
     from ``x_start`` in the flat X ``x``, read and stored as ``window_lanes.Window`` and ``Outputs`` say:
-    bias[bias_start + p] plus, per tap (i, j), the tap times w[w_start + p*w_plane + i*kw + j], then the
+    bias[bias_start + p*bias_step] plus, per tap (i, j), the tap times w[w_start + p*w_plane + i*kw + j], then the
     activation (``activation_constants``). ``rows`` and ``stride`` pick one of the bodies compiled for
     ``_SHAPES``.
     """
     arguments = (x, x_start, planes, plane_step, top, row_step, segments, height, width, first_tap, last_tap,
                  kw, dh, dw, col_start, y, y_start, y_plane, y_row, count, w, w_start, w_plane, bias,
-                 bias_start, activation, rows, stride)  # fmt: skip
+                 bias_start, bias_step, activation, rows, stride)  # fmt: skip
     for array in (x, y, w, bias, activation):  # the IR reads and writes floats through data pointers
         if not (isinstance(array, types.Array) and array.dtype == types.float32 and array.ndim == 1):
             raise TypingError(f"_depthwise_vectors takes flat float32 arrays, not {array}")
     signature = types.void(*arguments)
 
     def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        values = list(args[:26])
-        for index in (0, 15, 20, 23, 25):  # the arrays' data pointers
+        values = list(args[:27])
+        for index in (0, 15, 20, 23, 26):  # the arrays' data pointers
             values[index] = lv.array_data(context, builder, sig.args[index], args[index])
         x_start_v, planes_v, plane_step_v = values[1:4]
         window = wl.Window(values[0], *values[4:15])
         outputs = wl.Outputs(*values[15:20])
         weights = values[20:23]
-        bias_p, bias_start_v, activation_p = values[23:26]
-        rows_v, stride_v = args[26:]
+        bias_p, bias_start_v, bias_step_v, activation_p = values[23:27]
+        rows_v, stride_v = args[27:]
         for shape in _SHAPES:
             chosen = builder.and_(
                 builder.icmp_signed("==", rows_v, lv.INT(shape.rows)),
@@ -108,7 +110,9 @@ def _depthwise_vectors(
             with builder.if_then(chosen):
                 starts = wl.plane_starts(builder, x_start_v, planes_v, plane_step_v)
                 biases = [
-                    lv.broadcast(builder, lv.load_scalar(builder, bias_p, builder.add(bias_start_v, p)))
+                    lv.broadcast(
+                        builder, lv.load_scalar(builder, bias_p, builder.add(bias_start_v, builder.mul(p, bias_step_v)))
+                    )
                     for p in _clamped(builder, planes_v)
                 ]
                 totals = _accumulate(
@@ -160,12 +164,17 @@ def _activate(builder: ir.IRBuilder, activation: ir.Value, value: ir.Value) -> i
 
 @numba.njit(nogil=True, cache=True)
 def vector_planes(x, w, bias, activation, y, image_stride, out_h, out_w, first, last,  # noqa: ANN001, ANN201
-                  kh, kw, sh, sw, dh, dw, pad_top, pad_left):  # fmt: skip
-    """Output planes ``first .. last - 1`` (plane p = image p // C, channel p % C) of the flat Y ``y``
-    (images ``image_stride`` elements apart, each ``[C, OH, OW]`` contiguous; ``buffers.flat_images``),
-    up to ``PLANE_BLOCK`` planes of one image at a time, each a vector of outputs at a time; ``w`` is the
-    flat ``[C, 1, kh, kw]`` weights."""
+                  kh, kw, sh, sw, dh, dw, pad_top, pad_left, groups):  # fmt: skip
+    """The output planes that read X's planes ``first .. last - 1`` (X's plane p: image p // C, channel p %
+    C) into the flat Y ``y`` (images ``image_stride`` elements apart, each ``[C, OH, OW]`` contiguous;
+    ``buffers.flat_images``), up to ``PLANE_BLOCK`` consecutive planes of X at a time, each a vector of
+    outputs at a time; ``w`` is the flat ``[C, 1, kh, kw]`` weights.
+
+    With X read channel-shuffled in ``groups`` (1: as it lies), output channel ``i*groups + g`` reads X's
+    channel ``g*(C/groups) + i``: a block of X's consecutive planes writes every ``groups``-th plane of Y.
+    """
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    per_group = channels // groups
     taps = kh * kw
     flat_x = x.reshape(-1)
     out_size = out_h * out_w
@@ -173,24 +182,27 @@ def vector_planes(x, w, bias, activation, y, image_stride, out_h, out_w, first, 
     lanes = LANES // rows
     plane = first
     while plane < last:
-        channel = plane % channels
-        planes = min(PLANE_BLOCK, last - plane, channels - channel)  # a block's weights are consecutive
-        y_plane = (plane // channels) * image_stride + channel * out_size
+        image, source = plane // channels, plane % channels
+        channel = (source % per_group) * groups + source // per_group  # the output channel reading it
+        planes = min(PLANE_BLOCK, last - plane, per_group - source % per_group)
+        y_plane = image * image_stride + channel * out_size
         for oy in range(0, out_h, rows):
             segments, top, first_tap, last_tap = wl.row_taps(oy, rows, out_h, kh, sh, dh, pad_top, height)
             for ox in range(0, out_w, lanes):
                 _depthwise_vectors(flat_x, plane * height * width, planes, height * width, top, sh, segments,
                                    height, width, first_tap, last_tap, kw, dh, dw, ox * sw - pad_left,
-                                   y, y_plane + oy * out_w + ox, out_size, out_w, min(lanes, out_w - ox),
-                                   w, channel * taps, taps, bias, channel, activation, rows, sw)  # fmt: skip
+                                   y, y_plane + oy * out_w + ox, groups * out_size, out_w,
+                                   min(lanes, out_w - ox), w, channel * taps, groups * taps, bias, channel,
+                                   groups, activation, rows, sw)  # fmt: skip
         plane += planes
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _split(parts, x, w, bias, activation, y, image_stride, out_h, out_w,  # noqa: ANN001, ANN201
-           kh, kw, sh, sw, dh, dw, pad_top, pad_left):  # fmt: skip
-    """``vector_planes`` over ``parts`` ranges of Y's planes, run by numba's threads."""
+           kh, kw, sh, sw, dh, dw, pad_top, pad_left, groups):  # fmt: skip
+    """``vector_planes`` over ``parts`` ranges of X's planes, run by numba's threads."""
     planes = x.shape[0] * x.shape[1]
     for part in numba.prange(parts):
         vector_planes(x, w, bias, activation, y, image_stride, out_h, out_w, planes * part // parts,
-                      planes * (part + 1) // parts, kh, kw, sh, sw, dh, dw, pad_top, pad_left)  # fmt: skip
+                      planes * (part + 1) // parts, kh, kw, sh, sw, dh, dw, pad_top, pad_left,
+                      groups)  # fmt: skip
