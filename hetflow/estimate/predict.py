@@ -26,7 +26,7 @@ from hetflow.estimate.profile import DeviceProfile, OpModel, ProfileError, defau
 from hetflow.frontends import ModelSource, describe_source
 from hetflow.graph import Graph, Node
 from hetflow.graph.shapes import is_static
-from hetflow.ops.base import Cost, GemmDims
+from hetflow.ops.base import Cost, GemmDims, TensorInfo
 from hetflow.ops.cost import node_costs
 from hetflow.passes import bind_batch
 from hetflow.runtime.session import InferenceSession
@@ -701,8 +701,24 @@ def _layer(
         gemm=cost.gemm,
         bytes=int(cost.bytes_read + cost.bytes_written),
         workspace_bytes=int(work.workspace_bytes),
-        predicted_ms=predict_seconds(profile, key, work, window_strided(node, graph), split) * 1e3,
-    )
+        predicted_ms=(predict_seconds(profile, key, work, window_strided(node, graph), split)
+                      + residual_seconds(node, graph, profile)) * 1e3,
+    )  # fmt: skip
+
+
+def residual_seconds(node: Node, graph: Graph, profile: DeviceProfile) -> float:
+    """A Conv's folded residual (``ConvAttrs.residual``, ``passes.fuse_residual``), costed as the Add it
+    replaced: the Conv's own models are fitted on Convs without one. 0 for any other node."""
+    if node.op_type != "Conv" or not getattr(node.attrs, "residual", False):
+        return 0.0
+    from hetflow.ops import registry
+
+    value = graph.values.get(node.outputs[0])
+    if value is None or value.shape is None or not is_static(value.shape):
+        return 0.0
+    info = TensorInfo(tuple(int(d) for d in value.shape), value.dtype)
+    add = Node("Add", f"{node.name}/residual", ["y", "r"], ["y"], registry.lookup("Add").Attrs())
+    return predict_seconds(profile, "Add/default", registry.lookup("Add").cost(add, [info, info], [info]))
 
 
 # -- memory --------------------------------------------------------------------------------------

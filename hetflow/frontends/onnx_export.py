@@ -26,7 +26,7 @@ EXPORT_OPSET = 18
 #: ONNX IR version of exported models (what ONNX Runtime 1.16+ reads).
 EXPORT_IR_VERSION = 8
 #: Attrs fields hetflow adds to nodes that ONNX has no attribute for: (field, value that is expressible).
-_INTERNAL_FIELDS = {"fused": None, "coerce_2d": 0, "shuffle_groups": 0}
+_INTERNAL_FIELDS = {"fused": None, "coerce_2d": 0, "shuffle_groups": 0, "residual": False}
 
 
 def export_model(graph: Graph, *, producer: str = "hetflow", doc: str = "") -> onnx.ModelProto:

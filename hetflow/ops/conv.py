@@ -64,6 +64,9 @@ class ConvAttrs:
     #: Transpose -> Reshape, folded by ``passes.fold_channel_shuffle``): channel c of the input is X's
     #: channel ``(c % groups) * (C // groups) + c // groups``. 0: X as it is.
     shuffle_groups: int = 0
+    #: hetflow-internal: a fourth input R of Y's shape is added to the output before the fused activation
+    #: (``passes.fuse_residual``: a residual Add/Sum folded into the Conv that produces its other input).
+    residual: bool = False
 
 
 def conv_window(attrs: ConvAttrs, weight_shape: Sequence[Dim]) -> WindowSpec:
@@ -249,7 +252,7 @@ class Conv(OpDef):
 
     op_type = "Conv"
     Attrs = ConvAttrs
-    num_inputs = (2, 3)
+    num_inputs = (2, 4)  # the fourth: a folded residual (``ConvAttrs.residual``), never in ONNX
 
     def infer(
         self,
@@ -261,6 +264,8 @@ class Conv(OpDef):
         bias = inputs[2] if len(inputs) > 2 else None
         assert x is not None and w is not None
         attrs: ConvAttrs = node.attrs
+        if (len(inputs) > 3) != attrs.residual:
+            raise ValueError("Conv takes X, W and an optional B (a fourth input only as a folded residual)")
         if len(x.shape) < 3:
             raise ValueError(f"X must be [N, C, D1, ...]; got rank {len(x.shape)}")
         if len(w.shape) != len(x.shape):
@@ -360,8 +365,8 @@ class Conv(OpDef):
         dy = grad_outputs[0]
         assert x is not None and w is not None
         grads: Grads = [None] * len(inputs)
-        if node.attrs.fused is not None and not _fused_relu(node.attrs):
-            raise ValueError(f"Conv '{node.name}' has a fused activation; train the unoptimised graph")
+        if (node.attrs.fused is not None and not _fused_relu(node.attrs)) or node.attrs.residual:
+            raise ValueError(f"Conv '{node.name}' has a fused epilogue; train the unoptimised graph")
         if dy is None:
             return grads
         if node.attrs.fused is not None:

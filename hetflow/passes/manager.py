@@ -10,6 +10,7 @@ from hetflow.passes.eliminate_noops import eliminate_noops
 from hetflow.passes.fold_batchnorm import fold_batchnorm
 from hetflow.passes.fold_channel_shuffle import fold_channel_shuffle
 from hetflow.passes.fuse_activation import fuse_activation
+from hetflow.passes.fuse_residual import fuse_residual
 from hetflow.passes.infer_shapes import infer_shapes
 
 Pass = Callable[[Graph], Graph]
@@ -19,18 +20,28 @@ Pass = Callable[[Graph], Graph]
 #: fold, and BatchNormalization folds before activations fuse (a fused activation ends the chain).
 #: Unread optional outputs go last, once no rewrite can add a reader.
 OPTIMIZATION_PASSES: list[Pass] = [
-    eliminate_noops, fold_batchnorm, fuse_activation, fold_channel_shuffle, drop_unread_outputs,
+    eliminate_noops, fold_batchnorm, fuse_activation, fold_channel_shuffle, fuse_residual, drop_unread_outputs,
 ]
 
 
-def optimize(graph: Graph, passes: list[Pass] | None = None) -> Graph:
-    """Apply the optimisation passes to a copy of ``graph`` (the loaded graph is left as it was).
+#: Passes that fold nodes into hetflow-internal attributes only the CPU device's kernels implement (a
+#: channel shuffle read in place, a residual added in the Conv's epilogue): a session with any other
+#: device skips them, so that every node stays runnable there.
+CPU_ONLY_PASSES: tuple[Pass, ...] = (fold_channel_shuffle, fuse_residual)
+
+
+def optimize(graph: Graph, passes: list[Pass] | None = None, *, cpu_only: bool = True) -> Graph:
+    """Apply the optimisation passes to a copy of ``graph`` (the loaded graph is left as it was); without
+    ``cpu_only`` (the graph may run on another device) the ``CPU_ONLY_PASSES`` are skipped.
 
     The result is validated and its shapes re-inferred, so a faulty rewrite fails here, at session
     creation, naming the node, rather than inside a run.
     """
     result = graph.copy()
-    for graph_pass in OPTIMIZATION_PASSES if passes is None else passes:
+    chosen = OPTIMIZATION_PASSES if passes is None else passes
+    for graph_pass in chosen:
+        if not cpu_only and graph_pass in CPU_ONLY_PASSES:
+            continue
         result = graph_pass(result)
     result.validate()
     return infer_shapes(result)

@@ -92,9 +92,12 @@ class InferenceSession:
         if unknown:
             raise TypeError(f"unknown session option(s) {unknown}; accepted: {sorted(_ACCEPTED_OPTIONS)}")
         self._source_graph = load_model(model)
-        self._graph = optimize_graph(self._source_graph) if optimize else self._source_graph
+        requested = resolve_devices(device)
+        pinned = {str(target) for target in (placement or {}).values()}
+        cpu_only = all(d.kind == "cpu" for d in requested) and pinned <= {"cpu"}
+        self._graph = optimize_graph(self._source_graph, cpu_only=cpu_only) if optimize else self._source_graph
         self._rules = PlacementRules.parse(placement, self._graph)
-        self._devices = _session_devices(resolve_devices(device), self._rules)
+        self._devices = _session_devices(requested, self._rules)
         # NOTE: "auto" measures where each node is fastest; a named device is the user's choice (the CPU
         # only takes what it lacks).
         self._measure_placement = device == "auto" and len(self._devices) > 1

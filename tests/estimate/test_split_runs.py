@@ -211,3 +211,27 @@ def test_the_lstm_is_costed_as_its_driver_runs_it(batch, key, columns):
     cost = kernel_cost(node, raw, key, graph)
     # Up to four columns the recurrent product is a GEMV per column: one-column products, batch x steps.
     assert cost.gemm.m == columns and cost.gemm.count * cost.gemm.m == raw.gemm.count * raw.gemm.m
+
+
+def test_a_folded_residual_is_costed_as_the_add_it_replaced(quick_profile):
+    """The Conv's models are fitted on Convs without a residual: the folded one adds the Add's time."""
+    from hetflow.estimate.predict import predict_seconds, residual_seconds
+    from hetflow.graph import Node
+    from hetflow.ops.elementwise import SumAttrs
+    from tests.passes.test_fuse_residual import residual_block
+
+    folded = InferenceSession(residual_block(activation=False))
+    unfolded = InferenceSession(residual_block(activation=False), optimize=False)
+    [conv] = folded.graph.nodes
+    assert conv.attrs.residual
+    graph = bind_batch(folded.graph, {"N": 2})
+    shape = TensorInfo(tuple(graph.values[conv.outputs[0]].shape), np.dtype(np.float32))
+    add = Node("Add", "add", ["a", "b"], ["y"], SumAttrs())
+    from hetflow.ops import registry
+
+    expected = predict_seconds(quick_profile, "Add/default", registry.lookup("Add").cost(add, [shape, shape], [shape]))
+    assert residual_seconds(conv, graph, quick_profile) == pytest.approx(expected) and expected > 0
+    with_add = estimate(unfolded, quick_profile, 2)
+    without = estimate(folded, quick_profile, 2)
+    [layer] = without.layers
+    assert layer.predicted_ms == pytest.approx(sum(la.predicted_ms for la in with_add.layers), rel=0.05)

@@ -36,11 +36,13 @@ import numpy as np
 
 from hetflow.devices.base import InputInfos, PrepareFn
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, image_contiguous, scratch_bytes
-from hetflow.devices.cpu.kernels.epilogue import apply_activation, finish_channels
+from hetflow.devices.cpu.kernels.epilogue import add_channel_bias, apply_activation, finish_channels
 from hetflow.devices.cpu.kernels.jit_depthwise import depthwise_2d, shuffled_channels
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.jit_im2col import im2col as compiled_im2col
 from hetflow.devices.cpu.kernels.jit_im2col import im2col_rows as compiled_im2col_rows
+from hetflow.devices.cpu.kernels.jit_residual import add_activate
+from hetflow.devices.cpu.kernels.jit_residual import compiled as residual_compiled
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.devices.cpu.threads import blas_threads, intra_op_threads, parallel_for, split_matmul
 from hetflow.graph import Node
@@ -149,7 +151,10 @@ def run_conv(
     ):
         target = None
     finishing = FINISHING.get(body)
-    if finishing is None:
+    if node.attrs.residual:
+        y = body(node, x, w, target, Scratch(workspace))
+        add_residual(y, inputs[3], bias, node.attrs.fused)
+    elif finishing is None:
         y = body(node, x, w, target, Scratch(workspace))
         finish_channels(y, bias, node.attrs.fused)
     else:
@@ -159,6 +164,22 @@ def run_conv(
     if y.dtype != dtype:
         return deliver(out, 0, y.astype(dtype))
     return deliver(out, 0, y)
+
+
+def add_residual(
+    y: np.ndarray, residual: np.ndarray | None, bias: np.ndarray | None, fused: FusedActivation | None
+) -> None:
+    """``y = activation(y + bias + residual)`` in place (a Conv with a folded residual): one compiled pass
+    over Y and R where they fit it (``jit_residual``), else numpy's."""
+    assert residual is not None
+    residual = np.asarray(residual, y.dtype)
+    if residual_compiled(y, residual, y):
+        if not add_activate(y, residual, y, fused, bias):
+            apply_activation(y, fused)
+        return
+    add_channel_bias(y, bias)
+    np.add(y, residual, out=y)
+    apply_activation(y, fused)
 
 
 def target_y(y: np.ndarray | None, shape: Sequence[int], dtype: np.dtype) -> np.ndarray:

@@ -116,6 +116,8 @@ def _prepare(
     x_info, w_info = inputs[0], inputs[1]
     if x_info is None or w_info is None or x_info.dtype != np.float32 or w_info.dtype != np.float32:
         return None
+    if node.attrs.residual:
+        return None  # the shared epilogue (``conv.run_conv``) adds the residual
     x_shape, w_shape = tuple(x_info.shape), tuple(w_info.shape)
     channels, kernels = int(x_shape[1]), int(w_shape[0])
     geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])

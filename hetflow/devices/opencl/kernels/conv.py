@@ -110,6 +110,8 @@ def _supports_any(node: Node, inputs: InputInfos) -> str | None:
     attrs = node.attrs
     if attrs.shuffle_groups:
         return "OpenCL Conv reads X as it lies, not channel-shuffled"
+    if attrs.residual:
+        return "OpenCL Conv adds no residual input"
     if inputs is None or inputs[1] is None:
         if attrs.kernel_shape and len(attrs.kernel_shape) not in (1, 2):
             return f"OpenCL Conv runs 1-D and 2-D convolutions only, got a {len(attrs.kernel_shape)}-D kernel"
