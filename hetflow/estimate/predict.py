@@ -26,7 +26,7 @@ from hetflow.estimate.profile import DeviceProfile, OpModel, ProfileError, defau
 from hetflow.frontends import ModelSource, describe_source
 from hetflow.graph import Graph, Node
 from hetflow.graph.shapes import is_static
-from hetflow.ops.base import Cost, GemmDims, TensorInfo
+from hetflow.ops.base import Cost, GemmDims
 from hetflow.ops.cost import node_costs
 from hetflow.passes import bind_batch
 from hetflow.runtime.session import InferenceSession
@@ -707,18 +707,17 @@ def _layer(
 
 
 def residual_seconds(node: Node, graph: Graph, profile: DeviceProfile) -> float:
-    """A Conv's folded residual (``ConvAttrs.residual``, ``passes.fuse_residual``), costed as the Add it
-    replaced: the Conv's own models are fitted on Convs without one. 0 for any other node."""
+    """A Conv's folded residual (``ConvAttrs.residual``, ``passes.fuse_residual``) on the Add model: one
+    add per output element and one more tensor read, in the pass over Y the Conv makes anyway (the Add
+    it replaced read two and wrote one). The Conv's own models are fitted on Convs without one. 0 for
+    any other node."""
     if node.op_type != "Conv" or not getattr(node.attrs, "residual", False):
         return 0.0
-    from hetflow.ops import registry
-
     value = graph.values.get(node.outputs[0])
     if value is None or value.shape is None or not is_static(value.shape):
         return 0.0
-    info = TensorInfo(tuple(int(d) for d in value.shape), value.dtype)
-    add = Node("Add", f"{node.name}/residual", ["y", "r"], ["y"], registry.lookup("Add").Attrs())
-    return predict_seconds(profile, "Add/default", registry.lookup("Add").cost(add, [info, info], [info]))
+    elements = int(np.prod(value.shape, dtype=np.int64))
+    return predict_seconds(profile, "Add/default", Cost(flops=elements, bytes_read=elements * value.dtype.itemsize))
 
 
 # -- memory --------------------------------------------------------------------------------------
