@@ -65,3 +65,26 @@ def test_a_map_with_no_planes_view_is_refused_untouched():
     y = np.ones((2, 3, 4, 4), np.float32)[:, :, ::2]  # rows apart: no [N, C, P] view without a copy
     assert not finish_planes(y, np.ones(3, np.float32), FusedActivation("Relu"))
     assert (y == 1).all()
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["own-threads", "beside-blas-threads"])
+def test_a_run_on_its_own_threads_splits_the_planes(monkeypatch, own):
+    """A batch run (``own_threads``) splits the epilogue's planes; beside BLAS's threads it stays whole;
+    either way the result is the unsplit pass's, bit for bit."""
+    from hetflow.devices.cpu import threads
+    from hetflow.devices.cpu.kernels import jit_epilogue
+    from tests.helpers import record_splits
+
+    rng = np.random.default_rng(3)
+    y = rng.standard_normal((4, 6, 9, 7)).astype(np.float32)
+    bias = rng.standard_normal(6).astype(np.float32)
+    fused = FusedActivation("Clip", -0.5, 0.5)
+    expected = y.copy()
+    assert finish_planes(expected, bias, fused)
+    splits = record_splits(monkeypatch, jit_epilogue)
+    if not own:
+        monkeypatch.setattr(threads, "_own_threads", None)
+    with threads.own_threads(2, numba_pool=True) if own else threads.blas_threads(2):
+        assert finish_planes(y, bias, fused)
+    assert splits == ([2] if own else [])
+    np.testing.assert_array_equal(y, expected)

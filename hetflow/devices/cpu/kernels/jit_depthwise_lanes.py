@@ -34,6 +34,7 @@ from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels import window_lanes as wl
 from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, RELU
 from hetflow.devices.cpu.kernels.window_lanes import LANES, PLANE_BLOCK, STRIDES, VectorShape
+from hetflow.devices.cpu.threads import run_planes
 
 _FLOAT32 = np.dtype(np.float32)
 _SHAPES = tuple(VectorShape(rows, stride) for rows in (1, 2, 4) for stride in STRIDES)
@@ -69,7 +70,7 @@ def depthwise(
     channel-shuffled in ``shuffle_groups`` (``ConvAttrs.shuffle_groups``) when that is not 0."""
     head = (x, w.reshape(-1), bias, activation, y, image_stride, *out)
     tail = (*window, max(1, shuffle_groups))
-    wl.run_planes(vector_planes, _split, head, tail, x.shape[0] * x.shape[1], out[0] * out[1])
+    run_planes(vector_planes, _split, head, tail, x.shape[0] * x.shape[1], out[0] * out[1])
 
 
 @intrinsic

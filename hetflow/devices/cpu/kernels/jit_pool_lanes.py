@@ -43,11 +43,11 @@ from hetflow.devices.cpu.kernels.window_lanes import (
     row_masks,
     row_taps,
     rows_per_vector,
-    run_planes,
     slot,
     store_planes,
     walk_taps,
 )
+from hetflow.devices.cpu.threads import run_planes
 from hetflow.ops.spatial import Geometry
 
 __all__ = ["PLANE_BLOCK", "applies", "pool", "rows_per_vector", "vector_planes"]

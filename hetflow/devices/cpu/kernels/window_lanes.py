@@ -23,7 +23,6 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
-from hetflow.devices.cpu.threads import split_planes, split_ranges
 
 LANES = lv.LANES
 #: Planes accumulated together (each with its own accumulators). One core, 1 / 4 / 8 planes: 3x3/2 max
@@ -31,27 +30,6 @@ LANES = lv.LANES
 PLANE_BLOCK = 8
 #: Column strides the kernels read (a stride-2 tap is the even lanes of twice as many floats).
 STRIDES = (1, 2)
-
-
-def run_planes(
-    loop: Callable[..., None],
-    driver: Callable[..., None],
-    head: tuple,
-    tail: tuple,
-    planes: int,
-    per_plane: int,
-) -> None:
-    """A kernel's ``loop(*head, first, last, *tail)`` over ``planes`` output planes of ``per_plane``
-    elements, split over the kernel threads (``threads.split_planes``; ``driver(parts, *head, *tail)`` is
-    its numba-pool form) where that pays."""
-    if split_ranges(planes, per_plane) == 1:
-        loop(*head, 0, planes, *tail)  # NOTE: no closures: ~1 us, a third of a 4x4 output's pool
-        return
-    split_planes(
-        lambda first, last: loop(*head, first, last, *tail),
-        lambda parts: driver(parts, *head, *tail),
-        planes, per_plane,
-    )  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True)
