@@ -296,6 +296,9 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
         return cost
     from hetflow.ops import conv as conv_op
 
+    if getattr(node.attrs, "residual", False) and len(node.inputs) > 3:
+        # The folded shortcut is read in the epilogue, costed apart (``residual_seconds``).
+        cost = dataclasses.replace(cost, bytes_read=cost.bytes_read - _value_bytes(graph, node.inputs[3]))
     shapes = _conv_shapes(node, graph)
     algorithm = key_algorithm(key)
     if shapes is None:
@@ -709,8 +712,8 @@ def _layer(
 def residual_seconds(node: Node, graph: Graph, profile: DeviceProfile) -> float:
     """A Conv's folded residual (``ConvAttrs.residual``, ``passes.fuse_residual``) on the Add model: one
     add per output element and one more tensor read, in the pass over Y the Conv makes anyway (the Add
-    it replaced read two and wrote one). The Conv's own models are fitted on Convs without one. 0 for
-    any other node."""
+    it replaced read two and wrote one). The Conv's own models are fitted on Convs without one, and its
+    work (``kernel_cost``) leaves the shortcut out. 0 for any other node."""
     if node.op_type != "Conv" or not getattr(node.attrs, "residual", False):
         return 0.0
     value = graph.values.get(node.outputs[0])
