@@ -19,7 +19,7 @@ from hetflow.devices.cpu.kernels.jit_epilogue import (
     activation_code,
     planes_view,
 )
-from hetflow.devices.cpu.threads import split_planes
+from hetflow.devices.cpu.threads import run_planes
 from hetflow.ops.activation import FusedActivation
 
 
@@ -41,11 +41,7 @@ def add_activate(
     constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
     a3, b3, y3 = planes_view(a), planes_view(b), planes_view(y)
     offsets = np.zeros(y3.shape[1], y.dtype) if bias is None else np.ascontiguousarray(bias, y.dtype).reshape(-1)
-    split_planes(
-        lambda first, last: _planes(a3, b3, y3, first, last, code, constants, offsets),
-        lambda parts: _split(parts, a3, b3, y3, code, constants, offsets),
-        y3.shape[0] * y3.shape[1], y3.shape[2],
-    )  # fmt: skip
+    run_planes(_planes, _split, (a3, b3, y3), (code, constants, offsets), y3.shape[0] * y3.shape[1], y3.shape[2])
     return code != NO_ACTIVATION or fused is None
 
 
