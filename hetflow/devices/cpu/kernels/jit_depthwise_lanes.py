@@ -81,8 +81,8 @@ def _depthwise_vectors(
 ):  # noqa: ANN001, ANN202  # fmt: skip
     """One vector of outputs for each of ``planes`` (<= PLANE_BLOCK) planes, ``plane_step`` floats apart
     from ``x_start`` in the flat X ``x``, read and stored as ``window_lanes.Window`` and ``Outputs`` say:
-    bias[bias_start + p*bias_step] plus, per tap (i, j), the tap times w[w_start + p*w_plane + i*kw + j], then the
-    activation (``activation_constants``). ``rows`` and ``stride`` pick one of the bodies compiled for
+    bias[bias_start + p*bias_step] plus, per tap (i, j), the tap times w[w_start + p*w_plane + i*kw + j],
+    then the activation (``activation_constants``). ``rows`` and ``stride`` pick one of the bodies compiled for
     ``_SHAPES``.
     """
     arguments = (x, x_start, planes, plane_step, top, row_step, segments, height, width, first_tap, last_tap,
@@ -110,16 +110,21 @@ def _depthwise_vectors(
             )
             with builder.if_then(chosen):
                 starts = wl.plane_starts(builder, x_start_v, planes_v, plane_step_v)
+                planes = _clamped(builder, planes_v)
                 biases = [
                     lv.broadcast(
-                        builder, lv.load_scalar(builder, bias_p, builder.add(bias_start_v, builder.mul(p, bias_step_v)))
+                        builder,
+                        lv.load_scalar(
+                            builder, bias_p, builder.add(bias_start_v, builder.mul(p, bias_step_v))
+                        ),
                     )
-                    for p in _clamped(builder, planes_v)
+                    for p in planes
                 ]
-                totals = _accumulate(
-                    builder, shape, window, starts, weights, _clamped(builder, planes_v), biases
-                )
-                results = [_activate(builder, activation_p, value) for value in totals]
+                totals = _accumulate(builder, shape, window, starts, weights, planes, biases)
+                constants = [
+                    lv.broadcast(builder, lv.load_scalar(builder, activation_p, lv.INT(i))) for i in range(3)
+                ]
+                results = [_activate(builder, constants, value) for value in totals]
                 masks, shifts = wl.row_masks(builder, shape.rows, window.segments, outputs)
                 wl.store_planes(builder, outputs, planes_v, masks, shifts, results)
         return context.get_dummy_value()
@@ -152,11 +157,10 @@ def _accumulate(
     return [builder.load(total) for total in totals]
 
 
-def _activate(builder: ir.IRBuilder, activation: ir.Value, value: ir.Value) -> ir.Value:
-    """min(max(v < 0 ? v * slope : v, low), high) with (slope, low, high) from ``activation``; NaN stays."""
-    slope, low, high = (
-        lv.broadcast(builder, lv.load_scalar(builder, activation, lv.INT(i))) for i in range(3)
-    )
+def _activate(builder: ir.IRBuilder, constants: list[ir.Value], value: ir.Value) -> ir.Value:
+    """min(max(v < 0 ? v * slope : v, low), high) with ``constants`` (slope, low, high) broadcast from
+    ``activation_constants``, loaded once per body; NaN stays."""
+    slope, low, high = constants
     zero = lv.float_vector(LANES, 0.0)
     value = builder.select(builder.fcmp_ordered("<", value, zero), builder.fmul(value, slope), value)
     value = builder.select(builder.fcmp_ordered("<", value, low), low, value)
