@@ -260,19 +260,21 @@ def bench_conv(options: Options) -> BenchResult:
 
 # -- placements: RSTensorFlow Table 2 --------------------------------------------------------------
 def bench_placements(options: Options, model: str = "zoo:googlenet") -> BenchResult:
-    """``model`` at batch 1-5 in RSTensorFlow's three placements, plus hetflow's measured ``auto``."""
+    """``model`` at batch 1-5 in RSTensorFlow's three placements, the accelerator alone, and hetflow's
+    measured ``auto`` with its ratio to the best single device (the issue's 1.05 bound)."""
     batches = (1, 2) if options.quick else (1, 2, 3, 4, 5)
     reason = _accelerator_reason()
     configs: dict[str, dict[str, object]] = {
         "CPU only": {"device": "cpu"},
         "OpenCL MatMul+Conv": {"device": "cpu", "placement": OFFLOAD_MATMUL_CONV},
         "OpenCL MatMul only": {"device": "cpu", "placement": OFFLOAD_MATMUL},
+        "OpenCL only": {"device": ACCELERATOR},
         "auto": {"device": "auto"},
     }
     labels = list(configs)
     result = BenchResult(
         "placements", f"{model} forward pass per batch size in three placements (RSTensorFlow Table 2) and auto",
-        ["batch", *[f"{label} ms" for label in labels], "auto on accelerator (nodes)"],
+        ["batch", *[f"{label} ms" for label in labels], "auto on accelerator (nodes)", "auto / best single"],
         x_label="batch", y_label="ms (min)", x_values=list(batches), notes=_notes(options, reason),
     )
     sessions = {label: _configured(result, label, model, options, reason, **settings)
@@ -287,9 +289,26 @@ def bench_placements(options: Options, model: str = "zoo:googlenet") -> BenchRes
         offloaded = None
         if auto is not None:
             offloaded = sum(d != "cpu" for d in auto.placement(batch=batch).values())
-        result.rows.append([batch, *[_ms(timings[label]) for label in labels], offloaded])
+            result.notes.append(_auto_note(auto, batch))
+        best_single = _fastest(timings["CPU only"], timings["OpenCL only"])
+        result.rows.append([batch, *[_ms(timings[label]) for label in labels], offloaded,
+                            _ratio(timings["auto"], best_single)])
     result.series = [Series(label, values) for label, values in per_label.items()]
     return result
+
+
+def _fastest(*timings: Timing | None) -> Timing | None:
+    """The timing with the lowest minimum among those measured (None when none was)."""
+    measured = [t for t in timings if t is not None]
+    return min(measured, key=lambda t: t.min) if measured else None
+
+
+def _auto_note(session: InferenceSession, batch: int) -> str:
+    """What ``auto`` timed at ``batch`` before it chose (its whole-run candidates), for the notes."""
+    timed = session.placement_seconds(batch=batch)
+    fastest_first = sorted(timed.items(), key=lambda kv: kv[1])
+    chosen = ", ".join(f"{label} {seconds * 1e3:.3g}" for label, seconds in fastest_first)
+    return f"auto at batch {batch} timed (ms, fastest first): {chosen or 'nothing (one device)'}"
 
 
 # -- lstm: RSTensorFlow Table 3 --------------------------------------------------------------------
@@ -300,7 +319,7 @@ def bench_lstm(options: Options) -> BenchResult:
     result = BenchResult(
         "lstm", "lstm-gesture (100 steps x 6 features, 512 units, 11 classes), CPU vs OpenCL (RSTensorFlow Table 3)",
         ["batch", *[f"{label} ms" for label in configs], *[f"{label} median ms" for label in configs],
-         "OpenCL / CPU"],
+         "OpenCL / CPU", "auto / best single"],
         x_label="batch", y_label="ms (min)", x_values=[str(b) for b in batches], notes=_notes(options, reason),
     )
     sessions = {label: _configured(result, label, "zoo:lstm-gesture", options, reason, **settings)
@@ -310,9 +329,12 @@ def bench_lstm(options: Options) -> BenchResult:
         timings = _time_sessions(sessions, _random_feeds(_required(sessions, "CPU"), batch), options.repeat)
         for label in configs:
             values[label].append(_ms(timings[label]))
+        if sessions["auto"] is not None:
+            result.notes.append(_auto_note(sessions["auto"], batch))
         result.rows.append([batch, *[_ms(timings[label]) for label in configs],
                             *[_median_ms(timings[label]) for label in configs],
-                            _ratio(timings["OpenCL"], timings["CPU"])])
+                            _ratio(timings["OpenCL"], timings["CPU"]),
+                            _ratio(timings["auto"], _fastest(timings["CPU"], timings["OpenCL"]))])
     result.series = [Series(label, v) for label, v in values.items()]
     return result
 

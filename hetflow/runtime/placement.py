@@ -8,9 +8,15 @@ that the accelerator is not always faster):
    rule wins over its op type's);
 2. **measured costs** (``device="auto"`` with more than one device, once the shapes are concrete): every
    node's time on every device that has a kernel for it, taken from a profiled run of the whole graph
-   on each device (``measure_costs``); the best single device runs everything unless a per-node mix
-   measures more than ``MIN_MIX_GAIN`` faster, and then each node goes where it was fastest;
+   on each device (``measure_costs``); when a per-node mix sums to more than ``MIN_MIX_GAIN`` below
+   the best single device, each node goes where it was fastest;
 3. **priority order**: the first device, in the session's order, with a kernel for the node.
+
+Per-node sums are only a guide: a profiled run waits for every node, and misses what a run pays
+between nodes (an accelerator's queue latency at each crossing, another device's threads spinning on
+shared cores). So ``"auto"`` finally times whole runs of its candidates, each device alone and the
+mix, and keeps the fastest (``time_plans``; the session does this): it is never slower than the best
+single device by more than the timing noise.
 
 Host-side shape arithmetic (ops with the ``shape`` trait) stays on the CPU unless a rule
 says otherwise: moving it would only add transfers.
@@ -34,6 +40,7 @@ import numpy as np
 from hetflow.devices.base import Device
 from hetflow.graph import Graph, Node
 from hetflow.ops import registry
+from hetflow.runtime.plan import Plan
 
 #: Op traits whose nodes the CPU keeps when no rule names them (reshapes are not among them: an
 #: accelerator aliases its own buffer, where a move to the host would cost two transfers).
@@ -342,7 +349,7 @@ def measure_costs(
     from hetflow.runtime.executor import execute
     from hetflow.runtime.planner import make_plan
 
-    feeds = _random_feeds(graph, seed)
+    feeds = random_feeds(graph, seed)
     hosts = [d for d in devices if d.kind == "cpu"]
     costs: dict[str, dict[str, float]] = {}
     for device in devices:
@@ -365,7 +372,26 @@ def measure_costs(
     return costs
 
 
-def _random_feeds(graph: Graph, seed: int) -> dict[str, np.ndarray]:
+def time_plans(
+    plans: Mapping[str, Plan], feeds: Mapping[str, np.ndarray], rounds: int = 3, threads: int | None = None
+) -> dict[str, float]:
+    """The fastest of ``rounds`` whole runs of each plan (label -> seconds), after one warm-up run each
+    (builds, caches); the plans take turns, round by round, so that a drift of the machine's speed
+    touches them alike. The plans are executed, so they must not be edited afterwards."""
+    from hetflow.runtime.executor import execute
+
+    for plan in plans.values():
+        execute(plan, feeds, threads=threads)
+    best = dict.fromkeys(plans, float("inf"))
+    for _ in range(max(rounds, 1)):
+        for label, plan in plans.items():
+            started = time.perf_counter()
+            execute(plan, feeds, threads=threads)
+            best[label] = min(best[label], time.perf_counter() - started)
+    return best
+
+
+def random_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded inputs of the graph's (concrete) input shapes: normal floats, zeros for integers."""
     rng = np.random.default_rng(seed)
     feeds = {}

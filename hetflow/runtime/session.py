@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,11 +18,20 @@ from hetflow.graph import Graph, Value
 from hetflow.graph.dtypes import onnx_name
 from hetflow.graph.shapes import Dim, format_shape, is_static
 from hetflow.passes import bind_batch
+from hetflow.passes.manager import CPU_ONLY_PASSES
 from hetflow.passes.manager import optimize as optimize_graph
 from hetflow.runtime.budget import Residency, WeightStore, fit_plan, transformed_weight_bytes
 from hetflow.runtime.executor import ExecutionMode, Observer, check_mode, check_threads, execute, memory_plan
 from hetflow.runtime.memory import MemoryReport
-from hetflow.runtime.placement import PlacementRules, best_single_device, measure_costs, measure_transfers
+from hetflow.runtime.placement import (
+    MIN_GAIN,
+    PlacementRules,
+    best_single_device,
+    measure_costs,
+    measure_transfers,
+    random_feeds,
+    time_plans,
+)
 from hetflow.runtime.plan import Plan
 from hetflow.runtime.planner import make_plan
 from hetflow.tuning.select import Tuner
@@ -47,8 +57,9 @@ class InferenceSession:
     Args:
         model: a path (``.onnx``), ``"zoo:NAME"``, serialized bytes, an ``onnx.ModelProto`` or a Graph.
         device: ``"cpu"``, ``"opencl:N"``, or ``"auto"``: every device that starts here, accelerators
-            first, the CPU last; with more than one, each node goes to the device where a profiled run
-            measured it fastest (once per batch size, on the first ``run`` at that size).
+            first, the CPU last; with more than one, whole runs of each device alone and, where profiled
+            per-node times promise a gain, of a per-node mix are timed, and the fastest plan is kept
+            (once per batch size, on the first ``run`` at that size; ``placement_seconds`` shows them).
         placement: pins by node name or op type, e.g. ``{"conv1": "cpu"}`` or
             ``{"Conv": "cpu", "Gemm": "opencl:0"}`` (RSTensorFlow's "MatMul only"); a device named here is
             started even when ``device`` does not include it.
@@ -101,7 +112,15 @@ class InferenceSession:
         # NOTE: "auto" measures where each node is fastest; a named device is the user's choice (the CPU
         # only takes what it lacks).
         self._measure_placement = device == "auto" and len(self._devices) > 1
+        # With "auto", the CPU's own candidate keeps the folds that only its kernels run.
+        self._cpu_graph = self._graph
+        if self._measure_placement and optimize and not cpu_only and memory_budget is None:
+            self._cpu_graph = optimize_graph(self._graph, list(CPU_ONLY_PASSES))
+        self._placement_seconds: dict[tuple[tuple[str, int], ...], dict[str, float]] = {}
         self._tuner = Tuner(tune=tune)
+        self._threads = check_threads(threads)
+        self._mode = check_mode(execution_mode)
+        self._budget = None if memory_budget is None else _parse_budget(memory_budget)
         # The plan for the graph as declared; one more per concrete binding of its symbolic dimensions
         # (the batch), made on first use, so that algorithms are chosen for concrete shapes.
         self._plan = self._make_plan(self._graph)
@@ -110,9 +129,6 @@ class InferenceSession:
         self._outputs = self._graph.output_values()
         self._all_outputs = [v.name for v in self._outputs]
         self._lock = threading.Lock()
-        self._threads = check_threads(threads)
-        self._mode = check_mode(execution_mode)
-        self._budget = None if memory_budget is None else _parse_budget(memory_budget)
         self._store: WeightStore | None = None
         self._residency: dict[int, Residency] = {}
         self._run_lock = threading.Lock()
@@ -153,7 +169,7 @@ class InferenceSession:
                     # NOTE: shapes that do not fit the graph fail in a kernel, with the node's name.
                     plan = self._plan
                 else:
-                    plan = self._fit(self._make_plan(bound))
+                    plan = self._fit(self._make_plan(bound, key))
                     # The memory plan is made with the plan, not on the first run.
                     memory_plan(plan, [v.name for v in self._outputs])
                 self._bound_plans[key] = plan
@@ -229,19 +245,57 @@ class InferenceSession:
             transformed_bytes=transformed,
         )
 
-    def _make_plan(self, graph: Graph) -> Plan:
-        devices, costs, transfers = self._devices, None, None
+    def _make_plan(self, graph: Graph, key: tuple[tuple[str, int], ...] = ()) -> Plan:
+        """The plan for ``graph`` (bound to ``key``, the symbolic dimensions' values)."""
         if self._measure_placement and _is_concrete(graph):
-            costs = measure_costs(graph, self._devices)
-            transfers = measure_transfers(self._devices)
-            single = best_single_device(graph, self._devices, costs, transfers)
-            if single is not None:
-                # NOTE: the CPU stays as the fallback for what the chosen device has no kernel for.
-                kept = [single] + [d for d in self._devices if d.kind == "cpu" and d is not single]
-                pinned = [d for d in self._devices if d.id in self._rules.device_ids() and d not in kept]
-                devices = kept + pinned
-                costs = None
-        return make_plan(graph, devices, self._tuner, self._rules, costs, transfers)
+            return self._fastest_placement(graph, key)
+        return make_plan(graph, self._devices, self._tuner, self._rules)
+
+    def _fastest_placement(self, graph: Graph, key: tuple[tuple[str, int], ...]) -> Plan:
+        """``"auto"``'s plan: every device alone (the CPU taking what it lacks) and, where the measured
+        per-node costs promise one, a per-node mix, each timed as whole runs; the fastest wins, a mix
+        only when faster than the best single device by more than ``MIN_GAIN``."""
+        makers = self._placement_candidates(graph, key)
+        plans = {label: make() for label, make in makers.items()}
+        seconds = time_plans(plans, random_feeds(graph), threads=self._threads)
+        self._placement_seconds[key] = seconds
+        single = min((label for label in seconds if label != MIXED), key=seconds.__getitem__)
+        best = single
+        if MIXED in seconds and seconds[MIXED] < seconds[single] * (1 - MIN_GAIN):
+            best = MIXED
+        # NOTE: made again: a timed plan has been executed and must not be edited (memory planning).
+        return makers[best]()
+
+    def _placement_candidates(
+        self, graph: Graph, key: tuple[tuple[str, int], ...]
+    ) -> dict[str, Callable[[], Plan]]:
+        """Label -> a function making that candidate's plan: one per device, and ``MIXED`` when the
+        per-node costs sum to clearly less than every single device's (``best_single_device``)."""
+        hosts = [d for d in self._devices if d.kind == "cpu"]
+        makers: dict[str, Callable[[], Plan]] = {}
+        for device in self._devices:
+            kept = [device] + [h for h in hosts if h is not device]
+            order = kept + [d for d in self._devices if d.id in self._rules.device_ids() and d not in kept]
+            own = graph
+            if device.kind == "cpu" and self._cpu_graph is not self._graph:
+                own = bind_batch(self._cpu_graph, dict(key)) if key else self._cpu_graph
+            makers[device.id] = functools.partial(make_plan, own, order, self._tuner, self._rules)
+        costs = measure_costs(graph, self._devices)
+        transfers = measure_transfers(self._devices)
+        if best_single_device(graph, self._devices, costs, transfers) is None:
+            makers[MIXED] = functools.partial(
+                make_plan, graph, self._devices, self._tuner, self._rules, costs, transfers
+            )
+        return makers
+
+    def placement_seconds(self, batch: int | None = None) -> dict[str, float]:
+        """What ``device="auto"`` timed before choosing its plan (at ``batch`` for a model with a
+        symbolic batch): candidate -> the fastest whole run's seconds; candidates are device ids and
+        ``"mixed"`` (each node where its measured cost was lowest). Empty for a named device."""
+        key = () if batch is None else self._batch_key(batch)
+        if batch is not None:
+            self.plan_for(dict(key))
+        return dict(self._placement_seconds.get(key, {}))
 
     def get_inputs(self) -> list[NodeArg]:
         """The feeds ``run`` expects."""
@@ -273,8 +327,11 @@ class InferenceSession:
         """Node name -> device id where it runs (at ``batch`` for a model with a symbolic batch)."""
         if batch is None:
             return self._plan.placement()
+        return self.plan_for(dict(self._batch_key(batch))).placement()
+
+    def _batch_key(self, batch: int) -> tuple[tuple[str, int], ...]:
         symbols = {d for v in self._inputs for d in (v.shape or ()) if isinstance(d, str)}
-        return self.plan_for(dict.fromkeys(symbols, batch)).placement()
+        return tuple(sorted(dict.fromkeys(symbols, batch).items()))
 
     def run(
         self,
@@ -340,6 +397,8 @@ class InferenceSession:
         return feeds
 
 
+#: ``placement_seconds``'s label of the per-node mix.
+MIXED = "mixed"
 _ACCEPTED_OPTIONS = frozenset({"sess_options", "providers", "provider_options"})
 
 

@@ -42,10 +42,16 @@ def test_placements_run_every_configuration_or_say_why():
     assert _column(result, "batch") == [1, 2]
     cpu = _column(result, "CPU only ms")
     assert all(ms is not None and ms > 0 for ms in cpu)
-    for label in ("OpenCL MatMul+Conv", "OpenCL MatMul only", "auto"):
+    for label in ("OpenCL MatMul+Conv", "OpenCL MatMul only", "OpenCL only", "auto"):
         values = _column(result, f"{label} ms")
         # A configuration is either measured at every batch or explained in the notes.
         assert all(v is not None for v in values) or any(n.startswith(label) for n in result.notes)
+    for row, cpu_ms in zip(result.rows, cpu):
+        auto, singles = row[result.columns.index("auto ms")], [cpu_ms, row[result.columns.index("OpenCL only ms")]]
+        if auto is not None:
+            best = min(v for v in singles if v is not None)
+            assert row[result.columns.index("auto / best single")] == pytest.approx(auto / best, rel=1e-6)
+            assert any(n.startswith(f"auto at batch {row[0]} timed") for n in result.notes)
 
 
 def test_cnndroid_reports_per_image_times():

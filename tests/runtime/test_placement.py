@@ -15,6 +15,7 @@ from hetflow.devices.cpu import CPUDevice
 from hetflow.errors import UnsupportedOpsError
 from hetflow.frontends import load_model
 from hetflow.passes import bind_batch
+from hetflow.runtime import session as session_module
 from hetflow.runtime.placement import (
     MIN_GAIN,
     MIN_MIX_GAIN,
@@ -24,6 +25,7 @@ from hetflow.runtime.placement import (
     measure_costs,
 )
 from hetflow.runtime.planner import make_plan
+from hetflow.runtime.session import MIXED
 from tests.helpers import make_model
 
 
@@ -185,6 +187,44 @@ def test_kernels_are_asked_with_the_dtypes_while_the_batch_is_symbolic():
     assert make_plan(graph, [fake, CPUDevice()]).placement() == {"fc": "cpu", "act": "cpu"}
 
 
+def _auto_session(monkeypatch, devices, seconds=None, model=None):
+    """A ``device="auto"`` session over ``devices`` (instead of the machine's); with ``seconds``
+    (candidate -> whole-run seconds) the timing of candidates is replaced by those numbers."""
+    monkeypatch.setattr(session_module, "resolve_devices", lambda device: list(devices))
+    if seconds is not None:
+        monkeypatch.setattr(session_module, "time_plans", lambda plans, feeds, threads=None: {
+            label: seconds[label] for label in plans})  # fmt: skip
+    return hetflow.InferenceSession(model or _mlp(), device="auto")
+
+
+def test_auto_times_whole_runs_and_keeps_the_fastest_device(monkeypatch):
+    fake = FakeAccelerator(("MatMul", "Relu", "Flatten"), slow_ops=("Relu",))
+    session = _auto_session(monkeypatch, [fake, CPUDevice()])
+    x = np.random.default_rng(7).standard_normal((3, 7)).astype(np.float32)
+    [got, _] = session.run(None, {"x": x})
+    timed = session.placement_seconds(batch=3)
+    assert {"fake:0", "cpu"} <= set(timed) and timed["fake:0"] > timed["cpu"] + 0.002  # Relu sleeps 3 ms
+    assert set(session.placement(batch=3).values()) == {"cpu"}
+    [expected, _] = hetflow.InferenceSession(_mlp()).run(None, {"x": x})
+    np.testing.assert_array_equal(got, expected)
+    assert hetflow.InferenceSession(_mlp()).placement_seconds(batch=3) == {}  # a named device times nothing
+
+
+def test_auto_trusts_whole_runs_over_per_node_sums(monkeypatch):
+    """Per-node sums may promise a mix that whole runs do not deliver (each crossing waits for a queue):
+    the mix is kept only when its whole runs beat the best single device by more than MIN_GAIN."""
+    monkeypatch.setattr(session_module, "best_single_device", lambda *args: None)  # the sums favour a mix
+    fake = FakeAccelerator(("MatMul", "Relu", "Flatten"))
+    near = {"fake:0": 1.0, "cpu": 0.9, MIXED: 0.9 * (1 - MIN_GAIN / 2)}
+    session = _auto_session(monkeypatch, [fake, CPUDevice()], near, model=_mlp())
+    assert set(session.placement(batch=2).values()) == {"cpu"}
+    assert session.placement_seconds(batch=2) == near
+    clear = {"fake:0": 1.0, "cpu": 0.9, MIXED: 0.5}
+    session = _auto_session(monkeypatch, [fake, CPUDevice()], clear)
+    # The mix is the per-node fastest placement: shape arithmetic on the CPU, the rest by measured cost.
+    assert session.placement(batch=2)["shape_of"] == "cpu" and session.placement_seconds(batch=2) == clear
+
+
 opencl = pytest.importorskip("hetflow.devices.opencl")
 
 
@@ -221,3 +261,21 @@ def test_auto_measures_per_batch_and_matches_the_cpu(opencl_device):
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7)
     bound = session.placement(batch=4)
     assert set(bound) == set(session.placement()) and set(bound.values()) <= {opencl_device, "cpu"}
+
+
+def test_auto_keeps_the_cpu_only_folds_when_the_cpu_wins(opencl_device, monkeypatch):
+    """The folds only the CPU's kernels run (a residual added in the Conv) are left out of a graph that
+    may run elsewhere, but the CPU's own candidate has them: auto on the CPU is the CPU session."""
+    from tests.passes.test_fuse_residual import residual_block
+
+    monkeypatch.setattr(session_module, "time_plans", lambda plans, feeds, threads=None: {
+        label: 0.5 if label == "cpu" else 1.0 for label in plans})  # fmt: skip
+    proto = residual_block()
+    session = hetflow.InferenceSession(proto, device="auto")
+    assert [n.op_type for n in session.graph.nodes] == ["Conv", "Add"]  # runnable on every device
+    plan = session.plan_for({"N": 2})
+    assert [s.node.op_type for s in plan.steps] == ["Conv"] and set(plan.placement().values()) == {"cpu"}
+    x = np.random.default_rng(8).standard_normal((2, 6, 8, 7)).astype(np.float32)
+    [expected] = hetflow.InferenceSession(proto).run(None, {"x": x})
+    [got] = session.run(None, {"x": x})
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
