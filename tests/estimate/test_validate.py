@@ -61,7 +61,7 @@ def test_memory_peak_prediction_within_5_percent(zoo_home, quick_profile, model,
     assert abs(result.memory.peak_bytes - measured) <= 0.05 * measured, (result.memory.peak_bytes, measured)
 
 
-def test_planned_peak_replays_release_points(zoo_home, quick_profile):
+def test_planned_peak_replays_release_points(zoo_home, quick_profile, ci_cores):
     session = open_session("zoo:mentee", "cpu")
     one = estimate(session, quick_profile, batch=1).memory
     four = estimate(session, quick_profile, batch=4).memory

@@ -60,7 +60,7 @@ def test_choose_streamed_keeps_the_largest_resident_first():
         choose_streamed(weights, layers, 100, 199)
 
 
-def test_a_budget_under_the_weights_streams_them_and_is_never_exceeded():
+def test_a_budget_under_the_weights_streams_them_and_is_never_exceeded(ci_cores):
     path = str(model_path("squeezenet"))
     reference = hetflow.InferenceSession(path)
     feed = _feed(reference)
@@ -133,7 +133,7 @@ def test_winograd_is_dropped_first_when_its_transforms_do_not_fit():
     assert residency.planned_bytes <= budget
 
 
-def test_the_scratch_file_goes_with_the_session():
+def test_the_scratch_file_goes_with_the_session(ci_cores):
     path = str(model_path("squeezenet"))
     report = hetflow.InferenceSession(path).memory_report(1)
     session = hetflow.InferenceSession(path, memory_budget=report.arena_bytes + report.weights_bytes // 2 + 2**19)

@@ -397,7 +397,7 @@ def test_parallel_mode_matches_sequential_on_the_arena():
 
 
 @pytest.mark.parametrize("name", ["googlenet", "squeezenet"])
-def test_a_steady_state_run_allocates_no_large_arrays(name):
+def test_a_steady_state_run_allocates_no_large_arrays(name, ci_cores):
     session = hetflow.InferenceSession(f"zoo:{name}")
     feed = _feed(session, 1)
     memory = memory_plan(_bound(session, 1))
