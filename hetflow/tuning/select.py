@@ -107,13 +107,7 @@ class Tuner:
                 timed = {a: t for a, t in record.candidates.items() if a in by_algorithm}
                 if timed:
                     return Choice(by_algorithm[min(timed, key=timed.__getitem__)], "tuned", record)
-        heuristic = HEURISTICS.get(node.op_type)
-        preferred = heuristic(node, inputs) if heuristic else None
-        if preferred not in by_algorithm:
-            preferred = ALGORITHM_FALLBACK.get(preferred)
-        if preferred in by_algorithm:
-            return Choice(by_algorithm[preferred], "heuristic")
-        return Choice(candidates[0], "default")
+        return untuned_choice(node, inputs, candidates)
 
     def measure(
         self,
@@ -154,6 +148,19 @@ class Tuner:
         return record
 
 
+def untuned_choice(node: Node, inputs: Sequence[TensorInfo | None], candidates: Sequence[Kernel]) -> Choice:
+    """Among ``candidates`` (a device's tunable kernels for ``node``), what is run without a measurement:
+    the cost model's algorithm (or its stand-in on a device without it), else the first."""
+    by_algorithm = {k.algorithm: k for k in candidates}
+    heuristic = HEURISTICS.get(node.op_type)
+    preferred = heuristic(node, inputs) if heuristic else None
+    if preferred not in by_algorithm:
+        preferred = ALGORITHM_FALLBACK.get(preferred)
+    if preferred in by_algorithm:
+        return Choice(by_algorithm[preferred], "heuristic")
+    return Choice(candidates[0], "default")
+
+
 def choose_kernel(
     device: Device, node: Node, inputs: Sequence[TensorInfo | None], tuner: Tuner | None = None
 ) -> Kernel | None:
@@ -164,7 +171,8 @@ def choose_kernel(
 
 @dataclass(frozen=True)
 class LayerTuning:
-    """One tunable layer of a model after ``tune_graph``: its measurement and the cost model's pick."""
+    """One tunable layer of a model after ``tune_graph``: its measurement and what the device runs
+    without one (``heuristic``: the cost model's algorithm, or its stand-in there)."""
 
     node: Node
     workload: Workload
@@ -207,6 +215,10 @@ def tune_graph(
     for workload, (node, inputs) in progress(items) if progress else items:
         records[workload] = tuner.measure(device, node, inputs, workload=workload)
     return [
-        LayerTuning(node, workload, records[workload], HEURISTICS[node.op_type](node, inputs))
+        LayerTuning(node, workload, records[workload], _untuned_algorithm(device, node, inputs))
         for node, inputs, workload in layers
     ]
+
+
+def _untuned_algorithm(device: Device, node: Node, inputs: Sequence[TensorInfo | None]) -> str:
+    return untuned_choice(node, inputs, tunable_kernels(device, node, inputs)).kernel.algorithm

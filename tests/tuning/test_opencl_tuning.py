@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 
 import hetflow
 from hetflow.devices.opencl.kernels.gemm import (
@@ -230,3 +231,29 @@ def test_timed_calls_stage_inputs_once_and_leave_results_on_the_device(opencl):
         assert (device.transfers.copied_in, device.transfers.copied_out) == moved, kernel.algorithm
     results = measure(kernels, conv, infos, device=device)
     assert all(r.seconds is not None and r.seconds > 0 for r in results), results
+
+
+def test_without_the_cost_models_algorithm_opencl_runs_its_stand_in(opencl, tmp_path: Path):
+    """The cost model picks F(4,3) and 1x1 GEMMs that only the CPU implements; OpenCL runs F(2,3) and
+    im2col instead (``ALGORITHM_FALLBACK``), and ``tune``'s untuned column names what actually runs."""
+    from hetflow.ops.conv import IM2COL, WINOGRAD_F23
+    from hetflow.runtime.planner import make_plan
+    from hetflow.tuning.measure import MeasureOptions
+    from hetflow.tuning.select import Tuner, tune_graph
+    from tests.helpers import make_model
+
+    rng = np.random.default_rng(9)
+    nodes = [
+        helper.make_node("Conv", ["x", "w3"], ["a"], name="three", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["a", "w1"], ["y"], name="one"),
+    ]
+    weights = {"w3": rng.standard_normal((64, 64, 3, 3)).astype(np.float32),
+               "w1": rng.standard_normal((8, 64, 1, 1)).astype(np.float32)}  # fmt: skip
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [1, 64, 56, 56])], [("y", TensorProto.FLOAT, None)], weights)
+    graph = hetflow.InferenceSession(model, optimize=False).graph
+    untuned = {s.node.name: s.kernel.algorithm for s in make_plan(graph, [opencl]).steps}
+    assert untuned == {"three": WINOGRAD_F23, "one": IM2COL}
+    options = MeasureOptions(warmup=0, repeats=1, min_seconds=0.0, max_repeats=1)
+    tuner = Tuner(tune=True, options=options, path=tmp_path / "records.jsonl")
+    layers = tune_graph(graph, opencl, tuner)
+    assert {layer.node.name: layer.heuristic for layer in layers} == untuned
