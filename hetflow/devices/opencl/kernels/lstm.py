@@ -107,12 +107,16 @@ def _supports(node: Node, inputs: InputInfos) -> str | None:
 
 
 def lstm_products(node: Node, inputs: Sequence[TensorInfo | None]) -> list[tuple[int, int, int, int]]:
-    """The GEMM products (M, N, K, batch) of one direction (tuning)."""
+    """The GEMM products (M, N, K, batch) of one direction (tuning): the input projection, and the
+    recurrent gates product where the batch is too large for the fused step."""
     x, r = inputs[0], inputs[2]
     assert x is not None and r is not None
     seq, batch, width = x.shape if node.attrs.layout == 0 else (x.shape[1], x.shape[0], x.shape[2])
     hidden = int(r.shape[2])
-    return [(int(seq * batch), 4 * hidden, int(width), 1), (int(batch), 4 * hidden, hidden, 1)]
+    products = [(int(seq * batch), 4 * hidden, int(width), 1)]
+    if not fused_step(int(batch)):
+        products.append((int(batch), 4 * hidden, hidden, 1))
+    return products
 
 
 def run_lstm(device: OpenCLDevice, node: Node, inputs: Sequence[Tensor | None]) -> list[Tensor | None]:
