@@ -60,7 +60,6 @@ SOURCE = source("lstm.cl")
 FUSED_MAX_BATCH = 8
 
 
-
 @dataclass(frozen=True)
 class StepSplit:
     """How the fused step kernel splits a layer (build options of ``lstm_step``; see lstm.cl)."""
@@ -80,6 +79,7 @@ class StepSplit:
         return -(-hidden // stride) * stride
 
     def options(self, batch: int) -> tuple[str, ...]:
+        """Build options of ``lstm_step`` for a layer of ``batch`` elements."""
         return (
             f"-DLSTM_BATCH={batch}", f"-DLSTM_UNITS={self.units}", f"-DLSTM_LANES={self.lanes}",
             f"-DLSTM_VEC={self.vector}", "-cl-mad-enable",
@@ -91,8 +91,9 @@ class StepSplit:
 #: spread over the compute units (the GEMM path had 64, each looping over all of K).
 GPU_STEP_SPLIT = StepSplit(units=4, lanes=32, vector=1)
 #: On a CPU (PoCL): one work-item per unit (no local-memory reduction, no barrier: PoCL's work-item loops
-#: around barriers cost more than they gain), reading float8 vectors along K. The fastest of J in 8..32,
-#: vectors of 4, 8 and 16 on lstm-gesture at batch 1 to 8 (float16 accumulators spill from batch 2).
+#: around barriers cost more than they gain), reading float8 vectors along K: the fastest of J in 8..32
+#: and vectors of 4, 8 and 16 on lstm-gesture at batch 1 to 8 under PoCL 3.0 (float16 tied at batch 1,
+#: slower from batch 2; lanes > 1 ran 3x slower). There it beats the GEMM path up to batch 8, ties at 16.
 CPU_STEP_SPLIT = StepSplit(units=16, lanes=1, vector=8)
 
 
