@@ -3,9 +3,13 @@ device on odd shapes, padding, ceil_mode, count_include_pad and batch > 1."""
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pytest
 
+from hetflow.devices.opencl.kernels import lstm
+from hetflow.devices.opencl.kernels.lstm import FUSED_MAX_BATCH, GPU_STEP_SPLIT, StepSplit
 from hetflow.ops.activation import FusedActivation
 from tests.devices.opencl_helpers import assert_close, infos, make_node, random, run_both
 
@@ -150,43 +154,91 @@ def test_gemm_fc_with_fused_bias_and_activation(opencl):
 
 
 HIDDEN, WIDTH, STEPS, BATCH = 7, 5, 6, 3
+#: Batches of the fused step (1, 3, its limit) and one past the limit (the gates GEMM and the cell).
+LSTM_BATCHES = (1, 3, FUSED_MAX_BATCH, FUSED_MAX_BATCH + 1)
+#: Fused step splits to run on this device besides its own: the GPU's (lanes > 1: the local-memory
+#: reduction) and one whose units, lanes and vectors divide none of the hidden sizes tested.
+LSTM_SPLITS = (GPU_STEP_SPLIT, StepSplit(units=3, lanes=4, vector=4))
 
 
 def _lstm_inputs(directions: int, batch_first: bool = False, bias: bool = True, states: bool = False,
-                 peepholes: bool = False, lengths: bool = False) -> list[np.ndarray | None]:
-    x = random(RNG, BATCH, STEPS, WIDTH) if batch_first else random(RNG, STEPS, BATCH, WIDTH)
-    state_shape = (BATCH, directions, HIDDEN) if batch_first else (directions, BATCH, HIDDEN)
+                 peepholes: bool = False, lengths: bool = False, batch: int = BATCH,
+                 hidden: int = HIDDEN) -> list[np.ndarray | None]:
+    x = random(RNG, batch, STEPS, WIDTH) if batch_first else random(RNG, STEPS, batch, WIDTH)
+    state_shape = (batch, directions, hidden) if batch_first else (directions, batch, hidden)
     return [
         x,
-        random(RNG, directions, 4 * HIDDEN, WIDTH),
-        random(RNG, directions, 4 * HIDDEN, HIDDEN),
-        random(RNG, directions, 8 * HIDDEN) if bias else None,
-        np.array([STEPS, 0, 2][:BATCH], np.int32) if lengths else None,
+        random(RNG, directions, 4 * hidden, WIDTH),
+        random(RNG, directions, 4 * hidden, hidden) / np.float32(np.sqrt(hidden)),  # gates not saturated
+        random(RNG, directions, 8 * hidden) if bias else None,
+        np.array([(STEPS, 0, 2, 4)[i % 4] for i in range(batch)], np.int32) if lengths else None,
         random(RNG, *state_shape) if states else None,
         random(RNG, *state_shape) if states else None,
-        random(RNG, directions, 3 * HIDDEN) if peepholes else None,
+        random(RNG, directions, 3 * hidden) if peepholes else None,
     ]
 
 
-@pytest.mark.parametrize(
-    "direction, options, attrs",
-    [("forward", {}, {}),
-     ("reverse", {"bias": False}, {"input_forget": 1}),
-     ("bidirectional", {"states": True, "peepholes": True}, {"clip": 1.5}),
-     ("forward", {"batch_first": True, "states": True}, {"layout": 1}),
-     ("forward", {"lengths": True, "states": True}, {}),
-     ("bidirectional", {"lengths": True, "peepholes": True}, {}),
-     ("reverse", {"lengths": True, "batch_first": True, "states": True}, {"layout": 1})],
-)  # fmt: skip
-def test_lstm(opencl, direction, options, attrs):
+LSTM_CASES = [
+    ("forward", {}, {}),
+    ("reverse", {"bias": False}, {"input_forget": 1}),
+    ("bidirectional", {"states": True, "peepholes": True}, {"clip": 1.5}),
+    ("forward", {"batch_first": True, "states": True}, {"layout": 1}),
+    ("forward", {"lengths": True, "states": True}, {}),
+    ("bidirectional", {"lengths": True, "peepholes": True}, {}),
+    ("reverse", {"lengths": True, "batch_first": True, "states": True}, {"layout": 1}),
+]
+
+
+def _check_lstm(opencl, direction: str, options: dict, attrs: dict, batch: int, hidden: int) -> None:
     directions = 2 if direction == "bidirectional" else 1
-    inputs = _lstm_inputs(directions, **options)
+    inputs = _lstm_inputs(directions, batch=batch, hidden=hidden, **options)
     while inputs and inputs[-1] is None:
         inputs.pop()
-    node = make_node("LSTM", inputs, outputs=3, hidden_size=HIDDEN, direction=direction, **attrs)
+    node = make_node("LSTM", inputs, outputs=3, hidden_size=hidden, direction=direction, **attrs)
     got, expected = run_both(opencl, node, inputs)
     for g, e in zip(got, expected):
-        assert_close(g, e, rtol=2e-5)
+        assert_close(g, e, rtol=1e-4)
+
+
+@pytest.mark.parametrize("hidden", [5, 37])
+@pytest.mark.parametrize("batch", LSTM_BATCHES)
+@pytest.mark.parametrize("direction, options, attrs", LSTM_CASES)
+def test_lstm(opencl, direction, options, attrs, batch, hidden):
+    _check_lstm(opencl, direction, options, attrs, batch, hidden)
+
+
+@pytest.mark.parametrize("split", LSTM_SPLITS, ids=str)
+@pytest.mark.parametrize("direction, options, attrs", LSTM_CASES)
+def test_lstm_fused_step_splits(opencl, monkeypatch, direction, options, attrs, split):
+    monkeypatch.setattr(lstm, "CPU_STEP_SPLIT" if opencl.is_cpu else "GPU_STEP_SPLIT", split)
+    for batch in (1, FUSED_MAX_BATCH):
+        _check_lstm(opencl, direction, options, attrs, batch, 37)
+
+
+def _launches(opencl, monkeypatch, node, inputs) -> collections.Counter:
+    """How many times each kernel was enqueued while ``node`` ran on ``opencl``."""
+    counts: collections.Counter = collections.Counter()
+    enqueue = opencl.enqueue
+
+    def counting(kernel, global_size, local_size, args):
+        counts[kernel.function_name] += 1
+        enqueue(kernel, global_size, local_size, args)
+
+    monkeypatch.setattr(opencl, "enqueue", counting)
+    run_both(opencl, node, inputs)
+    return counts
+
+
+@pytest.mark.parametrize("batch", [1, FUSED_MAX_BATCH, FUSED_MAX_BATCH + 1])
+def test_lstm_small_batches_run_one_launch_per_step(opencl, monkeypatch, batch):
+    inputs = _lstm_inputs(2, batch=batch)
+    node = make_node("LSTM", inputs[:4], outputs=3, hidden_size=HIDDEN, direction="bidirectional")
+    counts = _launches(opencl, monkeypatch, node, inputs[:4])
+    if batch <= FUSED_MAX_BATCH:
+        # Per direction: the input projection, then one fused step per time step.
+        assert counts["gemm"] == 2 and counts["lstm_step"] == 2 * STEPS and counts["lstm_cell"] == 0
+    else:
+        assert counts["gemm"] == 2 * (1 + STEPS) and counts["lstm_cell"] == 2 * STEPS and counts["lstm_step"] == 0
 
 
 def test_lstm_with_other_activations_stays_on_the_cpu(opencl):

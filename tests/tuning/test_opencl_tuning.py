@@ -172,7 +172,12 @@ def test_node_gemms_of_conv_gemm_and_lstm():
     from hetflow.ops.rnn import LSTMAttrs
 
     lstm = Node("LSTM", "l", ["x", "w", "r"], ["y"], attrs=LSTMAttrs(hidden_size=4))
-    assert node_gemms(lstm, [_info(6, 2, 3), _info(1, 16, 3), _info(1, 16, 4)]) == [(12, 16, 3, 1), (2, 16, 4, 1)]
+    # A small batch runs its steps in the fused kernel: only the input projection is a GEMM.
+    assert node_gemms(lstm, [_info(6, 2, 3), _info(1, 16, 3), _info(1, 16, 4)]) == [(12, 16, 3, 1)]
+    from hetflow.devices.opencl.kernels.lstm import FUSED_MAX_BATCH
+
+    big = FUSED_MAX_BATCH + 1
+    assert node_gemms(lstm, [_info(6, big, 3), _info(1, 16, 3), _info(1, 16, 4)]) == [(6 * big, 16, 3, 1), (big, 16, 4, 1)]
 
 
 def test_tune_gemms_with_no_effort_measures_nothing(opencl, tuning, zoo_home):

@@ -1,11 +1,16 @@
-"""OpenCL LSTM (``lstm.cl``): the input projection of every step as one tiled GEMM, then per step the
-recurrent gates GEMM ``H @ R^T`` and the cell-update kernel, all queued on the device with no host
-round trip inside the sequence.
+"""OpenCL LSTM (``lstm.cl``): the input projection of every step as one tiled GEMM, then the steps, all
+queued on the device with no host round trip inside the sequence.
 
-The cell kernel writes the new hidden state straight into the GEMM's A-panel layout for the next step
-(two buffers, used in turn), so a step costs two launches. Forward, reverse and bidirectional layers,
-both layouts, initial states, ``sequence_lens``, peepholes, clip and input_forget are supported; other
-activations than ONNX's defaults stay on the CPU.
+A step of a small batch (up to ``FUSED_MAX_BATCH`` elements) is one launch of the fused ``lstm_step``
+kernel: the dot products of the hidden state with R's gate rows, and the cell update. The skinny
+recurrent product is latency-bound: on an H100, lstm-gesture at batch 1 spent ~39 us per step in the
+tiled GEMM (64 work-groups, each looping over all of K) and ~7 us in the cell kernel, against 1.7 ms for
+the whole run on the host. Larger batches run per step the recurrent gates GEMM ``H @ R^T`` and the cell
+kernel, which writes the new hidden state straight into the GEMM's A-panel layout for the next step.
+Both paths keep two hidden-state buffers and use them in turn.
+
+Forward, reverse and bidirectional layers, both layouts, initial states, ``sequence_lens``, peepholes,
+clip and input_forget are supported; other activations than ONNX's defaults stay on the CPU.
 
 X may be a device tensor (packed for the input projection on the device); Y then stays on the device
 (layout 0; batch-first Y is transposed on the host). Weights, the summed bias and peepholes are
@@ -16,6 +21,7 @@ that the node outputs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,6 +54,48 @@ if TYPE_CHECKING:
 
 SOURCE = source("lstm.cl")
 
+#: The largest batch that runs the fused step kernel (one launch per step: the gates' dot products and
+#: the cell). Its work-items keep four accumulators (one per gate) per element in registers; larger
+#: batches run the tiled gates GEMM, which fills the device with their product, and the cell kernel.
+FUSED_MAX_BATCH = 8
+
+
+@dataclass(frozen=True)
+class StepSplit:
+    """How the fused step kernel splits a layer (build options of ``lstm_step``; see lstm.cl)."""
+
+    units: int  # hidden units per work-group (J): its 4J rows of R
+    lanes: int  # work-items per unit (T, a power of two), striding over K
+    vector: int  # floats per read (1, 4, 8 or 16)
+
+    @property
+    def group(self) -> int:
+        """Work-items per work-group."""
+        return self.units * self.lanes
+
+    def row_width(self, hidden: int) -> int:
+        """Floats per row of R and of the states: ``hidden`` padded to whole strides of the lanes."""
+        stride = self.lanes * self.vector
+        return -(-hidden // stride) * stride
+
+    def options(self, batch: int) -> tuple[str, ...]:
+        """Build options of ``lstm_step`` for a layer of ``batch`` elements."""
+        return (
+            f"-DLSTM_BATCH={batch}", f"-DLSTM_UNITS={self.units}", f"-DLSTM_LANES={self.lanes}",
+            f"-DLSTM_VEC={self.vector}", "-cl-mad-enable",
+        )  # fmt: skip
+
+
+#: On a GPU: a warp per hidden unit (32 lanes), so each of its four gate rows is read as whole 128-byte
+#: lines, 16 reads per lane for H = 512; 4 units give 128-item groups and an H = 512 layer 128 of them to
+#: spread over the compute units (the GEMM path had 64, each looping over all of K).
+GPU_STEP_SPLIT = StepSplit(units=4, lanes=32, vector=1)
+#: On a CPU (PoCL): one work-item per unit (no local-memory reduction, no barrier: PoCL's work-item loops
+#: around barriers cost more than they gain), reading float8 vectors along K: the fastest of J in 8..32
+#: and vectors of 4, 8 and 16 on lstm-gesture at batch 1 to 8 under PoCL 3.0 (float16 tied at batch 1,
+#: slower from batch 2; lanes > 1 ran 3x slower). There it beats the GEMM path up to batch 8, ties at 16.
+CPU_STEP_SPLIT = StepSplit(units=16, lanes=1, vector=8)
+
 
 def _supports(node: Node, inputs: InputInfos) -> str | None:
     attrs = node.attrs
@@ -60,12 +108,16 @@ def _supports(node: Node, inputs: InputInfos) -> str | None:
 
 
 def lstm_products(node: Node, inputs: Sequence[TensorInfo | None]) -> list[tuple[int, int, int, int]]:
-    """The GEMM products (M, N, K, batch) of one direction (tuning)."""
+    """The GEMM products (M, N, K, batch) of one direction (tuning): the input projection, and the
+    recurrent gates product where the batch is too large for the fused step."""
     x, r = inputs[0], inputs[2]
     assert x is not None and r is not None
     seq, batch, width = x.shape if node.attrs.layout == 0 else (x.shape[1], x.shape[0], x.shape[2])
     hidden = int(r.shape[2])
-    return [(int(seq * batch), 4 * hidden, int(width), 1), (int(batch), 4 * hidden, hidden, 1)]
+    products = [(int(seq * batch), 4 * hidden, int(width), 1)]
+    if not fused_step(int(batch)):
+        products.append((int(batch), 4 * hidden, hidden, 1))
+    return products
 
 
 def run_lstm(device: OpenCLDevice, node: Node, inputs: Sequence[Tensor | None]) -> list[Tensor | None]:
@@ -144,7 +196,6 @@ def _run_direction(
     seq, batch, width = x.shape
     hidden = r.shape[2]
     rows = 4 * hidden
-    directions = y.shape[1]
     # Input projection for every step: [seq * batch, input] @ W^T + (Wb + Rb).
     in_config = device.gemm_config(seq * batch, rows, width, 1)
     in_layout = GemmLayout.of(in_config, seq * batch, rows, width)
@@ -155,34 +206,113 @@ def _run_direction(
     projection.enqueue()
     if x_scratch:
         device.release(x_panels)
-    # The recurrence: gates = H @ R^T, then the cell.
+    cell = _CellArgs(
+        xw=projection.out, c=_state(device, c0, batch, hidden), h_out=_state(device, h0, batch, hidden),
+        y=y, peep=None if peepholes is None else _peepholes(device, peepholes, d), lengths=lengths_buf,
+        has_lengths=has_lengths, attrs=attrs, reverse=attrs.direction == "reverse" or d == 1, d=d,
+    )  # fmt: skip
+    if fused_step(batch):
+        _fused_steps(device, r, h0, cell)
+    else:
+        _gemm_steps(device, r, h0, cell)
+    device.release(projection.out)
+    return cell.h_out, cell.c
+
+
+@dataclass(frozen=True)
+class _CellArgs:
+    """What both step kernels take besides the recurrent product: one direction's buffers and flags."""
+
+    xw: DeviceArray
+    c: DeviceArray
+    h_out: DeviceArray
+    y: DeviceArray
+    peep: DeviceArray | None
+    lengths: DeviceArray
+    has_lengths: bool
+    attrs: Any
+    reverse: bool
+    d: int
+
+    def tail(self) -> tuple[Any, ...]:
+        """The arguments from ``y`` to ``has_lengths`` (the same in both kernels)."""
+        clip = self.attrs.clip
+        peep = self.h_out if self.peep is None else self.peep  # never read without peepholes
+        return (
+            self.y.buffer, self.h_out.buffer, peep.buffer, np.int32(self.peep is not None),
+            np.int32(self.c.shape[1]), np.int32(clip is not None), np.float32(clip if clip is not None else 0.0),
+            np.int32(self.attrs.input_forget), self.lengths.buffer, np.int32(self.has_lengths),
+        )  # fmt: skip
+
+
+def fused_step(batch: int) -> bool:
+    """Whether a layer of ``batch`` elements runs the fused step kernel rather than GEMM + cell."""
+    return 1 <= batch <= FUSED_MAX_BATCH
+
+
+def _fused_steps(device: OpenCLDevice, r: np.ndarray, h0: np.ndarray | None, cell: _CellArgs) -> None:
+    """Queue the recurrence as one ``lstm_step`` launch per step (small batches)."""
+    seq = cell.y.shape[0]
+    batch, hidden = cell.c.shape
+    split = CPU_STEP_SPLIT if device.is_cpu else GPU_STEP_SPLIT
+    kernel = device.kernel("lstm_step", SOURCE, split.options(batch))
+    width = split.row_width(hidden)
+    rows = device.resident.get(r, ("lstm_rows", cell.d, width), lambda: _padded_rows(device, r[cell.d], width))
+    # The step reads one state and writes the other; both start as h0 (padding zero: the kernel reads it).
+    states = [_padded_state(device, h0, batch, width) for _ in range(2)]
+    global_size = (-(-hidden // split.units) * split.group,)
+    where = (np.int32(seq), np.int32(cell.reverse), np.int32(cell.y.shape[1]), np.int32(cell.d))
+    for step in range(seq):
+        h_prev, h_next = states[step % 2], states[1 - step % 2]
+        args = (rows.buffer, np.int32(width), cell.xw.buffer, cell.c.buffer, h_prev.buffer, h_next.buffer,
+                *cell.tail(), np.int32(step), *where)  # fmt: skip
+        device.enqueue(kernel, global_size, (split.group,), args)
+    for state in states:
+        device.release(state)
+
+
+def _padded_rows(device: OpenCLDevice, r: np.ndarray, width: int) -> DeviceArray:
+    """One direction's R as ONNX stores it ([4H, H], row-major: each gate row contiguous over K), each
+    row zero-padded to ``width`` floats."""
+    rows = np.zeros((r.shape[0], width), np.float32)
+    rows[:, : r.shape[1]] = r
+    return device.to_device(rows)
+
+
+def _padded_state(device: OpenCLDevice, h0: np.ndarray | None, batch: int, width: int) -> DeviceArray:
+    """A ``[batch, width]`` hidden state: ``h0`` zero-padded, or zeros filled on the device."""
+    if h0 is None:
+        return device.zeros((batch, width))
+    state = np.zeros((batch, width), np.float32)
+    state[:, : h0.shape[1]] = h0
+    buffer = device.to_device(state)
+    device.park(buffer)
+    return buffer
+
+
+def _gemm_steps(device: OpenCLDevice, r: np.ndarray, h0: np.ndarray | None, cell: _CellArgs) -> None:
+    """Queue the recurrence as the gates GEMM ``H @ R^T`` and the ``lstm_cell`` kernel per step."""
+    seq, directions = cell.y.shape[:2]
+    batch, hidden = cell.c.shape
+    rows = 4 * hidden
     config = device.gemm_config(batch, rows, hidden, 1)
     layout = GemmLayout.of(config, batch, rows, hidden)
-    r_panels = _transposed_panels(device, r, d, config, layout)
+    r_panels = _transposed_panels(device, r, cell.d, config, layout)
     h_panels = [_state_panels(device, h0, layout, batch, hidden) for _ in range(2)]
-    c_state = _state(device, c0, batch, hidden)
-    h_out = _state(device, h0, batch, hidden)
     gates = device.empty((1, batch, rows))
     steps = [launch_packed(device, config, layout, 1, panels, r_panels, out=gates) for panels in h_panels]
-    peep = h_out if peepholes is None else _peepholes(device, peepholes, d)
-    reverse = attrs.direction == "reverse" or d == 1
-    cell = device.kernel("lstm_cell", SOURCE)
+    kernel = device.kernel("lstm_cell", SOURCE)
+    where = (np.int32(seq), np.int32(batch), np.int32(cell.reverse), np.int32(directions), np.int32(cell.d))
     for step in range(seq):
         current = step % 2
         steps[current].enqueue()
         args = (
-            gates.buffer, projection.out.buffer, c_state.buffer, h_panels[current].buffer,
-            h_panels[1 - current].buffer, *i32(layout.a_width, layout.kp),
-            y.buffer, h_out.buffer, peep.buffer, np.int32(peepholes is not None),
-            np.int32(hidden), np.int32(attrs.clip is not None),
-            np.float32(attrs.clip if attrs.clip is not None else 0.0), np.int32(attrs.input_forget),
-            lengths_buf.buffer, np.int32(has_lengths),
-            *i32(step, seq, batch, int(reverse), directions, d),
+            gates.buffer, cell.xw.buffer, cell.c.buffer, h_panels[current].buffer,
+            h_panels[1 - current].buffer, *i32(layout.a_width, layout.kp), *cell.tail(), np.int32(step), *where,
         )  # fmt: skip
-        device.enqueue(cell, (hidden, batch), None, args)
-    for scratch in (*h_panels, gates, projection.out):
+        device.enqueue(kernel, (hidden, batch), None, args)
+    for scratch in (*h_panels, gates):
         device.release(scratch)
-    return h_out, c_state
 
 
 def _peepholes(device: OpenCLDevice, peepholes: np.ndarray, d: int) -> DeviceArray:
@@ -265,5 +395,6 @@ def register(device: OpenCLDevice) -> None:
     @device.kernels.register("LSTM", supports=_supports)
     @device_inputs((0,))
     def lstm(node: Node, inputs: Sequence[Tensor | None]) -> list[Tensor | None]:
-        """LSTM: input projection GEMM, then per step the gates GEMM and the cell kernel."""
+        """LSTM: input projection GEMM, then per step the fused step kernel (small batches) or the gates
+        GEMM and the cell kernel."""
         return run_lstm(device, node, inputs)
