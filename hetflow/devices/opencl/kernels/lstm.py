@@ -262,10 +262,10 @@ def _fused_steps(device: OpenCLDevice, r: np.ndarray, h0: np.ndarray | None, cel
     states = [_padded_state(device, h0, batch, width) for _ in range(2)]
     global_size = (-(-hidden // split.units) * split.group,)
     where = (np.int32(seq), np.int32(cell.reverse), np.int32(cell.y.shape[1]), np.int32(cell.d))
+    head, tail = (rows.buffer, np.int32(width), cell.xw.buffer, cell.c.buffer), cell.tail()
     for step in range(seq):
         h_prev, h_next = states[step % 2], states[1 - step % 2]
-        args = (rows.buffer, np.int32(width), cell.xw.buffer, cell.c.buffer, h_prev.buffer, h_next.buffer,
-                *cell.tail(), np.int32(step), *where)  # fmt: skip
+        args = (*head, h_prev.buffer, h_next.buffer, *tail, np.int32(step), *where)
         device.enqueue(kernel, global_size, (split.group,), args)
     for state in states:
         device.release(state)
@@ -303,12 +303,13 @@ def _gemm_steps(device: OpenCLDevice, r: np.ndarray, h0: np.ndarray | None, cell
     steps = [launch_packed(device, config, layout, 1, panels, r_panels, out=gates) for panels in h_panels]
     kernel = device.kernel("lstm_cell", SOURCE)
     where = (np.int32(seq), np.int32(batch), np.int32(cell.reverse), np.int32(directions), np.int32(cell.d))
+    shape, tail = i32(layout.a_width, layout.kp), cell.tail()
     for step in range(seq):
         current = step % 2
         steps[current].enqueue()
         args = (
             gates.buffer, cell.xw.buffer, cell.c.buffer, h_panels[current].buffer,
-            h_panels[1 - current].buffer, *i32(layout.a_width, layout.kp), *cell.tail(), np.int32(step), *where,
+            h_panels[1 - current].buffer, *shape, *tail, np.int32(step), *where,
         )  # fmt: skip
         device.enqueue(kernel, (hidden, batch), None, args)
     for scratch in (*h_panels, gates):
