@@ -139,7 +139,7 @@ def run_threads(conv_macs: int, batched: bool, threads: int | None = None) -> bl
     if splits_gemms(conv_macs, batched, count):
         return own_threads(count, NUMBA_POOL and jit_gemm.available())
     if spins(conv_macs, batched, count):
-        return own_threads(count, spin=True)
+        return own_threads(min(count, SPIN_MAX_THREADS), spin=True)
     return blas_threads(count)
 
 
@@ -159,6 +159,11 @@ def spins(conv_macs: int, batched: bool, threads: int | None = None) -> bool:
 #: with the spinning ones), then, its Convs direct and the spinning pool's GEMVs compiled loops, gained
 #: 18% (0.82x).
 SPIN_MAX_CONV_MACS = 40_000_000
+#: The most threads such a run spins on (BLAS keeps the same count there). Each spinning thread's part
+#: of a product is one CBLAS call that OpenBLAS may split again over its own workers: with every core
+#: spinning those wait for the scheduler's tick. On a 16-core host (the H100 machine) one 832x6x6 -> 256
+#: 1x1 Conv at batch 1 took 24 ms a run at 16 threads, 0.2-12 ms at 8, and 0.2 ms at 4 and at 2.
+SPIN_MAX_THREADS = 4
 
 
 #: Without ``jit_gemm`` (the products then split on hetflow's Python pool): convolution multiply-adds

@@ -98,6 +98,26 @@ def test_one_example_through_a_small_convolutional_network_runs_on_spinning_thre
     np.testing.assert_allclose(y, alone, rtol=1e-6)
 
 
+def test_a_spinning_run_uses_at_most_spin_max_threads(blas_at_two, monkeypatch):
+    """On a many-core machine every core spinning left OpenBLAS's own workers (each part of a product is
+    a CBLAS call) waiting for the scheduler's tick: a spinning run caps its threads, BLAS's too."""
+    from hetflow.devices.cpu.kernels import jit_gemm
+    from hetflow.runtime import executor
+
+    if not jit_gemm.available():
+        pytest.skip("no spinning runs without jit_gemm (numba's CBLAS binding)")
+    monkeypatch.setattr(executor, "SPIN_MAX_THREADS", 3)
+    session = hetflow.InferenceSession(_conv_model(), threads=6)
+    seen: list[tuple[int, int]] = []
+
+    def observe(step, seconds):
+        pool = threads.spinning()
+        seen.append((_blas_threads_now(), pool.workers if pool is not None else -1))
+
+    session.run(None, {"x": np.ones((1, 2, 6, 6), np.float32)}, observer=observe)
+    assert set(seen) == {(3, 2)}  # three threads: the caller and two spinning workers
+
+
 def test_a_batch_of_a_small_network_keeps_blas_threads(blas_at_two):
     session = hetflow.InferenceSession(add_relu_model(), threads=3)
     seen: list[tuple[int, int]] = []
