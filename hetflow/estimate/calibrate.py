@@ -465,12 +465,13 @@ def _time_probe(probe: probe_catalogue.Probe, settings: Settings, device: Device
     """Time every kernel of ``device`` for every node of one probe model, on real inputs; a ``split``
     probe as a run that splits its GEMMs over its own threads (``own_threads``)."""
     from hetflow.devices.cpu.threads import own_threads
+    from hetflow.runtime.executor import spin_threads
 
     split = terms.splits(probe)
     if split:
         context: Any = own_threads(terms.threads)
     elif probe.spin and device.kind == "cpu":
-        context = own_threads(terms.threads, spin=True)
+        context = own_threads(spin_threads(terms.threads), spin=True)
     else:
         context = contextlib.nullcontext()
     with context:

@@ -139,8 +139,13 @@ def run_threads(conv_macs: int, batched: bool, threads: int | None = None) -> bl
     if splits_gemms(conv_macs, batched, count):
         return own_threads(count, NUMBA_POOL and jit_gemm.available())
     if spins(conv_macs, batched, count):
-        return own_threads(min(count, SPIN_MAX_THREADS), spin=True)
+        return own_threads(spin_threads(count), spin=True)
     return blas_threads(count)
+
+
+def spin_threads(count: int) -> int:
+    """The threads a spinning run of a ``count``-thread session uses (``SPIN_MAX_THREADS`` at most)."""
+    return min(count, SPIN_MAX_THREADS)
 
 
 def spins(conv_macs: int, batched: bool, threads: int | None = None) -> bool:
