@@ -109,8 +109,8 @@ class InferenceSession:
         self._graph = optimize_graph(self._source_graph, cpu_only=cpu_only) if optimize else self._source_graph
         self._rules = PlacementRules.parse(placement, self._graph)
         self._devices = _session_devices(requested, self._rules)
-        # NOTE: "auto" measures where each node is fastest; a named device is the user's choice (the CPU
-        # only takes what it lacks).
+        # NOTE: "auto" times its candidate placements (``_fastest_placement``); a named device is the
+        # user's choice (the CPU only takes what it lacks).
         self._measure_placement = device == "auto" and len(self._devices) > 1
         # With "auto", the CPU's own candidate keeps the folds that only its kernels run.
         self._cpu_graph = self._graph
