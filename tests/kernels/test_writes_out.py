@@ -101,11 +101,19 @@ def test_in_place_kernels_may_write_over_any_input(op_type, inputs, attrs, over)
     arrays = [RNG.standard_normal((2, 5, 3)).astype(np.float32) for _ in range(inputs)]
     kernel = CPU.kernels.lookup(node, [TensorInfo(a.shape, a.dtype) for a in arrays])
     assert kernel.writes_out and kernel.inplace
+    originals = [a.copy() for a in arrays]
     (expected,) = kernel.fn(node, [a.copy() for a in arrays])
     target = arrays[over]
     (got,) = kernel.fn(node, arrays, [target], None)
     assert got is target
-    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    if op_type == "Sum" and inputs > 2:
+        # Written over input k, the sum starts from a_k (it must be read first): the same terms added in
+        # another order, equal up to one float32 rounding per partial sum. Where the terms cancel, that
+        # is no small relative error (the order-dependent failure this replaced: 7e-6 at -0.0043).
+        bound = (inputs - 1) * np.finfo(np.float32).eps * np.sum(np.abs(originals), axis=0)
+        assert (np.abs(got - expected) <= bound).all()
+    else:
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
 def test_lrn_and_sigmoid_use_their_workspace():
