@@ -201,24 +201,20 @@ def tune_graph(
     """
     from hetflow.runtime.planner import input_infos
 
-    layers: list[tuple[Node, list[TensorInfo | None], Workload]] = []
+    # Each tunable layer with what its device runs untuned (from the candidates found here).
+    layers: list[tuple[Node, list[TensorInfo | None], Workload, str]] = []
     for node in graph.nodes:
         inputs = input_infos(graph, node)
         workload = workload_of(node, inputs)
-        if inputs is not None and workload is not None and tunable_kernels(device, node, inputs):
-            layers.append((node, inputs, workload))
+        candidates = tunable_kernels(device, node, inputs) if inputs is not None and workload is not None else []
+        if candidates:
+            untuned = untuned_choice(node, inputs, candidates).kernel.algorithm
+            layers.append((node, inputs, workload, untuned))
     distinct: dict[Workload, tuple[Node, list[TensorInfo | None]]] = {}
-    for node, inputs, workload in layers:
+    for node, inputs, workload, _ in layers:
         distinct.setdefault(workload, (node, inputs))
     records: dict[Workload, TuningRecord] = {}
     items = list(distinct.items())
     for workload, (node, inputs) in progress(items) if progress else items:
         records[workload] = tuner.measure(device, node, inputs, workload=workload)
-    return [
-        LayerTuning(node, workload, records[workload], _untuned_algorithm(device, node, inputs))
-        for node, inputs, workload in layers
-    ]
-
-
-def _untuned_algorithm(device: Device, node: Node, inputs: Sequence[TensorInfo | None]) -> str:
-    return untuned_choice(node, inputs, tunable_kernels(device, node, inputs)).kernel.algorithm
+    return [LayerTuning(node, workload, records[workload], untuned) for node, _, workload, untuned in layers]
