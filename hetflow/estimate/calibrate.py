@@ -47,7 +47,7 @@ from hetflow.estimate.models import (
 )
 from hetflow.estimate.predict import SPIN_MARK, kernel_cost, layer_key, memory_terms, window_strided
 from hetflow.estimate.profile import DeviceProfile, GemmModel, MemoryModel, OpModel, TransferModel, now_iso
-from hetflow.estimate.timing import amortised_seconds, replay, threads_held, timed_call
+from hetflow.estimate.timing import amortised_seconds, replay, threads_held, timed_call, timed_first_call
 from hetflow.frontends import load_model
 from hetflow.graph import Graph, Node
 from hetflow.ops.base import Cost, array_infos
@@ -506,9 +506,9 @@ def _time_probe_nodes(
                 continue
             result = candidate.fn(node, inputs)  # warm-up: a compiled kernel's first call compiles it
             call = device.timed_call(candidate, node, inputs, result)
-            _, first = timed_call(call, device.synchronize)
+            first, settle = timed_first_call(call, device.synchronize)
             seconds = amortised_seconds(call, min_time=settings.min_time, rounds=settings.rounds,
-                                        synchronize=device.synchronize, first_seconds=first)
+                                        synchronize=device.synchronize, first_seconds=first, settle=settle)
             transient, retained = _allocations(lambda c=candidate: c.fn(node, inputs))
             cost = kernel_cost(node, costs[node.name], key, graph)
             strided = window_strided(node, graph)

@@ -18,6 +18,14 @@ from hetflow.graph import Graph, Node
 #: Default total time spent in one timed round of iterations.
 MIN_ROUND_SECONDS = 0.05
 
+#: Untimed calls before the rounds of a call that splits on hetflow's Python pool (``settle_seconds``).
+#: Its worker thread must take its share on the other core, where OpenBLAS's workers spin for ~0.1 s
+#: after a multi-threaded product, and a vCPU that idled takes tens of milliseconds of work to run at
+#: full speed again. A direct Conv at batch 16 (cifar10-quick's 32 -> 32 5x5 at 16x16) took 1.56-1.61
+#: ms timed right after a BLAS product, 1.32-1.42 after a 0.3 s sleep, and 0.87-0.93 after 50 calls of
+#: its own, as it runs inside back-to-back session runs.
+SETTLE_SECONDS = 0.1
+
 
 def amortised_seconds(
     fn: Callable[[], object],
@@ -27,11 +35,13 @@ def amortised_seconds(
     max_iterations: int = 100_000,
     synchronize: Callable[[], None] | None = None,
     first_seconds: float | None = None,
+    settle: float = 0.0,
 ) -> float:
     """Seconds per call of ``fn``: the minimum over ``rounds`` of (round time / iterations).
 
     One warm-up call sizes the rounds so each lasts about ``min_time`` (pass ``first_seconds`` when
-    the caller has just run ``fn`` and timed it: the warm-up is skipped). A call slower than
+    the caller has just run ``fn`` and timed it: the warm-up is skipped); then, with ``settle``, ``fn``
+    runs untimed for that many seconds (see ``settle_seconds``). A call slower than
     ``min_time`` runs once per round, and one slower than ten times ``min_time`` gets two rounds only
     (its own duration already drowns any timer overhead). ``synchronize`` (a device's) is called once
     at the end of each round, never per iteration.
@@ -45,6 +55,9 @@ def amortised_seconds(
     iterations = max(1, min(max_iterations, int(min_time / max(first_seconds, 1e-9))))
     if first_seconds > 10 * min_time:
         rounds = min(rounds, 2)
+    settled = time.perf_counter() + settle
+    while time.perf_counter() < settled:
+        fn()
     best = float("inf")
     for _ in range(max(1, rounds)):
         started = time.perf_counter()
@@ -65,6 +78,16 @@ def timed_call(fn: Callable[[], object], synchronize: Callable[[], None] | None 
 
 def _no_sync() -> None:
     return None
+
+
+def timed_first_call(fn: Callable[[], object], synchronize: Callable[[], None] | None = None) -> tuple[float, float]:
+    """Run ``fn`` once: the seconds it took, and the ``settle`` its ``amortised_seconds`` needs:
+    ``SETTLE_SECONDS`` when the call split its work on hetflow's Python pool, else 0."""
+    from hetflow.devices.cpu.threads import pool_handoffs
+
+    before = pool_handoffs()
+    _, seconds = timed_call(fn, synchronize)
+    return seconds, SETTLE_SECONDS if pool_handoffs() != before else 0.0
 
 
 #: ``visit(index, node, kernel, inputs)`` returns the node's outputs (it usually computes them while

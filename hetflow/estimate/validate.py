@@ -19,7 +19,7 @@ import numpy as np
 
 from hetflow.devices.base import Kernel
 from hetflow.estimate.predict import Estimate, batch_bindings
-from hetflow.estimate.timing import amortised_seconds, replay, timed_call
+from hetflow.estimate.timing import amortised_seconds, replay, timed_first_call
 from hetflow.graph import Node
 from hetflow.runtime.executor import holds_batch, plan_conv_macs, run_threads
 from hetflow.runtime.session import InferenceSession
@@ -61,9 +61,9 @@ def layer_seconds(
         sync = device[node.name].synchronize
         outputs = kernel.fn(node, inputs)  # warm-up: a compiled kernel's first call compiles it
         call = device[node.name].timed_call(kernel, node, inputs, outputs)
-        _, first = timed_call(call, sync)
+        first, settle = timed_first_call(call, sync)
         measured[node.name] = amortised_seconds(call, min_time=min_time, rounds=rounds, synchronize=sync,
-                                                first_seconds=first)
+                                                first_seconds=first, settle=settle)
         return outputs
 
     # NOTE: the threads a run of this plan holds (BLAS's, or hetflow's own GEMM splits); the session's

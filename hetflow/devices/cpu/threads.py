@@ -258,6 +258,8 @@ def _native_split(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+#: ``parallel_for`` calls so far that handed items to the pool's threads (``pool_handoffs``).
+_handoffs = 0
 
 
 def _kernel_pool() -> ThreadPoolExecutor:
@@ -281,11 +283,19 @@ def parallel_for(body: Callable[[int], None], count: int, threads: int | None = 
         for index in range(count):
             body(index)
         return
+    global _handoffs
+    _handoffs += 1  # NOTE: unlocked: a count for timing code, not an exact statistic under threads
     state = _Shared(body, count)
     for _ in range(threads - 1):
         _kernel_pool().submit(state.drain)
     state.drain()
     state.wait()
+
+
+def pool_handoffs() -> int:
+    """How many ``parallel_for`` calls have handed items to the Python pool's threads: timing code
+    compares it before and after a call to learn whether the call splits there (``settle_seconds``)."""
+    return _handoffs
 
 
 #: Below this many output elements a range of planes is not worth a thread hand-off (~20 us).
