@@ -18,12 +18,13 @@ from hetflow.graph import Graph, Node
 #: Default total time spent in one timed round of iterations.
 MIN_ROUND_SECONDS = 0.05
 
-#: Untimed calls before the rounds of a call that splits on hetflow's Python pool (``settle_seconds``).
-#: Its worker thread must take its share on the other core, where OpenBLAS's workers spin for ~0.1 s
-#: after a multi-threaded product, and a vCPU that idled takes tens of milliseconds of work to run at
-#: full speed again. A direct Conv at batch 16 (cifar10-quick's 32 -> 32 5x5 at 16x16) took 1.56-1.61
-#: ms timed right after a BLAS product, 1.32-1.42 after a 0.3 s sleep, and 0.87-0.93 after 50 calls of
-#: its own, as it runs inside back-to-back session runs.
+#: Seconds of untimed calls before the rounds of a call that splits on hetflow's Python pool
+#: (``timed_first_call``). Its worker thread must take its share on the other core, where OpenBLAS's
+#: workers spin for ~0.1 s after a multi-threaded product, and a vCPU that idled takes tens of
+#: milliseconds of work to run at full speed again. A direct Conv at batch 16 (cifar10-quick's 32 -> 32
+#: 5x5 at 16x16) took 1.56-1.61 ms timed right after a BLAS product, 1.32-1.42 after a 0.3 s sleep, and
+#: 0.87-0.93 after 50 calls of its own, as it runs inside back-to-back session runs. With 0.06 s of
+#: settling it still measured 1.55: the settle must outlast OpenBLAS's spin.
 SETTLE_SECONDS = 0.1
 
 
@@ -41,7 +42,7 @@ def amortised_seconds(
 
     One warm-up call sizes the rounds so each lasts about ``min_time`` (pass ``first_seconds`` when
     the caller has just run ``fn`` and timed it: the warm-up is skipped); then, with ``settle``, ``fn``
-    runs untimed for that many seconds (see ``settle_seconds``). A call slower than
+    runs untimed for that many seconds (see ``SETTLE_SECONDS``). A call slower than
     ``min_time`` runs once per round, and one slower than ten times ``min_time`` gets two rounds only
     (its own duration already drowns any timer overhead). ``synchronize`` (a device's) is called once
     at the end of each round, never per iteration.

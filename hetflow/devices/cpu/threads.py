@@ -294,7 +294,7 @@ def parallel_for(body: Callable[[int], None], count: int, threads: int | None = 
 
 def pool_handoffs() -> int:
     """How many ``parallel_for`` calls have handed items to the Python pool's threads: timing code
-    compares it before and after a call to learn whether the call splits there (``settle_seconds``)."""
+    compares it before and after a call to learn whether the call splits there (``estimate.timing.timed_first_call``)."""
     return _handoffs
 
 
