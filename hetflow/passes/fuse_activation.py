@@ -5,6 +5,14 @@ An activation is fusable when its op has the ``"fusable"`` trait and its paramet
 that is not a constant cannot). A producer can take it when its attrs have a ``fused`` field (Conv,
 Gemm, inference BatchNormalization) that is still empty, its output is float, and the activation is its
 only reader. The producer then writes the activation's output name and the activation node goes.
+
+An activation that commutes with a maximum reaches through a MaxPool to the node before it: for a
+non-decreasing f, f(max(window)) = max(f(window)) bit for bit, so ``Conv -> MaxPool -> Relu`` (Caffe's
+cifar10-quick) becomes ``Conv+Relu -> MaxPool``, the Relu applied free in the Conv's epilogue instead
+of as a step of its own (~6 us of cifar10-quick's ~190 at batch 1). Relu, Clip and LeakyRelu with a
+slope >= 0 commute (piecewise linear, so non-decreasing in floating point too); Sigmoid and Tanh are
+left where they are (their rounding need not be monotone, and on the larger input they cost more).
+A MaxPool with an Indices output keeps its activation: ties after a Relu would change the indices.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from hetflow.graph import Graph, Node
 from hetflow.ops import registry
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.attrs import replace
+from hetflow.ops.pool import has_indices
 from hetflow.passes.rewrite import Rewriter
 
 
@@ -30,14 +39,37 @@ def fuse_activation(graph: Graph) -> Graph:
         if fused is None or not node.inputs:
             continue
         source = node.inputs[0]
-        producer = rewriter.producers.get(source)
-        if producer is None or not _accepts_activation(rewriter, producer, source):
-            continue
         if not rewriter.only_reader_is(source, node):
             continue
-        producer.attrs = replace(producer.attrs, fused=fused)
-        rewriter.take_over_output(producer, source, node)
+        producer = rewriter.producers.get(source)
+        if producer is not None and _accepts_activation(rewriter, producer, source):
+            producer.attrs = replace(producer.attrs, fused=fused)
+            rewriter.take_over_output(producer, source, node)
+            continue
+        before_pool = _before_max_pool(rewriter, producer, fused)
+        if before_pool is not None:
+            before_pool.attrs = replace(before_pool.attrs, fused=fused)
+            rewriter.take_over_output(producer, source, node)  # the MaxPool now writes the activation's output
     return rewriter.finish()
+
+
+def _before_max_pool(rewriter: Rewriter, pool: Node | None, fused: FusedActivation) -> Node | None:
+    """The node that can take ``fused`` in ``pool``'s place, when ``pool`` is a MaxPool (no Indices) that
+    alone reads its input, and ``fused`` commutes with a maximum; else None."""
+    if pool is None or pool.op_type != "MaxPool" or has_indices(pool) or not _commutes_with_max(fused):
+        return None
+    source = pool.inputs[0]
+    producer = rewriter.producers.get(source)
+    if producer is None or not rewriter.only_reader_is(source, pool):
+        return None
+    return producer if _accepts_activation(rewriter, producer, source) else None
+
+
+def _commutes_with_max(fused: FusedActivation) -> bool:
+    """Whether the activation is non-decreasing in floating point (so it may move before a MaxPool)."""
+    if fused.op_type == "LeakyRelu":
+        return fused.alpha >= 0
+    return fused.op_type in ("Relu", "Clip")
 
 
 def fused_activation(rewriter: Rewriter, node: Node) -> FusedActivation | None:

@@ -4,6 +4,7 @@ BatchNormalization when they are its only reader; everything else stays as it wa
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from onnx import helper
 
@@ -129,6 +130,62 @@ def test_prelu_and_non_constant_clip_bounds_are_not_fused():
 def test_activation_after_another_op_is_not_fused():
     nodes = [node("MaxPool", ["x"], ["p"], kernel_shape=[2, 2]), node("Relu", ["p"], ["y"])]
     assert op_types(check_pass(model(nodes, X, Y), fuse_activation)) == ["MaxPool", "Relu"]
+
+
+#: Activations that commute with a maximum (indices into ACTIVATIONS) and those that do not.
+COMMUTING = [0, 1, 4, 5, 6]
+NOT_COMMUTING = [2, 3]
+POOL = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 1, 1]}
+
+
+@pytest.mark.parametrize("index", COMMUTING, ids=[IDS[i] for i in COMMUTING])
+def test_activation_after_max_pool_moves_into_the_conv_before_it(index: int):
+    spec = ACTIVATIONS[index]
+    nodes = [node("Conv", ["x", "W", "b"], ["c"], pads=[1, 1, 1, 1]), node("MaxPool", ["c"], ["p"], **POOL),
+             activation(spec, "p", "y")]  # fmt: skip
+    graph = check_pass(model(nodes, X, Y, {"W": weights(5, 3, 3, 3), "b": weights(5), **spec[2]}), fuse_activation)
+    assert op_types(graph) == ["Conv", "MaxPool"]
+    conv, pool = graph.nodes
+    assert conv.attrs.fused == spec[4] and conv.outputs == ["c"] and pool.inputs == ["c"] and pool.outputs == ["y"]
+    assert "p" not in graph.values
+
+
+@pytest.mark.parametrize("index", NOT_COMMUTING, ids=[IDS[i] for i in NOT_COMMUTING])
+def test_activation_that_need_not_commute_with_max_stays_after_the_pool(index: int):
+    nodes = [node("Conv", ["x", "W"], ["c"]), node("MaxPool", ["c"], ["p"], **POOL),
+             activation(ACTIVATIONS[index], "p", "y")]  # fmt: skip
+    graph = check_pass(model(nodes, X, Y, {"W": weights(5, 3, 3, 3)}), fuse_activation)
+    assert op_types(graph) == ["Conv", "MaxPool", ACTIVATIONS[index][0]] and graph.nodes[0].attrs.fused is None
+
+
+def test_leaky_relu_with_a_negative_slope_stays_after_the_pool():
+    nodes = [node("Conv", ["x", "W"], ["c"]), node("MaxPool", ["c"], ["p"], **POOL),
+             node("LeakyRelu", ["p"], ["y"], alpha=-0.5)]  # fmt: skip
+    graph = check_pass(model(nodes, X, Y, {"W": weights(5, 3, 3, 3)}), fuse_activation)
+    assert op_types(graph) == ["Conv", "MaxPool", "LeakyRelu"]
+
+
+def test_activation_stays_after_an_average_pool_or_a_max_pool_with_indices():
+    nodes = [
+        node("Conv", ["x", "W"], ["c1"]),
+        node("AveragePool", ["c1"], ["p1"], kernel_shape=[2, 2]),
+        node("Relu", ["p1"], ["y"]),
+        node("Conv", ["x", "W"], ["c2"]),
+        node("MaxPool", ["c2"], ["p2", "i2"], kernel_shape=[2, 2]),
+        node("Relu", ["p2"], ["z"]),
+    ]
+    outputs = [*Y, ("z", FLOAT, None), ("i2", onnx.TensorProto.INT64, None)]
+    graph = check_pass(model(nodes, X, outputs, {"W": weights(5, 3, 1, 1)}), fuse_activation)
+    assert op_types(graph) == ["Conv", "AveragePool", "Relu", "Conv", "MaxPool", "Relu"]
+
+
+@pytest.mark.parametrize("shared", ["conv output", "pool output"])
+def test_activation_stays_after_the_pool_when_another_node_reads_either_value(shared: str):
+    read = "c" if shared == "conv output" else "p"
+    nodes = [node("Conv", ["x", "W"], ["c"]), node("MaxPool", ["c"], ["p"], **POOL), node("Relu", ["p"], ["y"]),
+             node("Sigmoid", [read], ["z"])]  # fmt: skip
+    graph = check_pass(model(nodes, X, [*Y, ("z", FLOAT, None)], {"W": weights(5, 3, 3, 3)}), fuse_activation)
+    assert op_types(graph) == ["Conv", "MaxPool", "Relu", "Sigmoid"] and graph.nodes[0].attrs.fused is None
 
 
 def test_matmul_is_not_a_fusing_producer():
