@@ -173,10 +173,11 @@ def _serve(state, seen, grace):  # noqa: ANN001, ANN202
 
 
 @numba.njit(nogil=True, cache=True)
-def _dispatch(state, job, args, chunks):  # noqa: ANN001, ANN202
-    """Announce a job, claim its chunks beside the workers, and wait until every chunk is done."""
+def _dispatch(state, job, block, chunks):  # noqa: ANN001, ANN202
+    """Announce a job on the argument block ``block``, claim its chunks beside the workers, and wait
+    until every chunk is done."""
     _store(state, _JOB, job)
-    _store(state, _ARGS, args)
+    _store(state, _ARGS, block.ctypes.data)
     _store(state, _CHUNKS, chunks)
     _store(state, _DONE, 0)
     word = ((_load(state, _WORD) >> _SEQUENCE_SHIFT) + 1) << _SEQUENCE_SHIFT
@@ -187,7 +188,8 @@ def _dispatch(state, job, args, chunks):  # noqa: ANN001, ANN202
 
 
 @numba.njit(nogil=True, cache=True)
-def _run_alone(job, args, chunks):  # noqa: ANN001, ANN202
+def _run_alone(job, block, chunks):  # noqa: ANN001, ANN202
+    args = block.ctypes.data
     for chunk in range(chunks):
         _call_job(job, args, chunk, chunks)
 
@@ -305,11 +307,12 @@ class SpinPool:
         if chunks > MAX_CHUNKS:
             raise ValueError(f"a job has at most {MAX_CHUNKS} chunks, not {chunks}")
         if self.workers < 1 or chunks == 1 or not self._busy.acquire(blocking=False):
-            _run_alone(job, args.ctypes.data, chunks)
+            # NOTE: the block's address is taken in compiled code: ``ctypes.data`` costs ~1 us here.
+            _run_alone(job, args, chunks)
             return
         try:
             self._start()
-            _dispatch(self.state, job, args.ctypes.data, chunks)
+            _dispatch(self.state, job, args, chunks)
         finally:
             self._busy.release()
 
