@@ -13,6 +13,11 @@ pytestmark = pytest.mark.skipif(not jit_gemm.available(), reason="numpy's BLAS i
 RNG = np.random.default_rng(3)
 
 
+def _pool(spinning: bool) -> threads.SpinPool | None:
+    """The spinning pool the products split on, or None for numba's threads."""
+    return threads.spin_pool(2) if spinning else None
+
+
 def _matrix(shape: tuple[int, int], dtype: type, transposed: bool) -> np.ndarray:
     """A matrix of ``shape`` stored row-major, or as the transpose of a row-major one."""
     if transposed:
@@ -24,17 +29,19 @@ def _matrix(shape: tuple[int, int], dtype: type, transposed: bool) -> np.ndarray
 @pytest.mark.parametrize("trans_a", [False, True])
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("parts", [2, 3])
-def test_split_product_matches_matmul(dtype: type, trans_a: bool, trans_b: bool, parts: int) -> None:
+@pytest.mark.parametrize("spinning", [False, True])
+def test_split_product_matches_matmul(dtype: type, trans_a: bool, trans_b: bool, parts: int, spinning: bool) -> None:
     a, b = _matrix((7, 13), dtype, trans_a), _matrix((13, 29), dtype, trans_b)
     out = np.full((7, 29), np.nan, dtype)
-    assert jit_gemm.split_product(a, b, out, parts)
+    assert jit_gemm.split_product(a, b, out, parts, _pool(spinning))
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
 
 
-def test_split_product_writes_a_row_strided_slice_only() -> None:
+@pytest.mark.parametrize("spinning", [False, True])
+def test_split_product_writes_a_row_strided_slice_only(spinning: bool) -> None:
     a, b = _matrix((5, 8), np.float32, False), _matrix((8, 12), np.float32, True)
     wide = np.full((5, 20), np.nan, np.float32)
-    assert jit_gemm.split_product(a, b, wide[:, 4:16], 2)
+    assert jit_gemm.split_product(a, b, wide[:, 4:16], 2, _pool(spinning))
     np.testing.assert_allclose(wide[:, 4:16], a @ b, rtol=1e-5, atol=1e-5)
     assert np.isnan(wide[:, :4]).all() and np.isnan(wide[:, 16:]).all()
 
@@ -50,12 +57,17 @@ def test_split_stack_matches_matmul(shared: str | None) -> None:
     np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-5, atol=1e-5)
 
 
-def test_operands_that_cblas_cannot_read_are_refused() -> None:
+@pytest.mark.parametrize("spinning", [False, True])
+def test_operands_that_cblas_cannot_read_are_refused(spinning: bool) -> None:
+    pool = _pool(spinning)
     a = RNG.standard_normal((8, 10)).astype(np.float32)[:, ::2]  # neither rows nor columns contiguous
     b = RNG.standard_normal((5, 4)).astype(np.float32)
     out = np.zeros((8, 4), np.float32)
-    assert not jit_gemm.split_product(a, b, out, 2)
-    assert not jit_gemm.split_product(a.astype(np.int32), b.astype(np.int32), out.astype(np.int32), 2)
+    assert not jit_gemm.split_product(a, b, out, 2, pool)
+    assert not jit_gemm.split_product(a.astype(np.int32), b.astype(np.int32), out.astype(np.int32), 2, pool)
+    assert not jit_gemm.split_product(a[:1], b, out[:1], 2, pool)  # a one-row product too
+    assert not jit_gemm.split_product(np.ascontiguousarray(a), b, out.T.copy().T, 2, pool)  # column-major out
+    assert not jit_gemm.split_product(np.ascontiguousarray(a), b.astype(np.float64), out, 2, pool)
     assert (out == 0).all()
 
 
@@ -98,5 +110,11 @@ def test_one_row_products_take_gemv(dtype: type, trans_b: bool, strided_row: boo
     a = source[:, :1].T if strided_row else source
     b = _matrix((37, 53), dtype, trans_b)
     out = np.full((1, 53), np.nan, dtype)
-    assert jit_gemm.split_product(a, b, out, 2, threads.spin_pool(2) if spinning else None)
+    assert jit_gemm.split_product(a, b, out, 2, _pool(spinning))
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_small_products_bind_numpy_and_larger_ones_the_splitting_product() -> None:
+    smallest = min(threads.MIN_MACS_PER_NATIVE_SPLIT, threads.MIN_MACS_PER_SPLIT)
+    assert threads.matmul_for(smallest - 1) is np.matmul
+    assert threads.matmul_for(smallest) is threads.split_matmul

@@ -19,10 +19,12 @@ other's count while they overlap.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -240,10 +242,24 @@ def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
 MIN_MACS_PER_NATIVE_SPLIT = 300_000
 
 
-def _native_split(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> bool:
-    """A single product (2-D, or one image of a stack) split by columns in numba's pool, where it fits."""
+def matmul_for(macs: int) -> Callable[..., np.ndarray]:
+    """The product function a kernel binds for one 2-D product of ``macs`` multiply-adds: ``np.matmul``
+    where no thread arrangement splits a product that small (a call ~1 us cheaper), else ``split_matmul``."""
+    return np.matmul if macs < min(MIN_MACS_PER_NATIVE_SPLIT, MIN_MACS_PER_SPLIT) else split_matmul
+
+
+@functools.cache
+def _jit_gemm() -> ModuleType:
+    """``kernels.jit_gemm``, imported on first use (it imports the kernels, which import this module);
+    an import statement in ``_native_split`` cost ~0.4 us a product."""
     from hetflow.devices.cpu.kernels import jit_gemm
 
+    return jit_gemm
+
+
+def _native_split(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> bool:
+    """A single product (2-D, or one image of a stack) split by columns in numba's pool, where it fits."""
+    jit_gemm = _jit_gemm()
     if out.ndim == 3 and out.shape[0] > 1:
         if a.shape[-1] * out.size < MIN_MACS_PER_NATIVE_SPLIT or not jit_gemm.available():
             return False

@@ -16,7 +16,7 @@ from hetflow.devices.cpu.kernels.jit_epilogue import (
     finish_rows,
 )
 from hetflow.devices.cpu.table import cpu_kernel
-from hetflow.devices.cpu.threads import split_matmul
+from hetflow.devices.cpu.threads import matmul_for, split_matmul
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
 
@@ -47,12 +47,13 @@ def _prepare_gemm(
     compiled = row_bias and dtype in COMPILED_DTYPES and (fused is None or code != NO_ACTIVATION)
     constants = np.array([alpha, limit, 0.0], dtype)
     no_bias = np.zeros(shape[1], dtype)
+    product = matmul_for(shape[0] * shape[1] * int(a_info.shape[0 if trans_a else 1]))
 
     def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         a, b = arrays[0], arrays[1]
         c = arrays[2] if len(arrays) > 2 and beta != 0 else None
         y = np.empty(shape, dtype) if target is None else target
-        split_matmul(a.T if trans_a else a, b.T if trans_b else b, out=y)  # type: ignore[union-attr]
+        product(a.T if trans_a else a, b.T if trans_b else b, out=y)  # type: ignore[union-attr]
         if compiled:
             if c is not None or code != NO_ACTIVATION:
                 finish_rows(y, no_bias if c is None else c.reshape(-1), c is not None, code, constants)

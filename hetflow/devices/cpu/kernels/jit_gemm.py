@@ -107,6 +107,16 @@ def split_product(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int, poo
     """``out = a @ b`` (2-D, one float dtype) in ``parts`` column blocks, one single-threaded GEMM each,
     run by numba's threads, or by ``pool``'s. Returns False, having done nothing, when the operands do
     not fit CBLAS."""
+    if pool is not None:
+        if not (a.dtype == b.dtype == out.dtype) or out.dtype not in _FLOATS or not available():
+            return False
+        # NOTE: the layouts are worked out in compiled code with the block: ~2 us less than ``_fits``.
+        block = np.empty(_BLOCK_SLOTS, np.int64)
+        job = _pack_product(block, a, b, out)
+        if job < 0:
+            return False
+        pool.run(_spin_jobs()[job], block, parts)
+        return True
     layouts = _fits(a, b, out)
     if layouts is None:
         return False
@@ -115,19 +125,9 @@ def split_product(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int, poo
         # One row (a fully connected layer at batch 1): GEMV, which reads B once without packing it.
         # NOTE: sgemm with M = 1 packs B first: AlexNet's 9216x4096 layer took 30 ms instead of ~12.
         step = 1 if trans_a == _NO_TRANS else lda
-        if pool is None:
-            _vector_columns(parts, b.shape[1], a.shape[1], a, step, b, trans_b, ldb, out)
-        else:
-            block = np.empty(_BLOCK_SLOTS, np.int64)
-            _pack(block, (b.shape[1], a.shape[1]), a, (step,), b, (trans_b, ldb), out, (out.itemsize,))
-            pool.run(_spin_jobs()[1], block, parts)
-        return True
-    if pool is None:
-        _columns(parts, a.shape[0], b.shape[1], a.shape[1], a, trans_a, lda, b, trans_b, ldb, out, ldc)
+        _vector_columns(parts, b.shape[1], a.shape[1], a, step, b, trans_b, ldb, out)
     else:
-        block = np.empty(_BLOCK_SLOTS, np.int64)
-        _pack(block, (a.shape[0], b.shape[1], a.shape[1]), a, (trans_a, lda), b, (trans_b, ldb), out, (ldc, out.itemsize))
-        pool.run(_spin_jobs()[0], block, parts)
+        _columns(parts, a.shape[0], b.shape[1], a.shape[1], a, trans_a, lda, b, trans_b, ldb, out, ldc)
     return True
 
 
@@ -290,6 +290,38 @@ def _pack(block, head, a, after_a, b, after_b, out, tail):  # noqa: ANN001, ANN2
     slot = put_values(block, slot, (np.int64(a.ctypes.data), *after_a))
     slot = put_values(block, slot, (np.int64(b.ctypes.data), *after_b))
     put_values(block, slot, (np.int64(out.ctypes.data), *tail))
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _layout(row_stride, column_stride, rows, columns, item):  # noqa: ANN001, ANN202
+    """``operand`` on a 2-D operand's strides and shape, in compiled code: (flag, leading dimension),
+    flag -1 when it does not fit."""
+    if column_stride == item and row_stride % item == 0 and row_stride // item >= max(columns, 1):
+        return _NO_TRANS, row_stride // item
+    if row_stride == item and column_stride % item == 0 and column_stride // item >= max(rows, 1):
+        return _TRANS, column_stride // item
+    return -1, 0
+
+
+@numba.njit(nogil=True, cache=True)
+def _pack_product(block, a, b, out):  # noqa: ANN001, ANN202
+    """The argument block of ``out = a @ b`` (2-D, one dtype) for a spin-pool job; returns the job's
+    index in ``_spin_jobs()`` (0: column blocks of a GEMM, 1: of a one-row product, ``_vector_job``),
+    or -1 when an operand does not fit CBLAS."""
+    item = out.itemsize
+    trans_a, lda = _layout(a.strides[0], a.strides[1], a.shape[0], a.shape[1], item)
+    trans_b, ldb = _layout(b.strides[0], b.strides[1], b.shape[0], b.shape[1], item)
+    trans_out, ldc = _layout(out.strides[0], out.strides[1], out.shape[0], out.shape[1], item)
+    if trans_a < 0 or trans_b < 0 or trans_out != _NO_TRANS:
+        return -1
+    if a.shape[0] == 1:
+        # One row (a fully connected layer at batch 1): GEMV, which reads B once without packing it.
+        # NOTE: sgemm with M = 1 packs B first: AlexNet's 9216x4096 layer took 30 ms instead of ~12.
+        step = 1 if trans_a == _NO_TRANS else lda
+        _pack(block, (b.shape[1], a.shape[1]), a, (step,), b, (trans_b, ldb), out, (item,))
+        return 1
+    _pack(block, (a.shape[0], b.shape[1], a.shape[1]), a, (trans_a, lda), b, (trans_b, ldb), out, (ldc, item))
+    return 0
 
 
 def _column_job(args, chunk, chunks):  # noqa: ANN001, ANN202
