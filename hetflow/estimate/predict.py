@@ -530,10 +530,12 @@ def predict_seconds(
 def split_threads(profile: DeviceProfile, plan: Any, batch: int, threads: int | None) -> int:
     """The threads a run of ``plan`` at ``batch`` splits its GEMMs over (0: BLAS threads them), as the
     executor decides (``splits_gemms``), with the session's ``threads`` or else the profile's."""
+    from hetflow.ops.conv import DIRECT_FMA
     from hetflow.runtime.executor import plan_conv_macs, splits_gemms
 
     count = threads or profile.threads
-    if profile.gemm_one_thread is None or not splits_gemms(plan_conv_macs(plan), batch > 1, count):
+    direct = plan_conv_macs(plan, DIRECT_FMA)
+    if profile.gemm_one_thread is None or not splits_gemms(plan_conv_macs(plan), batch > 1, count, direct):
         return 0
     return count
 

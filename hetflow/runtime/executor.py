@@ -47,6 +47,7 @@ from hetflow.devices.opencl import DeviceArray
 from hetflow.errors import HetflowError
 from hetflow.graph import Node, Value
 from hetflow.ops.base import TensorInfo
+from hetflow.ops.conv import DIRECT_FMA
 from hetflow.runtime.memory import MemoryPlan, Order, plan_memory
 from hetflow.runtime.plan import Plan, Step, StreamedWeight
 
@@ -107,7 +108,7 @@ def execute(
     wanted = tuple(plan.graph.outputs) if outputs is None else tuple(outputs)
     program = compiled(plan, wanted)
     count = available_cores() if threads is None else threads
-    with run_threads(program.conv_macs, holds_batch(feeds), count):
+    with run_threads(program.conv_macs, holds_batch(feeds), count, program.direct_macs):
         if observer is not None:
             env = program.run_observed(feeds, observer)
         elif mode == "parallel" and count > 1 and program.branches:
@@ -117,26 +118,27 @@ def execute(
     return {name: env[slot] for name, slot in zip(wanted, program.output_slots)}
 
 
-def splits_gemms(conv_macs: int, batched: bool, threads: int | None = None) -> bool:
+def splits_gemms(conv_macs: int, batched: bool, threads: int | None = None, direct_macs: int = 0) -> bool:
     """Whether a run holds BLAS at one thread and splits its GEMMs over its own ``threads``
-    (``own_threads``), given its convolution multiply-adds and whether it holds a batch.
+    (``own_threads``), given its convolution multiply-adds, how many of them the direct kernel runs,
+    and whether it holds a batch.
 
     A batch of a convolutional network does, so that OpenBLAS's spinning workers never take the cores
-    the compiled kernels' splits need (see OWN_THREADS_MIN_CONV_MACS). With HETFLOW_NUMBA_POOL=1, every
+    the compiled kernels' splits need: from OWN_THREADS_MIN_CONV_MACS, or where the direct kernel
+    (which splits on hetflow's Python pool) runs OWN_THREADS_MIN_DIRECT_SHARE of them. With HETFLOW_NUMBA_POOL=1, every
     run of a convolutional network does, in numba's pool (jit_gemm). Recurrent networks keep OpenBLAS's
     threads for their many small products (lstm-gesture ran 1.4-2.9x slower on one BLAS thread).
     """
     count = available_cores() if threads is None else threads
-    return count > 1 and conv_macs > 0 and (
-        (NUMBA_POOL and jit_gemm.available()) or (conv_macs >= OWN_THREADS_MIN_CONV_MACS and batched)
-    )
+    large = conv_macs >= OWN_THREADS_MIN_CONV_MACS or direct_macs >= OWN_THREADS_MIN_DIRECT_SHARE * conv_macs
+    return count > 1 and conv_macs > 0 and ((NUMBA_POOL and jit_gemm.available()) or (large and batched))
 
 
-def run_threads(conv_macs: int, batched: bool, threads: int | None = None) -> blas_threads:
+def run_threads(conv_macs: int, batched: bool, threads: int | None = None, direct_macs: int = 0) -> blas_threads:
     """The thread arrangement a run holds (a context manager): BLAS at ``threads`` (None: every core),
     or BLAS at one thread and the GEMMs split by hetflow (``splits_gemms``)."""
     count = available_cores() if threads is None else threads
-    if splits_gemms(conv_macs, batched, count):
+    if splits_gemms(conv_macs, batched, count, direct_macs):
         return own_threads(count, NUMBA_POOL and jit_gemm.available())
     if spins(conv_macs, batched, count):
         return own_threads(spin_threads(count), spin=True)
@@ -177,16 +179,26 @@ SPIN_MAX_THREADS = 4
 #: shufflenet's 2 GMAC up gain 8-28%; lenet, cifar10-quick and mentee (under 0.5 GMAC, many small
 #: products) lost up to 2.4x, and lstm-gesture (no Conv, per-step GEMMs) lost 1.3x.
 OWN_THREADS_MIN_CONV_MACS = 1_000_000_000
+#: The share of a batch's convolution multiply-adds run by the direct kernel (``direct_fma``, split over
+#: images on hetflow's Python pool) from which it runs on hetflow's own threads below
+#: OWN_THREADS_MIN_CONV_MACS too. With BLAS at two threads, OpenBLAS's worker spun a whole core after
+#: every product (1.08 s of CPU in a 1.09 s loop of cifar10-quick at batch 16) and the pool's thread
+#: waited for it. Measured at batch 16, 2 threads, 3 s of runs a process, BLAS threads -> own threads
+#: (median): cifar10-quick (all direct) 3.38 -> 2.26 ms, mentee (52%) 9.5 -> 7.5, lenet 1.15 -> 1.06;
+#: but shufflenet at batch 4 (no direct Conv) 17.2 -> 19.7 and mobilenetv2 at batch 2 15.2 -> 18.9 lost.
+OWN_THREADS_MIN_DIRECT_SHARE = 0.5
 
 
-def plan_conv_macs(plan: Plan) -> int:
-    """Multiply-adds of the plan's Conv nodes whose shapes are concrete (0 when none are): what
-    ``splits_gemms`` reads."""
+def plan_conv_macs(plan: Plan, algorithm: str | None = None) -> int:
+    """Multiply-adds of the plan's Conv nodes whose shapes are concrete (0 when none are), of those
+    whose kernel runs ``algorithm`` when given: what ``splits_gemms`` reads."""
     total = 0
     values = plan.graph.values
     for step in plan.steps:
         node = step.node
         if node.op_type != "Conv" or len(node.inputs) < 2:
+            continue
+        if algorithm is not None and step.kernel.algorithm != algorithm:
             continue
         weights, output = values.get(node.inputs[1]), values.get(node.outputs[0])
         shapes = (weights.shape if weights else None, output.shape if output else None)
@@ -254,6 +266,7 @@ class Program:
         self.roots = tuple(i for i, count in enumerate(self.waiting) if count == 0)
         self.branches = _has_branches(self.ops, self.waiting)
         self.conv_macs = plan_conv_macs(plan)
+        self.direct_macs = plan_conv_macs(plan, DIRECT_FMA)
         self.values = graph.values
         self._plan = plan
         self._wanted = tuple(wanted)

@@ -23,8 +23,14 @@ from hetflow.estimate.models import (
 from hetflow.estimate.predict import batch_bindings, estimate, split_threads
 from hetflow.estimate.profile import GemmModel
 from hetflow.ops.base import GemmDims, TensorInfo
+from hetflow.ops.conv import DIRECT_FMA
 from hetflow.passes.infer_shapes import bind_batch
-from hetflow.runtime.executor import OWN_THREADS_MIN_CONV_MACS, plan_conv_macs, splits_gemms
+from hetflow.runtime.executor import (
+    OWN_THREADS_MIN_CONV_MACS,
+    OWN_THREADS_MIN_DIRECT_SHARE,
+    plan_conv_macs,
+    splits_gemms,
+)
 
 #: One BLAS thread: 50 GFLOP/s, 2 us a call, no small-matrix terms (residuals zero).
 ONE_THREAD = GemmModel(peak_gflops=50.0, overhead_s=2e-6)
@@ -72,26 +78,42 @@ def test_the_profile_has_a_one_thread_model_exactly_when_its_runs_can_split(quic
         assert one_thread.peak_gflops <= 1.25 * quick_profile.gemm.peak_gflops
 
 
+SMALL = OWN_THREADS_MIN_CONV_MACS // 10
+
+
 @pytest.mark.parametrize(
-    ("conv_macs", "batched", "threads", "expected"),
+    ("conv_macs", "direct_macs", "batched", "threads", "expected"),
     [
-        (OWN_THREADS_MIN_CONV_MACS, True, 2, True),  # a batch of a big conv net
-        (OWN_THREADS_MIN_CONV_MACS, True, 1, False),  # one thread: nothing to split over
-        (0, True, 2, False),  # no Conv: recurrent nets keep OpenBLAS's threads
+        (OWN_THREADS_MIN_CONV_MACS, 0, True, 2, True),  # a batch of a big conv net
+        (OWN_THREADS_MIN_CONV_MACS, 0, True, 1, False),  # one thread: nothing to split over
+        (SMALL, 0, True, 2, False),  # a batch of a small net on BLAS-backed Convs keeps BLAS's threads
+        (SMALL, SMALL // 2, True, 2, True),  # ... unless the direct kernel runs half of it
+        (SMALL, SMALL, False, 2, False),  # one example: not a batch
+        (0, 0, True, 2, False),  # no Conv: recurrent nets keep OpenBLAS's threads
     ],
 )
-def test_which_runs_split_their_gemms(conv_macs, batched, threads, expected):
-    assert splits_gemms(conv_macs, batched, threads) is expected
+def test_which_runs_split_their_gemms(conv_macs, direct_macs, batched, threads, expected):
+    assert splits_gemms(conv_macs, batched, threads, direct_macs) is expected
 
 
-def test_the_estimate_splits_exactly_when_the_run_does(quick_profile):
-    session = InferenceSession("zoo:vgg19")
+@pytest.mark.parametrize("model", ["zoo:vgg19", "zoo:cifar10-quick"])
+def test_the_estimate_splits_exactly_when_the_run_does(quick_profile, model):
+    session = InferenceSession(model)
     can_split = quick_profile.gemm_one_thread is not None
     for batch in (1, 16):
         plan = session.plan_for(batch_bindings(session.graph, batch))
-        expected = can_split and splits_gemms(plan_conv_macs(plan), batch > 1, quick_profile.threads)
+        direct = plan_conv_macs(plan, DIRECT_FMA)
+        expected = can_split and splits_gemms(plan_conv_macs(plan), batch > 1, quick_profile.threads, direct)
         assert (split_threads(quick_profile, plan, batch, None) > 0) is expected
     assert split_threads(quick_profile, session.plan_for(batch_bindings(session.graph, 16)), 16, 1) == 0
+
+
+def test_a_batch_of_a_network_of_direct_convs_splits_on_its_own_threads():
+    session = InferenceSession("zoo:cifar10-quick", threads=2)
+    plan = session.plan_for(batch_bindings(session.graph, 16))
+    conv_macs, direct = plan_conv_macs(plan), plan_conv_macs(plan, DIRECT_FMA)
+    assert 0 < direct <= conv_macs < OWN_THREADS_MIN_CONV_MACS
+    assert splits_gemms(conv_macs, True, 2, direct) is (direct >= OWN_THREADS_MIN_DIRECT_SHARE * conv_macs)
 
 
 def test_a_layer_at_a_calibration_sample_takes_most_of_its_residual():

@@ -314,9 +314,7 @@ def _pack_product(block, a, b, out):  # noqa: ANN001, ANN202
     trans_out, ldc = _layout(out.strides[0], out.strides[1], out.shape[0], out.shape[1], item)
     if trans_a < 0 or trans_b < 0 or trans_out != _NO_TRANS:
         return -1
-    if a.shape[0] == 1:
-        # One row (a fully connected layer at batch 1): GEMV, which reads B once without packing it.
-        # NOTE: sgemm with M = 1 packs B first: AlexNet's 9216x4096 layer took 30 ms instead of ~12.
+    if a.shape[0] == 1:  # one row: the GEMV job, as in ``split_product``
         step = 1 if trans_a == _NO_TRANS else lda
         _pack(block, (b.shape[1], a.shape[1]), a, (step,), b, (trans_b, ldb), out, (item,))
         return 1
