@@ -81,21 +81,32 @@ def available() -> bool:
     return False
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _layout(row_stride, column_stride, rows, columns, item):  # noqa: ANN001, ANN202
+    """A 2-D operand's (CBLAS transpose flag, leading dimension) from its strides and shape (bytes, items),
+    flag -1 when neither its rows nor its columns are contiguous: ``operand``, callable in compiled code."""
+    if column_stride == item and row_stride % item == 0 and row_stride // item >= max(columns, 1):
+        return _NO_TRANS, row_stride // item
+    if row_stride == item and column_stride % item == 0 and column_stride // item >= max(rows, 1):
+        return _TRANS, column_stride // item
+    return -1, 0
+
+
 def operand(array: np.ndarray) -> tuple[int, int] | None:
     """(transpose flag, leading dimension) of a 2-D operand as CBLAS row-major sees it, or None when
     neither its rows nor its columns are contiguous."""
-    item = array.itemsize
-    rows, columns = array.strides
-    if columns == item and rows % item == 0 and rows // item >= max(array.shape[1], 1):
-        return _NO_TRANS, rows // item
-    if rows == item and columns % item == 0 and columns // item >= max(array.shape[0], 1):
-        return _TRANS, columns // item
-    return None
+    flag, leading = _layout(array.strides[0], array.strides[1], array.shape[0], array.shape[1], array.itemsize)
+    return None if flag < 0 else (flag, leading)
+
+
+def _one_float_dtype(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+    """Whether the operands share one float dtype CBLAS takes, and CBLAS is bound (``available``)."""
+    return a.dtype == b.dtype == out.dtype and out.dtype in _FLOATS and available()
 
 
 def _fits(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> tuple[tuple[int, int], ...] | None:
     """The CBLAS layouts of one item's operands, or None when they do not fit (or the library is absent)."""
-    if not (a.dtype == b.dtype == out.dtype) or out.dtype not in _FLOATS or not available():
+    if not _one_float_dtype(a, b, out):
         return None
     layouts = operand(a), operand(b), operand(out)
     if any(layout is None for layout in layouts) or layouts[2][0] != _NO_TRANS:  # type: ignore[index]
@@ -108,7 +119,7 @@ def split_product(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int, poo
     run by numba's threads, or by ``pool``'s. Returns False, having done nothing, when the operands do
     not fit CBLAS."""
     if pool is not None:
-        if not (a.dtype == b.dtype == out.dtype) or out.dtype not in _FLOATS or not available():
+        if not _one_float_dtype(a, b, out):
             return False
         # NOTE: the layouts are worked out in compiled code with the block: ~2 us less than ``_fits``.
         block = np.empty(_BLOCK_SLOTS, np.int64)
@@ -290,17 +301,6 @@ def _pack(block, head, a, after_a, b, after_b, out, tail):  # noqa: ANN001, ANN2
     slot = put_values(block, slot, (np.int64(a.ctypes.data), *after_a))
     slot = put_values(block, slot, (np.int64(b.ctypes.data), *after_b))
     put_values(block, slot, (np.int64(out.ctypes.data), *tail))
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _layout(row_stride, column_stride, rows, columns, item):  # noqa: ANN001, ANN202
-    """``operand`` on a 2-D operand's strides and shape, in compiled code: (flag, leading dimension),
-    flag -1 when it does not fit."""
-    if column_stride == item and row_stride % item == 0 and row_stride // item >= max(columns, 1):
-        return _NO_TRANS, row_stride // item
-    if row_stride == item and column_stride % item == 0 and column_stride // item >= max(rows, 1):
-        return _TRANS, column_stride // item
-    return -1, 0
 
 
 @numba.njit(nogil=True, cache=True)
