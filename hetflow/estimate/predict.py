@@ -530,12 +530,11 @@ def predict_seconds(
 def split_threads(profile: DeviceProfile, plan: Any, batch: int, threads: int | None) -> int:
     """The threads a run of ``plan`` at ``batch`` splits its GEMMs over (0: BLAS threads them), as the
     executor decides (``splits_gemms``), with the session's ``threads`` or else the profile's."""
-    from hetflow.ops.conv import DIRECT_FMA
-    from hetflow.runtime.executor import plan_conv_macs, splits_gemms
+    from hetflow.runtime.executor import plan_conv_work, splits_gemms
 
     count = threads or profile.threads
-    direct = plan_conv_macs(plan, DIRECT_FMA)
-    if profile.gemm_one_thread is None or not splits_gemms(plan_conv_macs(plan), batch > 1, count, direct):
+    conv_macs, direct_macs = plan_conv_work(plan)
+    if profile.gemm_one_thread is None or not splits_gemms(conv_macs, batch > 1, count, direct_macs):
         return 0
     return count
 

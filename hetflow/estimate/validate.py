@@ -21,8 +21,7 @@ from hetflow.devices.base import Kernel
 from hetflow.estimate.predict import Estimate, batch_bindings
 from hetflow.estimate.timing import amortised_seconds, replay, timed_first_call
 from hetflow.graph import Node
-from hetflow.ops.conv import DIRECT_FMA
-from hetflow.runtime.executor import holds_batch, plan_conv_macs, run_threads
+from hetflow.runtime.executor import holds_batch, plan_conv_work, run_threads
 from hetflow.runtime.session import InferenceSession
 
 
@@ -69,8 +68,8 @@ def layer_seconds(
 
     # NOTE: the threads a run of this plan holds (BLAS's, or hetflow's own GEMM splits); the session's
     # count has no public accessor on InferenceSession yet.
-    threads = getattr(session, "_threads", None)
-    with run_threads(plan_conv_macs(plan), holds_batch(feeds), threads, plan_conv_macs(plan, DIRECT_FMA)):
+    conv_macs, direct_macs = plan_conv_work(plan)
+    with run_threads(conv_macs, holds_batch(feeds), getattr(session, "_threads", None), direct_macs):
         replay(plan.graph, [(step.node, step.kernel) for step in plan.steps], feeds, visit)
     return measured
 

@@ -208,6 +208,12 @@ def plan_conv_macs(plan: Plan, algorithm: str | None = None) -> int:
     return total
 
 
+def plan_conv_work(plan: Plan) -> tuple[int, int]:
+    """(Conv multiply-adds, those the direct kernel runs) of ``plan``: what ``splits_gemms`` and
+    ``run_threads`` read, for the executor, the estimator and ``--validate`` alike."""
+    return plan_conv_macs(plan), plan_conv_macs(plan, DIRECT_FMA)
+
+
 def holds_batch(feeds: Mapping[str, np.ndarray]) -> bool:
     """Whether the run's first input holds more than one example (its leading dimension)."""
     first = next(iter(feeds.values()), None)
@@ -265,8 +271,7 @@ class Program:
         self.waiting = tuple(_producer_counts(self.ops))
         self.roots = tuple(i for i, count in enumerate(self.waiting) if count == 0)
         self.branches = _has_branches(self.ops, self.waiting)
-        self.conv_macs = plan_conv_macs(plan)
-        self.direct_macs = plan_conv_macs(plan, DIRECT_FMA)
+        self.conv_macs, self.direct_macs = plan_conv_work(plan)
         self.values = graph.values
         self._plan = plan
         self._wanted = tuple(wanted)
