@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hetflow.devices.base import InputInfos, PrepareFn
+from hetflow.devices.cpu.kernels import packed
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, image_contiguous, scratch_bytes
 from hetflow.devices.cpu.kernels.epilogue import add_channel_bias, apply_activation, finish_channels
 from hetflow.devices.cpu.kernels.jit_depthwise import depthwise_2d, shuffled_channels
@@ -263,7 +264,15 @@ def _auto(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratc
     return BODIES[_auto_algorithm(node, x.shape, w.shape, x.dtype)](node, x, w, y, scratch)
 
 
-@conv_kernel(POINTWISE, supports=_supports_pointwise)
+def _blas_pointwise(node: Node, arrays: Sequence[np.ndarray | None], out: Out, workspace: np.ndarray | None) -> np.ndarray:
+    """The pointwise Conv through BLAS with the shared prologue and epilogue (``packed``'s fallback)."""
+    return run_conv(pointwise, node, arrays, out, workspace)
+
+
+@conv_kernel(
+    POINTWISE, supports=_supports_pointwise, workspace=packed.workspace_bytes,
+    prepare=packed.prepare_pointwise(_blas_pointwise),
+)  # fmt: skip
 def pointwise(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """1x1 stride-1 unpadded Conv (any group) as one GEMM on X as it lies: no im2col."""
     group = node.attrs.group
