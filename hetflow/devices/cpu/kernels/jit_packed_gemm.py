@@ -13,9 +13,11 @@ passes over those columns before the next: the block stays in L2, and each row b
 Y from start to end. The last vector of a tile is masked (positions past N are never read or written),
 and rows past M are computed on zero weights and not stored.
 
-Measured one core, hot caches, against OpenBLAS's product alone (GMAC/s): 256x64x3136 82 vs 71,
-512x128x784 85 vs 77, 2048x512x49 60-64 vs 57, 96x16x12544 52 vs 40; the epilogue OpenBLAS still needs
-is extra. Packing X's columns as BLAS does measured no faster inside networks (resnet50 at batch 16).
+Measured one core, caches warm, against OpenBLAS's product alone (GMAC/s, one process): 64x256x3136 75
+vs 59, 24x144x3136 64 vs 45, 96x16x12544 46 vs 39, 2048x512x49 64 vs 57, but 128x512x784 63 vs 74 and
+1024x256x196 73 vs 74: deep products lose the edge, and ``packed.MAX_DEPTH`` leaves them to OpenBLAS.
+The epilogue OpenBLAS still needs is extra. Packing X's columns as BLAS does measured no faster inside
+networks (resnet50 at batch 16), nor did slicing the depth to keep a tile's columns in L1.
 """
 
 from __future__ import annotations

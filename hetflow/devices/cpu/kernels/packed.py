@@ -11,6 +11,10 @@ numba-pool runs, whose splits are arranged by ``jit_gemm``.
 The weights are packed into the node's workspace on every call (``M x K`` floats, read once, against
 the ``M x K x P`` multiply-adds of every image), so that nothing outlives the call and weights updated
 in place (training) are always read fresh.
+
+A/B at batch 16, 2 threads, alternating processes (``benchmarks/ab.py``, minimums): mobilenetv2 0.82x the
+time, squeezenet 0.91x, googlenet and inception_v2 0.97x, resnet50 0.96x, densenet121 0.99x. Sessions of
+one thread at batch 1: mobilenetv2 0.93x, resnet50 and googlenet 0.99x.
 """
 
 from __future__ import annotations
