@@ -505,7 +505,7 @@ def _time_probe_nodes(
         for candidate in device.kernels.candidates(node, infos):
             if candidate.algorithm in SKIPPED_ALGORITHMS:
                 continue
-            key = layer_key(node, candidate, graph, spin)
+            key = layer_key(node, candidate, graph, spin, split)
             if spin and not key.endswith(SPIN_MARK):
                 # NOTE: a spinning probe times only what a spinning run splits: the others have probes
                 # of their own, and one of them run here (an im2col GEMM on OpenBLAS's threads) left

@@ -10,6 +10,7 @@ of the executor's liveness (``Plan.release_after``) with each kernel's measured 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from collections import defaultdict
@@ -217,14 +218,22 @@ SPIN_MARK = "@spin"
 SPIN_SPLIT_KEYS = frozenset({"Conv/direct_fma", "Gemm/default", "MatMul/default"})
 
 
+#: Marks the key of a pointwise Conv that a run on its own threads gives to hetflow's packed GEMM
+#: (``kernels.packed``): its epilogue is in the product, so it has a model of its own.
+PACKED_MARK = "@packed"
+
+
 def key_algorithm(key: str) -> str:
     """The algorithm named in a profile key (``"Conv/direct_fma@spin"`` -> ``"direct_fma"``)."""
-    return key.split("/", 1)[1].removesuffix(SPIN_MARK)
+    return key.split("/", 1)[1].removesuffix(SPIN_MARK).removesuffix(PACKED_MARK)
 
 
-def layer_key(node: Node, kernel: Kernel, graph: Graph | None = None, spinning: bool = False) -> str:
+def layer_key(
+    node: Node, kernel: Kernel, graph: Graph | None = None, spinning: bool = False, split: bool = False
+) -> str:
     """The profile key of a node run by ``kernel``: ``"OpType/algorithm"``, marked ``SPIN_MARK`` where a
-    spinning run (``spinning``) splits the layer.
+    spinning run (``spinning``) splits the layer, ``PACKED_MARK`` where a run on its own threads
+    (``split``) gives a pointwise Conv to the packed GEMM.
 
     The algorithm is the kernel's own. A kernel that covers several methods (``default``, ``auto``) is
     refined by the method the op's cost model would pick (Conv's heuristic), so pointwise, depthwise,
@@ -232,7 +241,20 @@ def layer_key(node: Node, kernel: Kernel, graph: Graph | None = None, spinning: 
     run as one compiled loop (``jit_lstm.runs_sequence``) is ``LSTM/sequence``.
     """
     key = _unmarked_key(node, kernel, graph)
+    if split and key == "Conv/pointwise" and graph is not None and _runs_packed(node, graph):
+        return key + PACKED_MARK
     return key + SPIN_MARK if spinning and key in SPIN_SPLIT_KEYS else key
+
+
+def _runs_packed(node: Node, graph: Graph) -> bool:
+    """Whether the pointwise Conv ``node`` runs on the packed GEMM in a run on its own threads."""
+    from hetflow.devices.cpu.kernels import packed
+
+    shapes = _conv_shapes(node, graph)
+    x, w = graph.values[node.inputs[0]], graph.values[node.inputs[1]]
+    if shapes is None or not packed.applies(node, x.dtype, w.dtype):
+        return False
+    return packed.prefers_packed(shapes[0][1], math.prod(shapes[0][2:]))
 
 
 def _unmarked_key(node: Node, kernel: Kernel, graph: Graph | None) -> str:
@@ -605,10 +627,10 @@ def estimate(
     steps = [(by_name[step.node.name], step.kernel) for step in plan.steps]
     threads = getattr(session, "_threads", None)  # NOTE: no public accessor on InferenceSession yet
     spinning = spin_run(profile, plan, batch, threads)
-    keys = [layer_key(node, kernel, graph, spinning) for node, kernel in steps]
+    split = split_threads(profile, plan, batch, threads)
+    keys = [layer_key(node, kernel, graph, spinning, split > 0) for node, kernel in steps]
     raw = {node.name: cost for node, cost in node_costs(graph)}
     costs = {node.name: kernel_cost(node, raw[node.name], key, graph) for (node, _), key in zip(steps, keys)}
-    split = split_threads(profile, plan, batch, threads)
     layers = [_layer(graph, node, key, raw[node.name], costs[node.name], profile, split)
               for (node, _), key in zip(steps, keys)]
     limit = parse_bytes(memory_limit) if memory_limit is not None else None

@@ -254,3 +254,39 @@ def test_a_folded_residual_costs_an_add_and_a_read_on_the_add_model(quick_profil
     conv_alone, add = (la.predicted_ms for la in estimate(unfolded, quick_profile, 2).layers)
     assert layer.predicted_ms == pytest.approx(conv_alone + expected * 1e3, rel=0.05)  # its cost reads R too
     assert layer.predicted_ms < conv_alone + add
+
+
+def _pointwise_graph(channels: int, side: int):
+    """A one-layer graph: a 1x1 Conv of ``channels`` -> 32 over a ``side`` x ``side`` map, batch 4."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hetflow.frontends import load_model
+
+    w = numpy_helper.from_array(np.zeros((32, channels, 1, 1), np.float32), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[1, 1])
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, channels, side, side])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32, side, side])], initializer=[w],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return load_model(model)
+
+
+@pytest.mark.parametrize(("channels", "side", "packed"), [(64, 28, True), (512, 14, False), (512, 7, True)])
+def test_pointwise_layers_on_the_packed_gemm_have_a_key_of_their_own(channels, side, packed):
+    """In a run on its own threads, a pointwise Conv the packed GEMM takes (``kernels.packed``) is keyed
+    ``@packed`` (its epilogue is in its product); beside BLAS's threads, or too deep over a wide map, not."""
+    from hetflow.devices.cpu import CPUDevice
+    from hetflow.estimate.predict import PACKED_MARK, key_algorithm, layer_key
+    from hetflow.runtime.planner import input_infos
+
+    graph = _pointwise_graph(channels, side)
+    node = graph.nodes[0]
+    kernel = CPUDevice().kernels.lookup(node, input_infos(graph, node))
+    split_key = layer_key(node, kernel, graph, split=True)
+    assert split_key == "Conv/pointwise" + (PACKED_MARK if packed else "")
+    assert layer_key(node, kernel, graph) == "Conv/pointwise"
+    assert key_algorithm(split_key) == "pointwise"
