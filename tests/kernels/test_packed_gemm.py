@@ -87,12 +87,14 @@ def test_gemm_writes_into_images_that_lie_apart() -> None:
     assert np.isnan(concat[:, :4]).all() and np.isnan(concat[:, 9:]).all()
 
 
-def test_pack_into_matches_pack_weights() -> None:
+def test_packed_weights_hold_each_row_blocks_weights_together() -> None:
     w = RNG.standard_normal((13, 7)).astype(np.float32)
-    target = np.full(packed.packed_shape(13, 7), np.nan, np.float32)
+    target = np.full(jit_packed_gemm.packed_shape(13, 7), np.nan, np.float32)
     jit_packed_gemm.pack_into(w, target)
-    np.testing.assert_array_equal(target, jit_packed_gemm.pack_weights(w))
-    assert (target[-1, :, 1:] == 0).all()  # rows 13..17 of the last block are zero
+    padded = np.zeros((18, 7), np.float32)  # three blocks of six rows, rows 13..17 zero
+    padded[:13] = w
+    np.testing.assert_array_equal(target, padded.reshape(3, 6, 7).transpose(0, 2, 1))
+    np.testing.assert_array_equal(jit_packed_gemm.pack_weights(w), target)
 
 
 @pytest.mark.parametrize(

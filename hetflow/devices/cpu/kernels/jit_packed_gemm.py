@@ -41,14 +41,16 @@ TILE_POSITIONS = MAX_VECTORS * lv.LANES
 BLOCK_BYTES = 256 << 10
 
 
+def packed_shape(kernels: int, depth: int) -> tuple[int, int, int]:
+    """The packed weights' shape for ``W [kernels, depth]``: ``[ceil(kernels / ROWS), depth, ROWS]``."""
+    return (-(-kernels // ROWS), depth, ROWS)
+
+
 def pack_weights(w: np.ndarray) -> np.ndarray:
-    """``W [M, K]`` as ``[ceil(M / ROWS), K, ROWS]`` (float32; rows past M zero): a tile's ROWS weights
-    for one k lie together."""
-    rows, depth = w.shape
-    blocks = -(-rows // ROWS)
-    packed = np.zeros((blocks * ROWS, depth), np.float32)
-    packed[:rows] = w
-    return np.ascontiguousarray(packed.reshape(blocks, ROWS, depth).transpose(0, 2, 1))
+    """``W [M, K]`` packed into a new array (``pack_into``)."""
+    packed = np.empty(packed_shape(*w.shape), np.float32)
+    pack_into(np.ascontiguousarray(w, np.float32), packed)
+    return packed
 
 
 def _tile_intrinsic(vectors: int):  # noqa: ANN202

@@ -37,11 +37,6 @@ from hetflow.ops.base import TensorInfo
 MIN_COLUMNS_PER_PART = 4 * jit_packed_gemm.TILE_POSITIONS
 
 
-def packed_shape(kernels: int, channels: int) -> tuple[int, int, int]:
-    """The packed weights' shape (``jit_packed_gemm.pack_weights``)."""
-    return (-(-kernels // jit_packed_gemm.ROWS), channels, jit_packed_gemm.ROWS)
-
-
 def applies(node: Node, x_dtype: np.dtype, w_dtype: np.dtype) -> bool:
     """Whether a pointwise Conv node can run on the packed GEMM: float32, one group (``prefers_packed``
     says whether it should)."""
@@ -68,7 +63,7 @@ def workspace_bytes(node: Node, x_shape: Sequence[int], w_shape: Sequence[int], 
     positions = math.prod(int(d) for d in x_shape[2:])
     if not applies(node, np.dtype(dtype), np.dtype(dtype)) or not prefers_packed(int(w_shape[1]), positions):
         return 0
-    return aligned(math.prod(packed_shape(int(w_shape[0]), int(w_shape[1]))) * 4)
+    return aligned(math.prod(jit_packed_gemm.packed_shape(int(w_shape[0]), int(w_shape[1]))) * 4)
 
 
 def runs_packed() -> bool:
@@ -127,7 +122,8 @@ def prepare_pointwise(
         bounds = clamp_bounds(node.attrs.fused)
         y_shape = (batch, kernels, *spatial)
         scratch = Scratch(workspace)
-        packed = scratch.take(packed_shape(kernels, channels), np.float32)
+        packed = scratch.take(jit_packed_gemm.packed_shape(kernels, channels), np.float32)
+        flat_packed = packed.reshape(-1)  # the same memory: pack_into writes ``packed``
         target = out[0] if out is not None else None
         if target is not None and (target.shape != y_shape or target.dtype != np.float32):
             target = None
@@ -138,18 +134,19 @@ def prepare_pointwise(
         shares: dict[int, list[np.ndarray]] = {}
 
         def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+            if not runs_packed():
+                return [fallback(node, arrays, out, workspace)]
             y = np.empty(y_shape, np.float32) if target is None else target
             residual = arrays[residual_at] if residual_at is not None else None
             flat_y = flat_images(y)
             flat_r = None if residual is None else _flat_residual(residual, y_shape)
-            if not runs_packed() or flat_y is None or (residual is not None and flat_r is None):
+            if flat_y is None or (residual is not None and flat_r is None):
                 return [fallback(node, arrays, out, workspace)]
             x, w, b = arrays[0], arrays[1], arrays[2] if len(arrays) > 2 else None
             jit_packed_gemm.pack_into(w.reshape(kernels, channels), packed)  # type: ignore[union-attr]
             bias = no_bias if b is None else np.ascontiguousarray(b, np.float32)
             x = np.ascontiguousarray(x).reshape(batch, channels, positions)  # type: ignore[union-attr]
             r, r_image = (flat_y[0], -1) if flat_r is None else flat_r
-            flat_packed = packed.reshape(-1)
             threads = intra_op_threads()
             items = shares.get(threads)
             if items is None:
