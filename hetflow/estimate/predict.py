@@ -10,7 +10,6 @@ of the executor's liveness (``Plan.release_after``) with each kernel's measured 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sys
 from collections import defaultdict
@@ -252,9 +251,7 @@ def _runs_packed(node: Node, graph: Graph) -> bool:
 
     shapes = _conv_shapes(node, graph)
     x, w = graph.values[node.inputs[0]], graph.values[node.inputs[1]]
-    if shapes is None or not packed.applies(node, x.dtype, w.dtype):
-        return False
-    return packed.prefers_packed(shapes[0][1], math.prod(shapes[0][2:]))
+    return shapes is not None and packed.takes(node, x.dtype, w.dtype, shapes[0])
 
 
 def _unmarked_key(node: Node, kernel: Kernel, graph: Graph | None) -> str:

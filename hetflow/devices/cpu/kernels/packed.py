@@ -37,12 +37,6 @@ from hetflow.ops.base import TensorInfo
 MIN_COLUMNS_PER_PART = 4 * jit_packed_gemm.TILE_POSITIONS
 
 
-def applies(node: Node, x_dtype: np.dtype, w_dtype: np.dtype) -> bool:
-    """Whether a pointwise Conv node can run on the packed GEMM: float32, one group (``prefers_packed``
-    says whether it should)."""
-    return node.attrs.group == 1 and x_dtype == np.float32 and w_dtype == np.float32
-
-
 #: Input channels above which a layer keeps OpenBLAS, unless its map is at most one tile wide. With a
 #: deep X each tile's columns come from L2 for every row block, where OpenBLAS packs them once; its
 #: product then costs enough that the epilogue pass saved matters little. Measured inside resnet50 at
@@ -53,15 +47,18 @@ def applies(node: Node, x_dtype: np.dtype, w_dtype: np.dtype) -> bool:
 MAX_DEPTH = 256
 
 
-def prefers_packed(depth: int, positions: int) -> bool:
-    """Whether a pointwise layer of ``depth`` input channels over ``positions`` runs packed (``MAX_DEPTH``)."""
-    return depth <= MAX_DEPTH or positions <= jit_packed_gemm.TILE_POSITIONS
+def takes(node: Node, x_dtype: np.dtype, w_dtype: np.dtype, x_shape: Sequence[int]) -> bool:
+    """Whether a pointwise Conv node runs on the packed GEMM (where ``runs_packed`` lets it): float32, one
+    group, and at most ``MAX_DEPTH`` input channels unless its map is at most one tile wide."""
+    if node.attrs.group != 1 or x_dtype != np.float32 or w_dtype != np.float32:
+        return False
+    positions = math.prod(int(d) for d in x_shape[2:])
+    return int(x_shape[1]) <= MAX_DEPTH or positions <= jit_packed_gemm.TILE_POSITIONS
 
 
 def workspace_bytes(node: Node, x_shape: Sequence[int], w_shape: Sequence[int], dtype: np.dtype) -> int:
-    """The packed weights, where the node can run on the packed GEMM (0 elsewhere)."""
-    positions = math.prod(int(d) for d in x_shape[2:])
-    if not applies(node, np.dtype(dtype), np.dtype(dtype)) or not prefers_packed(int(w_shape[1]), positions):
+    """The packed weights, where the node runs on the packed GEMM (0 elsewhere)."""
+    if not takes(node, np.dtype(dtype), np.dtype(dtype), x_shape):
         return 0
     return aligned(math.prod(jit_packed_gemm.packed_shape(int(w_shape[0]), int(w_shape[1]))) * 4)
 
@@ -113,12 +110,10 @@ def prepare_pointwise(
         node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
     ) -> BoundCall | None:
         x_info, w_info = inputs[0], inputs[1]
-        if x_info is None or w_info is None or not applies(node, x_info.dtype, w_info.dtype):
+        if x_info is None or w_info is None or not takes(node, x_info.dtype, w_info.dtype, x_info.shape):
             return None
         batch, channels, *spatial = (int(d) for d in x_info.shape)
         kernels, positions = int(w_info.shape[0]), math.prod(spatial)
-        if not prefers_packed(channels, positions):
-            return None
         bounds = clamp_bounds(node.attrs.fused)
         y_shape = (batch, kernels, *spatial)
         scratch = Scratch(workspace)
