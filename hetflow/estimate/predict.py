@@ -217,22 +217,22 @@ SPIN_MARK = "@spin"
 SPIN_SPLIT_KEYS = frozenset({"Conv/direct_fma", "Gemm/default", "MatMul/default"})
 
 
-#: Marks the key of a pointwise Conv that a run on its own threads gives to hetflow's packed GEMM
-#: (``kernels.packed``): its epilogue is in the product, so it has a model of its own.
-PACKED_MARK = "@packed"
+#: Marks the key of a pointwise Conv that a run on its own or spinning threads gives to hetflow's own
+#: GEMM (``kernels.own_gemm``): its epilogue is in the product, so it has a model of its own.
+OWN_GEMM_MARK = "@own"
 
 
 def key_algorithm(key: str) -> str:
     """The algorithm named in a profile key (``"Conv/direct_fma@spin"`` -> ``"direct_fma"``)."""
-    return key.split("/", 1)[1].removesuffix(SPIN_MARK).removesuffix(PACKED_MARK)
+    return key.split("/", 1)[1].removesuffix(SPIN_MARK).removesuffix(OWN_GEMM_MARK)
 
 
 def layer_key(
     node: Node, kernel: Kernel, graph: Graph | None = None, spinning: bool = False, split: bool = False
 ) -> str:
     """The profile key of a node run by ``kernel``: ``"OpType/algorithm"``, marked ``SPIN_MARK`` where a
-    spinning run (``spinning``) splits the layer, ``PACKED_MARK`` where a run on its own threads
-    (``split``) gives a pointwise Conv to the packed GEMM.
+    spinning run (``spinning``) splits the layer, ``OWN_GEMM_MARK`` where a run on its own threads
+    (``split``) or a spinning one gives a pointwise Conv to hetflow's own GEMM.
 
     The algorithm is the kernel's own. A kernel that covers several methods (``default``, ``auto``) is
     refined by the method the op's cost model would pick (Conv's heuristic), so pointwise, depthwise,
@@ -240,18 +240,18 @@ def layer_key(
     run as one compiled loop (``jit_lstm.runs_sequence``) is ``LSTM/sequence``.
     """
     key = _unmarked_key(node, kernel, graph)
-    if split and key == "Conv/pointwise" and graph is not None and _runs_packed(node, graph):
-        return key + PACKED_MARK
+    if (split or spinning) and key == "Conv/pointwise" and graph is not None and _runs_own_gemm(node, graph):
+        return key + OWN_GEMM_MARK
     return key + SPIN_MARK if spinning and key in SPIN_SPLIT_KEYS else key
 
 
-def _runs_packed(node: Node, graph: Graph) -> bool:
-    """Whether the pointwise Conv ``node`` runs on the packed GEMM in a run on its own threads."""
-    from hetflow.devices.cpu.kernels import packed
+def _runs_own_gemm(node: Node, graph: Graph) -> bool:
+    """Whether the pointwise Conv ``node`` runs on hetflow's own GEMM in a run on its own threads."""
+    from hetflow.devices.cpu.kernels import own_gemm
 
     shapes = _conv_shapes(node, graph)
     x, w = graph.values[node.inputs[0]], graph.values[node.inputs[1]]
-    return shapes is not None and packed.takes(node, x.dtype, w.dtype, shapes[0])
+    return shapes is not None and own_gemm.takes(node, x.dtype, w.dtype, shapes[0])
 
 
 def _unmarked_key(node: Node, kernel: Kernel, graph: Graph | None) -> str:

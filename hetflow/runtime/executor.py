@@ -141,7 +141,7 @@ def run_threads(conv_macs: int, batched: bool, threads: int | None = None, direc
     if splits_gemms(conv_macs, batched, count, direct_macs):
         return own_threads(count, NUMBA_POOL and jit_gemm.available())
     if spins(conv_macs, batched, count):
-        return own_threads(spin_threads(count), spin=True)
+        return own_threads(spin_threads(count), spin=True, hold_blas=conv_macs >= SPIN_BLAS_MAX_CONV_MACS)
     return blas_threads(count)
 
 
@@ -151,22 +151,31 @@ def spin_threads(count: int) -> int:
 
 
 def spins(conv_macs: int, batched: bool, threads: int | None = None) -> bool:
-    """Whether a run holds BLAS at one thread and splits on spinning threads (``own_threads(spin=True)``):
-    one example through a small convolutional network (under ``SPIN_MAX_CONV_MACS``), whose layers
-    take microseconds, too few for a sleeping thread to wake, and none of which splits on the Python
-    pool (whose threads would share a core with the spinning ones)."""
+    """Whether a run splits on spinning threads (``own_threads(spin=True)``): one example through a
+    convolutional network. A small network's layers take microseconds, too few for a sleeping thread to
+    wake; a large one's products split on the spinning pool as hetflow's own GEMM (``kernels.own_gemm``)
+    and as single-threaded CBLAS parts (``jit_gemm``), and its direct Convs by kernel blocks, where beside
+    OpenBLAS's threads the compiled kernels could not split at all (its workers spin on the cores after
+    every product). Measured at batch 1, 2 threads, one process alternating arrangements (minimums of
+    30 runs, 3 rounds), BLAS's threads -> spinning: squeezenet 6.06 -> 4.86 ms, inception_v2 31.0 ->
+    27.1, googlenet 23.4 -> 20.6, shufflenet 4.63 -> 4.10, mobilenetv2 7.89 -> 7.19, densenet121 45.0 ->
+    42.9, resnet50 51.3 -> 49.9."""
     count = available_cores() if threads is None else threads
-    return count > 1 and not batched and 0 < conv_macs < SPIN_MAX_CONV_MACS and jit_gemm.available()
+    return count > 1 and not batched and conv_macs > 0 and jit_gemm.available()
 
 
-#: Convolution multiply-adds per run below which one example runs on spinning threads (``spins``).
-#: Measured at batch 1, 2 threads, A/B in alternating processes: lenet (1.9 M) 0.79x and cifar10-quick
-#: (12 M) 0.78x the time; mentee (29 M) first lost 11% (its im2col GEMMs and fully connected layers split
-#: into chunks that each called OpenBLAS at the session's thread count, whose own workers then contended
-#: with the spinning ones), then, its Convs direct and the spinning pool's GEMVs compiled loops, gained
-#: 18% (0.82x).
-SPIN_MAX_CONV_MACS = 40_000_000
-#: The most threads such a run spins on (BLAS keeps the same count there). Each spinning thread's part
+#: Convolution multiply-adds per run below which a spinning run leaves BLAS its thread count (from it,
+#: BLAS is held at one thread). Measured at batch 1, 2 threads, A/B in alternating processes: lenet
+#: (1.9 M) 0.79x and cifar10-quick (12 M) 0.78x the time spinning beside BLAS's count; mentee (29 M)
+#: first lost 11% (its im2col GEMMs and fully connected layers split into chunks that each called
+#: OpenBLAS at the session's thread count, whose own workers then contended with the spinning ones),
+#: then, its Convs direct and the spinning pool's GEMVs compiled loops, gained 18% (0.82x); setting
+#: OpenBLAS to one thread and back around each run cost LeNet ~20 us a run. The large networks ran
+#: 1.3-2.2x slower spinning beside BLAS's two threads than beside one (googlenet 21.6 -> 43.2 ms,
+#: resnet50 53.9 -> 111.3): each part of a split product woke OpenBLAS's own workers.
+SPIN_BLAS_MAX_CONV_MACS = 40_000_000
+#: The most threads such a run spins on (BLAS keeps the same count there, below
+#: ``SPIN_BLAS_MAX_CONV_MACS``). Each spinning thread's part
 #: of a product is one CBLAS call that OpenBLAS may split again over its own workers: with every core
 #: spinning those wait for the scheduler's tick. On a 16-core host (the H100 machine) one 832x6x6 -> 256
 #: 1x1 Conv at batch 1 took 24 ms a run at 16 threads, 0.2-12 ms at 8, and 0.2 ms at 4 and at 2.

@@ -275,18 +275,19 @@ def _pointwise_graph(channels: int, side: int):
     return load_model(model)
 
 
-@pytest.mark.parametrize(("channels", "side", "packed"), [(64, 28, True), (512, 14, False), (512, 7, True)])
-def test_pointwise_layers_on_the_packed_gemm_have_a_key_of_their_own(channels, side, packed):
-    """In a run on its own threads, a pointwise Conv the packed GEMM takes (``kernels.packed``) is keyed
-    ``@packed`` (its epilogue is in its product); beside BLAS's threads, or too deep over a wide map, not."""
+@pytest.mark.parametrize(("channels", "side", "own"), [(64, 28, True), (512, 14, False), (512, 7, True)])
+def test_pointwise_layers_on_the_own_gemm_have_a_key_of_their_own(channels, side, own):
+    """In a run on its own threads, a pointwise Conv hetflow's own GEMM takes (``kernels.own_gemm``) is
+    keyed ``@own`` (its epilogue is in its product); beside BLAS's threads, or too deep over a wide map, not."""
     from hetflow.devices.cpu import CPUDevice
-    from hetflow.estimate.predict import PACKED_MARK, key_algorithm, layer_key
+    from hetflow.estimate.predict import OWN_GEMM_MARK, key_algorithm, layer_key
     from hetflow.runtime.planner import input_infos
 
     graph = _pointwise_graph(channels, side)
     node = graph.nodes[0]
     kernel = CPUDevice().kernels.lookup(node, input_infos(graph, node))
     split_key = layer_key(node, kernel, graph, split=True)
-    assert split_key == "Conv/pointwise" + (PACKED_MARK if packed else "")
+    assert split_key == "Conv/pointwise" + (OWN_GEMM_MARK if own else "")
+    assert layer_key(node, kernel, graph, spinning=True) == split_key
     assert layer_key(node, kernel, graph) == "Conv/pointwise"
     assert key_algorithm(split_key) == "pointwise"

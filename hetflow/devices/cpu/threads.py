@@ -173,13 +173,13 @@ class own_threads(blas_threads):  # noqa: N801
     the executor does that for every run of a convolutional network when ``NUMBA_POOL`` is set.
     """
 
-    def __init__(self, count: int, numba_pool: bool = False, spin: bool = False):
+    def __init__(self, count: int, numba_pool: bool = False, spin: bool = False, hold_blas: bool = False):
         self.pool = spin_pool(count) if spin and count > 1 and not numba_pool else None
-        # NOTE: on spinning threads BLAS keeps its count: setting OpenBLAS to one thread and back around
-        # each run cost LeNet ~20 us a run (its workers woke on the cores the spinning threads use);
-        # OpenBLAS runs products under ~0.26 M multiply-adds on one thread anyway, and larger ones fitting
-        # CBLAS split here.
-        super().__init__(count if self.pool is not None else 1)
+        # NOTE: on spinning threads BLAS keeps its count unless ``hold_blas``: setting OpenBLAS to one
+        # thread and back around each run cost LeNet ~20 us a run (its workers woke on the cores the
+        # spinning threads use); OpenBLAS runs products under ~0.26 M multiply-adds on one thread
+        # anyway, and larger ones fitting CBLAS split here. A large network's products would wake them.
+        super().__init__(count if self.pool is not None and not hold_blas else 1)
         self.threads = count
         self.numba_pool = numba_pool
 

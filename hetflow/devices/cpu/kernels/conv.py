@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hetflow.devices.base import InputInfos, PrepareFn
-from hetflow.devices.cpu.kernels import packed
+from hetflow.devices.cpu.kernels import own_gemm
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, image_contiguous, scratch_bytes
 from hetflow.devices.cpu.kernels.epilogue import add_channel_bias, apply_activation, finish_channels
 from hetflow.devices.cpu.kernels.jit_depthwise import depthwise_2d, shuffled_channels
@@ -265,13 +265,12 @@ def _auto(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratc
 
 
 def _blas_pointwise(node: Node, arrays: Sequence[np.ndarray | None], out: Out, workspace: np.ndarray | None) -> np.ndarray:
-    """The pointwise Conv through BLAS with the shared prologue and epilogue (``packed``'s fallback)."""
+    """The pointwise Conv through BLAS with the shared prologue and epilogue (``own_gemm``'s fallback)."""
     return run_conv(pointwise, node, arrays, out, workspace)
 
 
 @conv_kernel(
-    POINTWISE, supports=_supports_pointwise, workspace=packed.workspace_bytes,
-    prepare=packed.prepare_pointwise(_blas_pointwise),
+    POINTWISE, supports=_supports_pointwise, prepare=own_gemm.prepare_pointwise(_blas_pointwise),
 )  # fmt: skip
 def pointwise(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """1x1 stride-1 unpadded Conv (any group) as one GEMM on X as it lies: no im2col."""

@@ -1,5 +1,5 @@
-"""The packed-weight GEMM with the Conv epilogue in registers (``jit_packed_gemm``) against numpy, and
-the pointwise Conv bound to it (``kernels.packed``) against the BLAS call it replaces."""
+"""The tile GEMM with the Conv epilogue in registers (``jit_tile_gemm``) against numpy, and the pointwise
+Conv bound to it (``kernels.own_gemm``) against the BLAS call it replaces."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from hetflow.devices.base import Kernel
 from hetflow.devices.cpu import CPUDevice, threads
-from hetflow.devices.cpu.kernels import jit_packed_gemm, packed
+from hetflow.devices.cpu.kernels import jit_tile_gemm, own_gemm
 from hetflow.devices.cpu.kernels.buffers import flat_images
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
@@ -24,7 +24,7 @@ POINTWISE_KERNEL: Kernel = next(k for k in CPUDevice().kernels.kernels["Conv"] i
 SHAPES = [(1, 1, 1), (7, 13, 101), (6, 64, 64), (13, 5, 130), (50, 300, 49), (16, 96, 300)]
 
 
-def _gemm(w, x, bias, residual, low, high, items, block_bytes=jit_packed_gemm.BLOCK_BYTES, y=None):  # noqa: ANN001, ANN202
+def _gemm(w, x, bias, residual, low, high, items, block_bytes=jit_tile_gemm.BLOCK_BYTES, y=None):  # noqa: ANN001, ANN202
     """``gemm_items`` on numpy arrays: X ``[N, K, P]``; Y ``[N, M, P]`` (a fresh NaN-filled one unless given)."""
     batch, depth, positions = x.shape
     kernels = w.shape[0]
@@ -32,9 +32,9 @@ def _gemm(w, x, bias, residual, low, high, items, block_bytes=jit_packed_gemm.BL
         y = np.full((batch, kernels, positions), np.nan, np.float32)
     flat_y, y_image = flat_images(y)
     flat_r, r_image = (flat_y, -1) if residual is None else flat_images(residual)
-    jit_packed_gemm.gemm_items(
-        jit_packed_gemm.pack_weights(w).reshape(-1), x, flat_y, y_image, flat_r, r_image, bias,
-        np.float32(low), np.float32(high), kernels, positions, np.asarray(items, np.int64).reshape(-1, 3),
+    jit_tile_gemm.gemm_items(
+        w.reshape(-1), x, flat_y, y_image, flat_r, r_image, bias,
+        np.float32(low), np.float32(high), kernels, positions, 1, np.asarray(items, np.int64).reshape(-1, 3),
         block_bytes,
     )  # fmt: skip
     return y
@@ -87,14 +87,55 @@ def test_gemm_writes_into_images_that_lie_apart() -> None:
     assert np.isnan(concat[:, :4]).all() and np.isnan(concat[:, 9:]).all()
 
 
-def test_packed_weights_hold_each_row_blocks_weights_together() -> None:
-    w = RNG.standard_normal((13, 7)).astype(np.float32)
-    target = np.full(jit_packed_gemm.packed_shape(13, 7), np.nan, np.float32)
-    jit_packed_gemm.pack_into(w, target)
-    padded = np.zeros((18, 7), np.float32)  # three blocks of six rows, rows 13..17 zero
-    padded[:13] = w
-    np.testing.assert_array_equal(target, padded.reshape(3, 6, 7).transpose(0, 2, 1))
-    np.testing.assert_array_equal(jit_packed_gemm.pack_weights(w), target)
+def _share(w, x, bias, residual, low, high, shares, row_parts, groups=1):  # noqa: ANN001, ANN202
+    """Every share of ``gemm_share`` in turn, into a NaN-filled Y (W ``[kernels, depth / groups]``)."""
+    batch, _, positions = x.shape
+    kernels = w.shape[0]
+    y = np.full((batch, kernels, positions), np.nan, np.float32)
+    flat_y, y_image = flat_images(y)
+    flat_r, r_image = (flat_y, -1) if residual is None else flat_images(residual)
+    for share in range(shares):
+        jit_tile_gemm.gemm_share(w.reshape(-1), x, flat_y, y_image, flat_r, r_image, bias, np.float32(low),
+                                 np.float32(high), kernels, positions, groups, share, shares, row_parts,
+                                 jit_tile_gemm.BLOCK_BYTES)  # fmt: skip
+    return y
+
+
+@pytest.mark.parametrize(
+    ("batch", "kernels", "depth", "positions"), [(1, 64, 16, 3136), (2, 13, 37, 100), (3, 7, 16, 49), (1, 200, 24, 49)]
+)
+@pytest.mark.parametrize(("shares", "row_parts"), [(1, 1), (2, 1), (4, 4), (6, 3), (5, 5)])
+def test_shares_cover_every_output_once(batch, kernels, depth, positions, shares, row_parts) -> None:  # noqa: ANN001
+    """Runs of column tiles by ranges of row blocks: every element of Y written, each with the whole sum."""
+    w = RNG.standard_normal((kernels, depth)).astype(np.float32)
+    x = RNG.standard_normal((batch, depth, positions)).astype(np.float32)
+    bias = RNG.standard_normal(kernels).astype(np.float32)
+    r = RNG.standard_normal((batch, kernels, positions)).astype(np.float32)
+    y = _share(w, x, bias, r, 0.0, math.inf, shares, row_parts)
+    np.testing.assert_allclose(y, np.maximum(np.matmul(w, x) + bias[:, None] + r, 0), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("batch", "kernels", "positions", "expected"),
+    [(1, 256, 3136, (4, 1)), (1, 2048, 49, (4, 4)), (1, 1024, 196, (4, 4)), (1, 512, 784, (4, 1)),
+     (1, 8, 49, (1, 1)), (16, 2048, 49, (4, 4)), (16, 256, 49, (4, 1))],
+)  # fmt: skip
+def test_spin_shares_split_the_larger_operand(batch, kernels, positions, expected) -> None:  # noqa: ANN001
+    """Columns where the images' tiles are enough and X outweighs W, else row blocks (a 7x7 map's
+    single tile, 14x14's four under 1024 kernels), on 2 threads."""
+    assert own_gemm.spin_shares(batch, kernels, positions, 1, 2) == expected
+
+
+@pytest.mark.parametrize(("shares", "row_parts"), [(1, 1), (4, 1), (4, 4)])
+def test_grouped_shares_multiply_each_group_apart(shares: int, row_parts: int) -> None:
+    """Group g: W's and Y's g-th kernels against X's g-th channels (a grouped 1x1 Conv)."""
+    groups, kernels, depth, positions = 3, 15, 12, 100
+    w = RNG.standard_normal((kernels, depth // groups)).astype(np.float32)
+    x = RNG.standard_normal((2, depth, positions)).astype(np.float32)
+    bias = RNG.standard_normal(kernels).astype(np.float32)
+    y = _share(w, x, bias, None, -math.inf, math.inf, shares, row_parts, groups)
+    blocks = np.matmul(w.reshape(groups, 5, 4), x.reshape(2, groups, 4, positions)).reshape(2, kernels, positions)
+    np.testing.assert_allclose(y, blocks + bias[:, None], rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -102,12 +143,12 @@ def test_packed_weights_hold_each_row_blocks_weights_together() -> None:
     [(16, 3136, 2), (3, 100, 2), (1, 3136, 2), (1, 49, 4), (2, 12544, 8), (5, 7, 3)],
 )
 def test_work_items_cover_every_column_once(batch: int, positions: int, parts: int) -> None:
-    shares = packed.work_items(batch, positions, parts)
+    shares = own_gemm.work_items(batch, positions, parts)
     assert 1 <= len(shares) <= max(parts, batch)
     covered = np.zeros((batch, positions), np.int64)
     for share in shares:
         for image, first, last in share:
-            assert first % jit_packed_gemm.TILE_POSITIONS == 0 and first < last
+            assert first % jit_tile_gemm.TILE_POSITIONS == 0 and first < last
             covered[image, first:last] += 1
     assert (covered == 1).all()
 
@@ -147,41 +188,63 @@ def test_bound_pointwise_on_own_threads_matches_blas(fused, bias: bool, residual
     expected = POINTWISE_KERNEL.fn(node, arrays)[0]
     call, target = _bound_call(node, arrays)
     calls = []
-    original = jit_packed_gemm.gemm_items
-    monkeypatch.setattr(jit_packed_gemm, "gemm_items", lambda *a: calls.append(a) or original(*a))
+    original = jit_tile_gemm.gemm_items
+    monkeypatch.setattr(jit_tile_gemm, "gemm_items", lambda *a: calls.append(a) or original(*a))
     with threads.own_threads(2):
         for _ in range(2):
             [y] = call(arrays)
             assert y is target
             np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
-    assert len(calls) == 4  # two shares a call: the packed GEMM ran, on both threads
+    assert len(calls) == 4  # two shares a call: the tile GEMM ran, on both threads
 
 
-@pytest.mark.parametrize(("group", "dtype"), [(2, np.float32), (1, np.float64)], ids=["grouped", "float64"])
-def test_pointwise_the_packed_gemm_does_not_take_stays_on_blas(group: int, dtype: type) -> None:
-    node, arrays = _pointwise_case(RELU, True, False, group, dtype)
+def test_bound_pointwise_on_spinning_threads_matches_blas(monkeypatch) -> None:  # noqa: ANN001
+    node, arrays = _pointwise_case(CLIP, True, True)
+    expected = POINTWISE_KERNEL.fn(node, arrays)[0]
+    call, target = _bound_call(node, arrays)
+    monkeypatch.setattr(jit_tile_gemm, "gemm_items", lambda *a: pytest.fail("the Python pool's split ran"))
+    with threads.own_threads(2, spin=True):
+        [y] = call(arrays)
+    assert y is target
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_pointwise_the_tile_gemm_does_not_take_stays_on_blas() -> None:
+    node, arrays = _pointwise_case(RELU, True, False, 1, np.float64)
     assert POINTWISE_KERNEL.prepare(node, array_infos(arrays), None, None) is None
-    assert packed.workspace_bytes(node, (3, 8, 9, 11), (14, 8 // group, 1, 1), np.dtype(dtype)) == 0
+
+
+@pytest.mark.parametrize("spin", [False, True], ids=["own-threads", "spinning"])
+def test_bound_grouped_pointwise_matches_blas(spin: bool) -> None:
+    node, arrays = _pointwise_case(RELU, True, True, group=2)
+    expected = POINTWISE_KERNEL.fn(node, arrays)[0]
+    call, target = _bound_call(node, arrays)
+    with threads.own_threads(2, spin=spin):
+        [y] = call(arrays)
+    assert y is target
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
 
 
 def test_bound_pointwise_beside_blas_threads_calls_blas(monkeypatch) -> None:  # noqa: ANN001
     """One example beside BLAS's threads keeps OpenBLAS's product (which splits over both cores)."""
     node, arrays = _pointwise_case(RELU, True, True)
     call, _ = _bound_call(node, arrays)
-    monkeypatch.setattr(jit_packed_gemm, "gemm_items", lambda *a: pytest.fail("the packed GEMM ran"))
+    monkeypatch.setattr(jit_tile_gemm, "gemm_items", lambda *a: pytest.fail("the tile GEMM ran"))
     with threads.blas_threads(2):
-        assert not packed.runs_packed()
+        assert not own_gemm.runs_own()
         [y] = call(arrays)
     np.testing.assert_allclose(y, POINTWISE_KERNEL.fn(node, arrays)[0], rtol=1e-5, atol=1e-4)
 
 
-def test_runs_packed_follows_the_thread_arrangement() -> None:
+def test_runs_own_follows_the_thread_arrangement() -> None:
     with threads.blas_threads(1):
-        assert packed.runs_packed()  # one thread in all: nothing to split
+        assert own_gemm.runs_own()  # one thread in all: nothing to split
     with threads.own_threads(2):
-        assert packed.runs_packed()
+        assert own_gemm.runs_own()
     with threads.own_threads(2, spin=True):
-        assert not packed.runs_packed()  # spinning runs split their products in jit_gemm
+        assert own_gemm.runs_own()  # shares on the spinning pool
+    with threads.blas_threads(2):
+        assert not own_gemm.runs_own()
 
 
 def test_bound_pointwise_rejects_a_residual_of_another_shape() -> None:
@@ -199,9 +262,8 @@ def test_bound_pointwise_rejects_a_residual_of_another_shape() -> None:
 def test_a_deep_layer_over_a_wide_map_stays_on_blas() -> None:
     """Past MAX_DEPTH input channels OpenBLAS keeps the layer, unless the map is at most one tile wide."""
     node = Node("Conv", "conv", ["x", "w", ""], ["y"], ConvAttrs(fused=RELU))
-    deep = packed.MAX_DEPTH + 1
+    deep = own_gemm.MAX_DEPTH + 1
     wide = [np.zeros((2, deep, 14, 14), np.float32), np.zeros((8, deep, 1, 1), np.float32), None]
     narrow = [np.zeros((2, deep, 7, 7), np.float32), np.zeros((8, deep, 1, 1), np.float32), None]
     assert POINTWISE_KERNEL.prepare(node, array_infos(wide), None, None) is None
-    assert POINTWISE_KERNEL.workspace(node, array_infos(wide)) == 0
     assert POINTWISE_KERNEL.prepare(node, array_infos(narrow), None, None) is not None

@@ -1,0 +1,303 @@
+"""Float32 GEMM in register tiles with the Conv epilogue: ``Y = clamp(W @ X + b [+ R])``.
+
+The product a 1x1 Conv computes per image: ``W [M, K]`` the layer's weights, ``X [K, N]`` its input
+planes as they lie, ``Y [M, N]`` its output planes. OpenBLAS computes the product, then another pass
+over Y adds the bias, a folded residual and the activation; here each tile of Y leaves the registers
+finished.
+
+A tile is ``ROWS`` kernels by up to ``4 x 16`` positions: ``ROWS x vectors`` accumulators in vector
+registers, fed per k by ``vectors`` loads of X and ``ROWS`` broadcasts of W (6 x 4: 24 FMAs for 10
+loads), over the whole depth. W is read where it lies, its ``ROWS`` rows as six sequential streams (a
+tile past M reads the last row again and stores none of the extra rows). X is taken ``BLOCK_BYTES`` of
+columns at a time, and every row block of W passes over those columns before the next: the block stays
+in L2, and each row block writes its rows of Y from start to end. The last vector of a tile is masked
+(positions past N are never read or written).
+
+A share of the work (``gemm_share``, the spinning pool's job) is a run of whole tiles of columns by a
+range of row blocks, so that a 7x7 map (one tile) still splits over the threads, by its kernels.
+
+Measured one core, caches warm, against OpenBLAS's product alone (GMAC/s, one process, weights then
+packed in ``ROWS``-row panels): 64x256x3136 75 vs 59, 24x144x3136 64 vs 45, 96x16x12544 46 vs 39,
+2048x512x49 64 vs 57, but 128x512x784 63 vs 74 and 1024x256x196 73 vs 74: deep products lose the edge,
+and ``own_gemm.MAX_DEPTH`` leaves them to OpenBLAS. Reading W unpacked measured the same at batch 16
+(mobilenetv2 and resnet50, alternating processes) and saved the packing pass (2048x512: 340 us warm,
+about 4.5 ms a resnet50 run): one thread at batch 1 resnet50 73.7 -> 70.9 ms, mobilenetv2 8.2 -> 7.8.
+Packing X's columns as BLAS does measured no faster inside networks (resnet50 at batch 16), nor did
+slicing the depth to keep a tile's columns in L1.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from hetflow.devices.cpu import spin_pool
+from hetflow.devices.cpu.kernels import llvm_vectors as lv
+from hetflow.devices.cpu.spin_pool import float32_1d, float32_3d, put_array, put_values
+
+#: Kernels (rows of W and Y) per tile: each broadcast weight feeds one FMA per vector of the tile.
+ROWS = 6
+#: The most vectors of 16 positions per tile (``ROWS * MAX_VECTORS`` accumulators, 24 of 32 registers).
+MAX_VECTORS = 4
+#: Positions per full tile.
+TILE_POSITIONS = MAX_VECTORS * lv.LANES
+#: Bytes of X's columns taken at a time: they stay in L2 while every row block of W passes over them.
+BLOCK_BYTES = 256 << 10
+
+
+def _tile_intrinsic(vectors: int):  # noqa: ANN202
+    """The compiled tile of ``vectors`` vectors (see ``_tile``'s docstring)."""
+
+    @intrinsic
+    def tile(typingctx, w, w_start, x, x_start, x_row, depth, y, y_start, y_row, rows, lanes, bias, b_start,
+             residual, r_start, r_row, low, high):  # noqa: ANN001, ANN202, E501
+        signature = types.void(w, w_start, x, x_start, x_row, depth, y, y_start, y_row, rows, lanes, bias,
+                               b_start, residual, r_start, r_row, low, high)  # fmt: skip
+
+        def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+            (w_v, w_start_v, x_v, x_start_v, x_row_v, depth_v, y_v, y_start_v, y_row_v, rows_v, lanes_v,
+             bias_v, b_start_v, residual_v, r_start_v, r_row_v, low_v, high_v) = args  # fmt: skip
+            w_data = lv.array_data(context, builder, sig.args[0], w_v)
+            x_data = lv.array_data(context, builder, sig.args[2], x_v)
+            y_data = lv.array_data(context, builder, sig.args[6], y_v)
+            b_data = lv.array_data(context, builder, sig.args[11], bias_v)
+            r_data = lv.array_data(context, builder, sig.args[13], residual_v)
+            fma = lv.fused_multiply_add(builder)
+            mask = lv.lanes_inside(builder, lv.INT(0), lv.LANES, lanes_v)
+            zero = lv.float_vector(lv.LANES, 0.0)
+            slots = lv.accumulators(builder, ROWS, vectors)
+            w_rows = _weight_rows(builder, w_start_v, depth_v, rows_v)
+            with cgutils.for_range(builder, depth_v) as loop:
+                k = loop.index
+                x_k = builder.add(x_start_v, builder.mul(k, x_row_v))
+                inputs = [lv.load_vector(builder, x_data, builder.add(x_k, lv.INT(v * lv.LANES)))
+                          for v in range(vectors - 1)]  # fmt: skip
+                last = builder.add(x_k, lv.INT((vectors - 1) * lv.LANES))
+                inputs.append(lv.masked_load(builder, x_data, last, mask, zero))
+                for r in range(ROWS):
+                    weight = lv.load_scalar(builder, w_data, builder.add(w_rows[r], k))
+                    lv.multiply_add_broadcast(builder, fma, inputs, weight, slots[r])
+            _finish(builder, slots, y_data, y_start_v, y_row_v, rows_v, mask, b_data, b_start_v, r_data,
+                    r_start_v, r_row_v, low_v, high_v)  # fmt: skip
+            return context.get_dummy_value()
+
+        return signature, codegen
+
+    return tile
+
+
+def _weight_rows(builder: ir.IRBuilder, w_start: ir.Value, depth: ir.Value, rows: ir.Value) -> list[ir.Value]:
+    """Where each of the tile's ``ROWS`` rows of W starts; rows from ``rows`` on read the last one again."""
+    last = builder.sub(rows, lv.INT(1))
+    starts = []
+    for r in range(ROWS):
+        row = builder.select(builder.icmp_signed("<", lv.INT(r), rows), lv.INT(r), last)
+        starts.append(builder.add(w_start, builder.mul(row, depth)))
+    return starts
+
+
+def _row_stores(builder: ir.IRBuilder, slots: list[list[ir.Value]], rows: ir.Value):  # noqa: ANN202
+    """(r, row slots) for the tile's rows below ``rows``, each yielded inside its guard."""
+    for r, row in enumerate(slots):
+        with builder.if_then(builder.icmp_signed("<", lv.INT(r), rows)):
+            yield r, row
+
+
+def _store(builder: ir.IRBuilder, value: ir.Value, base: ir.Value, offset: ir.Value, mask: ir.Value | None) -> None:
+    if mask is None:
+        builder.store(value, lv.vector_pointer(builder, base, offset), align=4)
+    else:
+        lv.masked_store(builder, value, base, offset, mask)
+
+
+def _finish(builder, slots, y_data, y_start, y_row, rows, mask, b_data, b_start, r_data, r_start, r_row,
+            low, high) -> None:  # noqa: ANN001
+    """The accumulators plus the bias (and the residual), clamped, into Y."""
+    low_vector = lv.broadcast(builder, low)
+    high_vector = lv.broadcast(builder, high)
+    has_residual = builder.icmp_signed(">=", r_row, lv.INT(0))
+    for r, row in _row_stores(builder, slots, rows):
+        b = lv.broadcast(builder, lv.load_scalar(builder, b_data, builder.add(b_start, lv.INT(r))))
+        y_r = builder.add(y_start, builder.mul(y_row, lv.INT(r)))
+        r_r = builder.add(r_start, builder.mul(r_row, lv.INT(r)))
+        for v, slot in enumerate(row):
+            offset = lv.INT(v * lv.LANES)
+            last = mask if v == len(row) - 1 else None
+            value = builder.fadd(builder.load(slot), b)
+            value = _add_residual(builder, value, has_residual, r_data, builder.add(r_r, offset), last)
+            value = _clamp(builder, value, low_vector, high_vector)
+            _store(builder, value, y_data, builder.add(y_r, offset), last)
+
+
+def _add_residual(builder: ir.IRBuilder, value: ir.Value, has_residual: ir.Value, base: ir.Value,
+                  offset: ir.Value, mask: ir.Value | None) -> ir.Value:  # fmt: skip
+    """``value + R[offset:offset + 16]`` when ``has_residual``, else ``value`` (R never read then)."""
+    before = builder.block
+    with builder.if_then(has_residual):
+        if mask is None:
+            loaded = lv.load_vector(builder, base, offset)
+        else:
+            loaded = lv.masked_load(builder, base, offset, mask, lv.float_vector(lv.LANES, 0.0))
+        added = builder.fadd(value, loaded)
+        inside = builder.block
+    result = builder.phi(value.type)
+    result.add_incoming(value, before)
+    result.add_incoming(added, inside)
+    return result
+
+
+def _clamp(builder: ir.IRBuilder, value: ir.Value, low: ir.Value, high: ir.Value) -> ir.Value:
+    """``min(max(value, low), high)`` lane by lane, NaN kept (as numpy's clip)."""
+    value = builder.select(builder.fcmp_ordered("<", value, low), low, value)
+    return builder.select(builder.fcmp_ordered(">", value, high), high, value)
+
+
+_TILE_1 = _tile_intrinsic(1)
+_TILE_2 = _tile_intrinsic(2)
+_TILE_3 = _tile_intrinsic(3)
+_TILE_4 = _tile_intrinsic(4)
+
+
+@numba.njit(nogil=True, cache=True)
+def _tile(w, w_start, x, x_start, x_row, depth, y, y_start, y_row, rows, positions, bias, b_start,
+          residual, r_start, r_row, low, high):  # noqa: ANN001, E501
+    """One tile: ``rows`` (<= ROWS) kernels by ``positions`` (<= TILE_POSITIONS) positions of Y."""
+    vectors = (positions + 15) // 16
+    lanes = positions - (vectors - 1) * 16
+    if vectors == 4:
+        _TILE_4(w, w_start, x, x_start, x_row, depth, y, y_start, y_row, rows, lanes, bias, b_start,
+                residual, r_start, r_row, low, high)  # fmt: skip
+    elif vectors == 3:
+        _TILE_3(w, w_start, x, x_start, x_row, depth, y, y_start, y_row, rows, lanes, bias, b_start,
+                residual, r_start, r_row, low, high)  # fmt: skip
+    elif vectors == 2:
+        _TILE_2(w, w_start, x, x_start, x_row, depth, y, y_start, y_row, rows, lanes, bias, b_start,
+                residual, r_start, r_row, low, high)  # fmt: skip
+    else:
+        _TILE_1(w, w_start, x, x_start, x_row, depth, y, y_start, y_row, rows, lanes, bias, b_start,
+                residual, r_start, r_row, low, high)  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True)
+def _columns(w, depth, x, x_start, y, y_start, kernels, positions, bias, residual, r_start, r_row, low,
+             high, first, last, width, first_block, last_block):  # noqa: ANN001, E501
+    """Columns ``first .. last - 1`` of one image's ``Y [kernels, positions]`` in the row blocks
+    ``first_block .. last_block - 1`` (X ``[depth, positions]`` at ``x_start`` of the flat ``x``, Y at
+    ``y_start`` of the flat ``y``, R at ``r_start`` when ``r_row`` >= 0), ``width`` columns at a time,
+    every row block over them before the next."""
+    for start in range(first, last, width):
+        count = min(width, last - start)
+        for block in range(first_block, last_block):
+            row = block * ROWS
+            rows = np.int64(min(ROWS, kernels - row))
+            for tile in range(0, count, TILE_POSITIONS):
+                column = start + tile
+                _tile(w, row * depth, x, x_start + column, np.int64(positions), np.int64(depth), y,
+                      y_start + row * positions + column, np.int64(positions), rows,
+                      np.int64(min(TILE_POSITIONS, count - tile)), bias, np.int64(row), residual,
+                      r_start + row * positions + column, r_row, low, high)  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _block_width(block_bytes, depth):  # noqa: ANN001, ANN202
+    """Columns of X in ``block_bytes`` (whole tiles, at least one)."""
+    return max(1, block_bytes // (4 * depth * TILE_POSITIONS)) * TILE_POSITIONS
+
+
+@numba.njit(nogil=True, cache=True)
+def _plane(w, x, y, y_image, residual, r_image, bias, low, high, kernels, positions, groups, image, group,
+           first, last, width, first_block, last_block):  # noqa: ANN001, E501
+    """Columns ``first .. last - 1`` of group ``group`` of image ``image`` (``_columns``), in the row
+    blocks ``first_block .. last_block - 1`` of that group."""
+    depth = x.shape[1] // groups
+    per_group = kernels // groups
+    r_row = np.int64(positions) if r_image >= 0 else np.int64(-1)
+    rows_before = group * per_group * positions
+    _columns(w[group * per_group * depth:], np.int64(depth), x.reshape(x.size),
+             np.int64((image * groups + group) * depth * positions), y, image * y_image + rows_before,
+             np.int64(per_group), np.int64(positions), bias[group * per_group:], residual,
+             max(image * r_image, 0) + rows_before, r_row, low, high, first, last, width, first_block,
+             last_block)  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True)
+def gemm_items(w, x, y, y_image, residual, r_image, bias, low, high, kernels, positions, groups, items,
+               block_bytes):  # noqa: ANN001, E501
+    """``Y[n][:, a:b] = clamp(W @ X[n][:, a:b] + bias [+ R[n][:, a:b]], low, high)`` for every
+    ``(n, a, b)`` row of ``items``, in ``groups`` groups (group g: W's and Y's g-th ``kernels / groups``
+    rows, X's g-th ``depth / groups`` channels): W the flat ``[kernels, depth / groups]``, X
+    ``[N, depth, positions]`` contiguous, Y and R flat with their images ``y_image`` and ``r_image``
+    floats apart (``r_image`` < 0: no residual); ``block_bytes`` of X's columns at a time."""
+    width = _block_width(block_bytes, x.shape[1] // groups)
+    blocks = np.int64((kernels // groups + ROWS - 1) // ROWS)
+    for i in range(items.shape[0]):
+        for group in range(groups):
+            _plane(w, x, y, y_image, residual, r_image, bias, low, high, kernels, positions, groups,
+                   items[i, 0], group, items[i, 1], items[i, 2], width, np.int64(0), blocks)  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True)
+def gemm_share(w, x, y, y_image, residual, r_image, bias, low, high, kernels, positions, groups, share, shares,
+               row_parts, block_bytes):  # noqa: ANN001, E501
+    """Share ``share`` of ``shares`` of ``gemm_items``' work over every image and group of ``x``. The
+    shares are ``shares // row_parts`` runs of whole column tiles (each image's groups' tiles taken in
+    order) by ``row_parts`` ranges of each group's row blocks."""
+    column_parts = shares // row_parts
+    column_part, row_part = share // row_parts, share % row_parts
+    blocks = (kernels // groups + ROWS - 1) // ROWS
+    first_block, last_block = blocks * row_part // row_parts, blocks * (row_part + 1) // row_parts
+    per_plane = (positions + TILE_POSITIONS - 1) // TILE_POSITIONS
+    total = x.shape[0] * groups * per_plane
+    first, last = total * column_part // column_parts, total * (column_part + 1) // column_parts
+    width = _block_width(block_bytes, x.shape[1] // groups)
+    for plane in range(first // per_plane, (last + per_plane - 1) // per_plane):
+        start = max(first, plane * per_plane) - plane * per_plane
+        stop = min(last, (plane + 1) * per_plane) - plane * per_plane
+        if stop > start:
+            _plane(w, x, y, y_image, residual, r_image, bias, low, high, kernels, positions, groups,
+                   plane // groups, plane % groups, np.int64(start * TILE_POSITIONS),
+                   np.int64(min(positions, stop * TILE_POSITIONS)), width, np.int64(first_block),
+                   np.int64(last_block))  # fmt: skip
+
+
+# -- on the spinning pool ----------------------------------------------------------------------------
+#: Slots of a spin job's argument block (``pack_job``): W, X (3-D), Y, R, bias, bounds, then 7 numbers.
+JOB_SLOTS = 21
+
+
+def new_job_block() -> np.ndarray:
+    """An argument block for ``pack_job`` (one job at a time uses it)."""
+    return np.empty(JOB_SLOTS, np.int64)
+
+
+@numba.njit(nogil=True, cache=True)
+def pack_job(block, w, x, y, y_image, residual, r_image, bias, bounds, kernels, positions, groups, row_parts,
+             block_bytes):  # noqa: ANN001, E501
+    """Fill ``block`` for ``job_address()``: ``gemm_share``'s arguments, ``bounds`` the float32 (low, high)."""
+    slot = put_array(block, 0, w)
+    slot = put_array(block, slot, x)
+    slot = put_array(block, slot, y)
+    slot = put_array(block, slot, residual)
+    slot = put_array(block, slot, bias)
+    slot = put_array(block, slot, bounds)
+    put_values(block, slot, (y_image, r_image, kernels, positions, groups, row_parts, block_bytes))
+
+
+def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """``gemm_share`` as a spin-pool job (``pack_job``'s argument block)."""
+    bounds = float32_1d(args, 12)
+    gemm_share(float32_1d(args, 0), float32_3d(args, 2), float32_1d(args, 6), args[14], float32_1d(args, 8),
+               args[15], float32_1d(args, 10), bounds[0], bounds[1], args[16], args[17], args[18], chunk, chunks,
+               args[19], args[20])  # fmt: skip
+
+
+@functools.cache
+def job_address() -> int:
+    """The address of ``gemm_share`` compiled as a spin-pool job (on first use)."""
+    return spin_pool.job(_share_job)

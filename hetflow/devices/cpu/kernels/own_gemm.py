@@ -1,0 +1,205 @@
+"""The pointwise Conv on hetflow's own GEMM (``jit_tile_gemm``) where a run's threads are its own.
+
+OpenBLAS multiplies a 1x1 Conv's weights by its input planes about as fast as ``jit_tile_gemm`` does
+on one core, but then the epilogue (bias, activation, a folded residual) passes over Y once more; the
+tile GEMM finishes each tile in registers. It runs where hetflow arranges the threads:
+
+- a batch on hetflow's own threads (``threads.owns_threads``, the Python pool): each thread takes its
+  images, or column ranges of one image;
+- a run on the spinning pool (``threads.spinning``): shares of whole column tiles, or of row blocks
+  where W outweighs X (a 7x7 or 14x14 map: one or four tiles of columns, W up to 4 MB);
+- a one-thread session.
+
+One example beside BLAS's threads keeps OpenBLAS, which splits a product over both cores (its spinning
+workers would take the core a split of ours needs), and so do numba-pool runs, whose splits are arranged
+by ``jit_gemm``.
+
+A/B at batch 16, 2 threads, alternating processes (``benchmarks/ab.py``, minimums): mobilenetv2 0.82x the
+time, squeezenet 0.91x, googlenet and inception_v2 0.97x, resnet50 0.96x, densenet121 0.99x. Sessions of
+one thread at batch 1: mobilenetv2 0.93x, resnet50 and googlenet 0.99x.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from hetflow.devices.base import BoundCall
+from hetflow.devices.cpu.kernels import jit_tile_gemm
+from hetflow.devices.cpu.kernels.buffers import Out, flat_images
+from hetflow.devices.cpu.kernels.epilogue import apply_activation
+from hetflow.devices.cpu.threads import in_numba_pool, intra_op_threads, owns_threads, parallel_for, spinning
+from hetflow.graph import Node
+from hetflow.ops.activation import FusedActivation
+from hetflow.ops.base import TensorInfo
+
+#: Output columns per part below which an image is not split between threads (a few tiles each).
+MIN_COLUMNS_PER_PART = 4 * jit_tile_gemm.TILE_POSITIONS
+
+#: Shares per spinning thread: a thread the hypervisor stalls holds up a smaller part of the product.
+#: resnet50 at batch 1 (pointwise layers, in-run): 1 share a thread 23.8 ms, 2 22.6, 4 23.3.
+SPIN_SHARES_PER_THREAD = 2
+
+
+#: Input channels above which a layer keeps OpenBLAS, unless its map is at most one tile wide. With a
+#: deep X each tile's columns come from L2 for every row block, where OpenBLAS packs them once; its
+#: product then costs enough that the epilogue pass saved matters little. Measured inside resnet50 at
+#: batch 16 (per layer, min of 3 runs): 512 -> 256 at 28x28 11.1 ms on BLAS, 11.5 on the tiles, 1024 ->
+#: 512 at 14x14 11.7 both; 128 -> 512 at 28x28 8.3 -> 7.3, 256 -> 1024 at 14x14 7.1 -> 6.5, and 512 ->
+#: 2048 at 7x7 (49 positions, one tile) 8.8 -> 7.7. densenet121 (1x1 layers up to 1024 deep) lost 2%
+#: with every layer on the tiles.
+MAX_DEPTH = 256
+
+
+def takes(node: Node, x_dtype: np.dtype, w_dtype: np.dtype, x_shape: Sequence[int]) -> bool:
+    """Whether a pointwise Conv node runs on the tile GEMM (where ``runs_own`` lets it): float32, and at
+    most ``MAX_DEPTH`` input channels a group unless its map is at most one tile wide."""
+    if x_dtype != np.float32 or w_dtype != np.float32:
+        return False
+    positions = math.prod(int(d) for d in x_shape[2:])
+    return int(x_shape[1]) // node.attrs.group <= MAX_DEPTH or positions <= jit_tile_gemm.TILE_POSITIONS
+
+
+def runs_own() -> bool:
+    """Whether the running call gives the pointwise Conv to the tile GEMM (see the module docstring)."""
+    if in_numba_pool():
+        return False
+    return owns_threads() or intra_op_threads() == 1
+
+
+def clamp_bounds(fused: FusedActivation | None) -> tuple[float, float] | None:
+    """(low, high) of the activation the tiles apply as a clamp: none, Relu, or Clip; None for any other."""
+    if fused is None:
+        return -math.inf, math.inf
+    if fused.op_type == "Relu":
+        return 0.0, math.inf
+    if fused.op_type == "Clip":
+        return float(fused.alpha), float(fused.beta)
+    return None
+
+
+def work_items(batch: int, positions: int, parts: int) -> list[np.ndarray]:
+    """``(image, first column, last column)`` rows for each of up to ``parts`` threads: whole images
+    while there are at least as many as parts, else each image's columns in ranges of whole tiles."""
+    if batch >= parts:
+        bounds = [batch * p // parts for p in range(parts + 1)]
+        return [
+            np.array([(n, 0, positions) for n in range(bounds[p], bounds[p + 1])], np.int64).reshape(-1, 3)
+            for p in range(parts)
+        ]  # fmt: skip
+    tile = jit_tile_gemm.TILE_POSITIONS
+    per_image = max(1, min(-(-parts // batch), positions // MIN_COLUMNS_PER_PART))
+    tiles = -(-positions // tile)
+    items = []
+    for n in range(batch):
+        cuts = [min(positions, tiles * s // per_image * tile) for s in range(per_image + 1)]
+        items += [np.array([(n, a, b)], np.int64) for a, b in zip(cuts, cuts[1:]) if b > a]
+    return items
+
+
+def spin_shares(batch: int, kernels: int, positions: int, groups: int, threads: int) -> tuple[int, int]:
+    """(shares, row parts) of a product on ``threads`` spinning threads (``jit_tile_gemm.gemm_share``):
+    ``SPIN_SHARES_PER_THREAD`` shares a thread, by runs of column tiles where the images' groups' tiles
+    are that many and X outweighs W (each share of columns reads all of W), else by ranges of each
+    group's row blocks (each reads all of X)."""
+    wanted = threads * SPIN_SHARES_PER_THREAD
+    tiles = batch * groups * -(-positions // jit_tile_gemm.TILE_POSITIONS)
+    blocks = -(-kernels // groups // jit_tile_gemm.ROWS)
+    if tiles >= wanted and batch * positions >= kernels:
+        return wanted, 1
+    if blocks >= wanted:
+        return wanted, wanted
+    return max(1, min(tiles, wanted)), 1
+
+
+def prepare_pointwise(
+    fallback: Callable[[Node, Sequence[np.ndarray | None], Out, np.ndarray | None], np.ndarray],
+) -> Callable[[Node, Sequence[TensorInfo | None], Out, np.ndarray | None], BoundCall | None]:
+    """The pointwise kernel's ``prepare``: ``fallback(node, arrays, out, workspace)`` (the BLAS kernel, with the
+    shared epilogue) where ``runs_own`` is false or the arrays do not fit, the tile GEMM elsewhere."""
+
+    def prepare(
+        node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
+    ) -> BoundCall | None:
+        x_info, w_info = inputs[0], inputs[1]
+        if x_info is None or w_info is None or not takes(node, x_info.dtype, w_info.dtype, x_info.shape):
+            return None
+        return _TileCall(node, x_info, w_info, out, fallback, workspace)
+
+    return prepare
+
+
+class _TileCall:
+    """One pointwise Conv node bound to the tile GEMM: what every call shares, worked out once."""
+
+    def __init__(
+        self, node: Node, x_info: TensorInfo, w_info: TensorInfo, out: Out,
+        fallback: Callable[[Node, Sequence[np.ndarray | None], Out, np.ndarray | None], np.ndarray],
+        workspace: np.ndarray | None,
+    ) -> None:  # fmt: skip
+        self.node, self.out, self.fallback, self.workspace = node, out, fallback, workspace
+        self.batch, self.channels, *spatial = (int(d) for d in x_info.shape)
+        self.groups = node.attrs.group
+        self.kernels, self.positions = int(w_info.shape[0]), math.prod(spatial)
+        self.y_shape = (self.batch, self.kernels, *spatial)
+        target = out[0] if out is not None else None
+        ok = target is not None and target.shape == self.y_shape and target.dtype == np.float32
+        self.target = target if ok else None
+        bounds = clamp_bounds(node.attrs.fused)
+        self.after = None if bounds is not None else node.attrs.fused
+        self.low, self.high = (np.float32(b) for b in bounds or (-math.inf, math.inf))
+        self.bounds = np.array([self.low, self.high], np.float32)
+        self.no_bias = np.zeros(self.kernels, np.float32)
+        self.residual_at = 3 if node.attrs.residual else None
+        self.items: dict[int, list[np.ndarray]] = {}
+        self.block = jit_tile_gemm.new_job_block()
+
+    def __call__(self, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        if not runs_own():
+            return [self.fallback(self.node, arrays, self.out, self.workspace)]
+        y = np.empty(self.y_shape, np.float32) if self.target is None else self.target
+        residual = arrays[self.residual_at] if self.residual_at is not None else None
+        flat_y = flat_images(y)
+        flat_r = None if residual is None else _flat_residual(residual, self.y_shape)
+        if flat_y is None or (residual is not None and flat_r is None):
+            return [self.fallback(self.node, arrays, self.out, self.workspace)]
+        x, w, b = arrays[0], arrays[1], arrays[2] if len(arrays) > 2 else None
+        w = np.ascontiguousarray(w, np.float32).reshape(-1)  # type: ignore[arg-type]
+        bias = self.no_bias if b is None else np.ascontiguousarray(b, np.float32)
+        x = np.ascontiguousarray(x).reshape(self.batch, self.channels, self.positions)  # type: ignore[union-attr]
+        r, r_image = (flat_y[0], -1) if flat_r is None else flat_r
+        pool = spinning()
+        if pool is not None:
+            shares, row_parts = spin_shares(self.batch, self.kernels, self.positions, self.groups, pool.workers + 1)
+            jit_tile_gemm.pack_job(self.block, w, x, flat_y[0], flat_y[1], r, r_image, bias, self.bounds, self.kernels,
+                                   self.positions, self.groups, row_parts, jit_tile_gemm.BLOCK_BYTES)  # fmt: skip
+            pool.run(jit_tile_gemm.job_address(), self.block, shares)
+        else:
+            self._on_python_pool(w, x, flat_y, r, r_image, bias)
+        apply_activation(y, self.after)
+        return [y]
+
+    def _on_python_pool(
+        self, w: np.ndarray, x: np.ndarray, flat_y: tuple[np.ndarray, int], r: np.ndarray, r_image: int,
+        bias: np.ndarray,
+    ) -> None:  # fmt: skip
+        threads = intra_op_threads()
+        items = self.items.get(threads)
+        if items is None:
+            items = self.items[threads] = work_items(self.batch, self.positions, threads)
+
+        def part(index: int) -> None:
+            jit_tile_gemm.gemm_items(w, x, flat_y[0], flat_y[1], r, r_image, bias, self.low, self.high,
+                                     self.kernels, self.positions, self.groups, items[index],
+                                     jit_tile_gemm.BLOCK_BYTES)  # fmt: skip
+
+        parallel_for(part, len(items), threads)
+
+
+def _flat_residual(residual: np.ndarray, y_shape: tuple[int, ...]) -> tuple[np.ndarray, int] | None:
+    """A folded residual as a flat float32 array and its image stride, where it has Y's shape."""
+    if residual.shape != y_shape or residual.dtype != np.float32:
+        return None
+    return flat_images(residual)
