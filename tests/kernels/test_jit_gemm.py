@@ -30,9 +30,13 @@ def _matrix(shape: tuple[int, int], dtype: type, transposed: bool) -> np.ndarray
 @pytest.mark.parametrize("trans_b", [False, True])
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("spinning", [False, True])
-def test_split_product_matches_matmul(dtype: type, trans_a: bool, trans_b: bool, parts: int, spinning: bool) -> None:
-    a, b = _matrix((7, 13), dtype, trans_a), _matrix((13, 29), dtype, trans_b)
-    out = np.full((7, 29), np.nan, dtype)
+@pytest.mark.parametrize(("rows", "columns"), [(7, 29), (29, 7), (2, 3)], ids=["by-columns", "by-rows", "rows-under-parts"])
+def test_split_product_matches_matmul(
+    dtype: type, trans_a: bool, trans_b: bool, parts: int, spinning: bool, rows: int, columns: int
+) -> None:
+    """Blocks of columns, or of rows where A outweighs B (more rows than columns)."""
+    a, b = _matrix((rows, 13), dtype, trans_a), _matrix((13, columns), dtype, trans_b)
+    out = np.full((rows, columns), np.nan, dtype)
     assert jit_gemm.split_product(a, b, out, parts, _pool(spinning))
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
 
@@ -44,6 +48,19 @@ def test_split_product_writes_a_row_strided_slice_only(spinning: bool) -> None:
     assert jit_gemm.split_product(a, b, wide[:, 4:16], 2, _pool(spinning))
     np.testing.assert_allclose(wide[:, 4:16], a @ b, rtol=1e-5, atol=1e-5)
     assert np.isnan(wide[:, :4]).all() and np.isnan(wide[:, 16:]).all()
+
+
+def test_one_images_grouped_product_splits_over_its_groups_on_the_spinning_pool() -> None:
+    """``[1, groups, rows, columns]`` (a grouped im2col Conv at batch 1) splits on the spinning pool, not
+    on the Python pool, whose thread would share a core with a spinning one."""
+    w = RNG.standard_normal((2, 48, 90)).astype(np.float32)
+    columns = RNG.standard_normal((1, 2, 90, 900)).astype(np.float32)
+    out = np.full((1, 2, 48, 900), np.nan, np.float32)
+    handoffs = threads.pool_handoffs()
+    with threads.own_threads(2, spin=True):
+        threads.split_matmul(w, columns, out=out)
+    assert threads.pool_handoffs() == handoffs
+    np.testing.assert_allclose(out, np.matmul(w, columns), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("shared", ["a", "b", None])

@@ -260,6 +260,9 @@ def _jit_gemm() -> ModuleType:
 def _native_split(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> bool:
     """A single product (2-D, or one image of a stack) split by columns in numba's pool, where it fits."""
     jit_gemm = _jit_gemm()
+    if out.ndim == 4 and out.shape[0] == 1 and b.ndim == 4 and a.ndim in (2, 3):
+        # One image of a grouped product (``[1, groups, rows, columns]``): a stack over its groups.
+        b, out = b[0], out[0]
     if out.ndim == 3 and out.shape[0] > 1:
         if a.shape[-1] * out.size < MIN_MACS_PER_NATIVE_SPLIT or not jit_gemm.available():
             return False
