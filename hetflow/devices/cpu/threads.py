@@ -211,7 +211,8 @@ def split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``np.matmul(a, b, out=out)``; while ``own_threads`` is active, split over the run's threads: a
     stacked product (images, Winograd's tile elements) along ``out``'s leading axis, a single one (a
     fully connected layer, a whole-chunk im2col GEMM) along ``out``'s columns (row halves of a 16-row
-    product measured slower: AlexNet's FC layers). Each part is one single-threaded BLAS call, so the
+    product measured slower: AlexNet's FC layers; in numba's or the spinning pool, by rows where A has more
+    rows than B has columns). Each part is one single-threaded BLAS call, so the
     result does not depend on which thread runs which part. Products from ``MIN_MACS_PER_NATIVE_SPLIT``
     split in numba's pool where ``jit_gemm`` can read them, else on the Python pool from
     ``MIN_MACS_PER_SPLIT``."""
@@ -258,7 +259,9 @@ def _jit_gemm() -> ModuleType:
 
 
 def _native_split(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> bool:
-    """A single product (2-D, or one image of a stack) split by columns in numba's pool, where it fits."""
+    """A single product (2-D, or one image of a stack or of a grouped product) split in numba's pool or on
+    the spinning one (by columns, or by rows where A outweighs B: ``jit_gemm.split_product``), where it
+    fits."""
     jit_gemm = _jit_gemm()
     if out.ndim == 4 and out.shape[0] == 1 and b.ndim == 4 and a.ndim in (2, 3):
         # One image of a grouped product (``[1, groups, rows, columns]``): a stack over its groups.

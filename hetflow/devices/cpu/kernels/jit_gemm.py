@@ -115,9 +115,9 @@ def _fits(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> tuple[tuple[int, int
 
 
 def split_product(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int, pool: SpinPool | None = None) -> bool:
-    """``out = a @ b`` (2-D, one float dtype) in ``parts`` column blocks, one single-threaded GEMM each,
-    run by numba's threads, or by ``pool``'s. Returns False, having done nothing, when the operands do
-    not fit CBLAS."""
+    """``out = a @ b`` (2-D, one float dtype) in ``parts`` blocks of columns, or of rows where A outweighs
+    B (``_column_block``), one single-threaded GEMM each, run by numba's threads, or by ``pool``'s.
+    Returns False, having done nothing, when the operands do not fit CBLAS."""
     if pool is not None:
         if not _one_float_dtype(a, b, out):
             return False
@@ -177,7 +177,7 @@ def _gemm(single, m, n, k, a, trans_a, lda, b, trans_b, ldb, out, ldc):  # noqa:
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _columns(parts, m, n, k, a, trans_a, lda, b, trans_b, ldb, out, ldc):  # noqa: ANN001, ANN202
-    """``out = a @ b`` by ``parts`` column blocks."""
+    """``out = a @ b`` by ``parts`` blocks of columns or rows (``_column_block``)."""
     for part in numba.prange(parts):
         _column_block(part, parts, m, n, k, a.ctypes.data, trans_a, lda, b.ctypes.data, trans_b, ldb,
                       out.ctypes.data, ldc, out.itemsize)  # fmt: skip
@@ -316,7 +316,7 @@ def _pack(block, head, a, after_a, b, after_b, out, tail):  # noqa: ANN001, ANN2
 @numba.njit(nogil=True, cache=True)
 def _pack_product(block, a, b, out):  # noqa: ANN001, ANN202
     """The argument block of ``out = a @ b`` (2-D, one dtype) for a spin-pool job; returns the job's
-    index in ``_spin_jobs()`` (0: column blocks of a GEMM, 1: of a one-row product, ``_vector_job``),
+    index in ``_spin_jobs()`` (0: column or row blocks of a GEMM, 1: of a one-row product, ``_vector_job``),
     or -1 when an operand does not fit CBLAS."""
     item = out.itemsize
     trans_a, lda = _layout(a.strides[0], a.strides[1], a.shape[0], a.shape[1], item)
