@@ -154,6 +154,7 @@ class _TileCall:
         self.no_bias = np.zeros(self.kernels, np.float32)
         self.residual_at = 3 if node.attrs.residual else None
         self.items: dict[int, list[np.ndarray]] = {}
+        self.shares: dict[int, tuple[int, int]] = {}
         self.block = jit_tile_gemm.new_job_block()
 
     def __call__(self, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
@@ -172,7 +173,7 @@ class _TileCall:
         r, r_image = (flat_y[0], -1) if flat_r is None else flat_r
         pool = spinning()
         if pool is not None:
-            shares, row_parts = spin_shares(self.batch, self.kernels, self.positions, self.groups, pool.workers + 1)
+            shares, row_parts = self._spin_shares(pool.workers + 1)
             jit_tile_gemm.pack_job(self.block, w, x, flat_y[0], flat_y[1], r, r_image, bias, self.bounds, self.kernels,
                                    self.positions, self.groups, row_parts, jit_tile_gemm.BLOCK_BYTES)  # fmt: skip
             pool.run(jit_tile_gemm.job_address(), self.block, shares)
@@ -180,6 +181,13 @@ class _TileCall:
             self._on_python_pool(w, x, flat_y, r, r_image, bias)
         apply_activation(y, self.after)
         return [y]
+
+    def _spin_shares(self, threads: int) -> tuple[int, int]:
+        """``spin_shares`` for this node on ``threads`` threads (worked out on the first call)."""
+        found = self.shares.get(threads)
+        if found is None:
+            found = self.shares[threads] = spin_shares(self.batch, self.kernels, self.positions, self.groups, threads)
+        return found
 
     def _on_python_pool(
         self, w: np.ndarray, x: np.ndarray, flat_y: tuple[np.ndarray, int], r: np.ndarray, r_image: int,
