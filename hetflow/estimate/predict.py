@@ -212,9 +212,13 @@ DISPATCHERS = ("default", "auto")
 #: Marks the key of a layer that a spinning run splits (``hetflow.runtime.executor.spins``): timed as such
 #: runs call it, it has a model of its own.
 SPIN_MARK = "@spin"
-#: The layers a spinning run splits: one image's direct Conv shared out by kernel blocks, and the
-#: fully connected layers' products split by columns.
-SPIN_SPLIT_KEYS = frozenset({"Conv/direct_fma", "Gemm/default", "MatMul/default"})
+#: The layers a spinning run splits: one image's direct Conv shared out by kernel blocks, the fully
+#: connected layers' products split by columns, and the depthwise Conv's and the pools' planes shared
+#: out on the spinning pool (``threads.spin_plane_shares``; elsewhere they split on the Python pool only
+#: from 1 Mi outputs beside BLAS's threads, so their plain models are about one thread's time).
+SPIN_SPLIT_KEYS = frozenset({
+    "Conv/direct_fma", "Gemm/default", "MatMul/default", "Conv/depthwise", "MaxPool/default", "AveragePool/default",
+})  # fmt: skip
 
 
 #: Marks the key of a pointwise Conv that a run on its own or spinning threads gives to hetflow's own

@@ -301,22 +301,29 @@ def _conv_probes() -> list[Probe]:
         probes.append(Probe(_conv_label(args, kwargs), conv(*args, **kwargs), quick))
     for args, kwargs in BATCH_RUN_CONVS:
         probes.append(Probe(_conv_label(args, kwargs) + " split", conv(*args, **kwargs), split=True))
-    for args in SPIN_RUN_CONVS:
-        probes.append(Probe(_conv_label(args, {}) + " spin", conv(*args), spin=True))
+    for args, kwargs in SPIN_RUN_CONVS:
+        probes.append(Probe(_conv_label(args, kwargs) + " spin", conv(*args, **kwargs), spin=True))
     return probes
 
 
-#: Convolutions as batch-1 runs of the small networks have them (LeNet, cifar10-quick, mentee: all
-#: direct), timed on the spinning pool as those runs share them out: timed alone, one thread computed
-#: them, and mentee's and cifar10-quick's predictions came out 30-38% slow.
-SPIN_RUN_CONVS: list[tuple] = [
-    (20, 12, 50, 5, 1, 0),
-    (32, 16, 32, 5),
-    (32, 8, 64, 5),
-    (3, 32, 32, 3),
-    (32, 32, 32, 3),
-    (64, 16, 64, 3),
-    (64, 8, 128, 3),
+#: Convolutions as batch-1 runs have them on the spinning pool (``executor.spins``): the small
+#: networks' direct Convs (timed alone, one thread computed them, and mentee's and cifar10-quick's
+#: predictions came out 30-38% slow) and the depthwise layers, whose planes that pool shares out.
+SPIN_RUN_CONVS: list[tuple[tuple, dict]] = [
+    ((20, 12, 50, 5, 1, 0), {}),
+    ((32, 16, 32, 5), {}),
+    ((32, 8, 64, 5), {}),
+    ((3, 32, 32, 3), {}),
+    ((32, 32, 32, 3), {}),
+    ((64, 16, 64, 3), {}),
+    ((64, 8, 128, 3), {}),
+    # depthwise (MobileNet, ShuffleNet at batch 1): their planes shared out on the spinning pool.
+    ((32, 112, 32, 3), {"group": 32}),
+    ((96, 112, 96, 3, 2, 1), {"group": 96}),
+    ((144, 56, 144, 3), {"group": 144}),
+    ((272, 14, 272, 3), {"group": 272}),
+    ((576, 14, 576, 3), {"group": 576}),
+    ((960, 7, 960, 3), {"group": 960}),
 ]
 
 
@@ -405,6 +412,15 @@ def catalogue() -> list[Probe]:
         # The small networks' hidden layers at batch 16: 40% slower than the big layers' fit said.
         Probe("fc 800 -> 500 relu b16", fully_connected(16, 800, 500, relu=True)),
         Probe("fc 1024 -> 64 b16", fully_connected(16, 1024, 64)),
+        # Pools as batch-1 runs split them, their planes shared out on the spinning pool.
+        Probe("maxpool 3x3/2 64x112 spin", pool("MaxPool", 64, 112, 3, 2, 1), spin=True),
+        Probe("maxpool 3x3/2 96x55 spin", pool("MaxPool", 96, 55, 3, 2), spin=True),
+        Probe("maxpool 3x3/1 192x28 spin", pool("MaxPool", 192, 28, 3, 1, 1), spin=True),
+        Probe("maxpool 3x3/1 832x7 spin", pool("MaxPool", 832, 7, 3, 1, 1), spin=True),
+        Probe("maxpool 3x3/2 24x32 spin", pool("MaxPool", 24, 32, 3, 2, 1), spin=True),
+        Probe("avgpool 3x3/1 256x28 spin", pool("AveragePool", 256, 28, 3, 1, 1), spin=True),
+        Probe("avgpool 3x3/2 240x56 spin", pool("AveragePool", 240, 56, 3, 2, 1), spin=True),
+        Probe("avgpool 3x3/2 48x16 spin", pool("AveragePool", 48, 16, 3, 2, 1), spin=True),
         Probe("fc 800 -> 500 relu spin", fully_connected(1, 800, 500, relu=True), spin=True),
         Probe("fc 2048 -> 512 relu spin", fully_connected(1, 2048, 512, relu=True), spin=True),
         Probe("fc 1024 -> 64 spin", fully_connected(1, 1024, 64), spin=True),

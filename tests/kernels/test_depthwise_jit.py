@@ -136,3 +136,39 @@ def test_two_threads_split_the_planes_and_agree_with_one(monkeypatch, multiplier
         if previous is not None:
             BLAS.set(previous)
     np.testing.assert_array_equal(single, split)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "attrs", "concat"),
+    [
+        ((1, 24, 14, 14), ConvAttrs(pads=(1, 1, 1, 1), group=24, fused=FusedActivation("Clip", 0.0, 6.0)), False),
+        ((1, 24, 15, 15), ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2), group=24, shuffle_groups=4), False),
+        ((2, 12, 9, 9), ConvAttrs(pads=(1, 1, 1, 1), group=12, fused=FusedActivation("Relu")), True),
+    ],
+    ids=["clip", "shuffled-strided", "two-images-into-a-slice"],
+)
+def test_a_spinning_run_shares_the_planes_out_on_its_pool(monkeypatch, x_shape, attrs, concat):
+    """On spinning threads the planes are chunks of one spin-pool job (not the Python pool's ranges),
+    claimed by both threads, with the one-thread result."""
+    from hetflow.devices.cpu import threads
+
+    monkeypatch.setattr(threads, "MIN_OUTPUTS_PER_SPIN_SHARE", 16)
+    x, w, b = _case(x_shape, 1, (3, 3))
+    with threads.own_threads(1):
+        single = _run(attrs, x, w, b)
+    pool = threads.spin_pool(2)
+    chunks = []
+    original = pool.run
+    monkeypatch.setattr(pool, "run", lambda job, block, count: (chunks.append(count), original(job, block, count))[1])
+    monkeypatch.setattr(threads, "parallel_for", lambda *args: pytest.fail("split on the Python pool"))
+    out = None
+    if concat:
+        whole = np.full((x_shape[0], x_shape[1] + 3, *single.shape[2:]), np.nan, np.float32)
+        out = whole[:, 1 : 1 + x_shape[1]]
+    with threads.own_threads(2, spin=True):
+        spun = _run(attrs, x, w, b, out=out)
+    assert chunks == [4]
+    np.testing.assert_array_equal(spun, single)
+    if concat:
+        assert np.isnan(whole[:, 0]).all() and np.isnan(whole[:, -2:]).all()
+

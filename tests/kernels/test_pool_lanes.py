@@ -149,3 +149,26 @@ def test_the_vector_loop_refuses_arrays_other_than_float32():
     x, y, scale = np.zeros((1, 2, 8, 8)), np.zeros(32), np.ones((1, 1))  # float64: its IR reads float32
     with pytest.raises(TypingError):
         jit_pool_lanes.vector_planes(x, y, 32, 4, 4, 0, 2, 3, 3, 2, 2, 1, 1, 0, 0, True, scale)
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+def test_a_spinning_run_shares_a_large_pools_planes_out_on_its_pool(monkeypatch, op_type):
+    """On spinning threads a pool too large to bind (``bind_small_pool``) still splits its planes as
+    chunks of a spin-pool job, never on the Python pool, into a strided slice as into a whole Y."""
+    from hetflow.devices.cpu import threads
+
+    attrs, shape = CASES[6]  # stride 2, 3 chunks a row, two images
+    geo = _geometry(attrs, shape)
+    monkeypatch.setattr(threads, "MIN_OUTPUTS_PER_SPIN_SHARE", 16)
+    pool = threads.spin_pool(2)
+    chunks = []
+    original = pool.run
+    monkeypatch.setattr(pool, "run", lambda job, block, count: (chunks.append(count), original(job, block, count))[1])
+    monkeypatch.setattr(threads, "parallel_for", lambda *args: pytest.fail("split on the Python pool"))
+    x = RNG.standard_normal(shape).astype(np.float32)
+    concat = np.full((shape[0], shape[1] + 2, *geo.out), 7.0, np.float32)
+    with threads.own_threads(2, spin=True):
+        y, expected = _pool(x, geo, op_type, out=concat[:, 1 : 1 + shape[1]])
+    assert chunks == [4]
+    np.testing.assert_allclose(y, expected, rtol=2e-6, atol=2e-6)
+    assert (concat[:, 0] == 7).all() and (concat[:, -1] == 7).all()

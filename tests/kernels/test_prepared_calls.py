@@ -164,11 +164,11 @@ def test_pool_bound_matches_the_plain_call(op_type, attrs, x_shape):
 
 @pytest.mark.parametrize(("op_type", "attrs", "x_shape"), [POOL_CASES[1], POOL_CASES[3]], ids=["max", "average"])
 def test_small_pool_bound_splits_its_planes_over_spinning_threads(monkeypatch, op_type, attrs, x_shape):
-    """On a spinning run a small pool's planes are two chunks of a spin-pool job, with the same result."""
+    """On a spinning run a small pool's planes are two chunks a thread of a spin-pool job, with the same
+    result."""
     from hetflow.devices.cpu import threads
-    from hetflow.devices.cpu.kernels import jit_pool
 
-    monkeypatch.setattr(jit_pool, "MIN_OUTPUTS_PER_SPIN_SHARE", 16)
+    monkeypatch.setattr(threads, "MIN_OUTPUTS_PER_SPIN_SHARE", 16)
     pool = threads.spin_pool(2)
     chunks = []
     original = pool.run
@@ -176,7 +176,7 @@ def test_small_pool_bound_splits_its_planes_over_spinning_threads(monkeypatch, o
     x = np.random.default_rng(7).standard_normal(x_shape).astype(np.float32)
     with threads.own_threads(2, spin=True):
         _check_bound(_kernel(op_type), Node(op_type, "pool", ["x"], ["y"], attrs), [x])
-    assert chunks == [2, 2]
+    assert chunks == [4] * 4  # the plain call twice (the reference, the buffers' sizes), the bound one twice
 
 
 def test_max_pool_bound_propagates_nan():

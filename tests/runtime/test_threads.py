@@ -260,3 +260,15 @@ def test_plane_ranges_go_to_the_python_pool_beside_blas_threads_only_when_large(
         threads.parallel_planes(body, planes, per_plane)
         assert sorted(calls) == [(0, 50), (50, 100)]
         assert threads.split_ranges(planes, per_plane) == 2
+
+
+@pytest.mark.parametrize(("planes", "outputs", "threads", "shares"), [
+    (96, 56 * 56, 2, 4),  # two shares a thread
+    (3, 56 * 56, 2, 3),  # no more shares than planes
+    (40, 100, 2, 1),  # 4,000 outputs: one share's worth, run on the caller
+    (96, 56 * 56, 1, 1),  # one thread
+])  # fmt: skip
+def test_spin_plane_shares(planes, outputs, threads, shares):
+    from hetflow.devices.cpu.threads import spin_plane_shares
+
+    assert spin_plane_shares(planes, outputs, threads) == shares

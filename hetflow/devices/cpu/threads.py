@@ -354,6 +354,25 @@ def _python_pool_minimum() -> int:
 #: split in two ran in 12 us; depthwise 3x3 on 240x28x28 273 -> 158 us, 206 on the Python pool).
 MIN_ELEMENTS_PER_PART = 8_192
 
+#: Output elements from which a range of planes is worth a share of a spinning run's split
+#: (``spin_plane_shares``; a small pool's 3x3/2 max on 32x32x32 gained from two shares of 2,048).
+MIN_OUTPUTS_PER_SPIN_SHARE = 2048
+#: Shares per thread of a spinning run's plane split: threads claim them one at a time, so a thread the
+#: hypervisor stalls leaves its later share to the other.
+SPIN_SHARES_PER_THREAD = 2
+
+
+def spin_plane_shares(planes: int, outputs_per_plane: int, threads: int) -> int:
+    """How many ranges of ``planes`` output planes a compiled kernel splits into on a spinning run's
+    pool (a spin-pool job's chunks): ``SPIN_SHARES_PER_THREAD`` per thread, none under
+    ``MIN_OUTPUTS_PER_SPIN_SHARE`` outputs. 1 means: run them all on the calling thread.
+
+    Why not the Python pool (``parallel_planes``): beside a spinning worker its thread has no core of
+    its own; one image's depthwise Conv 96x112x112/2 took 384 us in mobilenetv2 there, 144 us here."""
+    if threads <= 1:
+        return 1
+    return max(1, min(threads * SPIN_SHARES_PER_THREAD, planes, planes * outputs_per_plane // MIN_OUTPUTS_PER_SPIN_SHARE))
+
 
 def split_planes(
     body: Callable[[int, int], None], driver: Callable[[int], None], planes: int, elements_per_plane: int

@@ -30,11 +30,13 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
+from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels import window_lanes as wl
 from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, RELU
 from hetflow.devices.cpu.kernels.window_lanes import LANES, PLANE_BLOCK, STRIDES, VectorShape
-from hetflow.devices.cpu.threads import run_planes
+from hetflow.devices.cpu.spin_pool import float32_1d, float32_4d, put_array, put_values
+from hetflow.devices.cpu.threads import intra_op_threads, run_planes, spin_plane_shares, spinning
 
 _FLOAT32 = np.dtype(np.float32)
 _SHAPES = tuple(VectorShape(rows, stride) for rows in (1, 2, 4) for stride in STRIDES)
@@ -68,9 +70,49 @@ def depthwise(
     into the flat Y ``y`` (``buffers.flat_images``: images ``image_stride`` apart) of ``out`` (OH, OW),
     ``window`` (kh, kw, sh, sw, dh, dw, pad_top, pad_left), then the ``activation_constants``; X read
     channel-shuffled in ``shuffle_groups`` (``ConvAttrs.shuffle_groups``) when that is not 0."""
-    head = (x, w.reshape(-1), bias, activation, y, image_stride, *out)
+    flat_w = w.reshape(-1)
     tail = (*window, max(1, shuffle_groups))
-    run_planes(vector_planes, _split, head, tail, x.shape[0] * x.shape[1], out[0] * out[1])
+    planes = x.shape[0] * x.shape[1]
+    pool = spinning()
+    shares = spin_plane_shares(planes, out[0] * out[1], intra_op_threads()) if pool is not None else 1
+    if shares > 1 and x.flags.c_contiguous and flat_w.flags.c_contiguous:
+        block = np.empty(_BLOCK_SLOTS, np.int64)
+        _pack(block, x, flat_w, bias, activation, y, (image_stride, *out, *tail))
+        pool.run(_job_address(), block, shares)
+        return
+    head = (x, flat_w, bias, activation, y, image_stride, *out)
+    run_planes(vector_planes, _split, head, tail, planes, out[0] * out[1])
+
+
+# -- on the spinning pool ----------------------------------------------------------------------------
+#: Slots of a job's argument block (``_pack``): X (4-D), W, the bias, the activation and Y (1-D each),
+#: then 12 numbers: image_stride, out_h, out_w, kh, kw, sh, sw, dh, dw, pad_top, pad_left, groups.
+_BLOCK_SLOTS = 25
+
+
+@numba.njit(nogil=True, cache=True)
+def _pack(block, x, w, bias, activation, y, numbers):  # noqa: ANN001, ANN202
+    slot = put_array(block, 0, x)
+    slot = put_array(block, slot, w)
+    slot = put_array(block, slot, bias)
+    slot = put_array(block, slot, activation)
+    slot = put_array(block, slot, y)
+    put_values(block, slot, numbers)
+
+
+def _planes_job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """A range of X's planes through ``vector_planes``, as a spin-pool job (``_pack``'s argument block)."""
+    x = float32_4d(args, 0)
+    w, bias, activation, y = float32_1d(args, 5), float32_1d(args, 7), float32_1d(args, 9), float32_1d(args, 11)
+    planes = x.shape[0] * x.shape[1]
+    vector_planes(x, w, bias, activation, y, args[13], args[14], args[15], planes * chunk // chunks,
+                  planes * (chunk + 1) // chunks, args[16], args[17], args[18], args[19], args[20], args[21],
+                  args[22], args[23], args[24])  # fmt: skip
+
+
+@functools.cache
+def _job_address() -> int:
+    return spin_pool.job(_planes_job)
 
 
 @intrinsic

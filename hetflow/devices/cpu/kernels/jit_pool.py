@@ -59,6 +59,7 @@ from hetflow.devices.cpu.threads import (
     MIN_ELEMENTS_PER_PART,
     intra_op_threads,
     parallel_planes,
+    spin_plane_shares,
     spinning,
     split_planes,
 )
@@ -110,7 +111,7 @@ def bind_small_pool(
     """``pool_2d`` into ``y`` bound once, for a pool ``jit_pool_lanes`` runs and too small ever to split
     on numba's or the Python pool (under twice ``MIN_ELEMENTS_PER_PART`` outputs): a call is the
     compiled loop, its arguments worked out here (~4 us of LeNet's 8 us pool1), or, on a spinning run
-    (``threads.spinning``) from ``MIN_OUTPUTS_PER_SPIN_SHARE`` outputs a share, the loop split there.
+    (``threads.spinning``), the loop split there (``spin_plane_shares``).
     None where ``pool_2d`` decides per call."""
     is_max = scale is None
     dtype = y.dtype
@@ -118,29 +119,26 @@ def bind_small_pool(
         return None
     flat = flat_images(y)
     planes = int(x_shape[0]) * int(x_shape[1])
-    outputs = planes * geo.out[0] * geo.out[1]
+    per_plane = geo.out[0] * geo.out[1]
+    outputs = planes * per_plane
     if flat is None or outputs >= 2 * MIN_ELEMENTS_PER_PART:
         return None
     weights = _UNUSED_SCALE[dtype] if is_max else np.ascontiguousarray(scale, dtype)
     head = (flat[0], flat[1], *geo.out, 0, planes)
     tail = (*_window(geo), is_max, weights)
-    spin_shares = min(planes, outputs // MIN_OUTPUTS_PER_SPIN_SHARE)
     numbers = (flat[1], *geo.out, *_window(geo), int(is_max))
     block = jit_pool_lanes.new_planes_block()  # NOTE: one job at a time per bound call (its arena's)
 
     def run(x: np.ndarray) -> None:
-        pool = spinning() if spin_shares > 1 else None
+        pool = spinning()
         if pool is not None:
-            parts = min(spin_shares, intra_op_threads())
-            jit_pool_lanes.spin_planes(x, flat[0], numbers, weights, parts, pool, block)
-            return
+            shares = spin_plane_shares(planes, per_plane, intra_op_threads())
+            if shares > 1:
+                jit_pool_lanes.spin_planes(x, flat[0], numbers, weights, shares, pool, block)
+                return
         jit_pool_lanes.vector_planes(x, *head, *tail)
 
     return run
-
-
-#: Outputs per share from which a small pool (``bind_small_pool``) splits on the spinning pool.
-MIN_OUTPUTS_PER_SPIN_SHARE = 2048
 
 
 def runs_tiles(geo: Geometry, dtype: np.dtype) -> bool:

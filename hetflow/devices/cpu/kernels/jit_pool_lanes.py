@@ -50,7 +50,7 @@ from hetflow.devices.cpu.kernels.window_lanes import (
     walk_taps,
 )
 from hetflow.devices.cpu.spin_pool import SpinPool, float32_1d, float32_2d, float32_4d, put_array, put_values
-from hetflow.devices.cpu.threads import run_planes
+from hetflow.devices.cpu.threads import intra_op_threads, run_planes, spin_plane_shares, spinning
 from hetflow.ops.spatial import Geometry
 
 __all__ = ["PLANE_BLOCK", "applies", "pool", "rows_per_vector", "vector_planes"]
@@ -72,9 +72,16 @@ def pool(
     """``jit_pool.pool_2d`` on float32 ``x`` into the flat Y ``y`` (``buffers.flat_images``: images
     ``image_stride`` apart) of ``out`` (OH, OW), ``window`` (kh, kw, sh, sw, dh, dw, pad_top, pad_left):
     the maximum, or the sum times ``scale`` [OH, OW]."""
+    planes = x.shape[0] * x.shape[1]
+    pool = spinning()
+    shares = spin_plane_shares(planes, out[0] * out[1], intra_op_threads()) if pool is not None else 1
+    if shares > 1 and x.flags.c_contiguous and scale.flags.c_contiguous:
+        numbers = (image_stride, *out, *window, int(is_max))
+        spin_planes(x, y, numbers, scale, shares, pool, new_planes_block())
+        return
     head = (x, y, image_stride, *out)
     tail = (*window, is_max, scale)
-    run_planes(vector_planes, _split, head, tail, x.shape[0] * x.shape[1], out[0] * out[1])
+    run_planes(vector_planes, _split, head, tail, planes, out[0] * out[1])
 
 
 @dataclass(frozen=True)
@@ -240,7 +247,8 @@ def spin_planes(
 
     Why: at batch 1 the Conv before a pool splits its channels over the same pool, so each thread pools
     the planes its own Conv share left in its caches; cifar10-quick's 3x3/2 max on 32x32x32 took 12 us
-    on the caller alone, half of its input coming from the other core.
+    on the caller alone, half of its input coming from the other core. A large pool split on the Python
+    pool instead waits for a thread that has no core beside the spinning worker.
     """
     _pack_planes(block, x, y, numbers, scale)
     pool.run(_planes_address(), block, parts)
