@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import literal_unroll, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -256,6 +256,15 @@ def put_array(block, slot, array):  # noqa: ANN001, ANN201
     for axis in range(array.ndim):
         block[slot + 1 + axis] = array.shape[axis]
     return slot + 1 + array.ndim
+
+
+@numba.njit(nogil=True, cache=True)
+def put_arrays(block, slot, arrays):  # noqa: ANN001, ANN201
+    """``put_array`` each of the C-contiguous ``arrays`` (a tuple, of any dtypes and ranks) in turn from
+    ``slot``; returns the next free slot."""
+    for array in literal_unroll(arrays):
+        slot = put_array(block, slot, array)
+    return slot
 
 
 @numba.njit(nogil=True, cache=True, inline="always")

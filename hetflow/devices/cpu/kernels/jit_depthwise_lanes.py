@@ -35,7 +35,7 @@ from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels import window_lanes as wl
 from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, RELU
 from hetflow.devices.cpu.kernels.window_lanes import LANES, PLANE_BLOCK, STRIDES, VectorShape
-from hetflow.devices.cpu.spin_pool import float32_1d, float32_4d, put_array, put_values
+from hetflow.devices.cpu.spin_pool import float32_1d, float32_4d, put_arrays, put_values
 from hetflow.devices.cpu.threads import intra_op_threads, run_planes, spin_plane_shares, spinning
 
 _FLOAT32 = np.dtype(np.float32)
@@ -92,12 +92,7 @@ _BLOCK_SLOTS = 25
 
 @numba.njit(nogil=True, cache=True)
 def _pack(block, x, w, bias, activation, y, numbers):  # noqa: ANN001, ANN202
-    slot = put_array(block, 0, x)
-    slot = put_array(block, slot, w)
-    slot = put_array(block, slot, bias)
-    slot = put_array(block, slot, activation)
-    slot = put_array(block, slot, y)
-    put_values(block, slot, numbers)
+    put_values(block, put_arrays(block, 0, (x, w, bias, activation, y)), numbers)
 
 
 def _planes_job(args, chunk, chunks):  # noqa: ANN001, ANN202

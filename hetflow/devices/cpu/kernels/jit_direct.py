@@ -49,6 +49,7 @@ from hetflow.devices.cpu.spin_pool import (
     float32_4d,
     int64_1d,
     put_array,
+    put_arrays,
     put_values,
 )
 from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
@@ -440,11 +441,7 @@ def pack_share(block, numbers, x, tables, wt, bias, y, planes, products):  # noq
     slot = put_array(block, slot, x)
     for table in tables:
         slot = put_array(block, slot, table)
-    slot = put_array(block, slot, wt)
-    slot = put_array(block, slot, bias)
-    slot = put_array(block, slot, y)
-    slot = put_array(block, slot, planes)
-    put_array(block, slot, products)
+    put_arrays(block, slot, (wt, bias, y, planes, products))
 
 
 def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
