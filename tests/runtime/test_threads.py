@@ -240,8 +240,8 @@ def test_intra_op_threads_reads_the_held_count_without_asking_blas(blas_at_two, 
 
 def test_plane_ranges_go_to_the_python_pool_beside_blas_threads_only_when_large(blas_at_two):
     """A run that leaves BLAS its threads keeps a mid-sized per-plane loop on the calling thread
-    (OpenBLAS's spinning workers would hold the core it hands a range to); a run on its own threads splits
-    it."""
+    (OpenBLAS's spinning workers would hold the core it hands a range to), and so does a run on spinning
+    threads; a run on its own Python-pool threads splits it."""
     calls: list[tuple[int, int]] = []
     planes, per_plane = 100, 1000  # 100 000 output elements
 
@@ -260,6 +260,11 @@ def test_plane_ranges_go_to_the_python_pool_beside_blas_threads_only_when_large(
         threads.parallel_planes(body, planes, per_plane)
         assert sorted(calls) == [(0, 50), (50, 100)]
         assert threads.split_ranges(planes, per_plane) == 2
+    calls.clear()
+    with threads.own_threads(2, spin=True):  # the Python pool's thread would wait beside a spinning worker
+        threads.parallel_planes(body, planes, per_plane)
+        assert calls == [(0, planes)]
+        assert threads.split_ranges(planes, per_plane) == 1
 
 
 @pytest.mark.parametrize(("planes", "outputs", "threads", "shares"), [
