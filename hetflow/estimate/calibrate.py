@@ -45,7 +45,14 @@ from hetflow.estimate.models import (
     neighbour_point,
     nnls,
 )
-from hetflow.estimate.predict import SPIN_MARK, kernel_cost, layer_key, memory_terms, window_strided
+from hetflow.estimate.predict import (
+    OWN_GEMM_MARK,
+    SPIN_MARK,
+    kernel_cost,
+    layer_key,
+    memory_terms,
+    window_strided,
+)
 from hetflow.estimate.profile import DeviceProfile, GemmModel, MemoryModel, OpModel, TransferModel, now_iso
 from hetflow.estimate.timing import amortised_seconds, replay, threads_held, timed_call, timed_first_call
 from hetflow.frontends import load_model
@@ -506,7 +513,7 @@ def _time_probe_nodes(
             if candidate.algorithm in SKIPPED_ALGORITHMS:
                 continue
             key = layer_key(node, candidate, graph, spin, split)
-            if spin and not key.endswith(SPIN_MARK):
+            if spin and not key.endswith((SPIN_MARK, OWN_GEMM_MARK)):
                 # NOTE: a spinning probe times only what a spinning run splits: the others have probes
                 # of their own, and one of them run here (an im2col GEMM on OpenBLAS's threads) left
                 # those threads spinning on the cores: the direct Conv timed after it took 2x.

@@ -308,7 +308,8 @@ def _conv_probes() -> list[Probe]:
 
 #: Convolutions as batch-1 runs have them on the spinning pool (``executor.spins``): the small
 #: networks' direct Convs (timed alone, one thread computed them, and mentee's and cifar10-quick's
-#: predictions came out 30-38% slow) and the depthwise layers, whose planes that pool shares out.
+#: predictions came out 30-38% slow), the first layers that run in bands on the tile GEMM, and the
+#: depthwise layers, whose planes that pool shares out.
 SPIN_RUN_CONVS: list[tuple[tuple, dict]] = [
     ((20, 12, 50, 5, 1, 0), {}),
     ((32, 16, 32, 5), {}),
@@ -317,6 +318,9 @@ SPIN_RUN_CONVS: list[tuple[tuple, dict]] = [
     ((32, 32, 32, 3), {}),
     ((64, 16, 64, 3), {}),
     ((64, 8, 128, 3), {}),
+    # first layers of 3 channels: one image's im2col in bands on the tile GEMM (``own_gemm.prepare_bands``).
+    ((3, 224, 32, 3, 2, 1), {}),
+    ((3, 224, 64, 7, 2, 3), {}),
     # depthwise (MobileNet, ShuffleNet at batch 1): their planes shared out on the spinning pool.
     ((32, 112, 32, 3), {"group": 32}),
     ((96, 112, 96, 3, 2, 1), {"group": 96}),

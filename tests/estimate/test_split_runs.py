@@ -291,3 +291,35 @@ def test_pointwise_layers_on_the_own_gemm_have_a_key_of_their_own(channels, side
     assert layer_key(node, kernel, graph, spinning=True) == split_key
     assert layer_key(node, kernel, graph) == "Conv/pointwise"
     assert key_algorithm(split_key) == "pointwise"
+
+
+@pytest.mark.parametrize(("kernels", "channels", "kernel", "batch", "bands"), [
+    (32, 3, 3, 1, True),  # MobileNet v2's first layer
+    (32, 3, 3, 2, False),  # a batch: im2col on BLAS
+    (32, 64, 3, 1, False),  # 576 column rows: past own_gemm.MAX_DEPTH
+])  # fmt: skip
+def test_one_images_im2col_in_bands_has_a_key_of_its_own(kernels, channels, kernel, batch, bands) -> None:  # noqa: ANN001
+    """A spinning run multiplies one image's shallow im2col Conv in bands on the tile GEMM: keyed ``@own``
+    there, plain elsewhere."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hetflow.devices.cpu import CPUDevice
+    from hetflow.estimate.predict import OWN_GEMM_MARK, layer_key
+    from hetflow.frontends import load_model
+    from hetflow.ops.conv import IM2COL
+    from hetflow.runtime.planner import input_infos
+
+    w = numpy_helper.from_array(np.zeros((kernels, channels, kernel, kernel), np.float32), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[kernel, kernel], strides=[2, 2], pads=[1] * 4)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, kernels, 16, 16])], initializer=[w],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    graph = load_model(model)
+    conv = graph.nodes[0]
+    kernel_ = next(k for k in CPUDevice().kernels.kernels["Conv"] if k.algorithm == IM2COL)
+    assert kernel_.reason_unsupported(conv, input_infos(graph, conv)) is None
+    assert layer_key(conv, kernel_, graph, spinning=True) == "Conv/im2col" + (OWN_GEMM_MARK if bands else "")
+    assert layer_key(conv, kernel_, graph) == "Conv/im2col"

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hetflow.devices.base import InputInfos, PrepareFn
+from hetflow.devices.base import BoundCall, InputInfos, PrepareFn
 from hetflow.devices.cpu.kernels import own_gemm
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, image_contiguous, scratch_bytes
 from hetflow.devices.cpu.kernels.epilogue import add_channel_bias, apply_activation, finish_channels
@@ -258,20 +258,32 @@ def _auto_workspace(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ..
     return WORKSPACES[_auto_algorithm(node, x_shape, w_shape, dtype)](node, x_shape, w_shape, dtype)
 
 
-@conv_kernel(AUTO, supports=None, workspace=_auto_workspace)
+def _with_epilogue(algorithm: str) -> Callable[[Node, Sequence[np.ndarray | None], Out, np.ndarray | None], np.ndarray]:
+    """The body registered as ``algorithm`` with the shared prologue and epilogue (``run_conv``): a bound
+    call's fallback. The body is looked up per call: it is registered after the prepare that falls back."""
+    return lambda node, arrays, out, workspace: run_conv(BODIES[algorithm], node, arrays, out, workspace)
+
+
+_auto_bands = own_gemm.prepare_bands(_with_epilogue(AUTO))
+
+
+def _prepare_auto(
+    node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
+) -> BoundCall | None:
+    """The im2col bands (``own_gemm.prepare_bands``) where the cost model picks im2col; else none."""
+    x, w = inputs[0], inputs[1]
+    if x is None or w is None or _auto_algorithm(node, x.shape, w.shape, x.dtype) != IM2COL:
+        return None
+    return _auto_bands(node, inputs, out, workspace)
+
+
+@conv_kernel(AUTO, supports=None, workspace=_auto_workspace, prepare=_prepare_auto)
 def _auto(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """Any Conv: the cost model's algorithm for the concrete shapes, chosen at run time."""
     return BODIES[_auto_algorithm(node, x.shape, w.shape, x.dtype)](node, x, w, y, scratch)
 
 
-def _blas_pointwise(node: Node, arrays: Sequence[np.ndarray | None], out: Out, workspace: np.ndarray | None) -> np.ndarray:
-    """The pointwise Conv through BLAS with the shared prologue and epilogue (``own_gemm``'s fallback)."""
-    return run_conv(pointwise, node, arrays, out, workspace)
-
-
-@conv_kernel(
-    POINTWISE, supports=_supports_pointwise, prepare=own_gemm.prepare_pointwise(_blas_pointwise),
-)  # fmt: skip
+@conv_kernel(POINTWISE, supports=_supports_pointwise, prepare=own_gemm.prepare_pointwise(_with_epilogue(POINTWISE)))
 def pointwise(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """1x1 stride-1 unpadded Conv (any group) as one GEMM on X as it lies: no im2col."""
     group = node.attrs.group
@@ -334,7 +346,10 @@ def _im2col_scratch(
     return requests
 
 
-@conv_kernel(IM2COL, supports=None, workspace=lambda *a: scratch_bytes(_im2col_scratch(*a)))
+@conv_kernel(
+    IM2COL, supports=None, workspace=lambda *a: scratch_bytes(_im2col_scratch(*a)),
+    prepare=own_gemm.prepare_bands(_with_epilogue(IM2COL)),
+)  # fmt: skip
 def im2col(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """Any Conv (N-d, strides, dilations, groups): im2col buffer + GEMM, a chunk of images at a time."""
     group = node.attrs.group

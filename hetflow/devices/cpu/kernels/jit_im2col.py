@@ -62,12 +62,18 @@ def im2col_rows(x: np.ndarray, geom: Geometry, cols: np.ndarray, first_row: int,
     """Fill ``cols`` (C-contiguous, ``[C*kh*kw, (last_row - first_row) * OW]``) with the columns of the
     output rows ``first_row .. last_row - 1`` of the one image ``x`` (``[1, C, H, W]``), on the calling
     thread: a band of an image's columns, small enough to stay in cache for the GEMM that reads it."""
-    _, channels, height, width = x.shape
     rows, columns = geom.axes
-    band = (last_row - first_row) * columns.out
-    _fill(x.reshape(-1), cols.reshape(-1), 0, channels, 1, channels, height, width, band, 0,
-          rows.kernel, columns.kernel, rows.stride, columns.stride, rows.dilation, columns.dilation,
-          rows.pad_begin, columns.pad_begin, rows.out, columns.out, first_row, last_row)  # fmt: skip
+    fill_rows(x, cols.reshape(-1), rows.kernel, columns.kernel, rows.stride, columns.stride, rows.dilation,
+              columns.dilation, rows.pad_begin, columns.pad_begin, rows.out, columns.out, first_row, last_row)
+
+
+@numba.njit(nogil=True, cache=True)
+def fill_rows(x, cols, kh, kw, sh, sw, dh, dw, pad_top, pad_left, out_h, out_w, first_row, last_row):  # noqa: ANN001, ANN201
+    """``im2col_rows`` in compiled code: the flat ``cols`` ``[C*kh*kw, (last_row - first_row) * out_w]``
+    of the one image ``x`` ``[1, C, H, W]``, for its output rows ``first_row .. last_row - 1``."""
+    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    _fill(x.reshape(-1), cols, 0, channels, 1, channels, height, width, (last_row - first_row) * out_w, 0,
+          kh, kw, sh, sw, dh, dw, pad_top, pad_left, out_h, out_w, first_row, last_row)  # fmt: skip
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)

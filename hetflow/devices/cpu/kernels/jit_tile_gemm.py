@@ -185,12 +185,13 @@ def _tile(w, w_start, x, x_start, x_row, depth, y, y_start, y_row, rows, positio
 
 
 @numba.njit(nogil=True, cache=True)
-def _columns(w, depth, x, x_start, y, y_start, kernels, positions, bias, residual, r_start, r_row, low,
-             high, first, last, width, first_block, last_block):  # noqa: ANN001, E501
-    """Columns ``first .. last - 1`` of one image's ``Y [kernels, positions]`` in the row blocks
-    ``first_block .. last_block - 1`` (X ``[depth, positions]`` at ``x_start`` of the flat ``x``, Y at
-    ``y_start`` of the flat ``y``, R at ``r_start`` when ``r_row`` >= 0), ``width`` columns at a time,
-    every row block over them before the next."""
+def columns(w, depth, x, x_start, x_row, y, y_start, y_row, kernels, bias, residual, r_start, r_row, low, high,
+            first, last, width, first_block, last_block):  # noqa: ANN001, E501
+    """Columns ``first .. last - 1`` of ``Y [kernels, *]`` in the row blocks ``first_block .. last_block -
+    1``: X ``[depth, *]`` from ``x_start`` of the flat ``x`` (rows ``x_row`` apart), Y from ``y_start`` of
+    the flat ``y`` (rows ``y_row`` apart), R from ``r_start`` (rows ``r_row`` apart; none when ``r_row`` <
+    0), ``width`` columns at a time, every row block over them before the next."""
+    r_step = max(r_row, 0)
     for start in range(first, last, width):
         count = min(width, last - start)
         for block in range(first_block, last_block):
@@ -198,14 +199,13 @@ def _columns(w, depth, x, x_start, y, y_start, kernels, positions, bias, residua
             rows = np.int64(min(ROWS, kernels - row))
             for tile in range(0, count, TILE_POSITIONS):
                 column = start + tile
-                _tile(w, row * depth, x, x_start + column, np.int64(positions), np.int64(depth), y,
-                      y_start + row * positions + column, np.int64(positions), rows,
-                      np.int64(min(TILE_POSITIONS, count - tile)), bias, np.int64(row), residual,
-                      r_start + row * positions + column, r_row, low, high)  # fmt: skip
+                _tile(w, row * depth, x, x_start + column, x_row, depth, y, y_start + row * y_row + column,
+                      y_row, rows, np.int64(min(TILE_POSITIONS, count - tile)), bias, np.int64(row), residual,
+                      r_start + row * r_step + column, r_row, low, high)  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _block_width(block_bytes, depth):  # noqa: ANN001, ANN202
+def block_width(block_bytes, depth):  # noqa: ANN001, ANN202
     """Columns of X in ``block_bytes`` (whole tiles, at least one)."""
     return max(1, block_bytes // (4 * depth * TILE_POSITIONS)) * TILE_POSITIONS
 
@@ -213,17 +213,17 @@ def _block_width(block_bytes, depth):  # noqa: ANN001, ANN202
 @numba.njit(nogil=True, cache=True)
 def _plane(w, x, y, y_image, residual, r_image, bias, low, high, kernels, positions, groups, image, group,
            first, last, width, first_block, last_block):  # noqa: ANN001, E501
-    """Columns ``first .. last - 1`` of group ``group`` of image ``image`` (``_columns``), in the row
+    """Columns ``first .. last - 1`` of group ``group`` of image ``image`` (``columns``), in the row
     blocks ``first_block .. last_block - 1`` of that group."""
     depth = x.shape[1] // groups
     per_group = kernels // groups
     r_row = np.int64(positions) if r_image >= 0 else np.int64(-1)
     rows_before = group * per_group * positions
-    _columns(w[group * per_group * depth:], np.int64(depth), x.reshape(x.size),
-             np.int64((image * groups + group) * depth * positions), y, image * y_image + rows_before,
-             np.int64(per_group), np.int64(positions), bias[group * per_group:], residual,
-             max(image * r_image, 0) + rows_before, r_row, low, high, first, last, width, first_block,
-             last_block)  # fmt: skip
+    row = np.int64(positions)
+    columns(w[group * per_group * depth:], np.int64(depth), x.reshape(x.size),
+            np.int64((image * groups + group) * depth * positions), row, y, image * y_image + rows_before, row,
+            np.int64(per_group), bias[group * per_group:], residual, max(image * r_image, 0) + rows_before,
+            r_row, low, high, first, last, width, first_block, last_block)  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True)
@@ -234,7 +234,7 @@ def gemm_items(w, x, y, y_image, residual, r_image, bias, low, high, kernels, po
     rows, X's g-th ``depth / groups`` channels): W the flat ``[kernels, depth / groups]``, X
     ``[N, depth, positions]`` contiguous, Y and R flat with their images ``y_image`` and ``r_image``
     floats apart (``r_image`` < 0: no residual); ``block_bytes`` of X's columns at a time."""
-    width = _block_width(block_bytes, x.shape[1] // groups)
+    width = block_width(block_bytes, x.shape[1] // groups)
     blocks = np.int64((kernels // groups + ROWS - 1) // ROWS)
     for i in range(items.shape[0]):
         for group in range(groups):
@@ -255,7 +255,7 @@ def gemm_share(w, x, y, y_image, residual, r_image, bias, low, high, kernels, po
     per_plane = (positions + TILE_POSITIONS - 1) // TILE_POSITIONS
     total = x.shape[0] * groups * per_plane
     first, last = total * column_part // column_parts, total * (column_part + 1) // column_parts
-    width = _block_width(block_bytes, x.shape[1] // groups)
+    width = block_width(block_bytes, x.shape[1] // groups)
     for plane in range(first // per_plane, (last + per_plane - 1) // per_plane):
         start = max(first, plane * per_plane) - plane * per_plane
         stop = min(last, (plane + 1) * per_plane) - plane * per_plane

@@ -14,6 +14,10 @@ One example beside BLAS's threads keeps OpenBLAS, which splits a product over bo
 workers would take the core a split of ours needs), and so do numba-pool runs, whose splits are arranged
 by ``jit_gemm``.
 
+An im2col Conv of one image on the spinning pool runs on the tile GEMM too, in bands of output rows
+whose columns are built and multiplied by the thread that takes the band (``prepare_bands``,
+``jit_band_gemm``).
+
 A/B at batch 16, 2 threads, alternating processes (``benchmarks/ab.py``, minimums): mobilenetv2 0.82x the
 time, squeezenet 0.91x, googlenet and inception_v2 0.97x, resnet50 0.96x, densenet121 0.99x. Sessions of
 one thread at batch 1: mobilenetv2 0.93x, resnet50 and googlenet 0.99x.
@@ -27,13 +31,15 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hetflow.devices.base import BoundCall
-from hetflow.devices.cpu.kernels import jit_tile_gemm
-from hetflow.devices.cpu.kernels.buffers import Out, flat_images
+from hetflow.devices.cpu.kernels import jit_band_gemm, jit_tile_gemm
+from hetflow.devices.cpu.kernels.buffers import Out, Scratch, flat_images
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.threads import in_numba_pool, intra_op_threads, owns_threads, parallel_for, spinning
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import TensorInfo
+from hetflow.ops.conv import conv_window
+from hetflow.ops.spatial import Geometry, geometry
 
 #: Output columns per part below which an image is not split between threads (a few tiles each).
 MIN_COLUMNS_PER_PART = 4 * jit_tile_gemm.TILE_POSITIONS
@@ -211,3 +217,100 @@ def _flat_residual(residual: np.ndarray, y_shape: tuple[int, ...]) -> tuple[np.n
     if residual.shape != y_shape or residual.dtype != np.float32:
         return None
     return flat_images(residual)
+
+
+# -- im2col in bands ---------------------------------------------------------------------------------
+#: Column bytes per band at most (``band_count``): a band's columns stay in L2 while W passes over them.
+BAND_BYTES = 512 << 10
+
+
+def band_geometry(node: Node, x_info: TensorInfo, w_info: TensorInfo) -> Geometry | None:
+    """The windows of an im2col Conv that ``prepare_bands`` runs in bands, else None: float32, one
+    image, 2-D, group 1, no folded residual, an activation the tiles clamp, at most ``MAX_DEPTH`` column
+    rows (C * kh * kw)."""
+    x_shape, w_shape = x_info.shape, w_info.shape
+    if x_info.dtype != np.float32 or w_info.dtype != np.float32 or len(x_shape) != 4 or len(w_shape) != 4:
+        return None
+    if not all(isinstance(d, int) for d in (*x_shape, *w_shape)) or x_shape[0] != 1:
+        return None
+    attrs = node.attrs
+    if attrs.group != 1 or attrs.residual or clamp_bounds(attrs.fused) is None:
+        return None
+    if int(w_shape[1]) * int(w_shape[2]) * int(w_shape[3]) > MAX_DEPTH:
+        return None
+    return geometry(conv_window(attrs, w_shape), x_shape[2:])
+
+
+def band_count(depth: int, out_h: int, out_w: int, threads: int) -> int:
+    """Bands of whole output rows one image's columns are cut into: ``SPIN_SHARES_PER_THREAD`` a thread,
+    more where a band's columns would pass ``BAND_BYTES``, at most one a row."""
+    by_size = -(-depth * out_h * out_w * 4 // BAND_BYTES)
+    return max(1, min(out_h, max(threads * SPIN_SHARES_PER_THREAD, by_size)))
+
+
+def prepare_bands(
+    fallback: Callable[[Node, Sequence[np.ndarray | None], Out, np.ndarray | None], np.ndarray],
+) -> Callable[[Node, Sequence[TensorInfo | None], Out, np.ndarray | None], BoundCall | None]:
+    """The im2col kernel's ``prepare``: on a spinning run (``threads.spinning``), one image's Conv that
+    ``band_geometry`` takes runs as bands on the tile GEMM; elsewhere, or when the arrays do not fit,
+    ``fallback(node, arrays, out, workspace)`` (im2col with BLAS and the shared epilogue)."""
+
+    def prepare(
+        node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
+    ) -> BoundCall | None:
+        x_info, w_info = inputs[0], inputs[1]
+        geo = None if x_info is None or w_info is None else band_geometry(node, x_info, w_info)
+        if geo is None:
+            return None
+        return _BandCall(node, geo, x_info, w_info, out, fallback, workspace)  # type: ignore[arg-type]
+
+    return prepare
+
+
+class _BandCall:
+    """One im2col Conv node bound to the band job: its window, buffers and bounds worked out once."""
+
+    def __init__(
+        self, node: Node, geo: Geometry, x_info: TensorInfo, w_info: TensorInfo, out: Out,
+        fallback: Callable[[Node, Sequence[np.ndarray | None], Out, np.ndarray | None], np.ndarray],
+        workspace: np.ndarray | None,
+    ) -> None:  # fmt: skip
+        self.node, self.out, self.fallback, self.workspace = node, out, fallback, workspace
+        kernels = int(w_info.shape[0])
+        rows, cols = geo.axes
+        self.out_h, self.out_w = rows.out, cols.out
+        self.depth = int(w_info.shape[1]) * rows.kernel * cols.kernel
+        self.y_shape = (1, kernels, rows.out, cols.out)
+        target = out[0] if out is not None else None
+        ok = target is not None and target.shape == self.y_shape and target.dtype == np.float32
+        self.target = target if ok else None
+        # NOTE: the columns take the im2col kernel's declared workspace (one image's columns).
+        self.columns = Scratch(workspace).take((self.depth * rows.out * cols.out,), np.float32)
+        low, high = clamp_bounds(node.attrs.fused) or (-math.inf, math.inf)
+        self.bounds = np.array([low, high], np.float32)
+        self.no_bias = np.zeros(kernels, np.float32)
+        self.numbers = (0, kernels, rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation,
+                        cols.dilation, rows.pad_begin, cols.pad_begin, rows.out, cols.out,
+                        jit_tile_gemm.BLOCK_BYTES)  # fmt: skip
+        self.bands: dict[int, int] = {}
+        self.block = jit_band_gemm.new_job_block()
+
+    def __call__(self, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        pool = spinning()
+        y = np.empty(self.y_shape, np.float32) if self.target is None else self.target
+        flat_y = flat_images(y) if pool is not None else None
+        if flat_y is None:
+            return [self.fallback(self.node, arrays, self.out, self.workspace)]
+        x, w, b = arrays[0], arrays[1], arrays[2] if len(arrays) > 2 else None
+        x = np.ascontiguousarray(x, np.float32)
+        w = np.ascontiguousarray(w, np.float32).reshape(-1)  # type: ignore[arg-type]
+        bias = self.no_bias if b is None else np.ascontiguousarray(b, np.float32)
+        jit_band_gemm.pack_job(self.block, x, w, bias, self.bounds, flat_y[0], self.columns, self.numbers)
+        pool.run(jit_band_gemm.job_address(), self.block, self._bands(pool.workers + 1))  # type: ignore[union-attr]
+        return [y]
+
+    def _bands(self, threads: int) -> int:
+        found = self.bands.get(threads)
+        if found is None:
+            found = self.bands[threads] = band_count(self.depth, self.out_h, self.out_w, threads)
+        return found

@@ -1,0 +1,152 @@
+"""One image's im2col Conv in bands of output rows on the tile GEMM (``jit_band_gemm``), and the im2col
+and auto Conv kernels bound to it on spinning threads (``own_gemm.prepare_bands``), against a float64
+direct sum and the plain kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetflow.devices.base import Kernel
+from hetflow.devices.cpu import CPUDevice, threads
+from hetflow.devices.cpu.kernels import jit_band_gemm, jit_tile_gemm, own_gemm
+from hetflow.graph import Node
+from hetflow.ops.activation import FusedActivation
+from hetflow.ops.base import TensorInfo, array_infos
+from hetflow.ops.conv import AUTO, IM2COL, ConvAttrs
+from tests.kernels.test_conv_algorithms import _direct_conv
+
+RNG = np.random.default_rng(23)
+KERNELS: dict[str, Kernel] = {k.algorithm: k for k in CPUDevice().kernels.kernels["Conv"]}
+RELU = FusedActivation("Relu")
+CLIP = FusedActivation("Clip", 0.0, 6.0)
+
+# (X shape, W shape, attrs): kernels past whole row blocks of 6, rows past whole vectors, strides,
+# dilations, asymmetric pads, a 7x7 stride-2 first layer.
+CASES = [
+    ((1, 3, 32, 32), (32, 3, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2))),
+    ((1, 5, 17, 19), (13, 5, 3, 3), ConvAttrs(pads=(1, 0, 2, 1))),
+    ((1, 4, 23, 21), (7, 4, 5, 3), ConvAttrs(pads=(2, 1, 2, 1), strides=(2, 3), dilations=(1, 2))),
+    ((1, 3, 64, 64), (20, 3, 7, 7), ConvAttrs(pads=(3, 3, 3, 3), strides=(2, 2))),
+]
+
+
+def _arrays(x_shape, w_shape):  # noqa: ANN001, ANN202
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    w = RNG.standard_normal(w_shape).astype(np.float32)
+    b = RNG.standard_normal(w_shape[0]).astype(np.float32)
+    return x, w, b
+
+
+def _expected(x, w, b, attrs, low=-np.inf, high=np.inf):  # noqa: ANN001, ANN202
+    return np.clip(_direct_conv(x, w, b, attrs), low, high)
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "attrs"), CASES)
+@pytest.mark.parametrize("bands", [1, 2, 5, 1000])
+def test_bands_match_a_direct_sum(x_shape, w_shape, attrs, bands) -> None:  # noqa: ANN001
+    """Every band count (1000: past one a row, clipped to the rows) gives the whole Conv, clamped."""
+    from hetflow.ops.conv import conv_window
+    from hetflow.ops.spatial import geometry
+
+    x, w, b = _arrays(x_shape, w_shape)
+    rows, cols = geometry(conv_window(attrs, w_shape), x_shape[2:]).axes
+    kernels, depth = w_shape[0], w_shape[1] * rows.kernel * cols.kernel
+    y = np.full(kernels * rows.out * cols.out, np.nan, np.float32)
+    columns = np.full(depth * rows.out * cols.out, np.nan, np.float32)
+    bands = min(bands, rows.out)
+    for band in range(bands):
+        jit_band_gemm.band(x, w.reshape(-1), b, np.float32(0.0), np.float32(6.0), y, 0, columns, kernels,
+                           rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation, cols.dilation,
+                           rows.pad_begin, cols.pad_begin, rows.out, cols.out, rows.out * band // bands,
+                           rows.out * (band + 1) // bands, jit_tile_gemm.BLOCK_BYTES)  # fmt: skip
+    want = _expected(x, w, b, attrs, 0.0, 6.0)
+    np.testing.assert_allclose(y.reshape(want.shape), want, rtol=1e-5, atol=1e-4)
+
+
+def _bind(kernel: Kernel, node: Node, arrays: list):  # noqa: ANN202
+    """The kernel bound into a dirty output buffer and workspace, with that buffer."""
+    infos = array_infos(arrays)
+    out = [np.full(kernel.fn(node, arrays)[0].shape, np.nan, np.float32)]
+    nbytes = kernel.workspace(node, infos)
+    workspace = np.full(nbytes, 0xFF, np.uint8) if nbytes else None
+    return kernel.bind(node, infos, out, workspace), out[0]
+
+
+def _count_jobs(monkeypatch) -> list[int]:  # noqa: ANN001
+    """The chunk counts of the spin-pool jobs run from here on."""
+    pool = threads.spin_pool(2)
+    chunks: list[int] = []
+    original = pool.run
+    monkeypatch.setattr(pool, "run", lambda job, block, count: (chunks.append(count), original(job, block, count))[1])
+    return chunks
+
+
+@pytest.mark.parametrize("algorithm", [IM2COL, AUTO])
+@pytest.mark.parametrize("fused", [None, RELU, CLIP], ids=["none", "relu", "clip"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_bound_on_spinning_threads_runs_the_bands(monkeypatch, algorithm, fused, bias) -> None:  # noqa: ANN001
+    x_shape, w_shape, attrs = CASES[0]
+    x, w, b = _arrays(x_shape, w_shape)
+    arrays = [x, w, b if bias else None]
+    node = Node("Conv", "conv", ["x", "w", "b" if bias else ""], ["y"], ConvAttrs(**{**attrs.__dict__, "fused": fused}))
+    kernel = KERNELS[algorithm]
+    expected = kernel.fn(node, arrays)[0]
+    call, target = _bind(kernel, node, arrays)
+    chunks = _count_jobs(monkeypatch)
+    monkeypatch.setattr(threads, "parallel_for", lambda *args: pytest.fail("split on the Python pool"))
+    with threads.own_threads(2, spin=True):
+        for _ in range(2):  # the second call reuses the buffers the first wrote
+            [y] = call(arrays)
+            assert y is target
+            np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
+    assert chunks == [own_gemm.band_count(27, 16, 16, 2)] * 2
+
+
+def test_bound_off_a_spinning_run_calls_the_plain_kernel(monkeypatch) -> None:  # noqa: ANN001
+    x_shape, w_shape, attrs = CASES[1]
+    x, w, b = _arrays(x_shape, w_shape)
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(**{**attrs.__dict__, "fused": RELU}))
+    call, target = _bind(KERNELS[IM2COL], node, [x, w, b])
+    monkeypatch.setattr(jit_band_gemm, "pack_job", lambda *args: pytest.fail("the bands ran"))
+    for context in (threads.own_threads(1), threads.own_threads(2), threads.blas_threads(2)):
+        with context:
+            [y] = call([x, w, b])
+        assert y is target
+        np.testing.assert_allclose(y, _expected(x, w, b, node.attrs, 0.0), rtol=1e-5, atol=1e-4)
+
+
+DECLINED = [
+    ("two images", (2, 3, 16, 16), (8, 3, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), np.float32),
+    ("groups", (1, 4, 16, 16), (8, 2, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=2), np.float32),
+    ("residual", (1, 3, 16, 16), (8, 3, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), residual=True), np.float32),
+    ("sigmoid", (1, 3, 16, 16), (8, 3, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), fused=FusedActivation("Sigmoid")),
+     np.float32),
+    ("too deep", (1, 32, 16, 16), (8, 32, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), np.float32),
+    ("float64", (1, 3, 16, 16), (8, 3, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), np.float64),
+    ("1-D", (1, 3, 16), (8, 3, 3), ConvAttrs(pads=(1, 1)), np.float32),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "x_shape", "w_shape", "attrs", "dtype"), DECLINED, ids=[c[0] for c in DECLINED])
+def test_bands_decline_what_the_tiles_do_not_run(case, x_shape, w_shape, attrs, dtype) -> None:  # noqa: ANN001
+    node = Node("Conv", "conv", ["x", "w"], ["y"], attrs)
+    infos = [TensorInfo(x_shape, np.dtype(dtype)), TensorInfo(w_shape, np.dtype(dtype))]
+    assert own_gemm.band_geometry(node, *infos) is None
+    assert KERNELS[IM2COL].prepare(node, infos, None, None) is None
+
+
+def test_auto_binds_the_bands_only_where_it_picks_im2col() -> None:
+    pointwise = Node("Conv", "conv", ["x", "w"], ["y"], ConvAttrs())
+    infos = [TensorInfo((1, 16, 8, 8), np.dtype(np.float32)), TensorInfo((8, 16, 1, 1), np.dtype(np.float32))]
+    assert KERNELS[AUTO].prepare(pointwise, infos, None, None) is None
+
+
+@pytest.mark.parametrize(("depth", "out_h", "out_w", "threads", "bands"), [
+    (27, 112, 112, 2, 4),  # 1.35 MB of columns: two bands a thread are small enough
+    (147, 112, 112, 2, 15),  # 7.4 MB: bands of at most BAND_BYTES
+    (27, 3, 40, 2, 3),  # no more bands than output rows
+    (27, 112, 112, 1, 3),
+])  # fmt: skip
+def test_band_count(depth, out_h, out_w, threads, bands) -> None:  # noqa: ANN001
+    assert own_gemm.band_count(depth, out_h, out_w, threads) == bands
