@@ -64,6 +64,29 @@ def test_bands_match_a_direct_sum(x_shape, w_shape, attrs, bands) -> None:  # no
     np.testing.assert_allclose(y.reshape(want.shape), want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("band_rows", [1, 3, 100])
+def test_rows_in_bands_reusing_one_stretch_match_a_direct_sum(band_rows) -> None:  # noqa: ANN001
+    """A share's rows taken ``band_rows`` at a time, every band's columns in the same stretch, the stretch
+    only as long as one band needs: nothing is written past it."""
+    from hetflow.ops.conv import conv_window
+    from hetflow.ops.spatial import geometry
+
+    x_shape, w_shape, attrs = CASES[2]
+    x, w, b = _arrays(x_shape, w_shape)
+    rows, cols = geometry(conv_window(attrs, w_shape), x_shape[2:]).axes
+    kernels, depth = w_shape[0], w_shape[1] * rows.kernel * cols.kernel
+    y = np.full(kernels * rows.out * cols.out, np.nan, np.float32)
+    stretch = depth * min(band_rows, rows.out) * cols.out
+    columns = np.full(stretch + 16, -7.0, np.float32)
+    jit_band_gemm.rows(x, w.reshape(-1), b, np.float32(-np.inf), np.float32(np.inf), y, 0, columns[:stretch],
+                       kernels, rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation, cols.dilation,
+                       rows.pad_begin, cols.pad_begin, rows.out, cols.out, 0, rows.out, band_rows,
+                       jit_tile_gemm.BLOCK_BYTES)  # fmt: skip
+    want = _expected(x, w, b, attrs)
+    np.testing.assert_allclose(y.reshape(want.shape), want, rtol=1e-5, atol=1e-4)
+    assert (columns[stretch:] == -7.0).all()
+
+
 def _bind(kernel: Kernel, node: Node, arrays: list):  # noqa: ANN202
     """The kernel bound into a dirty output buffer and workspace, with that buffer."""
     infos = array_infos(arrays)
@@ -100,7 +123,7 @@ def test_bound_on_spinning_threads_runs_the_bands(monkeypatch, algorithm, fused,
             [y] = call(arrays)
             assert y is target
             np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
-    assert chunks == [own_gemm.band_count(27, 16, 16, 2)] * 2
+    assert chunks == [own_gemm.band_plan(27, 16, 16, 2)[0]] * 2
 
 
 def test_bound_off_a_spinning_run_calls_the_plain_kernel(monkeypatch) -> None:  # noqa: ANN001
@@ -142,11 +165,11 @@ def test_auto_binds_the_bands_only_where_it_picks_im2col() -> None:
     assert KERNELS[AUTO].prepare(pointwise, infos, None, None) is None
 
 
-@pytest.mark.parametrize(("depth", "out_h", "out_w", "threads", "bands"), [
-    (27, 112, 112, 2, 4),  # 1.35 MB of columns: two bands a thread are small enough
-    (147, 112, 112, 2, 15),  # 7.4 MB: bands of at most BAND_BYTES
-    (27, 3, 40, 2, 3),  # no more bands than output rows
-    (27, 112, 112, 1, 3),
+@pytest.mark.parametrize(("depth", "out_h", "out_w", "threads", "plan"), [
+    (27, 112, 112, 2, (4, 28)),  # 1.35 MB of columns: a share's 28 rows are one band
+    (147, 112, 112, 2, (4, 7)),  # 7.4 MB: bands of at most BAND_BYTES, 4 a share
+    (27, 3, 40, 2, (3, 1)),  # no more shares than output rows
+    (27, 112, 112, 1, (2, 43)),  # one thread: two shares, each a band of 43 rows and one of 13
 ])  # fmt: skip
-def test_band_count(depth, out_h, out_w, threads, bands) -> None:  # noqa: ANN001
-    assert own_gemm.band_count(depth, out_h, out_w, threads) == bands
+def test_band_plan(depth, out_h, out_w, threads, plan) -> None:  # noqa: ANN001
+    assert own_gemm.band_plan(depth, out_h, out_w, threads) == plan

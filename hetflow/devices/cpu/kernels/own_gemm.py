@@ -220,7 +220,7 @@ def _flat_residual(residual: np.ndarray, y_shape: tuple[int, ...]) -> tuple[np.n
 
 
 # -- im2col in bands ---------------------------------------------------------------------------------
-#: Column bytes per band at most (``band_count``): a band's columns stay in L2 while W passes over them.
+#: Column bytes per band at most (``band_plan``): a band's columns stay in L2 while W passes over them.
 BAND_BYTES = 512 << 10
 
 
@@ -241,11 +241,13 @@ def band_geometry(node: Node, x_info: TensorInfo, w_info: TensorInfo) -> Geometr
     return geometry(conv_window(attrs, w_shape), x_shape[2:])
 
 
-def band_count(depth: int, out_h: int, out_w: int, threads: int) -> int:
-    """Bands of whole output rows one image's columns are cut into: ``SPIN_SHARES_PER_THREAD`` a thread,
-    more where a band's columns would pass ``BAND_BYTES``, at most one a row."""
-    by_size = -(-depth * out_h * out_w * 4 // BAND_BYTES)
-    return max(1, min(out_h, max(threads * SPIN_SHARES_PER_THREAD, by_size)))
+def band_plan(depth: int, out_h: int, out_w: int, threads: int) -> tuple[int, int]:
+    """(shares, band rows) of one image's im2col in bands: ``SPIN_SHARES_PER_THREAD`` ranges of output
+    rows a thread (at most one a row), each taken a band of whole rows at a time, as many as fit in
+    ``BAND_BYTES`` of columns (at least one)."""
+    shares = max(1, min(out_h, threads * SPIN_SHARES_PER_THREAD))
+    fitting = max(1, BAND_BYTES // (depth * out_w * 4))
+    return shares, min(fitting, -(-out_h // shares))
 
 
 def prepare_bands(
@@ -284,15 +286,12 @@ class _BandCall:
         target = out[0] if out is not None else None
         ok = target is not None and target.shape == self.y_shape and target.dtype == np.float32
         self.target = target if ok else None
-        # NOTE: the columns take the im2col kernel's declared workspace (one image's columns).
-        self.columns = Scratch(workspace).take((self.depth * rows.out * cols.out,), np.float32)
         low, high = clamp_bounds(node.attrs.fused) or (-math.inf, math.inf)
         self.bounds = np.array([low, high], np.float32)
         self.no_bias = np.zeros(kernels, np.float32)
-        self.numbers = (0, kernels, rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation,
-                        cols.dilation, rows.pad_begin, cols.pad_begin, rows.out, cols.out,
-                        jit_tile_gemm.BLOCK_BYTES)  # fmt: skip
-        self.bands: dict[int, int] = {}
+        self.window = (0, kernels, rows.kernel, cols.kernel, rows.stride, cols.stride, rows.dilation,
+                       cols.dilation, rows.pad_begin, cols.pad_begin, rows.out, cols.out)  # fmt: skip
+        self.plans: dict[int, tuple[int, tuple[int, ...], np.ndarray]] = {}
         self.block = jit_band_gemm.new_job_block()
 
     def __call__(self, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
@@ -305,12 +304,21 @@ class _BandCall:
         x = np.ascontiguousarray(x, np.float32)
         w = np.ascontiguousarray(w, np.float32).reshape(-1)  # type: ignore[arg-type]
         bias = self.no_bias if b is None else np.ascontiguousarray(b, np.float32)
-        jit_band_gemm.pack_job(self.block, x, w, bias, self.bounds, flat_y[0], self.columns, self.numbers)
-        pool.run(jit_band_gemm.job_address(), self.block, self._bands(pool.workers + 1))  # type: ignore[union-attr]
+        shares, numbers, columns = self._plan(pool.workers + 1)  # type: ignore[union-attr]
+        jit_band_gemm.pack_job(self.block, x, w, bias, self.bounds, flat_y[0], columns, numbers)
+        pool.run(jit_band_gemm.job_address(), self.block, shares)  # type: ignore[union-attr]
         return [y]
 
-    def _bands(self, threads: int) -> int:
-        found = self.bands.get(threads)
+    def _plan(self, threads: int) -> tuple[int, tuple[int, ...], np.ndarray]:
+        """(shares, the job's numbers, the columns buffer) on ``threads`` threads (``band_plan``), worked
+        out on the first call: the buffer holds a band for every share (``jit_band_gemm.rows``), in the
+        im2col kernel's declared workspace (one image's columns) where it fits."""
+        found = self.plans.get(threads)
         if found is None:
-            found = self.bands[threads] = band_count(self.depth, self.out_h, self.out_w, threads)
+            shares, band_rows = band_plan(self.depth, self.out_h, self.out_w, threads)
+            size = shares * self.depth * band_rows * self.out_w
+            workspace = self.workspace if self.workspace is not None and self.workspace.nbytes >= 4 * size else None
+            columns = Scratch(workspace).take((size,), np.float32)
+            numbers = (*self.window, band_rows, jit_tile_gemm.BLOCK_BYTES)
+            found = self.plans[threads] = (shares, numbers, columns)
         return found
