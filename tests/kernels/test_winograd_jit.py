@@ -105,3 +105,42 @@ def test_two_threads_split_the_planes_and_agree_with_one(algorithm, monkeypatch)
         if previous is not None:
             BLAS.set(previous)
     np.testing.assert_allclose(split, single, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", WINOGRADS)
+@pytest.mark.parametrize("fused", [None, FusedActivation("Relu"), FusedActivation("Sigmoid")], ids=["none", "relu", "sigmoid"])
+@pytest.mark.parametrize(("x_shape", "kernels", "pads"), [CASES[0], CASES[2], CASES[4]])
+def test_a_spinning_run_shares_both_transforms_out_on_its_pool(algorithm, fused, x_shape, kernels, pads, monkeypatch):
+    """On spinning threads each transform is one spin-pool job of two shares a thread (their coefficients
+    rebuilt inside the job for F(2,3) and F(4,3)), with the one-thread result."""
+    from hetflow.devices.cpu import threads
+
+    x, w, b = _case(x_shape, kernels)
+    attrs = ConvAttrs(pads=pads, fused=fused)
+    with threads.own_threads(1):
+        single = _run(algorithm, attrs, x, w, b)
+    monkeypatch.setattr(threads, "MIN_OUTPUTS_PER_SPIN_SHARE", 1)
+    monkeypatch.setattr(threads, "parallel_for", lambda *args: pytest.fail("split on the Python pool"))
+    pool = threads.spin_pool(2)
+    jobs = []
+    original = pool.run
+    monkeypatch.setattr(pool, "run", lambda job, block, count: (jobs.append(job), original(job, block, count))[1])
+    with threads.own_threads(2, spin=True, hold_blas=True):
+        spun = _run(algorithm, attrs, x, w, b)
+    transform_jobs = {jit_winograd._input_address(), jit_winograd._output_address()}
+    assert transform_jobs <= set(jobs)
+    np.testing.assert_allclose(spun, single, rtol=1e-6, atol=1e-6)
+
+
+def test_a_spinning_run_keeps_a_strided_output_off_the_pool(monkeypatch):
+    """Y a slice of a Concat's output (not C-contiguous): its output transform runs on the calling thread."""
+    from hetflow.devices.cpu import threads
+
+    x, w, b = _case((1, 4, 9, 9), 3)
+    attrs = ConvAttrs(pads=(1, 1, 1, 1))
+    monkeypatch.setattr(threads, "MIN_OUTPUTS_PER_SPIN_SHARE", 1)
+    concat = np.full((1, 7, 9, 9), np.nan, np.float32)
+    with threads.own_threads(2, spin=True):
+        _run(WINOGRAD_F23, attrs, x, w, b, out=concat[:, 2:5])
+    np.testing.assert_allclose(concat[:, 2:5], _direct_conv(x, w, b, attrs), rtol=1e-4, atol=1e-4)
+    assert np.isnan(concat[:, :2]).all() and np.isnan(concat[:, 5:]).all()
