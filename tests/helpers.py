@@ -64,3 +64,27 @@ def record_splits(monkeypatch, module) -> list[int]:  # noqa: ANN001
 
     monkeypatch.setattr(module, "_split", recording)
     return calls
+
+
+def record_spin_jobs(monkeypatch, min_outputs: int | None = 16, python_pool: bool = False) -> list[tuple[int, int]]:  # noqa: ANN001
+    """Record ``(job, chunks)`` for every job the 2-thread spinning pool runs from here on. ``min_outputs``:
+    the outputs a share needs (``threads.MIN_OUTPUTS_PER_SPIN_SHARE``; None leaves it), so small arrays
+    split; unless ``python_pool``, a split handed to the Python pool fails the test."""
+    import pytest
+
+    from hetflow.devices.cpu import threads
+
+    if min_outputs is not None:
+        monkeypatch.setattr(threads, "MIN_OUTPUTS_PER_SPIN_SHARE", min_outputs)
+    if not python_pool:
+        monkeypatch.setattr(threads, "parallel_for", lambda *args: pytest.fail("split on the Python pool"))
+    pool = threads.spin_pool(2)
+    jobs: list[tuple[int, int]] = []
+    run = pool.run
+
+    def recording(job: int, block: np.ndarray, chunks: int) -> None:
+        jobs.append((job, chunks))
+        run(job, block, chunks)
+
+    monkeypatch.setattr(pool, "run", recording)
+    return jobs

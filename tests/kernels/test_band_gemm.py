@@ -14,6 +14,7 @@ from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import TensorInfo, array_infos
 from hetflow.ops.conv import AUTO, IM2COL, ConvAttrs
+from tests.helpers import record_spin_jobs
 from tests.kernels.test_conv_algorithms import _direct_conv
 
 RNG = np.random.default_rng(23)
@@ -96,15 +97,6 @@ def _bind(kernel: Kernel, node: Node, arrays: list):  # noqa: ANN202
     return kernel.bind(node, infos, out, workspace), out[0]
 
 
-def _count_jobs(monkeypatch) -> list[int]:  # noqa: ANN001
-    """The chunk counts of the spin-pool jobs run from here on."""
-    pool = threads.spin_pool(2)
-    chunks: list[int] = []
-    original = pool.run
-    monkeypatch.setattr(pool, "run", lambda job, block, count: (chunks.append(count), original(job, block, count))[1])
-    return chunks
-
-
 @pytest.mark.parametrize("algorithm", [IM2COL, AUTO])
 @pytest.mark.parametrize("fused", [None, RELU, CLIP], ids=["none", "relu", "clip"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
@@ -116,14 +108,13 @@ def test_bound_on_spinning_threads_runs_the_bands(monkeypatch, algorithm, fused,
     kernel = KERNELS[algorithm]
     expected = kernel.fn(node, arrays)[0]
     call, target = _bind(kernel, node, arrays)
-    chunks = _count_jobs(monkeypatch)
-    monkeypatch.setattr(threads, "parallel_for", lambda *args: pytest.fail("split on the Python pool"))
+    jobs = record_spin_jobs(monkeypatch, min_outputs=None)
     with threads.own_threads(2, spin=True):
         for _ in range(2):  # the second call reuses the buffers the first wrote
             [y] = call(arrays)
             assert y is target
             np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
-    assert chunks == [own_gemm.band_plan(27, 16, 16, 2)[0]] * 2
+    assert [chunks for _, chunks in jobs] == [own_gemm.band_plan(27, 16, 16, 2)[0]] * 2
 
 
 def test_bound_off_a_spinning_run_calls_the_plain_kernel(monkeypatch) -> None:  # noqa: ANN001

@@ -13,6 +13,7 @@ from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import TensorInfo
 from hetflow.ops.norm import BatchNormalization, BatchNormalizationAttrs
+from tests.helpers import record_spin_jobs
 from tests.kernels.test_depthwise_jit import ACTIVATIONS, _activate
 
 CPU = CPUDevice()
@@ -122,3 +123,25 @@ def test_backward_refuses_a_fused_node():
                 BatchNormalizationAttrs(fused=FusedActivation("Relu")))
     with pytest.raises(ValueError, match="fused activation"):
         BatchNormalization().backward(node, [x, *params], [x], [np.ones_like(x)])
+
+
+@pytest.mark.parametrize("fused", [None, FusedActivation("Relu"), FusedActivation("Clip", 0.0, 6.0)],
+                         ids=["none", "relu", "clip"])  # fmt: skip
+def test_a_spinning_run_shares_the_planes_out_on_its_pool(monkeypatch, fused):
+    """On spinning threads the planes are chunks of one spin-pool job, never the Python pool's ranges,
+    with the one-thread result; a strided Y (a Concat's slice) stays on the calling thread."""
+    from hetflow.devices.cpu import threads
+
+    x = RNG.standard_normal((2, 12, 9, 9)).astype(np.float32)  # two images: a channel slice is strided
+    params = _params(12)
+    with threads.own_threads(1):
+        single = _run(x, params, fused)
+    jobs = record_spin_jobs(monkeypatch)
+    concat = np.full((2, 15, 9, 9), np.nan, np.float32)
+    with threads.own_threads(2, spin=True):
+        spun = _run(x, params, fused)
+        _run(x, params, fused, out=concat[:, 1:13])
+    assert [chunks for _, chunks in jobs] == [4]
+    np.testing.assert_array_equal(spun, single)
+    np.testing.assert_array_equal(concat[:, 1:13], single)
+    assert np.isnan(concat[:, 0]).all() and np.isnan(concat[:, 13:]).all()

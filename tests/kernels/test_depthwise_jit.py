@@ -13,6 +13,7 @@ from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import TensorInfo
 from hetflow.ops.conv import DEPTHWISE, ConvAttrs
+from tests.helpers import record_spin_jobs
 from tests.kernels.test_conv_algorithms import _direct_conv
 
 KERNEL = {k.algorithm: k for k in CPUDevice().kernels.kernels["Conv"]}[DEPTHWISE]
@@ -152,22 +153,17 @@ def test_a_spinning_run_shares_the_planes_out_on_its_pool(monkeypatch, x_shape, 
     claimed by both threads, with the one-thread result."""
     from hetflow.devices.cpu import threads
 
-    monkeypatch.setattr(threads, "MIN_OUTPUTS_PER_SPIN_SHARE", 16)
     x, w, b = _case(x_shape, 1, (3, 3))
     with threads.own_threads(1):
         single = _run(attrs, x, w, b)
-    pool = threads.spin_pool(2)
-    chunks = []
-    original = pool.run
-    monkeypatch.setattr(pool, "run", lambda job, block, count: (chunks.append(count), original(job, block, count))[1])
-    monkeypatch.setattr(threads, "parallel_for", lambda *args: pytest.fail("split on the Python pool"))
+    jobs = record_spin_jobs(monkeypatch)
     out = None
     if concat:
         whole = np.full((x_shape[0], x_shape[1] + 3, *single.shape[2:]), np.nan, np.float32)
         out = whole[:, 1 : 1 + x_shape[1]]
     with threads.own_threads(2, spin=True):
         spun = _run(attrs, x, w, b, out=out)
-    assert chunks == [4]
+    assert [chunks for _, chunks in jobs] == [4]
     np.testing.assert_array_equal(spun, single)
     if concat:
         assert np.isnan(whole[:, 0]).all() and np.isnan(whole[:, -2:]).all()

@@ -9,6 +9,7 @@ from hetflow.devices.cpu.kernels import jit_pool, jit_pool_lanes
 from hetflow.ops import registry
 from hetflow.ops.pool import pool_window
 from hetflow.ops.spatial import Geometry, geometry
+from tests.helpers import record_spin_jobs
 
 RNG = np.random.default_rng(11)
 
@@ -159,16 +160,11 @@ def test_a_spinning_run_shares_a_large_pools_planes_out_on_its_pool(monkeypatch,
 
     attrs, shape = CASES[6]  # stride 2, 3 chunks a row, two images
     geo = _geometry(attrs, shape)
-    monkeypatch.setattr(threads, "MIN_OUTPUTS_PER_SPIN_SHARE", 16)
-    pool = threads.spin_pool(2)
-    chunks = []
-    original = pool.run
-    monkeypatch.setattr(pool, "run", lambda job, block, count: (chunks.append(count), original(job, block, count))[1])
-    monkeypatch.setattr(threads, "parallel_for", lambda *args: pytest.fail("split on the Python pool"))
+    jobs = record_spin_jobs(monkeypatch)
     x = RNG.standard_normal(shape).astype(np.float32)
     concat = np.full((shape[0], shape[1] + 2, *geo.out), 7.0, np.float32)
     with threads.own_threads(2, spin=True):
         y, expected = _pool(x, geo, op_type, out=concat[:, 1 : 1 + shape[1]])
-    assert chunks == [4]
+    assert [chunks for _, chunks in jobs] == [4]
     np.testing.assert_allclose(y, expected, rtol=2e-6, atol=2e-6)
     assert (concat[:, 0] == 7).all() and (concat[:, -1] == 7).all()

@@ -18,6 +18,7 @@ from hetflow.ops.conv import DIRECT_FMA, ConvAttrs
 from hetflow.ops.gemm import GemmAttrs
 from hetflow.ops.pool import AveragePoolAttrs, MaxPoolAttrs
 from hetflow.ops.softmax import SoftmaxAttrs
+from tests.helpers import record_spin_jobs
 
 TABLE = CPUDevice().kernels.kernels
 DIRECT = next(k for k in TABLE["Conv"] if k.algorithm == DIRECT_FMA)
@@ -126,10 +127,7 @@ def test_direct_conv_bound_shares_one_image_over_spinning_threads(monkeypatch, x
 
     monkeypatch.setattr(direct, "MIN_PRODUCTS_PER_SPIN_SHARE", 1)
     monkeypatch.setattr(direct, "available_cores", lambda: 2)
-    pool = threads.spin_pool(2)
-    chunks = []
-    original = pool.run
-    monkeypatch.setattr(pool, "run", lambda job, block, count: (chunks.append(count), original(job, block, count))[1])
+    jobs = record_spin_jobs(monkeypatch, min_outputs=None, python_pool=True)
     rng = np.random.default_rng(14)
     x = rng.standard_normal(x_shape).astype(np.float32)
     w = rng.standard_normal(w_shape).astype(np.float32)
@@ -137,7 +135,7 @@ def test_direct_conv_bound_shares_one_image_over_spinning_threads(monkeypatch, x
     node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(pads=(1, 1, 1, 1), fused=RELU))
     with threads.own_threads(2, spin=True):
         _check_bound(DIRECT, node, [x, w, b], rtol=1e-5)
-    assert chunks == [2, 2]
+    assert [chunks for _, chunks in jobs] == [2, 2]
 
 
 def test_direct_conv_does_not_bind_float16():
@@ -168,15 +166,11 @@ def test_small_pool_bound_splits_its_planes_over_spinning_threads(monkeypatch, o
     result."""
     from hetflow.devices.cpu import threads
 
-    monkeypatch.setattr(threads, "MIN_OUTPUTS_PER_SPIN_SHARE", 16)
-    pool = threads.spin_pool(2)
-    chunks = []
-    original = pool.run
-    monkeypatch.setattr(pool, "run", lambda job, block, count: (chunks.append(count), original(job, block, count))[1])
+    jobs = record_spin_jobs(monkeypatch, python_pool=True)
     x = np.random.default_rng(7).standard_normal(x_shape).astype(np.float32)
     with threads.own_threads(2, spin=True):
         _check_bound(_kernel(op_type), Node(op_type, "pool", ["x"], ["y"], attrs), [x])
-    assert chunks == [4] * 4  # the plain call twice (the reference, the buffers' sizes), the bound one twice
+    assert [chunks for _, chunks in jobs] == [4] * 4  # the plain call twice (the reference, the buffers' sizes), the bound one twice
 
 
 def test_max_pool_bound_propagates_nan():

@@ -14,6 +14,7 @@ from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import TensorInfo
 from hetflow.ops.conv import WINOGRAD_F23, WINOGRAD_F43, ConvAttrs
+from tests.helpers import record_spin_jobs
 from tests.kernels.test_conv_algorithms import _direct_conv
 from tests.kernels.test_depthwise_jit import ACTIVATIONS, _activate
 
@@ -119,16 +120,11 @@ def test_a_spinning_run_shares_both_transforms_out_on_its_pool(algorithm, fused,
     attrs = ConvAttrs(pads=pads, fused=fused)
     with threads.own_threads(1):
         single = _run(algorithm, attrs, x, w, b)
-    monkeypatch.setattr(threads, "MIN_OUTPUTS_PER_SPIN_SHARE", 1)
-    monkeypatch.setattr(threads, "parallel_for", lambda *args: pytest.fail("split on the Python pool"))
-    pool = threads.spin_pool(2)
-    jobs = []
-    original = pool.run
-    monkeypatch.setattr(pool, "run", lambda job, block, count: (jobs.append(job), original(job, block, count))[1])
+    jobs = record_spin_jobs(monkeypatch, min_outputs=1)
     with threads.own_threads(2, spin=True, hold_blas=True):
         spun = _run(algorithm, attrs, x, w, b)
     transform_jobs = {jit_winograd._input_address(), jit_winograd._output_address()}
-    assert transform_jobs <= set(jobs)
+    assert transform_jobs <= {job for job, _ in jobs}
     np.testing.assert_allclose(spun, single, rtol=1e-6, atol=1e-6)
 
 

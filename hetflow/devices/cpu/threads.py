@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
@@ -365,6 +365,17 @@ MIN_OUTPUTS_PER_SPIN_SHARE = 2048
 #: Shares per thread of a spinning run's plane split: threads claim them one at a time, so a thread the
 #: hypervisor stalls leaves its later share to the other.
 SPIN_SHARES_PER_THREAD = 2
+
+
+def spin_split(planes: int, outputs_per_plane: int, arrays: Sequence[np.ndarray]) -> tuple[SpinPool, int] | None:
+    """(the spinning run's pool, the shares) where a compiled per-plane loop over ``arrays`` splits as a
+    spin-pool job: a spinning run (``spinning``), float32 C-contiguous arrays (a job reads them by
+    address and shape), and two shares' worth of planes at least (``spin_plane_shares``); else None."""
+    pool = _spinning
+    if pool is None or not all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays):
+        return None
+    shares = spin_plane_shares(planes, outputs_per_plane, intra_op_threads())
+    return (pool, shares) if shares > 1 else None
 
 
 def spin_plane_shares(planes: int, outputs_per_plane: int, threads: int) -> int:

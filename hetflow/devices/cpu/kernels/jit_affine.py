@@ -3,14 +3,18 @@
 numpy's form is three passes over the tensor (multiply, add, then the activation fused into the
 BatchNormalization by ``passes/fuse_activation``). DenseNet's pre-activation blocks run 62 of them on
 values no Conv precedes, so they cannot be folded away: one pass per plane reads X once and writes Y
-once. Planes are split over the session's kernel threads; the loop releases the GIL.
+once. Planes are split over the session's kernel threads (the loop releases the GIL), on a spinning
+run as a job of its pool.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 
+from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels.jit_epilogue import (
     CLIP,
     LEAKY_RELU,
@@ -19,7 +23,8 @@ from hetflow.devices.cpu.kernels.jit_epilogue import (
     activation_code,
     planes_view,
 )
-from hetflow.devices.cpu.threads import split_planes
+from hetflow.devices.cpu.spin_pool import float32_1d, float32_3d, put_arrays
+from hetflow.devices.cpu.threads import spin_split, split_planes
 from hetflow.ops.activation import FusedActivation
 
 
@@ -39,6 +44,14 @@ def channel_affine(
     factor = np.ascontiguousarray(factor, y.dtype)
     shift = np.ascontiguousarray(shift, y.dtype)
 
+    count, size = planes.shape[0] * planes.shape[1], planes.shape[2]
+    found = spin_split(count, size, (planes, factor, shift, targets, constants))
+    if found is not None:
+        pool, shares = found
+        block = np.empty(_BLOCK_SLOTS, np.int64)
+        block[put_arrays(block, 0, (planes, factor, shift, targets, constants))] = code
+        pool.run(_job_address(), block, shares)
+        return code != NO_ACTIVATION or fused is None
     split_planes(
         lambda first, last: _planes(planes, factor, shift, targets, first, last, code, constants),
         lambda parts: _split(parts, planes, factor, shift, targets, code, constants),
@@ -79,3 +92,22 @@ def _planes(x, factor, shift, y, first, last, code, constants):  # noqa: ANN001
         else:
             for p in range(size):
                 y[image, channel, p] = x[image, channel, p] * a + b
+
+
+# -- on the spinning pool ----------------------------------------------------------------------------
+#: Slots of a job's argument block: X (3-D), the factor, the shift (1-D), Y (3-D), the activation's
+#: constants (1-D), then its code.
+_BLOCK_SLOTS = 4 + 2 + 2 + 4 + 2 + 1
+
+
+def _job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """A range of the planes through ``_planes``, as a spin-pool job."""
+    x, factor, shift, y = float32_3d(args, 0), float32_1d(args, 4), float32_1d(args, 6), float32_3d(args, 8)
+    planes = x.shape[0] * x.shape[1]
+    _planes(x, factor, shift, y, planes * chunk // chunks, planes * (chunk + 1) // chunks, args[14],
+            float32_1d(args, 12))  # fmt: skip
+
+
+@functools.cache
+def _job_address() -> int:
+    return spin_pool.job(_job)

@@ -31,8 +31,8 @@ import numpy as np
 
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels.jit_epilogue import NO_ACTIVATION, activation_code, store_activated
-from hetflow.devices.cpu.spin_pool import SpinPool, float32_1d, float32_3d, float32_4d, put_arrays, put_values
-from hetflow.devices.cpu.threads import intra_op_threads, parallel_planes, spin_plane_shares, spinning
+from hetflow.devices.cpu.spin_pool import float32_1d, float32_3d, float32_4d, put_arrays, put_values
+from hetflow.devices.cpu.threads import parallel_planes, spin_split
 from hetflow.ops.activation import FusedActivation
 
 Coefficients = tuple[tuple[float, ...], ...]
@@ -208,16 +208,6 @@ _INPUT_SLOTS = 5 + 2 + 4 + 6
 _OUTPUT_SLOTS = 4 + 2 + 2 + 2 + 5 + 4
 
 
-def _spin_pool(planes: int, per_plane: int, arrays: tuple[np.ndarray, ...]) -> tuple[SpinPool, int] | None:
-    """(the spinning run's pool, the shares) where a transform splits there: a spinning run, float32
-    C-contiguous arrays, and at least two shares' worth of planes (``spin_plane_shares``)."""
-    pool = spinning()
-    if pool is None or not all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays):
-        return None
-    shares = spin_plane_shares(planes, per_plane, intra_op_threads())
-    return (pool, shares) if shares > 1 else None
-
-
 @functools.lru_cache(maxsize=16)
 def _flat(matrix: Coefficients) -> np.ndarray:
     """A coefficient matrix as the flat float32 array a job reads (never written: shared by calls)."""
@@ -227,7 +217,7 @@ def _flat(matrix: Coefficients) -> np.ndarray:
 def _spin_input(x: np.ndarray, bt: Coefficients, v: np.ndarray, numbers: tuple[int, ...], planes: int,
                 per_plane: int) -> bool:  # fmt: skip
     """``_input_planes`` over every plane on a spinning run's pool; False where it does not split there."""
-    found = _spin_pool(planes, per_plane, (x, v))
+    found = spin_split(planes, per_plane, (x, v))
     if found is None:
         return False
     pool, shares = found
@@ -240,7 +230,7 @@ def _spin_input(x: np.ndarray, bt: Coefficients, v: np.ndarray, numbers: tuple[i
 def _spin_output(products: np.ndarray, at: Coefficients, bias: np.ndarray, y: np.ndarray, constants: np.ndarray,
                  numbers: tuple[int, ...], planes: int, per_plane: int) -> bool:  # fmt: skip
     """``_output_planes`` over every plane on a spinning run's pool; False where it does not split there."""
-    found = _spin_pool(planes, per_plane, (products, bias, y, constants))
+    found = spin_split(planes, per_plane, (products, bias, y, constants))
     if found is None:
         return False
     pool, shares = found
