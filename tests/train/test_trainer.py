@@ -84,6 +84,7 @@ def test_tape_gradients_of_a_whole_network_match_finite_differences() -> None:
 
     grads = tape.backward(tape.forward({"data": x}), {train.scores: weights})
     assert set(grads) == set(params)
+    noise = 8 * np.finfo(np.float64).eps * abs(loss()) / (2 * STEP)
     for name in params:
         array = train.graph.initializers[name]
         numeric = np.zeros_like(array)
@@ -96,8 +97,9 @@ def test_tape_gradients_of_a_whole_network_match_finite_differences() -> None:
             minus = loss()
             array[position] = original
             numeric[position] = (plus - minus) / (2 * STEP)
-        if np.abs(numeric).max() < 1e-9:
-            # A conv bias before training-mode BatchNormalization: the batch mean cancels it exactly.
+        if np.abs(numeric).max() <= noise:
+            # A conv bias before training-mode BatchNormalization: the batch mean cancels it exactly, and
+            # the differences are the loss's rounding (a few ULPs over 2 * STEP).
             assert np.abs(grads[name]).max() < 1e-9, name
             continue
         assert relative_error(grads[name], numeric) <= 1e-5, name
