@@ -213,11 +213,14 @@ DISPATCHERS = ("default", "auto")
 #: runs call it, it has a model of its own.
 SPIN_MARK = "@spin"
 #: The layers a spinning run splits: one image's direct Conv shared out by kernel blocks, the fully
-#: connected layers' products split by columns, and the depthwise Conv's and the pools' planes shared
-#: out on the spinning pool (``threads.spin_plane_shares``; elsewhere they split on the Python pool only
-#: from 1 Mi outputs beside BLAS's threads, so their plain models are about one thread's time).
+#: connected layers' products split by columns (im2col's and Winograd's GEMMs too, with BLAS held at one
+#: thread in a large network's run), and the planes of the depthwise Conv, the pools, Winograd's
+#: transforms, BatchNormalization and LRN shared out on the spinning pool (``threads.spin_split``;
+#: elsewhere they split on the Python pool only from 1 Mi outputs beside BLAS's threads, so their plain
+#: models are about one thread's time).
 SPIN_SPLIT_KEYS = frozenset({
     "Conv/direct_fma", "Gemm/default", "MatMul/default", "Conv/depthwise", "MaxPool/default", "AveragePool/default",
+    "Conv/im2col", "Conv/winograd_f23", "Conv/winograd_f43", "BatchNormalization/default", "LRN/default",
 })  # fmt: skip
 
 

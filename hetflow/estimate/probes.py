@@ -33,9 +33,12 @@ class Probe:
     #: timed as a batch run of a big convolutional network runs: BLAS at one thread, each GEMM split
     #: over the run's threads by hetflow (``hetflow.runtime.executor.splits_gemms``).
     split: bool = False
-    #: timed as one example through a small convolutional network runs: on the spinning pool
-    #: (``hetflow.runtime.executor.spins``), its direct Convs and fully connected layers split there.
+    #: timed as one example through a convolutional network runs: on the spinning pool
+    #: (``hetflow.runtime.executor.spins``), its layers split there.
     spin: bool = False
+    #: with ``spin``: BLAS held at one thread meanwhile, as a large network's spinning run holds it
+    #: (``executor.SPIN_BLAS_MAX_CONV_MACS``); a small network's leaves BLAS its threads.
+    hold_blas: bool = False
 
 
 class _Model:
@@ -233,6 +236,7 @@ def _conv_probes() -> list[Probe]:
         ((3, 224, 64, 7, 2, 3), {}, True),
         ((3, 227, 96, 11, 4, 0), {}, False),
         ((3, 112, 32, 3, 2, 1), {}, False),
+        ((3, 224, 32, 3, 2, 1), {}, False),
         ((1, 28, 20, 5, 1, 0), {}, True),
         # A single input channel at batch 16 (MNIST's first layer): the direct kernel's pass per image
         # dominates, 33 GMAC/s where the fit of the other shapes said 65.
@@ -279,6 +283,12 @@ def _conv_probes() -> list[Probe]:
         ((480, 14, 96, 1), {}, True),
         ((2048, 7, 512, 1), {}, False),
         ((16, 112, 96, 1), {}, False),
+        # the thin 1x1 layers of SqueezeNet's fire modules and MobileNet v2's bottlenecks at batch 1.
+        ((96, 55, 16, 1), {}, False),
+        ((16, 55, 64, 1), {}, False),
+        ((512, 13, 64, 1), {}, False),
+        ((24, 56, 144, 1), {}, False),
+        ((960, 7, 160, 1), {}, False),
         ((64, 56, 64, 1), {"batch": 8}, False),
         ((240, 28, 240, 1), {"group": 4}, False),
         ((544, 14, 136, 1), {"group": 4, "batch": 4}, False),
@@ -292,13 +302,14 @@ def _conv_probes() -> list[Probe]:
         ((144, 56, 144, 3), {"group": 144}, False),
         ((192, 28, 192, 3), {"group": 192, "batch": 4}, False),
         ((384, 14, 384, 3), {"group": 384}, True),
+        ((272, 14, 272, 3), {"group": 272}, False),
         ((960, 7, 960, 3), {"group": 960}, False),
         ((60, 28, 60, 3, 2, 1), {"group": 60, "batch": 8}, False),
         ((576, 14, 576, 3), {"group": 576, "batch": 8}, False),
     ]
     probes = []
     for args, kwargs, quick in specs:
-        probes.append(Probe(_conv_label(args, kwargs), conv(*args, **kwargs), quick))
+        probes.append(_conv_probe(args, kwargs, quick))
     for args, kwargs in BATCH_RUN_CONVS:
         probes.append(Probe(_conv_label(args, kwargs) + " split", conv(*args, **kwargs), split=True))
     for args, kwargs in SPIN_RUN_CONVS:
@@ -306,10 +317,28 @@ def _conv_probes() -> list[Probe]:
     return probes
 
 
-#: Convolutions as batch-1 runs have them on the spinning pool (``executor.spins``): the small
-#: networks' direct Convs (timed alone, one thread computed them, and mentee's and cifar10-quick's
-#: predictions came out 30-38% slow), the first layers that run in bands on the tile GEMM, and the
-#: depthwise layers, whose planes that pool shares out.
+#: Multiply-adds from which a batch-1 Conv probe is timed with BLAS held at one thread: a layer of a
+#: network past ``executor.SPIN_BLAS_MAX_CONV_MACS`` in all (the small networks' layers are under it).
+SPIN_HOLD_BLAS_MIN_MACS = 8_000_000
+
+
+def _conv_probe(args: tuple, kwargs: dict, quick: bool) -> Probe:
+    """A Conv probe as runs have the layer: one image spins (``executor.spins``: every batch-1 run of
+    a convolutional network does), with BLAS held at one thread where the layer is a large network's;
+    a batch is timed beside BLAS's threads (as a small network's batch runs)."""
+    label = _conv_label(args, kwargs)
+    if kwargs.get("batch", 1) > 1:
+        return Probe(label, conv(*args, **kwargs), quick)
+    channels, size, kernels, kernel = args[:4]
+    stride = args[4] if len(args) > 4 else 1
+    out = -(-size // stride)
+    macs = channels // kwargs.get("group", 1) * kernel * kernel * kernels * out * out
+    hold = macs >= SPIN_HOLD_BLAS_MIN_MACS
+    return Probe(label + " spin", conv(*args, **kwargs), quick, spin=True, hold_blas=hold)
+
+
+#: More of the small networks' direct Convs at batch 1, spinning (``_conv_probe``): timed alone, one
+#: thread computed them, and mentee's and cifar10-quick's predictions came out 30-38% slow.
 SPIN_RUN_CONVS: list[tuple[tuple, dict]] = [
     ((20, 12, 50, 5, 1, 0), {}),
     ((32, 16, 32, 5), {}),
@@ -318,16 +347,6 @@ SPIN_RUN_CONVS: list[tuple[tuple, dict]] = [
     ((32, 32, 32, 3), {}),
     ((64, 16, 64, 3), {}),
     ((64, 8, 128, 3), {}),
-    # first layers of 3 channels: one image's im2col in bands on the tile GEMM (``own_gemm.prepare_bands``).
-    ((3, 224, 32, 3, 2, 1), {}),
-    ((3, 224, 64, 7, 2, 3), {}),
-    # depthwise (MobileNet, ShuffleNet at batch 1): their planes shared out on the spinning pool.
-    ((32, 112, 32, 3), {"group": 32}),
-    ((96, 112, 96, 3, 2, 1), {"group": 96}),
-    ((144, 56, 144, 3), {"group": 144}),
-    ((272, 14, 272, 3), {"group": 272}),
-    ((576, 14, 576, 3), {"group": 576}),
-    ((960, 7, 960, 3), {"group": 960}),
 ]
 
 
@@ -416,6 +435,12 @@ def catalogue() -> list[Probe]:
         # The small networks' hidden layers at batch 16: 40% slower than the big layers' fit said.
         Probe("fc 800 -> 500 relu b16", fully_connected(16, 800, 500, relu=True)),
         Probe("fc 1024 -> 64 b16", fully_connected(16, 1024, 64)),
+        # LRN and BatchNormalization as batch-1 runs split them, on the spinning pool.
+        Probe("lrn 96x55 spin", lrn(96, 55), spin=True, hold_blas=True),
+        Probe("lrn 192x56 spin", lrn(192, 56), spin=True, hold_blas=True),
+        Probe("lrn 256x13 spin", lrn(256, 13), spin=True, hold_blas=True),
+        Probe("batchnorm relu 256x28 spin", batchnorm((1, 256, 28, 28), relu=True), spin=True, hold_blas=True),
+        Probe("batchnorm relu 512x14 spin", batchnorm((1, 512, 14, 14), relu=True), spin=True, hold_blas=True),
         # Pools as batch-1 runs split them, their planes shared out on the spinning pool.
         Probe("maxpool 3x3/2 64x112 spin", pool("MaxPool", 64, 112, 3, 2, 1), spin=True),
         Probe("maxpool 3x3/2 96x55 spin", pool("MaxPool", 96, 55, 3, 2), spin=True),

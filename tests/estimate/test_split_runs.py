@@ -300,11 +300,11 @@ def test_pointwise_layers_on_the_own_gemm_have_a_key_of_their_own(channels, side
 ])  # fmt: skip
 def test_one_images_im2col_in_bands_has_a_key_of_its_own(kernels, channels, kernel, batch, bands) -> None:  # noqa: ANN001
     """A spinning run multiplies one image's shallow im2col Conv in bands on the tile GEMM: keyed ``@own``
-    there, plain elsewhere."""
+    there; any other im2col it splits (``@spin``); plain elsewhere."""
     from onnx import TensorProto, helper, numpy_helper
 
     from hetflow.devices.cpu import CPUDevice
-    from hetflow.estimate.predict import OWN_GEMM_MARK, layer_key
+    from hetflow.estimate.predict import OWN_GEMM_MARK, SPIN_MARK, layer_key
     from hetflow.frontends import load_model
     from hetflow.ops.conv import IM2COL
     from hetflow.runtime.planner import input_infos
@@ -321,5 +321,32 @@ def test_one_images_im2col_in_bands_has_a_key_of_its_own(kernels, channels, kern
     conv = graph.nodes[0]
     kernel_ = next(k for k in CPUDevice().kernels.kernels["Conv"] if k.algorithm == IM2COL)
     assert kernel_.reason_unsupported(conv, input_infos(graph, conv)) is None
-    assert layer_key(conv, kernel_, graph, spinning=True) == "Conv/im2col" + (OWN_GEMM_MARK if bands else "")
+    assert layer_key(conv, kernel_, graph, spinning=True) == "Conv/im2col" + (OWN_GEMM_MARK if bands else SPIN_MARK)
     assert layer_key(conv, kernel_, graph) == "Conv/im2col"
+
+
+def test_batch_1_conv_probes_are_timed_spinning_as_batch_1_runs_are() -> None:
+    """Every batch-1 run of a convolutional network spins (``executor.spins``): its Conv probes are timed
+    so, BLAS held at one thread for a large network's layers; batches keep BLAS's threads or split."""
+    from hetflow.estimate import probes
+
+    catalogue = probes.catalogue()
+    convs = [p for p in catalogue if p.name.startswith("conv ")]
+    for probe in convs:
+        batched = "batch=" in probe.name
+        assert probe.spin is (not batched and not probe.split), probe.name
+        assert not (probe.hold_blas and not probe.spin), probe.name
+    by_name = {p.name: p for p in convs}
+    assert by_name["conv 64x56x56 -> 64 k3 spin"].hold_blas  # 115 M multiply-adds: a large network's
+    assert not by_name["conv 1x28x28 -> 20 k5 s1 spin"].hold_blas  # LeNet's first layer
+    assert any(p.quick and p.spin for p in convs)  # the quick calibration spins too
+
+
+def test_a_calibration_builds_each_probe_model_once() -> None:
+    from hetflow.estimate import calibrate, probes
+
+    builds = []
+    probe = probes.Probe("counted", lambda: builds.append(1) or len(builds))
+    once = calibrate._built_once(probe)
+    assert [once.build(), once.build(), once.build()] == [1, 1, 1]
+    assert len(builds) == 1 and once.name == "counted"
