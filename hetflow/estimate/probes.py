@@ -257,7 +257,7 @@ def _conv_probes() -> list[Probe]:
         ((256, 13, 384, 3), {}, False),
         ((64, 56, 128, 3, 2, 1), {}, False),
         ((256, 28, 256, 3, 2, 1), {}, False),
-        ((32, 16, 32, 3), {"batch": 16}, False),
+        ((32, 16, 32, 3), {"batch": 16}, True),  # quick: the plain im2col, Winograd and direct keys
         ((128, 8, 128, 3), {"batch": 16}, False),
         # DenseNet's growth layers (3x3, 128 -> 32, at every scale) and GoogLeNet's 5x5 reductions.
         ((128, 56, 32, 3), {}, False),
@@ -289,7 +289,7 @@ def _conv_probes() -> list[Probe]:
         ((512, 13, 64, 1), {}, False),
         ((24, 56, 144, 1), {}, False),
         ((960, 7, 160, 1), {}, False),
-        ((64, 56, 64, 1), {"batch": 8}, False),
+        ((64, 56, 64, 1), {"batch": 8}, True),  # quick: the plain pointwise key
         ((240, 28, 240, 1), {"group": 4}, False),
         ((544, 14, 136, 1), {"group": 4, "batch": 4}, False),
         ((512, 13, 1000, 1), {}, False),
@@ -300,7 +300,7 @@ def _conv_probes() -> list[Probe]:
         ((32, 112, 32, 3), {"group": 32}, True),
         ((96, 112, 96, 3, 2, 1), {"group": 96}, False),
         ((144, 56, 144, 3), {"group": 144}, False),
-        ((192, 28, 192, 3), {"group": 192, "batch": 4}, False),
+        ((192, 28, 192, 3), {"group": 192, "batch": 4}, True),  # quick: the plain depthwise key
         ((384, 14, 384, 3), {"group": 384}, True),
         ((272, 14, 272, 3), {"group": 272}, False),
         ((960, 7, 960, 3), {"group": 960}, False),
