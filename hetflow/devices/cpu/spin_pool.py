@@ -277,6 +277,14 @@ def put_values(block, slot, values):  # noqa: ANN001, ANN201
     return slot
 
 
+def argument_block(slots: int, arrays: tuple[np.ndarray, ...], numbers: tuple[int, ...]) -> np.ndarray:
+    """A job's argument block of ``slots`` int64: ``arrays`` (C-contiguous; ``put_arrays``) then
+    ``numbers``, filled in compiled code."""
+    block = np.empty(slots, np.int64)
+    put_values(block, put_arrays(block, 0, arrays), numbers)
+    return block
+
+
 ArgumentItem = np.ndarray | int | bool
 
 

@@ -23,7 +23,7 @@ from hetflow.devices.cpu.kernels.jit_epilogue import (
     activation_code,
     planes_view,
 )
-from hetflow.devices.cpu.spin_pool import float32_1d, float32_3d, put_arrays
+from hetflow.devices.cpu.spin_pool import argument_block, float32_1d, float32_3d
 from hetflow.devices.cpu.threads import spin_split, split_planes
 from hetflow.ops.activation import FusedActivation
 
@@ -48,9 +48,8 @@ def channel_affine(
     found = spin_split(count, size, (planes, factor, shift, targets, constants))
     if found is not None:
         pool, shares = found
-        block = np.empty(_BLOCK_SLOTS, np.int64)
-        block[put_arrays(block, 0, (planes, factor, shift, targets, constants))] = code
-        pool.run(_job_address(), block, shares)
+        arrays = (planes, factor, shift, targets, constants)
+        pool.run(_job_address(), argument_block(_BLOCK_SLOTS, arrays, (code,)), shares)
         return code != NO_ACTIVATION or fused is None
     split_planes(
         lambda first, last: _planes(planes, factor, shift, targets, first, last, code, constants),

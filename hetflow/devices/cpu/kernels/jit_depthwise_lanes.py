@@ -35,8 +35,8 @@ from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels import window_lanes as wl
 from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, RELU
 from hetflow.devices.cpu.kernels.window_lanes import LANES, PLANE_BLOCK, STRIDES, VectorShape
-from hetflow.devices.cpu.spin_pool import float32_1d, float32_4d, put_arrays, put_values
-from hetflow.devices.cpu.threads import intra_op_threads, run_planes, spin_plane_shares, spinning
+from hetflow.devices.cpu.spin_pool import argument_block, float32_1d, float32_4d
+from hetflow.devices.cpu.threads import run_planes, spin_split
 
 _FLOAT32 = np.dtype(np.float32)
 _SHAPES = tuple(VectorShape(rows, stride) for rows in (1, 2, 4) for stride in STRIDES)
@@ -73,11 +73,10 @@ def depthwise(
     flat_w = w.reshape(-1)
     tail = (*window, max(1, shuffle_groups))
     planes = x.shape[0] * x.shape[1]
-    pool = spinning()
-    shares = spin_plane_shares(planes, out[0] * out[1], intra_op_threads()) if pool is not None else 1
-    if shares > 1 and x.flags.c_contiguous and flat_w.flags.c_contiguous:
-        block = np.empty(_BLOCK_SLOTS, np.int64)
-        _pack(block, x, flat_w, bias, activation, y, (image_stride, *out, *tail))
+    found = spin_split(planes, out[0] * out[1], (x, flat_w, bias, activation, y))
+    if found is not None:
+        pool, shares = found
+        block = argument_block(_BLOCK_SLOTS, (x, flat_w, bias, activation, y), (image_stride, *out, *tail))
         pool.run(_job_address(), block, shares)
         return
     head = (x, flat_w, bias, activation, y, image_stride, *out)
@@ -85,18 +84,13 @@ def depthwise(
 
 
 # -- on the spinning pool ----------------------------------------------------------------------------
-#: Slots of a job's argument block (``_pack``): X (4-D), W, the bias, the activation and Y (1-D each),
-#: then 12 numbers: image_stride, out_h, out_w, kh, kw, sh, sw, dh, dw, pad_top, pad_left, groups.
+#: Slots of a job's argument block: X (4-D), W, the bias, the activation and Y (1-D each), then 12
+#: numbers: image_stride, out_h, out_w, kh, kw, sh, sw, dh, dw, pad_top, pad_left, groups.
 _BLOCK_SLOTS = 25
 
 
-@numba.njit(nogil=True, cache=True)
-def _pack(block, x, w, bias, activation, y, numbers):  # noqa: ANN001, ANN202
-    put_values(block, put_arrays(block, 0, (x, w, bias, activation, y)), numbers)
-
-
 def _planes_job(args, chunk, chunks):  # noqa: ANN001, ANN202
-    """A range of X's planes through ``vector_planes``, as a spin-pool job (``_pack``'s argument block)."""
+    """A range of X's planes through ``vector_planes``, as a spin-pool job."""
     x = float32_4d(args, 0)
     w, bias, activation, y = float32_1d(args, 5), float32_1d(args, 7), float32_1d(args, 9), float32_1d(args, 11)
     planes = x.shape[0] * x.shape[1]

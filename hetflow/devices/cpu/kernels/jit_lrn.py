@@ -21,7 +21,7 @@ import numba
 import numpy as np
 
 from hetflow.devices.cpu import spin_pool
-from hetflow.devices.cpu.spin_pool import float32_3d, put_arrays, put_values
+from hetflow.devices.cpu.spin_pool import argument_block, float32_3d
 from hetflow.devices.cpu.threads import run_planes, spin_split
 
 #: Positions taken together: long enough for the vector loops, short enough that the window's rows stay
@@ -40,9 +40,7 @@ def lrn(x: np.ndarray, y: np.ndarray, before: int, after: int, alpha: float, bet
     found = spin_split(batch * runs, channels * min(RUN, positions), (x, y))
     if found is not None:
         pool, shares = found
-        block = np.empty(_BLOCK_SLOTS, np.int64)
-        put_values(block, put_arrays(block, 0, (x, y, constants)), numbers)
-        pool.run(_job_address(), block, shares)
+        pool.run(_job_address(), argument_block(_BLOCK_SLOTS, (x, y, constants), numbers), shares)
         return
     run_planes(_runs, _split, (x, y), (before, after, constants), batch * runs, channels * min(RUN, positions))
 

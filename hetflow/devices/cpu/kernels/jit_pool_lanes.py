@@ -50,7 +50,7 @@ from hetflow.devices.cpu.kernels.window_lanes import (
     walk_taps,
 )
 from hetflow.devices.cpu.spin_pool import SpinPool, float32_1d, float32_2d, float32_4d, put_array, put_values
-from hetflow.devices.cpu.threads import intra_op_threads, run_planes, spin_plane_shares, spinning
+from hetflow.devices.cpu.threads import run_planes, spin_split
 from hetflow.ops.spatial import Geometry
 
 __all__ = ["PLANE_BLOCK", "applies", "pool", "rows_per_vector", "vector_planes"]
@@ -73,11 +73,10 @@ def pool(
     ``image_stride`` apart) of ``out`` (OH, OW), ``window`` (kh, kw, sh, sw, dh, dw, pad_top, pad_left):
     the maximum, or the sum times ``scale`` [OH, OW]."""
     planes = x.shape[0] * x.shape[1]
-    pool = spinning()
-    shares = spin_plane_shares(planes, out[0] * out[1], intra_op_threads()) if pool is not None else 1
-    if shares > 1 and x.flags.c_contiguous and scale.flags.c_contiguous:
-        numbers = (image_stride, *out, *window, int(is_max))
-        spin_planes(x, y, numbers, scale, shares, pool, new_planes_block())
+    found = spin_split(planes, out[0] * out[1], (x, y, scale))
+    if found is not None:
+        pool, shares = found
+        spin_planes(x, y, (image_stride, *out, *window, int(is_max)), scale, shares, pool, new_planes_block())
         return
     head = (x, y, image_stride, *out)
     tail = (*window, is_max, scale)

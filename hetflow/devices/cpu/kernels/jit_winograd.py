@@ -31,7 +31,7 @@ import numpy as np
 
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels.jit_epilogue import NO_ACTIVATION, activation_code, store_activated
-from hetflow.devices.cpu.spin_pool import float32_1d, float32_3d, float32_4d, put_arrays, put_values
+from hetflow.devices.cpu.spin_pool import argument_block, float32_1d, float32_3d, float32_4d
 from hetflow.devices.cpu.threads import parallel_planes, spin_split
 from hetflow.ops.activation import FusedActivation
 
@@ -221,9 +221,7 @@ def _spin_input(x: np.ndarray, bt: Coefficients, v: np.ndarray, numbers: tuple[i
     if found is None:
         return False
     pool, shares = found
-    block = np.empty(_INPUT_SLOTS, np.int64)
-    put_values(block, put_arrays(block, 0, (x, _flat(bt), v)), numbers)
-    pool.run(_input_address(), block, shares)
+    pool.run(_input_address(), argument_block(_INPUT_SLOTS, (x, _flat(bt), v), numbers), shares)
     return True
 
 
@@ -234,16 +232,20 @@ def _spin_output(products: np.ndarray, at: Coefficients, bias: np.ndarray, y: np
     if found is None:
         return False
     pool, shares = found
-    block = np.empty(_OUTPUT_SLOTS, np.int64)
-    put_values(block, put_arrays(block, 0, (products, _flat(at), bias, constants, y)), numbers)
-    pool.run(_output_address(), block, shares)
+    arrays = (products, _flat(at), bias, constants, y)
+    pool.run(_output_address(), argument_block(_OUTPUT_SLOTS, arrays, numbers), shares)
     return True
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _row(c, start, size):  # noqa: ANN001, ANN202
-    if size == 4:
-        return (c[start], c[start + 1], c[start + 2], c[start + 3])
+def _row4(c, start):  # noqa: ANN001, ANN202
+    """Four coefficients from ``start`` of the flat ``c`` as a tuple (a row of F(2,3)'s matrices)."""
+    return (c[start], c[start + 1], c[start + 2], c[start + 3])
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _row6(c, start):  # noqa: ANN001, ANN202
+    """Six coefficients from ``start`` of the flat ``c`` as a tuple (a row of F(4,3)'s matrices)."""
     return (c[start], c[start + 1], c[start + 2], c[start + 3], c[start + 4], c[start + 5])
 
 
@@ -254,10 +256,10 @@ def _input_job(args, chunk, chunks):  # noqa: ANN001, ANN202
     first, last = planes * chunk // chunks, planes * (chunk + 1) // chunks
     m, pad_top, pad_left, tiles_h, tiles_w, band = args[11], args[12], args[13], args[14], args[15], args[16]
     if c.shape[0] == 16:  # F(2,3): B^T is 4x4
-        bt4 = (_row(c, 0, 4), _row(c, 4, 4), _row(c, 8, 4), _row(c, 12, 4))
+        bt4 = (_row4(c, 0), _row4(c, 4), _row4(c, 8), _row4(c, 12))
         _input_planes(x, bt4, v, first, last, m, pad_top, pad_left, tiles_h, tiles_w, band)
     else:  # F(4,3): 6x6
-        bt6 = (_row(c, 0, 6), _row(c, 6, 6), _row(c, 12, 6), _row(c, 18, 6), _row(c, 24, 6), _row(c, 30, 6))
+        bt6 = (_row6(c, 0), _row6(c, 6), _row6(c, 12), _row6(c, 18), _row6(c, 24), _row6(c, 30))
         _input_planes(x, bt6, v, first, last, m, pad_top, pad_left, tiles_h, tiles_w, band)
 
 
@@ -269,10 +271,10 @@ def _output_job(args, chunk, chunks):  # noqa: ANN001, ANN202
     first, last = planes * chunk // chunks, planes * (chunk + 1) // chunks
     tiles_h, tiles_w, band, code = args[15], args[16], args[17], args[18]
     if c.shape[0] == 8:  # F(2,3): A^T is 2x4
-        at2 = (_row(c, 0, 4), _row(c, 4, 4))
+        at2 = (_row4(c, 0), _row4(c, 4))
         _output_planes(products, at2, bias, y, first, last, tiles_h, tiles_w, band, code, constants)
     else:  # F(4,3): 4x6
-        at4 = (_row(c, 0, 6), _row(c, 6, 6), _row(c, 12, 6), _row(c, 18, 6))
+        at4 = (_row6(c, 0), _row6(c, 6), _row6(c, 12), _row6(c, 18))
         _output_planes(products, at4, bias, y, first, last, tiles_h, tiles_w, band, code, constants)
 
 
