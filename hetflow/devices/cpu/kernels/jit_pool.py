@@ -59,8 +59,7 @@ from hetflow.devices.cpu.threads import (
     MIN_ELEMENTS_PER_PART,
     intra_op_threads,
     parallel_planes,
-    spin_plane_shares,
-    spinning,
+    spin_split,
     split_planes,
 )
 from hetflow.ops.spatial import Geometry
@@ -111,7 +110,7 @@ def bind_small_pool(
     """``pool_2d`` into ``y`` bound once, for a pool ``jit_pool_lanes`` runs and too small ever to split
     on numba's or the Python pool (under twice ``MIN_ELEMENTS_PER_PART`` outputs): a call is the
     compiled loop, its arguments worked out here (~4 us of LeNet's 8 us pool1), or, on a spinning run
-    (``threads.spinning``), the loop split there (``spin_plane_shares``).
+    (``threads.spinning``), the loop split there (``threads.spin_split``).
     None where ``pool_2d`` decides per call."""
     is_max = scale is None
     dtype = y.dtype
@@ -130,12 +129,10 @@ def bind_small_pool(
     block = jit_pool_lanes.new_planes_block()  # NOTE: one job at a time per bound call (its arena's)
 
     def run(x: np.ndarray) -> None:
-        pool = spinning()
-        if pool is not None:
-            shares = spin_plane_shares(planes, per_plane, intra_op_threads())
-            if shares > 1:
-                jit_pool_lanes.spin_planes(x, flat[0], numbers, weights, shares, pool, block)
-                return
+        found = spin_split(planes, per_plane, (x,))
+        if found is not None:
+            jit_pool_lanes.spin_planes(x, flat[0], numbers, weights, found[1], found[0], block)
+            return
         jit_pool_lanes.vector_planes(x, *head, *tail)
 
     return run
