@@ -325,11 +325,12 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
       the kernel keeps across calls (``cache_bytes``: Winograd's transformed weights);
     * Winograd F(m, 3): its own GEMMs, ``(m + 2)^2`` products of ``[K x C] @ [C x tiles]``;
     * depthwise: no GEMM; every multiply-accumulate is elementwise work (a multiply and an add);
-    * direct: no GEMM; the multiply-adds its kernel carries out (``direct.computed_products``).
+    * direct: no GEMM; the multiply-adds its kernel carries out (``direct.computed_products``);
+    * hetflow's own tile GEMM (``OWN_GEMM_MARK``): its multiply-adds outside BLAS's GEMM model.
 
     Reports keep the op's cost (Augur's convention); only features and memory use this one.
     """
-    if key in PER_PLANE_KEYS:
+    if key.removesuffix(SPIN_MARK) in PER_PLANE_KEYS:  # split on a spinning run or not, a loop per plane
         cost = dataclasses.replace(cost, loops=_output_planes(node, graph))
     if node.op_type == "LSTM":
         return _lstm_cost(node, cost, graph)
@@ -366,6 +367,11 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
         changes["macs"] = products * w[0] * w[1] * tiles
     elif algorithm == getattr(conv_op, "DEPTHWISE", "depthwise"):
         changes.update(gemm=None, macs=0, flops=cost.flops + 2 * cost.macs)
+    if key.endswith(OWN_GEMM_MARK):
+        # hetflow's tile GEMM runs thin products about as fast as wide ones: its multiply-adds at the
+        # peak rate, not through BLAS's GEMM model, whose small-matrix curve priced SqueezeNet's 16-kernel
+        # 1x1 layers at 2.5x their time.
+        changes["gemm"] = None
     return dataclasses.replace(cost, **changes)
 
 
