@@ -21,7 +21,7 @@ import numba
 import numpy as np
 
 from hetflow.devices.cpu import spin_pool
-from hetflow.devices.cpu.spin_pool import argument_block, float32_3d
+from hetflow.devices.cpu.spin_pool import argument_block, float32_1d, float32_3d
 from hetflow.devices.cpu.threads import run_planes, spin_split
 
 #: Positions taken together: long enough for the vector loops, short enough that the window's rows stay
@@ -37,12 +37,13 @@ def lrn(x: np.ndarray, y: np.ndarray, before: int, after: int, alpha: float, bet
     runs = -(-positions // RUN)
     numbers = (before, after)
     constants = np.array([alpha / (before + after + 1), beta, bias, 1.0], x.dtype)
-    found = spin_split(batch * runs, channels * min(RUN, positions), (x, y))
+    per_run = channels * min(RUN, positions)
+    found = spin_split(batch * runs, per_run, (x, y))
     if found is not None:
         pool, shares = found
         pool.run(_job_address(), argument_block(_BLOCK_SLOTS, (x, y, constants), numbers), shares)
         return
-    run_planes(_runs, _split, (x, y), (before, after, constants), batch * runs, channels * min(RUN, positions))
+    run_planes(_runs, _split, (x, y), (before, after, constants), batch * runs, per_run)
 
 
 # NOTE: indices are unsigned sums on the flat arrays (numba tests a signed index for wraparound, and
@@ -104,7 +105,7 @@ _BLOCK_SLOTS = 4 + 4 + 2 + 2
 def _job(args, chunk, chunks):  # noqa: ANN001, ANN202
     """A range of the runs through ``_runs``, as a spin-pool job."""
     x, y = float32_3d(args, 0), float32_3d(args, 4)
-    constants = spin_pool.float32_1d(args, 8)
+    constants = float32_1d(args, 8)
     count = x.shape[0] * ((x.shape[2] + RUN - 1) // RUN)
     _runs(x, y, count * chunk // chunks, count * (chunk + 1) // chunks, args[10], args[11], constants)
 

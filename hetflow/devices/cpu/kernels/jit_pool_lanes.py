@@ -49,7 +49,15 @@ from hetflow.devices.cpu.kernels.window_lanes import (
     store_planes,
     walk_taps,
 )
-from hetflow.devices.cpu.spin_pool import SpinPool, float32_1d, float32_2d, float32_4d, put_array, put_values
+from hetflow.devices.cpu.spin_pool import (
+    SpinPool,
+    float32_1d,
+    float32_2d,
+    float32_4d,
+    put_array,
+    put_arrays,
+    put_values,
+)
 from hetflow.devices.cpu.threads import run_planes, spin_split
 from hetflow.ops.spatial import Geometry
 
@@ -260,10 +268,7 @@ def new_planes_block() -> np.ndarray:
 
 @numba.njit(nogil=True, cache=True)
 def _pack_planes(block, x, y, numbers, scale):  # noqa: ANN001, ANN202
-    slot = put_array(block, 0, x)
-    slot = put_array(block, slot, y)
-    slot = put_values(block, slot, numbers)
-    put_array(block, slot, scale)
+    put_array(block, put_values(block, put_arrays(block, 0, (x, y)), numbers), scale)
 
 
 def _planes_job(args, chunk, chunks):  # noqa: ANN001, ANN202

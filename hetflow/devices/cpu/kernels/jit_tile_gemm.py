@@ -39,7 +39,7 @@ from numba.extending import intrinsic
 
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
-from hetflow.devices.cpu.spin_pool import float32_1d, float32_3d, put_array, put_values
+from hetflow.devices.cpu.spin_pool import float32_1d, float32_3d, put_arrays, put_values
 
 #: Kernels (rows of W and Y) per tile: each broadcast weight feeds one FMA per vector of the tile.
 ROWS = 6
@@ -280,12 +280,7 @@ def new_job_block() -> np.ndarray:
 def pack_job(block, w, x, y, y_image, residual, r_image, bias, bounds, kernels, positions, groups, row_parts,
              block_bytes):  # noqa: ANN001, E501
     """Fill ``block`` for ``job_address()``: ``gemm_share``'s arguments, ``bounds`` the float32 (low, high)."""
-    slot = put_array(block, 0, w)
-    slot = put_array(block, slot, x)
-    slot = put_array(block, slot, y)
-    slot = put_array(block, slot, residual)
-    slot = put_array(block, slot, bias)
-    slot = put_array(block, slot, bounds)
+    slot = put_arrays(block, 0, (w, x, y, residual, bias, bounds))
     put_values(block, slot, (y_image, r_image, kernels, positions, groups, row_parts, block_bytes))
 
 

@@ -34,7 +34,14 @@ from hetflow.devices.base import BoundCall
 from hetflow.devices.cpu.kernels import jit_band_gemm, jit_tile_gemm
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, flat_images
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
-from hetflow.devices.cpu.threads import in_numba_pool, intra_op_threads, owns_threads, parallel_for, spinning
+from hetflow.devices.cpu.threads import (
+    SPIN_SHARES_PER_THREAD,
+    in_numba_pool,
+    intra_op_threads,
+    owns_threads,
+    parallel_for,
+    spinning,
+)
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import TensorInfo
@@ -43,10 +50,6 @@ from hetflow.ops.spatial import Geometry, geometry
 
 #: Output columns per part below which an image is not split between threads (a few tiles each).
 MIN_COLUMNS_PER_PART = 4 * jit_tile_gemm.TILE_POSITIONS
-
-#: Shares per spinning thread: a thread the hypervisor stalls holds up a smaller part of the product.
-#: resnet50 at batch 1 (pointwise layers, in-run): 1 share a thread 23.8 ms, 2 22.6, 4 23.3.
-SPIN_SHARES_PER_THREAD = 2
 
 
 #: Input channels above which a layer keeps OpenBLAS, unless its map is at most one tile wide. With a
