@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import math
 import sys
+import time
 import tracemalloc
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -54,7 +55,14 @@ from hetflow.estimate.predict import (
     window_strided,
 )
 from hetflow.estimate.profile import DeviceProfile, GemmModel, MemoryModel, OpModel, TransferModel, now_iso
-from hetflow.estimate.timing import amortised_seconds, replay, threads_held, timed_call, timed_first_call
+from hetflow.estimate.timing import (
+    SETTLE_SECONDS,
+    amortised_seconds,
+    replay,
+    threads_held,
+    timed_call,
+    timed_first_call,
+)
 from hetflow.frontends import load_model
 from hetflow.graph import Graph, Node
 from hetflow.ops.base import Cost, array_infos
@@ -457,6 +465,26 @@ class Terms:
         return probe.split and self.one_thread is not None
 
 
+class BlasSpin:
+    """When BLAS last multiplied on more than one thread: its workers spin on the cores for about
+    ``SETTLE_SECONDS`` after, and a kernel timed beside them meanwhile measures slow. The small networks'
+    direct Convs (timed right after an im2col candidate) had measured up to 1.7x their time in a run:
+    cifar10-quick's 32 -> 32 5x5 at 16x16 0.097 ms, 0.057 in its network."""
+
+    def __init__(self) -> None:
+        self.last = -SETTLE_SECONDS
+
+    def ran(self) -> None:
+        """BLAS's threads have just worked."""
+        self.last = time.perf_counter()
+
+    def wait(self) -> None:
+        """Sleep until BLAS's workers have stopped spinning."""
+        remaining = self.last + SETTLE_SECONDS - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
+
+
 def _time_probes(
     probes: Sequence[probe_catalogue.Probe], settings: Settings, device: Device, terms: Terms, bar: Any,
     settle: bool = True,
@@ -464,9 +492,10 @@ def _time_probes(
     """One sweep over the probe catalogue: the samples of every probe (``settle``: see
     ``timing.timed_first_call``)."""
     measured = []
+    blas = BlasSpin()
     for probe in probes:
         bar.set_postfix_str(probe.name[:32], refresh=False)
-        measured.append(_time_probe(probe, settings, device, terms, settle))
+        measured.append(_time_probe(probe, settings, device, terms, settle, blas))
         bar.update(1)
     return measured
 
@@ -487,7 +516,8 @@ def _with_features(sample: Sample, terms: Terms) -> Sample:
 
 
 def _time_probe(
-    probe: probe_catalogue.Probe, settings: Settings, device: Device, terms: Terms, settle: bool = True
+    probe: probe_catalogue.Probe, settings: Settings, device: Device, terms: Terms, settle: bool = True,
+    blas: BlasSpin | None = None,
 ) -> list[Sample]:
     """Time every kernel of ``device`` for every node of one probe model, on real inputs; a ``split``
     probe as a run that splits its GEMMs over its own threads (``own_threads``)."""
@@ -501,14 +531,22 @@ def _time_probe(
         context = own_threads(spin_threads(terms.threads), spin=True, hold_blas=probe.hold_blas)
     else:
         context = contextlib.nullcontext()
+    # BLAS keeps its threads where a probe neither splits on hetflow's threads nor holds BLAS at one.
+    threaded = terms.threads > 1 and not split and not (probe.spin and probe.hold_blas)
     with context:
-        return _time_probe_nodes(probe.build(), settings, device, terms, split, probe.spin, settle)
+        return _time_probe_nodes(probe.build(), settings, device, terms, split, probe.spin, settle,
+                                 blas if blas is not None else BlasSpin(), threaded)  # fmt: skip
 
 
 def _time_probe_nodes(
     model: object, settings: Settings, device: Device, terms: Terms, split: bool, spin: bool = False,
-    settle: bool = True,
+    settle: bool = True, blas: BlasSpin | None = None, threaded: bool = False,
 ) -> list[Sample]:
+    """Samples of every candidate kernel of every node of ``model``, those that never call BLAS first.
+    With ``threaded`` (BLAS keeps its threads beside the kernels, as in a small network's run), the
+    others tell ``blas`` they ran it, and a spinning probe's own loops wait for its workers to settle
+    before they are timed (``BlasSpin``)."""
+    blas = blas if blas is not None else BlasSpin()
     graph = optimize(load_model(model))  # type: ignore[arg-type]
     costs = {node.name: cost for node, cost in node_costs(graph)}
     feeds = _random_feeds(graph)
@@ -523,15 +561,20 @@ def _time_probe_nodes(
     def visit(index: int, node: Node, kernel: object, inputs: list[np.ndarray | None]) -> Sequence | None:
         outputs = None
         infos = array_infos(inputs)
-        for candidate in device.kernels.candidates(node, infos):
+        candidates = device.kernels.candidates(node, infos)
+        keys = [layer_key(node, candidate, graph, spin, split) for candidate in candidates]
+        order = sorted(range(len(candidates)), key=lambda i: _may_call_blas(node, candidates[i].algorithm, keys[i]))
+        for candidate, key in ((candidates[i], keys[i]) for i in order):
             if candidate.algorithm in SKIPPED_ALGORITHMS:
                 continue
-            key = layer_key(node, candidate, graph, spin, split)
+            calls_blas = _may_call_blas(node, candidate.algorithm, key)
             if spin and not key.endswith((SPIN_MARK, OWN_GEMM_MARK)):
                 # NOTE: a spinning probe times only what a spinning run splits: the others have probes
                 # of their own, and one of them run here (an im2col GEMM on OpenBLAS's threads) left
                 # those threads spinning on the cores: the direct Conv timed after it took 2x.
                 continue
+            if spin and threaded and not calls_blas:
+                blas.wait()
             result = candidate.fn(node, inputs)  # warm-up: a compiled kernel's first call compiles it
             call = device.timed_call(candidate, node, inputs, result)
             first, settling = timed_first_call(call, device.synchronize)
@@ -555,12 +598,27 @@ def _time_probe_nodes(
             ))
             if outputs is None:
                 outputs = result
+            if threaded and calls_blas:
+                blas.ran()
         if outputs is None:  # every candidate skipped: the next nodes still need this one's outputs
             outputs = kernel.fn(node, inputs)  # type: ignore[attr-defined]
         return outputs  # type: ignore[return-value]
 
     replay(graph, steps, feeds, visit)  # type: ignore[arg-type]
     return samples
+
+
+#: Conv algorithms whose kernels never call BLAS (hetflow's compiled loops).
+_OWN_LOOP_ALGORITHMS = ("direct_fma", "depthwise")
+#: Ops whose CPU kernels multiply on BLAS (but on hetflow's own GEMM where the key says so).
+_BLAS_OPS = ("Conv", "Gemm", "MatMul", "LSTM")
+
+
+def _may_call_blas(node: Node, algorithm: str, key: str) -> bool:
+    """Whether a candidate kernel may multiply on BLAS."""
+    if node.op_type not in _BLAS_OPS or key.endswith(OWN_GEMM_MARK):
+        return False
+    return not (node.op_type == "Conv" and algorithm in _OWN_LOOP_ALGORITHMS)
 
 
 def _allocations(fn: Callable[[], object]) -> tuple[int, int]:

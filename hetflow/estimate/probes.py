@@ -274,6 +274,11 @@ def _conv_probes() -> list[Probe]:
         ((16, 12, 40, 5, 1, 0), {"batch": 4}, False),
         ((48, 8, 64, 5), {"batch": 16}, False),
         ((64, 8, 96, 3), {}, False),
+        # SqueezeNet's 3x3 expand layers (direct at batch 1): without them the direct fit, led by the
+        # small nets' layers, priced these 23-29% slow.
+        ((16, 55, 64, 3), {}, False),
+        ((32, 27, 128, 3), {}, False),
+        ((64, 13, 256, 3), {}, False),
         # pointwise 1x1: bottlenecks, inception reductions, grouped (ShuffleNet), classifier convs.
         ((64, 56, 256, 1), {}, True),
         ((256, 56, 64, 1), {}, False),
