@@ -534,8 +534,7 @@ def _time_probe(
     # BLAS keeps its threads where a probe neither splits on hetflow's threads nor holds BLAS at one.
     threaded = terms.threads > 1 and not split and not (probe.spin and probe.hold_blas)
     with context:
-        return _time_probe_nodes(probe.build(), settings, device, terms, split, probe.spin, settle,
-                                 blas if blas is not None else BlasSpin(), threaded)  # fmt: skip
+        return _time_probe_nodes(probe.build(), settings, device, terms, split, probe.spin, settle, blas, threaded)
 
 
 def _time_probe_nodes(

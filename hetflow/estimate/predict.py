@@ -29,6 +29,7 @@ from hetflow.graph.shapes import is_static
 from hetflow.ops.base import Cost, GemmDims, TensorInfo
 from hetflow.ops.cost import node_costs
 from hetflow.passes import bind_batch
+from hetflow.runtime.memory import MemoryPlan
 from hetflow.runtime.session import InferenceSession
 
 #: Transient memory of a kernel the profile has never seen: its outputs and its workspace.
@@ -377,15 +378,16 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
     return dataclasses.replace(cost, **changes)
 
 
-def concat_copy_cost(node: Node, cost: Cost, placed: Mapping[str, str], graph: Graph) -> Cost:
+def concat_copy_cost(node: Node, cost: Cost, planned: MemoryPlan | None, graph: Graph) -> Cost:
     """A Concat's ``cost`` (``kernel_cost``'s: a loop per input) less the inputs the memory plan
-    ``placed`` (value -> the Concat output it lies in: ``MemoryPlan.concat_parts``) in its output
-    already: their producers wrote them there, so the kernel copies only the others (SqueezeNet's and
-    GoogLeNet's Concats copy nothing in a run; timed alone on inputs of their own, SqueezeNet's 8 took
-    0.33 ms of its 3.9). Other ops' costs unchanged."""
-    if node.op_type != "Concat" or not placed:
+    ``planned`` placed in its output already (``MemoryPlan.placed_inputs``): their producers wrote them
+    there, so the kernel copies only the others (SqueezeNet's and GoogLeNet's Concats copy nothing in a
+    run; timed alone on inputs of their own, SqueezeNet's 8 took 0.33 ms of its 3.9). Other ops' costs
+    unchanged."""
+    if node.op_type != "Concat" or planned is None:
         return cost
-    copies = [name for name in node.present_inputs() if placed.get(name) not in node.outputs]
+    inputs = node.present_inputs()
+    copies = [name for name, inside in zip(inputs, planned.placed_inputs(inputs, node.outputs)) if not inside]
     copied = sum(_value_bytes(graph, name) for name in copies)
     return dataclasses.replace(cost, bytes_read=copied, bytes_written=copied, loops=len(copies))
 
@@ -671,8 +673,7 @@ def estimate(
     keys = [layer_key(node, kernel, graph, spinning, split > 0) for node, kernel in steps]
     raw = {node.name: cost for node, cost in node_costs(graph)}
     planned = _memory_plan(session, plan)
-    placed = planned.concat_parts if planned is not None else {}
-    costs = {node.name: concat_copy_cost(node, kernel_cost(node, raw[node.name], key, graph), placed, graph)
+    costs = {node.name: concat_copy_cost(node, kernel_cost(node, raw[node.name], key, graph), planned, graph)
              for (node, _), key in zip(steps, keys)}  # fmt: skip
     layers = [_layer(graph, node, key, raw[node.name], costs[node.name], profile, split)
               for (node, _), key in zip(steps, keys)]
@@ -702,14 +703,14 @@ def estimate(
     return result
 
 
-def _memory_plan(session: InferenceSession, plan: Any) -> Any:
+def _memory_plan(session: InferenceSession, plan: Any) -> MemoryPlan | None:
     """The arena layout a run of ``plan`` uses (``executor.memory_plan``), or None without an arena."""
     from hetflow.runtime.executor import memory_plan
 
     return memory_plan(plan, [v.name for v in session.get_outputs()])
 
 
-def _arena_peak(session: InferenceSession, planned: Any, graph: Graph) -> int | None:
+def _arena_peak(session: InferenceSession, planned: MemoryPlan | None, graph: Graph) -> int | None:
     """A run's peak when its activations live in the memory plan's arena (``planned``): the arena
     (activations and workspace, laid out by liveness) plus the outputs, which a run copies out of it;
     None when the plan has no arena (devices whose kernels allocate their own results)."""

@@ -56,15 +56,16 @@ def layer_seconds(
     plan = session.plan_for(bindings)
     device = {step.node.name: step.device for step in plan.steps}
     planned = memory_plan(plan, [v.name for v in session.get_outputs()])
-    placed = planned.concat_parts if planned is not None else {}
     measured: dict[str, float] = {}
 
     def visit(index: int, node: Node, kernel: Kernel, inputs: list[np.ndarray | None]) -> Sequence | None:
         sync = device[node.name].synchronize
         outputs = kernel.fn(node, inputs)  # warm-up: a compiled kernel's first call compiles it
-        call = device[node.name].timed_call(kernel, node, inputs, outputs)
-        if node.op_type == "Concat" and any(placed.get(name) in node.outputs for name in node.inputs):
+        placed = planned.placed_inputs(node.inputs, node.outputs) if planned is not None else []
+        if node.op_type == "Concat" and any(placed):
             call = _placed_concat_call(kernel, node, inputs, outputs[0], placed)
+        else:
+            call = device[node.name].timed_call(kernel, node, inputs, outputs)
         first, settle = timed_first_call(call, sync)
         measured[node.name] = amortised_seconds(call, min_time=min_time, rounds=rounds, synchronize=sync,
                                                 first_seconds=first, settle=settle)
@@ -79,24 +80,24 @@ def layer_seconds(
 
 
 def _placed_concat_call(
-    kernel: Kernel, node: Node, inputs: Sequence[np.ndarray | None], output: np.ndarray, placed: Mapping[str, str]
+    kernel: Kernel, node: Node, inputs: Sequence[np.ndarray | None], output: np.ndarray, placed: Sequence[bool]
 ) -> Callable[[], object]:
-    """A Concat's call as a run makes it when the memory plan ``placed`` some of its inputs in its output
-    (``MemoryPlan.concat_parts``): those already lie in their slices, written by their producers, and the
-    kernel copies only the rest (the executor hands the slices over after the output)."""
+    """A Concat's call as a run makes it when the memory plan placed some of its inputs in its output
+    (``placed``, per input: ``MemoryPlan.placed_inputs``): those already lie in their slices, written by
+    their producers, and the kernel copies only the rest (the executor hands the slices over after the
+    output)."""
     target = np.empty_like(output)
     axis = node.attrs.axis % target.ndim
     arrays: list[np.ndarray | None] = []
     slices: list[np.ndarray | None] = []
     start = 0
-    for name, x in zip(node.inputs, inputs, strict=True):
+    for inside, x in zip(placed, inputs, strict=True):
         if x is None:
             arrays.append(None)
             slices.append(None)
             continue
         part = target[(slice(None),) * axis + (slice(start, start + x.shape[axis]),)]
         start += x.shape[axis]
-        inside = placed.get(name) in node.outputs
         if inside:
             part[...] = x
         arrays.append(part if inside else x)

@@ -436,7 +436,7 @@ class _Arena:
             if kernel.writes_out and memory is not None:
                 workspace = memory.workspace(self.array, index)  # type: ignore[arg-type]
                 out = [views.get(name) if name else None for name in node.outputs]
-                if any(memory.concat_parts.get(name) in node.outputs for name in node.inputs):
+                if any(memory.placed_inputs(node.inputs, node.outputs)):
                     # NOTE: inputs placed inside this step's output (Concat): the kernel skips them.
                     out += [views[name] if name in memory.concat_parts else None for name in node.inputs]
                 if workspace is None and all(view is None for view in out):

@@ -107,6 +107,11 @@ class MemoryPlan:
     concat_parts: dict[str, str] = field(default_factory=dict)
     order: Order = "sequential"
 
+    def placed_inputs(self, inputs: Sequence[str], outputs: Sequence[str]) -> list[bool]:
+        """Per input of a step with these ``outputs``: whether the plan placed it inside one of them
+        (a Concat's part, which the step then does not copy)."""
+        return [self.concat_parts.get(name) in outputs for name in inputs]
+
     def new_arena(self) -> np.ndarray:
         """A fresh arena for this plan (one per concurrently running call)."""
         return np.empty(self.arena_bytes, dtype=np.uint8)

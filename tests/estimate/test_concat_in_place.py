@@ -42,16 +42,16 @@ def placed_session(zoo_home):
     return open_session(_branches_model(["a", "b"]), "cpu")
 
 
-def _concat_cost(session, placed):
+def _concat_cost(session, planned):
     plan = session.plan_for({})
     node, cost = next((n, c) for n, c in node_costs(plan.graph) if n.op_type == "Concat")
-    return concat_copy_cost(node, cost, placed, plan.graph), cost
+    return concat_copy_cost(node, cost, planned, plan.graph), cost
 
 
 def test_placed_inputs_cost_no_copy(placed_session):
     planned = memory_plan(placed_session.plan_for({}), ["y"])
     assert planned is not None and planned.concat_parts.get("a") == "c" and planned.concat_parts.get("b") == "c"
-    work, cost = _concat_cost(placed_session, planned.concat_parts)
+    work, cost = _concat_cost(placed_session, planned)
     assert cost.bytes_read > 0
     assert work.bytes_read == 0 and work.bytes_written == 0 and work.loops == 0
 
@@ -60,8 +60,8 @@ def test_inputs_left_in_place_keep_their_copy(zoo_home):
     # The graph's input cannot be written by a producer into the Concat's output: it is copied.
     session = open_session(_branches_model(["x", "a"]), "cpu")
     planned = memory_plan(session.plan_for({}), ["y", "b"])
-    placed = planned.concat_parts if planned is not None else {}
-    work, _ = _concat_cost(session, placed)
+    placed = planned.concat_parts
+    work, _ = _concat_cost(session, planned)
     x_bytes = CHANNELS * SIZE * SIZE * 4
     assert placed == {"a": "c"}  # the Conv's result lies in place; the graph's input cannot
     assert work.bytes_read == work.bytes_written == x_bytes
@@ -96,7 +96,7 @@ def test_placed_concat_call_hands_the_slices_over(placed_session):
     a = rng.standard_normal((1, 8, SIZE, SIZE)).astype(np.float32)
     b = rng.standard_normal((1, 16, SIZE, SIZE)).astype(np.float32)
     kernel = _Recording()
-    call = _placed_concat_call(kernel, node, [a, b], np.concatenate([a, b], axis=1), {"a": "c"})
+    call = _placed_concat_call(kernel, node, [a, b], np.concatenate([a, b], axis=1), [True, False])
     (result,) = call()
     np.testing.assert_array_equal(result, np.concatenate([a, b], axis=1))
     inputs, out = kernel.calls[-1]
