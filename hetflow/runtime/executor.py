@@ -436,9 +436,10 @@ class _Arena:
             if kernel.writes_out and memory is not None:
                 workspace = memory.workspace(self.array, index)  # type: ignore[arg-type]
                 out = [views.get(name) if name else None for name in node.outputs]
-                if any(memory.placed_inputs(node.inputs, node.outputs)):
+                placed = memory.placed_inputs(node.inputs, node.outputs)
+                if any(placed):
                     # NOTE: inputs placed inside this step's output (Concat): the kernel skips them.
-                    out += [views[name] if name in memory.concat_parts else None for name in node.inputs]
+                    out += [views[name] if inside else None for name, inside in zip(node.inputs, placed)]
                 if workspace is None and all(view is None for view in out):
                     out = None
             buffers.append((out, workspace))
