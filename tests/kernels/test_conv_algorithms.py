@@ -354,3 +354,42 @@ def test_direct_weights_are_blocked_once_per_array():
     _run(DIRECT_FMA, ConvAttrs(), x, w, b)
     assert BLOCKED_WEIGHTS.get(w, KERNEL_BLOCK) is first
     assert BLOCKED_WEIGHTS.nbytes() == 16 * 3 * 9 * 4  # 10 kernels padded to two blocks of 8
+
+
+def test_weight_cache_drops_a_collected_arrays_entries():
+    from hetflow.devices.cpu.kernels.weight_cache import WeightCache
+
+    calls = []
+    cache = WeightCache(lambda w, p: calls.append(p) or w * p)
+    w = np.ones(4, np.float32)
+    assert cache.get(w, 2)[0] == 2 and cache.get(w, 2)[0] == 2
+    assert calls == [2]  # the second call found the entry
+    del w  # its finalizer records the id; the next call drops the entry
+    other = np.full(4, 3, np.float32)
+    assert cache.get(other, 2)[0] == 6
+    assert cache.nbytes() == other.nbytes  # only the live array's entry is left
+
+
+def test_weight_cache_finalizer_takes_no_lock():
+    """The garbage collector may run an array's finalizer inside the cache's own locked section (on the
+    same thread): the finalizer must not wait for the lock."""
+    import threading
+
+    from hetflow.devices.cpu.kernels.weight_cache import WeightCache
+
+    cache = WeightCache(lambda w, p: w * p)
+    w = np.ones(4, np.float32)
+    cache.get(w, 2)
+
+    def collect_inside_the_lock():
+        nonlocal w
+        with cache._lock:
+            del w  # the finalizer runs here, the lock held
+
+    worker = threading.Thread(target=collect_inside_the_lock, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "the finalizer deadlocked on the cache's lock"
+    live = np.ones(4, np.float32)
+    assert cache.get(live, 2)[0] == 2
+    assert cache.nbytes() == live.nbytes  # the collected array's entry dropped, the live one's kept
