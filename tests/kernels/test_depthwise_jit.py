@@ -34,6 +34,14 @@ CASES = [
     ((1, 3, 8, 37), 1, (3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=3)),
     ((2, 10, 15, 15), 1, (5, 5), ConvAttrs(pads=(2, 2, 2, 2), strides=(2, 2), group=10)),
     ((1, 17, 14, 14), 1, (3, 3), ConvAttrs(pads=(0, 1, 2, 1), strides=(1, 2), dilations=(2, 1), group=17)),
+    # The swept rows (jit_depthwise_rows): a block of 7 with 2 rows unstored, 7 + a short block of 4, 7 +
+    # 7 + 2, rows of several vectors with a partial last one, a map one row high, stride 2 over odd widths.
+    ((1, 3, 5, 40), 1, (3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=3)),
+    ((2, 4, 11, 33), 1, (5, 5), ConvAttrs(pads=(2, 2, 2, 2), group=4)),
+    ((1, 2, 16, 16), 1, (3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=2)),
+    ((1, 2, 1, 20), 1, (3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=2)),
+    ((1, 5, 17, 35), 1, (3, 3), ConvAttrs(pads=(0, 1, 1, 0), strides=(2, 2), group=5)),
+    ((1, 3, 23, 41), 1, (5, 5), ConvAttrs(pads=(2, 2, 2, 2), strides=(2, 2), group=3)),
 ]
 
 ACTIVATIONS = [None, FusedActivation("Relu"), FusedActivation("Clip", 0.0, 6.0),
@@ -168,3 +176,13 @@ def test_a_spinning_run_shares_the_planes_out_on_its_pool(monkeypatch, x_shape, 
     if concat:
         assert np.isnan(whole[:, 0]).all() and np.isnan(whole[:, -2:]).all()
 
+
+@pytest.mark.parametrize(
+    ("window", "strides", "dilations", "swept"),
+    [((3, 3), (1, 1), (1, 1), True), ((5, 5), (2, 2), (1, 1), True), ((3, 3), (1, 2), (1, 1), False),
+     ((3, 3), (1, 1), (2, 2), False), ((5, 3), (1, 1), (1, 1), False), ((7, 7), (1, 1), (1, 1), False)],
+)  # fmt: skip
+def test_square_windows_without_dilation_are_swept_in_rows(window, strides, dilations, swept):
+    from hetflow.devices.cpu.kernels import jit_depthwise_rows
+
+    assert jit_depthwise_rows.sweeps(*window, *strides, *dilations) is swept

@@ -15,7 +15,8 @@ the store loop vectorises: 144x56x56 0.49 -> 0.42 ms, 32x112x112 0.44 -> 0.40 ms
 0-6% (one core, A/B in one process; at two threads within this VM's noise).
 
 float32 layers with one kernel per channel and column stride 1 or 2 (every depthwise layer of the zoo)
-run ``jit_depthwise_lanes`` instead: no phase planes, each tap a masked vector load straight from X.
+run ``jit_depthwise_lanes`` instead: no phase planes, each tap a masked vector load straight from X
+(square 3x3 and 5x5 windows swept a plane at a time by ``jit_depthwise_rows``).
 A/B over whole networks (``benchmarks/ab.py``, 3 rounds of 10 runs, minimums): shufflenet 0.87x at
 batch 1 and 0.86x at 16, mobilenetv2 0.86x and 0.83x. This kernel keeps channel multipliers, column
 strides over 2 and float64.

@@ -17,6 +17,10 @@ Accumulators start at the bias. The activation is a multiply and two clamps with
 
 The bodies for the three vector shapes and both strides are compiled into one function, once per
 machine (cached on disk).
+
+Square 3x3 and 5x5 windows at equal strides of 1 or 2 without dilation (every depthwise layer of the
+zoo) are swept a plane at a time by ``jit_depthwise_rows`` instead (``vector_planes`` hands them over):
+the weights stay in registers and each input row is loaded once for the output rows that read it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from hetflow.devices.cpu import spin_pool
+from hetflow.devices.cpu.kernels import jit_depthwise_rows
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels import window_lanes as wl
 from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, RELU
@@ -155,7 +160,7 @@ def _depthwise_vectors(
                 constants = [
                     lv.broadcast(builder, lv.load_scalar(builder, activation_p, lv.INT(i))) for i in range(3)
                 ]
-                results = [_activate(builder, constants, value) for value in totals]
+                results = [lv.activate(builder, constants, value) for value in totals]
                 masks, shifts = wl.row_masks(builder, shape.rows, window.segments, outputs)
                 wl.store_planes(builder, outputs, planes_v, masks, shifts, results)
         return context.get_dummy_value()
@@ -188,16 +193,6 @@ def _accumulate(
     return [builder.load(total) for total in totals]
 
 
-def _activate(builder: ir.IRBuilder, constants: list[ir.Value], value: ir.Value) -> ir.Value:
-    """min(max(v < 0 ? v * slope : v, low), high) with ``constants`` (slope, low, high) broadcast from
-    ``activation_constants``, loaded once per body; NaN stays."""
-    slope, low, high = constants
-    zero = lv.float_vector(LANES, 0.0)
-    value = builder.select(builder.fcmp_ordered("<", value, zero), builder.fmul(value, slope), value)
-    value = builder.select(builder.fcmp_ordered("<", value, low), low, value)
-    return builder.select(builder.fcmp_ordered(">", value, high), high, value)
-
-
 @numba.njit(nogil=True, cache=True)
 def vector_planes(x, w, bias, activation, y, image_stride, out_h, out_w, first, last,  # noqa: ANN001, ANN201
                   kh, kw, sh, sw, dh, dw, pad_top, pad_left, groups):  # fmt: skip
@@ -209,6 +204,10 @@ def vector_planes(x, w, bias, activation, y, image_stride, out_h, out_w, first, 
     With X read channel-shuffled in ``groups`` (1: as it lies), output channel ``i*groups + g`` reads X's
     channel ``g*(C/groups) + i``: a block of X's consecutive planes writes every ``groups``-th plane of Y.
     """
+    if jit_depthwise_rows.sweeps(kh, kw, sh, sw, dh, dw):
+        jit_depthwise_rows.swept_planes(x, w, bias, activation, y, image_stride, out_h, out_w, first, last, kh,
+                                        sh, pad_top, pad_left, groups)  # fmt: skip
+        return
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
     per_group = channels // groups
     taps = kh * kw

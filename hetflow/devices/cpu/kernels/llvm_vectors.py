@@ -163,3 +163,14 @@ def every_other(builder: ir.IRBuilder, vector: ir.Value) -> ir.Value:
     return builder.shuffle_vector(
         vector, vector, ir.Constant(ir.VectorType(INT32, count), list(range(0, 2 * count, 2)))
     )
+
+
+def activate(builder: ir.IRBuilder, constants: list[ir.Value], value: ir.Value) -> ir.Value:
+    """min(max(v < 0 ? v * slope : v, low), high) of a 16-lane ``value``, with ``constants`` (slope, low,
+    high) broadcast (``jit_depthwise_lanes.activation_constants``: Relu, Clip, LeakyRelu or none); NaN
+    stays."""
+    slope, low, high = constants
+    zero = float_vector(LANES, 0.0)
+    value = builder.select(builder.fcmp_ordered("<", value, zero), builder.fmul(value, slope), value)
+    value = builder.select(builder.fcmp_ordered("<", value, low), low, value)
+    return builder.select(builder.fcmp_ordered(">", value, high), high, value)
