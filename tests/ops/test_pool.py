@@ -122,6 +122,19 @@ def test_global_pools_match_onnxruntime(op_type, shape):
     assert actual.shape == shape[:2] + (1,) * (len(shape) - 2)
 
 
+def test_global_average_pool_of_strided_and_empty_inputs():
+    from hetflow.devices.cpu import CPUDevice
+    from hetflow.graph import Node
+
+    kernel = CPUDevice().kernels.kernels["GlobalAveragePool"][0]
+    node = Node("GlobalAveragePool", "gap", ["x"], ["y"], None)
+    x = _data(2, 40, 9, 7).transpose(0, 1, 3, 2)  # planes not contiguous
+    (y,) = kernel.fn(node, [x])
+    np.testing.assert_allclose(y, x.astype(np.float64).mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
+    (empty,) = kernel.fn(node, [np.zeros((0, 4, 3, 3), np.float32)])
+    assert empty.shape == (0, 4, 1, 1)
+
+
 @pytest.mark.parametrize(
     ("op_type", "attrs"),
     [

@@ -214,11 +214,31 @@ def _global_pool(reduce: Callable[..., np.ndarray], x: np.ndarray, out: Out, com
     """``reduce`` (np.mean, np.max) over the spatial axes into ``[N, C, 1, ...]``, accumulating in
     ``compute``: the pools whose one window is the whole map (ResNet's and GoogLeNet's final 7x7
     AveragePool). The tap loop read every plane once per tap: 31.6 ms for ResNet-50's at batch 16,
-    against 1.5 ms for this one pass."""
+    against 1.5 ms for this one pass. A float mean is a product with ``1 / size`` (``_plane_means``)."""
     shape = (*x.shape[:2], *(1,) * (x.ndim - 2))
     if compute != x.dtype:
         return deliver(out, 0, reduce(x, axis=_spatial_axes(x), keepdims=True, dtype=compute).astype(x.dtype))
-    return reduce(x, axis=_spatial_axes(x), keepdims=True, out=output(out, 0, shape, x.dtype))
+    y = output(out, 0, shape, x.dtype)
+    if reduce is np.mean and x.dtype in (np.float32, np.float64) and x.size and y.flags.c_contiguous:
+        return _plane_means(x, y)
+    return reduce(x, axis=_spatial_axes(x), keepdims=True, out=y)
+
+
+def _plane_means(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``y`` (``[N, C, 1, ...]``, contiguous) = each plane's mean, as the product of X's planes with a
+    vector of ``1 / size``: one BLAS GEMV. numpy's mean reduces plane by plane at a fixed cost each, 41
+    us for 1280 7x7 planes (MobileNetV2's last pool) against 7 us here."""
+    planes = np.ascontiguousarray(x).reshape(y.size, -1)
+    np.matmul(planes, _reciprocals(planes.shape[1], x.dtype), out=y.reshape(-1))
+    return y
+
+
+@functools.lru_cache(maxsize=64)
+def _reciprocals(size: int, dtype: np.dtype) -> np.ndarray:
+    """``size`` copies of ``1 / size`` (read-only, shared between calls)."""
+    weights = np.full(size, 1.0 / size, dtype)
+    weights.flags.writeable = False
+    return weights
 
 
 @cpu_kernel("GlobalAveragePool", writes_out=True)
