@@ -136,7 +136,6 @@ DECLINED = [
     ("residual", (1, 3, 16, 16), (8, 3, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), residual=True), np.float32),
     ("sigmoid", (1, 3, 16, 16), (8, 3, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), fused=FusedActivation("Sigmoid")),
      np.float32),
-    ("too deep", (1, 32, 16, 16), (8, 32, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), np.float32),
     ("float64", (1, 3, 16, 16), (8, 3, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), np.float64),
     ("1-D", (1, 3, 16), (8, 3, 3), ConvAttrs(pads=(1, 1)), np.float32),
 ]  # fmt: skip
@@ -164,3 +163,62 @@ def test_auto_binds_the_bands_only_where_it_picks_im2col() -> None:
 ])  # fmt: skip
 def test_band_plan(depth, out_h, out_w, threads, plan) -> None:  # noqa: ANN001
     assert own_gemm.band_plan(depth, out_h, out_w, threads) == plan
+
+
+# -- columns too deep for bands: built whole, then the tile GEMM ---------------------------------------
+DEEP = [
+    ((1, 32, 9, 11), (20, 32, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), RELU),  # 288 column rows, one tile wide
+    ((1, 40, 17, 15), (13, 40, 3, 3), ConvAttrs(pads=(1, 0, 1, 2), strides=(2, 2)), CLIP),
+    ((1, 300, 10, 10), (70, 300, 1, 1), ConvAttrs(strides=(2, 2)), None),  # a strided 1x1 projection
+    ((1, 30, 20, 20), (9, 30, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), FusedActivation("Sigmoid")),  # after the tiles
+]
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "attrs", "fused"), DEEP)
+@pytest.mark.parametrize("residual", [False, True], ids=["", "residual"])
+def test_deep_columns_on_spinning_threads_run_the_tile_gemm(monkeypatch, x_shape, w_shape, attrs, fused,
+                                                            residual) -> None:  # noqa: ANN001
+    x, w, b = _arrays(x_shape, w_shape)
+    node = Node("Conv", "conv", ["x", "w", "b", *(["r"] if residual else [])], ["y"],
+                ConvAttrs(**{**attrs.__dict__, "fused": fused, "residual": residual}))  # fmt: skip
+    y_shape = _direct_conv(x, w, b, attrs).shape
+    arrays = [x, w, b, *([RNG.standard_normal(y_shape).astype(np.float32)] if residual else [])]
+    expected = KERNELS[IM2COL].fn(node, arrays)[0]
+    call, target = _bind(KERNELS[IM2COL], node, arrays)
+    jobs = record_spin_jobs(monkeypatch, min_outputs=None)
+    with threads.own_threads(2, spin=True):
+        for _ in range(2):  # the second call reuses the columns and Y the first wrote
+            [y] = call(arrays)
+            assert y is target
+            np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
+    assert [job for job, _ in jobs] == [jit_tile_gemm.job_address()] * 2
+
+
+def test_deep_columns_off_a_spinning_run_call_the_plain_kernel(monkeypatch) -> None:  # noqa: ANN001
+    x_shape, w_shape, attrs, fused = DEEP[1]
+    x, w, b = _arrays(x_shape, w_shape)
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(**{**attrs.__dict__, "fused": fused}))
+    call, target = _bind(KERNELS[IM2COL], node, [x, w, b])
+    monkeypatch.setattr(jit_tile_gemm, "pack_job", lambda *args: pytest.fail("the tiles ran"))
+    for context in (threads.own_threads(1), threads.own_threads(2), threads.blas_threads(2)):
+        with context:
+            [y] = call([x, w, b])
+        assert y is target
+        np.testing.assert_allclose(y, _expected(x, w, b, node.attrs, 0.0, 6.0), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(("case", "x_shape", "w_shape", "attrs", "dtype", "columns"), [
+    ("shallow: bands", (1, 3, 16, 16), (8, 3, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), np.float32, False),
+    ("deep", (1, 32, 16, 16), (8, 32, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), np.float32, True),
+    ("two images", (2, 32, 16, 16), (8, 32, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), np.float32, False),
+    ("groups", (1, 64, 16, 16), (8, 32, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=2), np.float32, False),
+    ("float64", (1, 32, 16, 16), (8, 32, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), np.float64, False),
+    ("1-D", (1, 300, 16), (8, 300, 3), ConvAttrs(pads=(1, 1)), np.float32, False),
+    ("columns past the cap", (1, 96, 54, 54), (256, 96, 5, 5), ConvAttrs(pads=(2, 2, 2, 2), strides=(2, 2)), np.float32,
+     False),  # ZFNet's second layer: 7 MB of columns
+])  # fmt: skip
+def test_which_convs_run_as_whole_columns(case, x_shape, w_shape, attrs, dtype, columns) -> None:  # noqa: ANN001
+    node = Node("Conv", "conv", ["x", "w"], ["y"], attrs)
+    infos = [TensorInfo(x_shape, np.dtype(dtype)), TensorInfo(w_shape, np.dtype(dtype))]
+    assert (own_gemm.columns_geometry(node, *infos) is not None) is columns
+    assert isinstance(KERNELS[IM2COL].prepare(node, infos, None, None), own_gemm._ColumnsCall) is columns

@@ -34,6 +34,7 @@ from hetflow.devices.base import BoundCall
 from hetflow.devices.cpu.kernels import jit_band_gemm, jit_tile_gemm
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, flat_images
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
+from hetflow.devices.cpu.kernels.jit_im2col import im2col as compiled_im2col
 from hetflow.devices.cpu.threads import (
     SPIN_SHARES_PER_THREAD,
     in_numba_pool,
@@ -58,15 +59,22 @@ MIN_COLUMNS_PER_PART = 4 * jit_tile_gemm.TILE_POSITIONS
 #: batch 16 (per layer, min of 3 runs): 512 -> 256 at 28x28 11.1 ms on BLAS, 11.5 on the tiles, 1024 ->
 #: 512 at 14x14 11.7 both; 128 -> 512 at 28x28 8.3 -> 7.3, 256 -> 1024 at 14x14 7.1 -> 6.5, and 512 ->
 #: 2048 at 7x7 (49 positions, one tile) 8.8 -> 7.7. densenet121 (1x1 layers up to 1024 deep) lost 2%
-#: with every layer on the tiles.
+#: with every layer on the tiles. One image takes any depth: on spinning threads OpenBLAS's two threads
+#: then an epilogue pass lose to the tiles at every depth (sums of the pointwise layers inside runs at
+#: batch 1, limit 256 -> none: googlenet 4147 -> 3305 us, densenet121 14327 -> 13513, squeezenet 1570 ->
+#: 1446, inception_v2 5700 -> 5557, mobilenetv2 3196 -> 3061 (384 -> 64 at 14x14: 90 -> 65 us),
+#: resnet50 18170 -> 17909).
 MAX_DEPTH = 256
 
 
 def takes(node: Node, x_dtype: np.dtype, w_dtype: np.dtype, x_shape: Sequence[int]) -> bool:
-    """Whether a pointwise Conv node runs on the tile GEMM (where ``runs_own`` lets it): float32, and at
-    most ``MAX_DEPTH`` input channels a group unless its map is at most one tile wide."""
+    """Whether a pointwise Conv node runs on the tile GEMM (where ``runs_own`` lets it): float32, and in
+    a batch of more than one image at most ``MAX_DEPTH`` input channels a group unless its map is at most
+    one tile wide."""
     if x_dtype != np.float32 or w_dtype != np.float32:
         return False
+    if int(x_shape[0]) == 1:
+        return True
     positions = math.prod(int(d) for d in x_shape[2:])
     return int(x_shape[1]) // node.attrs.group <= MAX_DEPTH or positions <= jit_tile_gemm.TILE_POSITIONS
 
@@ -231,17 +239,42 @@ def band_geometry(node: Node, x_info: TensorInfo, w_info: TensorInfo) -> Geometr
     """The windows of an im2col Conv that ``prepare_bands`` runs in bands, else None: float32, one
     image, 2-D, group 1, no folded residual, an activation the tiles clamp, at most ``MAX_DEPTH`` column
     rows (C * kh * kw)."""
-    x_shape, w_shape = x_info.shape, w_info.shape
-    if x_info.dtype != np.float32 or w_info.dtype != np.float32 or len(x_shape) != 4 or len(w_shape) != 4:
+    if not _one_image_2d(x_info, w_info):
         return None
-    if not all(isinstance(d, int) for d in (*x_shape, *w_shape)) or x_shape[0] != 1:
-        return None
-    attrs = node.attrs
+    attrs, w_shape = node.attrs, w_info.shape
     if attrs.group != 1 or attrs.residual or clamp_bounds(attrs.fused) is None:
         return None
     if int(w_shape[1]) * int(w_shape[2]) * int(w_shape[3]) > MAX_DEPTH:
         return None
-    return geometry(conv_window(attrs, w_shape), x_shape[2:])
+    return geometry(conv_window(attrs, w_shape), x_info.shape[2:])
+
+
+#: Columns up to this size only are built whole for the tile GEMM: they stay in L2 while W passes over
+#: them. Past it OpenBLAS, which packs its panels, won: ZFNet's 96 -> 256 5x5 layer (7 MB of columns)
+#: took 4629 us whole against 3677; ResNet-50's 128 -> 128 3x3 stride 2 (3.6 MB) gained only 6%.
+COLUMNS_MAX_BYTES = 2 << 20
+
+
+def columns_geometry(node: Node, x_info: TensorInfo, w_info: TensorInfo) -> Geometry | None:
+    """The windows of an im2col Conv that ``prepare_bands`` runs as whole columns on the tile GEMM
+    (``_ColumnsCall``), else None: float32, one image, 2-D, group 1, more than ``MAX_DEPTH`` column rows
+    (fewer run in bands), at most ``COLUMNS_MAX_BYTES`` of columns."""
+    if not _one_image_2d(x_info, w_info) or node.attrs.group != 1:
+        return None
+    w_shape = w_info.shape
+    depth = int(w_shape[1]) * int(w_shape[2]) * int(w_shape[3])
+    geo = geometry(conv_window(node.attrs, w_shape), x_info.shape[2:])
+    if depth <= MAX_DEPTH or 4 * depth * math.prod(geo.out) > COLUMNS_MAX_BYTES:
+        return None
+    return geo
+
+
+def _one_image_2d(x_info: TensorInfo, w_info: TensorInfo) -> bool:
+    """float32 X and W of a 2-D Conv over one image, every dimension known."""
+    x_shape, w_shape = x_info.shape, w_info.shape
+    if x_info.dtype != np.float32 or w_info.dtype != np.float32 or len(x_shape) != 4 or len(w_shape) != 4:
+        return False
+    return all(isinstance(d, int) for d in (*x_shape, *w_shape)) and x_shape[0] == 1
 
 
 def band_plan(depth: int, out_h: int, out_w: int, threads: int) -> tuple[int, int]:
@@ -264,10 +297,15 @@ def prepare_bands(
         node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
     ) -> BoundCall | None:
         x_info, w_info = inputs[0], inputs[1]
-        geo = None if x_info is None or w_info is None else band_geometry(node, x_info, w_info)
-        if geo is None:
+        if x_info is None or w_info is None:
             return None
-        return _BandCall(node, geo, x_info, w_info, out, fallback, workspace)  # type: ignore[arg-type]
+        geo = band_geometry(node, x_info, w_info)
+        if geo is not None:
+            return _BandCall(node, geo, x_info, w_info, out, fallback, workspace)
+        geo = columns_geometry(node, x_info, w_info)
+        if geo is not None:
+            return _ColumnsCall(node, geo, x_info, w_info, out, fallback, workspace)
+        return None
 
     return prepare
 
@@ -325,3 +363,43 @@ class _BandCall:
             numbers = (*self.window, band_rows, jit_tile_gemm.BLOCK_BYTES)
             found = self.plans[threads] = (shares, numbers, columns)
         return found
+
+
+class _ColumnsCall:
+    """One image's im2col Conv with more than ``MAX_DEPTH`` column rows on a spinning run: its columns
+    built whole (in the im2col kernel's workspace), then multiplied on the tile GEMM as a pointwise Conv
+    over them (``_TileCall``: split by row blocks of W where W outweighs the columns).
+
+    Why: OpenBLAS's two threads multiply such products (ResNet-50's 3x3 layers on 7x7 to 28x28 maps:
+    2304-4608 column rows, 49-784 columns) at ~75 GMAC/s, then an epilogue passes over Y; the tile GEMM
+    on the spinning pool runs the same products at 121-127 GMAC/s (one layer alone, columns ready: 512
+    -> 512 3x3 on 7x7, 1489 us through OpenBLAS, 952 on the tiles; 128 -> 128 3x3 stride 2 on 56x56,
+    1495 -> 935). Elsewhere (no spinning pool) the fallback, im2col with BLAS, runs it."""
+
+    def __init__(
+        self, node: Node, geo: Geometry, x_info: TensorInfo, w_info: TensorInfo, out: Out,
+        fallback: Callable[[Node, Sequence[np.ndarray | None], Out, np.ndarray | None], np.ndarray],
+        workspace: np.ndarray | None,
+    ) -> None:  # fmt: skip
+        self.node, self.geo, self.out, self.fallback, self.workspace = node, geo, out, fallback, workspace
+        rows, cols = geo.axes
+        kernels, depth = int(w_info.shape[0]), int(w_info.shape[1]) * rows.kernel * cols.kernel
+        shape = (1, depth, rows.out, cols.out)
+        fits = workspace is not None and workspace.nbytes >= 4 * math.prod(shape)
+        self.columns = Scratch(workspace if fits else None).take(shape, np.float32)
+        self.arrays: Sequence[np.ndarray | None] = ()
+        columns_info, weights_info = TensorInfo(shape, np.float32), TensorInfo((kernels, depth, 1, 1), np.float32)
+        self.tiles = _TileCall(node, columns_info, weights_info, out, self._fall_back, None)
+
+    def __call__(self, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        if spinning() is None or not runs_own():
+            return [self.fallback(self.node, arrays, self.out, self.workspace)]
+        compiled_im2col(np.ascontiguousarray(arrays[0], np.float32), self.geo, self.columns)
+        self.arrays = arrays
+        return self.tiles([self.columns, *arrays[1:]])
+
+    def _fall_back(self, node: Node, columns_arrays: Sequence[np.ndarray | None], out: Out,
+                   workspace: np.ndarray | None) -> np.ndarray:  # fmt: skip
+        """What the tile call runs where its arrays do not fit it: the im2col kernel on the Conv's own
+        inputs (it rebuilds the columns)."""
+        return self.fallback(node, self.arrays, out, self.workspace)
