@@ -226,8 +226,8 @@ SPIN_SPLIT_KEYS = frozenset({
 
 
 #: Marks the key of a pointwise Conv that a run on its own or spinning threads gives to hetflow's own
-#: GEMM (``kernels.own_gemm``), and of one image's im2col Conv that a spinning run multiplies there in
-#: bands: its epilogue is in the product, so it has a model of its own.
+#: GEMM (``kernels.own_gemm``), and of one image's im2col Conv that a spinning run multiplies there (in
+#: bands, or as whole columns): its epilogue is in the product, so it has a model of its own.
 OWN_GEMM_MARK = "@own"
 
 
@@ -242,7 +242,7 @@ def layer_key(
     """The profile key of a node run by ``kernel``: ``"OpType/algorithm"``, marked ``SPIN_MARK`` where a
     spinning run (``spinning``) splits the layer, ``OWN_GEMM_MARK`` where a run on its own threads
     (``split``) or a spinning one gives a pointwise Conv to hetflow's own GEMM, or a spinning run an
-    im2col Conv (in bands).
+    im2col Conv (in bands or as whole columns).
 
     The algorithm is the kernel's own. A kernel that covers several methods (``default``, ``auto``) is
     refined by the method the op's cost model would pick (Conv's heuristic), so pointwise, depthwise,
@@ -252,20 +252,21 @@ def layer_key(
     key = _unmarked_key(node, kernel, graph)
     if (split or spinning) and key == "Conv/pointwise" and graph is not None and _runs_own_gemm(node, graph):
         return key + OWN_GEMM_MARK
-    if spinning and key == "Conv/im2col" and graph is not None and _runs_bands(node, graph):
+    if spinning and key == "Conv/im2col" and graph is not None and _runs_im2col_on_tiles(node, graph):
         return key + OWN_GEMM_MARK
     return key + SPIN_MARK if spinning and key in SPIN_SPLIT_KEYS else key
 
 
-def _runs_bands(node: Node, graph: Graph) -> bool:
-    """Whether the im2col Conv ``node`` runs in bands on hetflow's own GEMM in a spinning run."""
+def _runs_im2col_on_tiles(node: Node, graph: Graph) -> bool:
+    """Whether the im2col Conv ``node`` runs on hetflow's own GEMM in a spinning run: in bands, or as
+    whole columns (``own_gemm.columns_geometry``), its epilogue in the tiles either way."""
     from hetflow.devices.cpu.kernels import own_gemm
 
     x, w = graph.values.get(node.inputs[0]), graph.values.get(node.inputs[1])
     if x is None or w is None or x.shape is None or w.shape is None:
         return False
     infos = [TensorInfo(tuple(v.shape), np.dtype(v.dtype)) for v in (x, w)]
-    return own_gemm.band_geometry(node, *infos) is not None
+    return own_gemm.band_geometry(node, *infos) is not None or own_gemm.columns_geometry(node, *infos) is not None
 
 
 def _runs_own_gemm(node: Node, graph: Graph) -> bool:

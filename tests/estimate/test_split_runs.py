@@ -293,14 +293,15 @@ def test_pointwise_layers_on_the_own_gemm_have_a_key_of_their_own(channels, side
     assert key_algorithm(split_key) == "pointwise"
 
 
-@pytest.mark.parametrize(("kernels", "channels", "kernel", "batch", "bands"), [
-    (32, 3, 3, 1, True),  # MobileNet v2's first layer
+@pytest.mark.parametrize(("kernels", "channels", "kernel", "batch", "own"), [
+    (32, 3, 3, 1, True),  # MobileNet v2's first layer: in bands
     (32, 3, 3, 2, False),  # a batch: im2col on BLAS
-    (32, 64, 3, 1, False),  # 576 column rows: past own_gemm.MAX_DEPTH
+    (32, 64, 3, 1, True),  # 576 column rows: past own_gemm.MAX_DEPTH, whole columns (590 KB)
+    (32, 256, 5, 1, False),  # 6.5 MB of columns: past own_gemm.COLUMNS_MAX_BYTES, on BLAS
 ])  # fmt: skip
-def test_one_images_im2col_in_bands_has_a_key_of_its_own(kernels, channels, kernel, batch, bands) -> None:  # noqa: ANN001
-    """A spinning run multiplies one image's shallow im2col Conv in bands on the tile GEMM: keyed ``@own``
-    there; any other im2col it splits (``@spin``); plain elsewhere."""
+def test_one_images_im2col_on_the_tiles_has_a_key_of_its_own(kernels, channels, kernel, batch, own) -> None:  # noqa: ANN001
+    """A spinning run multiplies one image's im2col Conv on the tile GEMM, in bands or as whole columns:
+    keyed ``@own`` there; any other im2col it splits (``@spin``); plain elsewhere."""
     from onnx import TensorProto, helper, numpy_helper
 
     from hetflow.devices.cpu import CPUDevice
@@ -310,7 +311,8 @@ def test_one_images_im2col_in_bands_has_a_key_of_its_own(kernels, channels, kern
     from hetflow.runtime.planner import input_infos
 
     w = numpy_helper.from_array(np.zeros((kernels, channels, kernel, kernel), np.float32), "w")
-    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[kernel, kernel], strides=[2, 2], pads=[1] * 4)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[kernel, kernel], strides=[2, 2],
+                            pads=[kernel // 2] * 4)  # fmt: skip
     graph = helper.make_graph(
         [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, 32, 32])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, kernels, 16, 16])], initializer=[w],
@@ -321,7 +323,7 @@ def test_one_images_im2col_in_bands_has_a_key_of_its_own(kernels, channels, kern
     conv = graph.nodes[0]
     kernel_ = next(k for k in CPUDevice().kernels.kernels["Conv"] if k.algorithm == IM2COL)
     assert kernel_.reason_unsupported(conv, input_infos(graph, conv)) is None
-    assert layer_key(conv, kernel_, graph, spinning=True) == "Conv/im2col" + (OWN_GEMM_MARK if bands else SPIN_MARK)
+    assert layer_key(conv, kernel_, graph, spinning=True) == "Conv/im2col" + (OWN_GEMM_MARK if own else SPIN_MARK)
     assert layer_key(conv, kernel_, graph) == "Conv/im2col"
 
 
