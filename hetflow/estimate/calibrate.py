@@ -47,6 +47,7 @@ from hetflow.estimate.models import (
     nnls,
 )
 from hetflow.estimate.predict import (
+    COLUMNS_MARK,
     OWN_GEMM_MARK,
     SPIN_MARK,
     kernel_cost,
@@ -567,7 +568,7 @@ def _time_probe_nodes(
             if candidate.algorithm in SKIPPED_ALGORITHMS:
                 continue
             calls_blas = _may_call_blas(node, candidate.algorithm, key)
-            if spin and not key.endswith((SPIN_MARK, OWN_GEMM_MARK)):
+            if spin and not key.endswith((SPIN_MARK, OWN_GEMM_MARK, COLUMNS_MARK)):
                 # NOTE: a spinning probe times only what a spinning run splits: the others have probes
                 # of their own, and one of them run here (an im2col GEMM on OpenBLAS's threads) left
                 # those threads spinning on the cores: the direct Conv timed after it took 2x.
@@ -615,7 +616,7 @@ _BLAS_OPS = ("Conv", "Gemm", "MatMul", "LSTM")
 
 def _may_call_blas(node: Node, algorithm: str, key: str) -> bool:
     """Whether a candidate kernel may multiply on BLAS."""
-    if node.op_type not in _BLAS_OPS or key.endswith(OWN_GEMM_MARK):
+    if node.op_type not in _BLAS_OPS or key.endswith((OWN_GEMM_MARK, COLUMNS_MARK)):
         return False
     return not (node.op_type == "Conv" and algorithm in _OWN_LOOP_ALGORITHMS)
 

@@ -226,14 +226,19 @@ SPIN_SPLIT_KEYS = frozenset({
 
 
 #: Marks the key of a pointwise Conv that a run on its own or spinning threads gives to hetflow's own
-#: GEMM (``kernels.own_gemm``), and of one image's im2col Conv that a spinning run multiplies there (in
-#: bands, or as whole columns): its epilogue is in the product, so it has a model of its own.
+#: GEMM (``kernels.own_gemm``), and of one image's im2col Conv that a spinning run multiplies there in
+#: bands: its epilogue is in the product, so it has a model of its own.
 OWN_GEMM_MARK = "@own"
+#: Marks the key of one image's deep im2col Conv that a spinning run builds as whole columns and
+#: multiplies on the tile GEMM (``own_gemm.columns_geometry``). Its own model: fitted together with the
+#: bands, whose time goes to building columns more than to the product, ResNet-50's first layer (bands)
+#: was priced 63% over and its deep 1x1 stride-2 projections (columns) 19-24% over.
+COLUMNS_MARK = "@columns"
 
 
 def key_algorithm(key: str) -> str:
     """The algorithm named in a profile key (``"Conv/direct_fma@spin"`` -> ``"direct_fma"``)."""
-    return key.split("/", 1)[1].removesuffix(SPIN_MARK).removesuffix(OWN_GEMM_MARK)
+    return key.split("/", 1)[1].removesuffix(SPIN_MARK).removesuffix(OWN_GEMM_MARK).removesuffix(COLUMNS_MARK)
 
 
 def layer_key(
@@ -242,7 +247,7 @@ def layer_key(
     """The profile key of a node run by ``kernel``: ``"OpType/algorithm"``, marked ``SPIN_MARK`` where a
     spinning run (``spinning``) splits the layer, ``OWN_GEMM_MARK`` where a run on its own threads
     (``split``) or a spinning one gives a pointwise Conv to hetflow's own GEMM, or a spinning run an
-    im2col Conv (in bands or as whole columns).
+    im2col Conv in bands, ``COLUMNS_MARK`` where a spinning run gives it there as whole columns.
 
     The algorithm is the kernel's own. A kernel that covers several methods (``default``, ``auto``) is
     refined by the method the op's cost model would pick (Conv's heuristic), so pointwise, depthwise,
@@ -252,21 +257,25 @@ def layer_key(
     key = _unmarked_key(node, kernel, graph)
     if (split or spinning) and key == "Conv/pointwise" and graph is not None and _runs_own_gemm(node, graph):
         return key + OWN_GEMM_MARK
-    if spinning and key == "Conv/im2col" and graph is not None and _runs_im2col_on_tiles(node, graph):
-        return key + OWN_GEMM_MARK
+    if spinning and key == "Conv/im2col" and graph is not None:
+        way = _im2col_on_tiles(node, graph)
+        if way is not None:
+            return key + way
     return key + SPIN_MARK if spinning and key in SPIN_SPLIT_KEYS else key
 
 
-def _runs_im2col_on_tiles(node: Node, graph: Graph) -> bool:
-    """Whether the im2col Conv ``node`` runs on hetflow's own GEMM in a spinning run: in bands, or as
-    whole columns (``own_gemm.columns_geometry``), its epilogue in the tiles either way."""
+def _im2col_on_tiles(node: Node, graph: Graph) -> str | None:
+    """How the im2col Conv ``node`` runs on hetflow's own GEMM in a spinning run: ``OWN_GEMM_MARK`` in
+    bands, ``COLUMNS_MARK`` as whole columns (``own_gemm.columns_geometry``); None on BLAS."""
     from hetflow.devices.cpu.kernels import own_gemm
 
     x, w = graph.values.get(node.inputs[0]), graph.values.get(node.inputs[1])
     if x is None or w is None or x.shape is None or w.shape is None:
-        return False
+        return None
     infos = [TensorInfo(tuple(v.shape), np.dtype(v.dtype)) for v in (x, w)]
-    return own_gemm.band_geometry(node, *infos) is not None or own_gemm.columns_geometry(node, *infos) is not None
+    if own_gemm.band_geometry(node, *infos) is not None:
+        return OWN_GEMM_MARK
+    return COLUMNS_MARK if own_gemm.columns_geometry(node, *infos) is not None else None
 
 
 def _runs_own_gemm(node: Node, graph: Graph) -> bool:
@@ -328,7 +337,8 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
     * Winograd F(m, 3): its own GEMMs, ``(m + 2)^2`` products of ``[K x C] @ [C x tiles]``;
     * depthwise: no GEMM; every multiply-accumulate is elementwise work (a multiply and an add);
     * direct: no GEMM; the multiply-adds its kernel carries out (``direct.computed_products``);
-    * hetflow's own tile GEMM (``OWN_GEMM_MARK``): its multiply-adds outside BLAS's GEMM model.
+    * hetflow's own tile GEMM (``OWN_GEMM_MARK``, ``COLUMNS_MARK``): its multiply-adds outside BLAS's GEMM
+      model.
 
     Reports keep the op's cost (Augur's convention); only features and memory use this one.
     """
@@ -371,7 +381,7 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
         changes["macs"] = products * w[0] * w[1] * tiles
     elif algorithm == getattr(conv_op, "DEPTHWISE", "depthwise"):
         changes.update(gemm=None, macs=0, flops=cost.flops + 2 * cost.macs)
-    if key.endswith(OWN_GEMM_MARK):
+    if key.endswith((OWN_GEMM_MARK, COLUMNS_MARK)):
         # hetflow's tile GEMM runs thin products about as fast as wide ones: its multiply-adds at the
         # peak rate, not through BLAS's GEMM model, whose small-matrix curve priced SqueezeNet's 16-kernel
         # 1x1 layers at 2.5x their time.

@@ -293,19 +293,19 @@ def test_pointwise_layers_on_the_own_gemm_have_a_key_of_their_own(channels, side
     assert key_algorithm(split_key) == "pointwise"
 
 
-@pytest.mark.parametrize(("kernels", "channels", "kernel", "batch", "own"), [
-    (32, 3, 3, 1, True),  # MobileNet v2's first layer: in bands
-    (32, 3, 3, 2, False),  # a batch: im2col on BLAS
-    (32, 64, 3, 1, True),  # 576 column rows: past own_gemm.MAX_DEPTH, whole columns (590 KB)
-    (32, 256, 5, 1, False),  # 6.5 MB of columns: past own_gemm.COLUMNS_MAX_BYTES, on BLAS
+@pytest.mark.parametrize(("kernels", "channels", "kernel", "batch", "mark"), [
+    (32, 3, 3, 1, "@own"),  # MobileNet v2's first layer: in bands
+    (32, 3, 3, 2, "@spin"),  # a batch: im2col on BLAS
+    (32, 64, 3, 1, "@columns"),  # 576 column rows: past own_gemm.MAX_DEPTH, whole columns (590 KB)
+    (32, 256, 5, 1, "@spin"),  # 6.5 MB of columns: past own_gemm.COLUMNS_MAX_BYTES, on BLAS
 ])  # fmt: skip
-def test_one_images_im2col_on_the_tiles_has_a_key_of_its_own(kernels, channels, kernel, batch, own) -> None:  # noqa: ANN001
-    """A spinning run multiplies one image's im2col Conv on the tile GEMM, in bands or as whole columns:
-    keyed ``@own`` there; any other im2col it splits (``@spin``); plain elsewhere."""
+def test_one_images_im2col_on_the_tiles_has_a_key_of_its_own(kernels, channels, kernel, batch, mark) -> None:  # noqa: ANN001
+    """A spinning run multiplies one image's im2col Conv on the tile GEMM, in bands (keyed ``@own``) or as
+    whole columns (``@columns``); any other im2col it splits (``@spin``); plain elsewhere."""
     from onnx import TensorProto, helper, numpy_helper
 
     from hetflow.devices.cpu import CPUDevice
-    from hetflow.estimate.predict import OWN_GEMM_MARK, SPIN_MARK, layer_key
+    from hetflow.estimate.predict import key_algorithm, layer_key
     from hetflow.frontends import load_model
     from hetflow.ops.conv import IM2COL
     from hetflow.runtime.planner import input_infos
@@ -323,7 +323,8 @@ def test_one_images_im2col_on_the_tiles_has_a_key_of_its_own(kernels, channels, 
     conv = graph.nodes[0]
     kernel_ = next(k for k in CPUDevice().kernels.kernels["Conv"] if k.algorithm == IM2COL)
     assert kernel_.reason_unsupported(conv, input_infos(graph, conv)) is None
-    assert layer_key(conv, kernel_, graph, spinning=True) == "Conv/im2col" + (OWN_GEMM_MARK if own else SPIN_MARK)
+    assert layer_key(conv, kernel_, graph, spinning=True) == "Conv/im2col" + mark
+    assert key_algorithm("Conv/im2col" + mark) == IM2COL
     assert layer_key(conv, kernel_, graph) == "Conv/im2col"
 
 
