@@ -140,3 +140,24 @@ def test_a_spinning_run_keeps_a_strided_output_off_the_pool(monkeypatch):
         _run(WINOGRAD_F23, attrs, x, w, b, out=concat[:, 2:5])
     np.testing.assert_allclose(concat[:, 2:5], _direct_conv(x, w, b, attrs), rtol=1e-4, atol=1e-4)
     assert np.isnan(concat[:, :2]).all() and np.isnan(concat[:, 5:]).all()
+
+
+@pytest.mark.parametrize(("elements", "kernels", "channels", "count", "tiles"), [
+    (16, 24, 20, 49, True),  # F(2,3) on a 14x14 map: one tile of columns, on the tile GEMM
+    (36, 7, 13, 5, True),  # fewer elements' worth of work than shares, odd sizes
+    (36, 16, 16, 196, False),  # F(4,3) on 56x56: BLAS keeps it
+])  # fmt: skip
+def test_a_spinning_run_multiplies_one_tile_of_columns_on_the_tile_gemm(elements, kernels, channels, count, tiles,
+                                                                         monkeypatch):  # fmt: skip
+    from hetflow.devices.cpu import threads
+    from hetflow.devices.cpu.kernels import jit_tile_gemm, winograd
+
+    rng = np.random.default_rng(5)
+    u = rng.standard_normal((elements, kernels, channels)).astype(np.float32)
+    v = rng.standard_normal((elements, channels, count)).astype(np.float32)
+    products = np.full((elements, kernels, count), np.nan, np.float32)
+    jobs = record_spin_jobs(monkeypatch, min_outputs=1)
+    with threads.own_threads(2, spin=True, hold_blas=True):
+        winograd.multiply_elements(u, v, products)
+    np.testing.assert_allclose(products, np.matmul(u, v), rtol=1e-5, atol=1e-5)
+    assert (jit_tile_gemm.job_address() in {job for job, _ in jobs}) is tiles

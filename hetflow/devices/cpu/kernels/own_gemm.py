@@ -14,9 +14,10 @@ One example beside BLAS's threads keeps OpenBLAS, which splits a product over bo
 workers would take the core a split of ours needs), and so do numba-pool runs, whose splits are arranged
 by ``jit_gemm``.
 
-An im2col Conv of one image on the spinning pool runs on the tile GEMM too, in bands of output rows
-whose columns are built and multiplied by the thread that takes the band (``prepare_bands``,
-``jit_band_gemm``).
+An im2col Conv of one image on the spinning pool runs on the tile GEMM too: up to ``MAX_DEPTH`` column
+rows in bands of output rows whose columns are built and multiplied by the thread that takes the band
+(``prepare_bands``, ``jit_band_gemm``); deeper, with at most ``COLUMNS_MAX_BYTES`` of columns, as whole
+columns multiplied as a pointwise Conv over them (``_ColumnsCall``).
 
 A/B at batch 16, 2 threads, alternating processes (``benchmarks/ab.py``, minimums): mobilenetv2 0.82x the
 time, squeezenet 0.91x, googlenet and inception_v2 0.97x, resnet50 0.96x, densenet121 0.99x. Sessions of
