@@ -117,19 +117,6 @@ def test_bound_on_spinning_threads_runs_the_bands(monkeypatch, algorithm, fused,
     assert [chunks for _, chunks in jobs] == [own_gemm.band_plan(27, 16, 16, 2)[0]] * 2
 
 
-def test_bound_off_a_spinning_run_calls_the_plain_kernel(monkeypatch) -> None:  # noqa: ANN001
-    x_shape, w_shape, attrs = CASES[1]
-    x, w, b = _arrays(x_shape, w_shape)
-    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(**{**attrs.__dict__, "fused": RELU}))
-    call, target = _bind(KERNELS[IM2COL], node, [x, w, b])
-    monkeypatch.setattr(jit_band_gemm, "pack_job", lambda *args: pytest.fail("the bands ran"))
-    for context in (threads.own_threads(1), threads.own_threads(2), threads.blas_threads(2)):
-        with context:
-            [y] = call([x, w, b])
-        assert y is target
-        np.testing.assert_allclose(y, _expected(x, w, b, node.attrs, 0.0), rtol=1e-5, atol=1e-4)
-
-
 DECLINED = [
     ("two images", (2, 3, 16, 16), (8, 3, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), np.float32),
     ("groups", (1, 4, 16, 16), (8, 2, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=2), np.float32),
@@ -194,17 +181,22 @@ def test_deep_columns_on_spinning_threads_run_the_tile_gemm(monkeypatch, x_shape
     assert [job for job, _ in jobs] == [jit_tile_gemm.job_address()] * 2
 
 
-def test_deep_columns_off_a_spinning_run_call_the_plain_kernel(monkeypatch) -> None:  # noqa: ANN001
-    x_shape, w_shape, attrs, fused = DEEP[1]
+@pytest.mark.parametrize(("case", "packer", "bounds"), [
+    ((*CASES[1], RELU), jit_band_gemm, (0.0, np.inf)),
+    (DEEP[1], jit_tile_gemm, (0.0, 6.0)),
+], ids=["bands", "whole columns"])  # fmt: skip
+def test_bound_off_a_spinning_run_calls_the_plain_kernel(monkeypatch, case, packer, bounds) -> None:  # noqa: ANN001
+    """Bands and whole columns run only on a spinning run: elsewhere the bound call is im2col with BLAS."""
+    x_shape, w_shape, attrs, fused = case
     x, w, b = _arrays(x_shape, w_shape)
     node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(**{**attrs.__dict__, "fused": fused}))
     call, target = _bind(KERNELS[IM2COL], node, [x, w, b])
-    monkeypatch.setattr(jit_tile_gemm, "pack_job", lambda *args: pytest.fail("the tiles ran"))
+    monkeypatch.setattr(packer, "pack_job", lambda *args: pytest.fail("the tile GEMM ran"))
     for context in (threads.own_threads(1), threads.own_threads(2), threads.blas_threads(2)):
         with context:
             [y] = call([x, w, b])
         assert y is target
-        np.testing.assert_allclose(y, _expected(x, w, b, node.attrs, 0.0, 6.0), rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(y, _expected(x, w, b, node.attrs, *bounds), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize(("case", "x_shape", "w_shape", "attrs", "dtype", "columns"), [
