@@ -266,16 +266,17 @@ def layer_key(
 
 def _im2col_on_tiles(node: Node, graph: Graph) -> str | None:
     """How the im2col Conv ``node`` runs on hetflow's own GEMM in a spinning run: ``OWN_GEMM_MARK`` in
-    bands, ``COLUMNS_MARK`` as whole columns (``own_gemm.columns_geometry``); None on BLAS."""
+    bands, ``COLUMNS_MARK`` as whole columns (``own_gemm.im2col_on_tiles``); None on BLAS."""
     from hetflow.devices.cpu.kernels import own_gemm
 
     x, w = graph.values.get(node.inputs[0]), graph.values.get(node.inputs[1])
     if x is None or w is None or x.shape is None or w.shape is None:
         return None
     infos = [TensorInfo(tuple(v.shape), np.dtype(v.dtype)) for v in (x, w)]
-    if own_gemm.band_geometry(node, *infos) is not None:
-        return OWN_GEMM_MARK
-    return COLUMNS_MARK if own_gemm.columns_geometry(node, *infos) is not None else None
+    found = own_gemm.im2col_on_tiles(node, *infos)
+    if found is None:
+        return None
+    return OWN_GEMM_MARK if found[0] == own_gemm.BANDS else COLUMNS_MARK
 
 
 def _runs_own_gemm(node: Node, graph: Graph) -> bool:

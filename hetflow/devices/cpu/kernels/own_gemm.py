@@ -270,6 +270,21 @@ def columns_geometry(node: Node, x_info: TensorInfo, w_info: TensorInfo) -> Geom
     return geo
 
 
+#: How ``im2col_on_tiles`` says one image's im2col Conv runs on the tile GEMM.
+BANDS, COLUMNS = "bands", "columns"
+
+
+def im2col_on_tiles(node: Node, x_info: TensorInfo, w_info: TensorInfo) -> tuple[str, Geometry] | None:
+    """How a spinning run gives an im2col Conv to the tile GEMM, with its windows: ``BANDS``
+    (``band_geometry``), else ``COLUMNS`` (``columns_geometry``); None where it stays on BLAS. The one
+    decision ``prepare_bands`` binds and the estimator keys layers by."""
+    geo = band_geometry(node, x_info, w_info)
+    if geo is not None:
+        return BANDS, geo
+    geo = columns_geometry(node, x_info, w_info)
+    return (COLUMNS, geo) if geo is not None else None
+
+
 def _one_image_2d(x_info: TensorInfo, w_info: TensorInfo) -> bool:
     """float32 X and W of a 2-D Conv over one image, every dimension known."""
     x_shape, w_shape = x_info.shape, w_info.shape
@@ -298,15 +313,12 @@ def prepare_bands(
         node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
     ) -> BoundCall | None:
         x_info, w_info = inputs[0], inputs[1]
-        if x_info is None or w_info is None:
+        found = None if x_info is None or w_info is None else im2col_on_tiles(node, x_info, w_info)
+        if found is None:
             return None
-        geo = band_geometry(node, x_info, w_info)
-        if geo is not None:
-            return _BandCall(node, geo, x_info, w_info, out, fallback, workspace)
-        geo = columns_geometry(node, x_info, w_info)
-        if geo is not None:
-            return _ColumnsCall(node, geo, x_info, w_info, out, fallback, workspace)
-        return None
+        way, geo = found
+        call = _BandCall if way == BANDS else _ColumnsCall
+        return call(node, geo, x_info, w_info, out, fallback, workspace)  # type: ignore[arg-type]
 
     return prepare
 
