@@ -504,13 +504,14 @@ def _crop(yb, kernel_first, width, bias, relu, y_image):  # noqa: ANN001
     """Planes of ``yb`` (kernel ``kernel_first`` onward, rows ``width`` long) into ``y_image [K, OH, OW]``
     with the bias added and, when ``relu``, negatives set to 0; blocks' kernels past K are dropped."""
     kernels, out_h, out_w = y_image.shape
+    # max() with a floor of -inf when there is no Relu: a branch-free row loop LLVM vectorizes (the
+    # branch per element ran 3-4x slower), and NaN stays NaN as in the Relu op.
+    low = np.float32(0.0) if relu else np.float32(-np.inf)
     for k in range(min(yb.shape[0], kernels - kernel_first)):
         kernel = kernel_first + k
         b = bias[kernel]
         for r in range(out_h):
-            start = r * width
+            products = yb[k, r * width : r * width + out_w]
+            row = y_image[kernel, r]
             for c in range(out_w):
-                value = yb[k, start + c] + b
-                if relu and value < 0:
-                    value = 0
-                y_image[kernel, r, c] = value
+                row[c] = max(products[c] + b, low)
