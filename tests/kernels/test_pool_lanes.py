@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetflow.devices.cpu.kernels import jit_pool, jit_pool_lanes
+from hetflow.devices.cpu.kernels import jit_pool, jit_pool_lanes, jit_pool_rows
 from hetflow.ops import registry
 from hetflow.ops.pool import pool_window
 from hetflow.ops.spatial import Geometry, geometry
@@ -94,6 +94,44 @@ def test_lanes_max_keeps_nan_and_infinities(attrs, shape):
     y, expected = _pool(x, geo, "MaxPool")
     assert np.isnan(expected).any() and np.isposinf(expected).any()
     np.testing.assert_array_equal(y, expected)  # NaN where the reference has it, every other value exact
+
+
+SWEPT = [  # 3x3 windows with rows long enough to sweep (``jit_pool_rows``): each block shape and edge
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (0, 0, 1, 1)}, (1, 4, 66, 66)),  # Inception's
+    ({"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}, (2, 3, 9, 20)),  # 9 rows: a block of 7, a short one of 2
+    ({"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}, (1, 3, 12, 16)),  # 12: 7, then 5 of a block of 7
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (1, 2, 23, 68)),  # overhang right and below
+]
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize(("attrs", "shape"), SWEPT)
+def test_swept_rows_match_the_float64_reference(op_type, attrs, shape):
+    geo = _geometry(attrs, shape)
+    (kh, kw), (sh, sw) = (axis.kernel for axis in geo.axes), (axis.stride for axis in geo.axes)
+    assert jit_pool_rows.sweeps(kh, kw, sh, sw, 1, 1, geo.out[1])
+    x = RNG.standard_normal(shape).astype(np.float32)
+    y, expected = _pool(x, geo, op_type)
+    np.testing.assert_allclose(y, expected, rtol=2e-6, atol=2e-6)
+
+
+def test_swept_max_computes_a_plane_with_nan_again_exactly():
+    attrs, shape = SWEPT[0]
+    geo = _geometry(attrs, shape)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    x[0, 1, 5, 7] = np.nan  # plane 1 only: its windows over (5, 7) are NaN, the other planes untouched
+    x[0, 2, 9, 9] = np.inf
+    y, expected = _pool(x, geo, "MaxPool")
+    assert np.isnan(y[0, 1]).sum() == np.isnan(expected[0, 1]).sum() > 0
+    assert not np.isnan(y[0, [0, 2, 3]]).any()
+    np.testing.assert_array_equal(y, expected)
+
+
+def test_rows_sweep_only_three_by_three_windows_with_rows_of_a_vector_per_stride():
+    assert jit_pool_rows.sweeps(3, 3, 1, 1, 1, 1, 16) and not jit_pool_rows.sweeps(3, 3, 1, 1, 1, 1, 15)
+    assert jit_pool_rows.sweeps(3, 3, 2, 2, 1, 1, 32) and not jit_pool_rows.sweeps(3, 3, 2, 2, 1, 1, 31)
+    assert not jit_pool_rows.sweeps(2, 2, 2, 2, 1, 1, 64)  # windows that tile: no row to share
+    assert not jit_pool_rows.sweeps(3, 3, 1, 2, 1, 1, 64) and not jit_pool_rows.sweeps(3, 3, 1, 1, 2, 2, 64)
 
 
 def test_lanes_max_padding_never_wins():

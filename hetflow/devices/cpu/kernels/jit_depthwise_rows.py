@@ -4,7 +4,7 @@ of output rows, the window's weights held in registers, in LLVM IR.
 Why: ``jit_depthwise_lanes`` computes one vector of outputs per call, reloading and broadcasting every
 weight and reading every input row once per output row that uses it: per output vector of a 3x3 window
 9 masked loads of X, 9 broadcast loads of W and a fixed cost of ~4.6 ns (136x28x28 on one core: 9.3
-ns a plane's vector, ~25 cycles for 9 FMAs). Here a call sweeps a whole plane, ``ROWS`` output rows
+ns a plane's vector, ~25 cycles for 9 FMAs). Here a call sweeps a whole plane, ``row_sweep.ROWS`` output rows
 at a time across all their columns: the weights are broadcast once a plane, each input row's window columns are
 loaded once and feed every output row whose window covers that row, so a 3x3 window at stride 1 costs
 about 4 loads (not 18) per output vector and the FMAs bound the loop; the block's rows are independent
@@ -15,10 +15,8 @@ on 136x28x28 59 -> 32 us, 576x14x14 67 -> 37, 960x7x7 48 -> 33, 144x56x56 230 ->
 114; stride 2 on 96x112x112 246 -> 211 and 144x56x56 96 -> 77 (each input row's 32 floats split into
 even lanes by a shuffle, on the port the FMAs share); 5x5 on 240x28x28 207 -> 91.
 
-A vector holds 16 outputs of one row (at stride 2 the even lanes of 32 loaded floats); lanes whose
-column lies in the padding are never read and count as zero, input rows in the padding are skipped, and
-output rows past the map are computed but never stored. Rows of 8 or fewer outputs still take a whole
-vector, and still beat the old kernel's two rows per vector (960x7x7 above).
+The sweep itself (blocks of ``row_sweep.ROWS`` rows, lanes in the padding, rows past the map) is
+``row_sweep``'s, shared with the pools.
 
 Accumulators start at the bias; the activation is ``llvm_vectors.activate`` with the constants of
 ``jit_depthwise_lanes.activation_constants``.
@@ -29,21 +27,16 @@ from __future__ import annotations
 import numba
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
+from hetflow.devices.cpu.kernels import row_sweep
 
 #: Window sizes (square) swept; any other runs ``jit_depthwise_lanes``' vectors.
 WINDOWS = (3, 5)
 #: Strides (the same along rows and columns) swept.
 STRIDES = (1, 2)
-#: Output rows per block: seven independent chains of FMAs, and every map of the zoo (224 / 2^k: 112,
-#: 56, 28, 14, 7) a whole number of blocks; eight rows left two of 14x14's 16 rows idle and measured no
-#: faster on 28x28 and larger maps. A last block of at most ``SHORT_ROWS`` rows takes that many.
-ROWS = 7
-SHORT_ROWS = 4
 _BODIES = tuple((window, stride) for window in WINDOWS for stride in STRIDES)
 
 
@@ -59,7 +52,7 @@ def _sweep(
     typingctx, x, x_start, height, width, top, left, y, y_start, out_h, out_w, w, w_start, bias, bias_at,
     activation, window, stride,
 ):  # noqa: ANN001, ANN202  # fmt: skip
-    """Every output row of one plane in blocks of ``ROWS``: X's plane at ``x_start`` of the flat ``x``
+    """Every output row of one plane in blocks of ``row_sweep.ROWS``: X's plane at ``x_start`` of the flat ``x``
     (``height`` x ``width``), output row 0 reading from X's row ``top``, column 0 from X's column
     ``left``; Y's plane (``out_h`` x ``out_w``) from ``y_start``; weights ``window`` x ``window`` from
     ``w_start``, bias ``bias[bias_at]``, then the activation (``activation``: slope, low, high).
@@ -91,92 +84,35 @@ def _sweep(
     return signature, codegen
 
 
-class _Plane:
-    """The IR of one plane's sweep for a fixed window and stride."""
+class _Plane(row_sweep.RowSweep):
+    """The depthwise Conv's sweep: accumulators start at the bias, each tap is one FMA with its weight
+    (held in a register for the whole plane), the activation is applied as the rows are stored."""
 
     def __init__(self, builder: ir.IRBuilder, values: list[ir.Value], window: int, stride: int):
-        self.builder, self.window, self.stride = builder, window, stride
-        (self.x, self.x_start, self.height, self.width, self.top, self.left, self.y, self.y_start, self.out_h,
-         self.out_w, self.w, self.w_start, self.bias, self.bias_at, self.activation) = values  # fmt: skip
-        self.piece = lv.LANES * stride  # floats loaded per input row and window column
+        super().__init__(builder, values[: row_sweep.GEOMETRY_VALUES], window, stride)
+        self.w, self.w_start, self.bias, self.bias_at, self.activation = values[row_sweep.GEOMETRY_VALUES :]
         self.fma = lv.fused_multiply_add(builder)
 
-    def emit(self) -> None:
-        builder = self.builder
-        weights = [
-            [self._broadcast(self.w, builder.add(self.w_start, lv.INT(i * self.window + j))) for j in range(self.window)]
-            for i in range(self.window)
+    def prepare(self) -> None:
+        builder, window = self.builder, self.window
+        self.weights = [
+            [self._broadcast(self.w, builder.add(self.w_start, lv.INT(i * window + j))) for j in range(window)]
+            for i in range(window)
         ]  # fmt: skip
-        bias = self._broadcast(self.bias, self.bias_at)
-        constants = [self._broadcast(self.activation, lv.INT(i)) for i in range(3)]
-        blocks = builder.sdiv(builder.add(self.out_h, lv.INT(ROWS - 1)), lv.INT(ROWS))
-        with cgutils.for_range(builder, blocks) as block:
-            first_row = builder.mul(block.index, lv.INT(ROWS))
-            rows = builder.sub(self.out_h, first_row)  # more than ROWS except in the last block
-            top = builder.add(self.top, builder.mul(first_row, lv.INT(self.stride)))
-            y_start = builder.add(self.y_start, builder.mul(first_row, self.out_w))
-            with builder.if_else(builder.icmp_signed(">", rows, lv.INT(SHORT_ROWS))) as (full, short):
-                with full:
-                    self._block(ROWS, top, y_start, rows, weights, bias, constants)
-                with short:
-                    self._block(SHORT_ROWS, top, y_start, rows, weights, bias, constants)
-
-    def _block(
-        self, size: int, top: ir.Value, y_start: ir.Value, rows: ir.Value, weights: list[list[ir.Value]],
-        bias: ir.Value, constants: list[ir.Value],
-    ) -> None:  # fmt: skip
-        """A block of ``size`` output rows from X's row ``top`` (its rows from ``rows`` on not stored), all
-        its columns, 16 at a time."""
-        builder = self.builder
-        chunks = builder.sdiv(builder.add(self.out_w, lv.INT(lv.LANES - 1)), lv.INT(lv.LANES))
-        with cgutils.for_range(builder, chunks) as chunk:
-            first = builder.mul(chunk.index, lv.INT(lv.LANES))
-            column = builder.add(self.left, builder.mul(first, lv.INT(self.stride)))
-            totals = self._accumulate(size, top, column, weights, bias)
-            self._store(first, y_start, rows, totals, constants)
+        self.bias_vector = self._broadcast(self.bias, self.bias_at)
+        self.constants = [self._broadcast(self.activation, lv.INT(i)) for i in range(3)]
 
     def _broadcast(self, base: ir.Value, offset: ir.Value) -> ir.Value:
         return lv.broadcast(self.builder, lv.load_scalar(self.builder, base, offset))
 
-    def _accumulate(
-        self, size: int, top: ir.Value, column: ir.Value, weights: list[list[ir.Value]], bias: ir.Value
-    ) -> list[ir.Value]:  # fmt: skip
-        """Each output row's vector at this chunk: its bias plus every window tap times its weight, each
-        input row loaded once for all the output rows that read it."""
-        builder, window, stride = self.builder, self.window, self.stride
-        fill = lv.float_vector(self.piece, 0.0)
-        masks = [
-            lv.lanes_inside(builder, builder.add(column, lv.INT(j)), self.piece, self.width) for j in range(window)
-        ]
-        slots = [cgutils.alloca_once(builder, lv.VECTOR) for _ in range(size)]
-        for slot in slots:
-            builder.store(bias, slot)
-        for t in range((size - 1) * stride + window):
-            row = builder.add(top, lv.INT(t))
-            readers = [(r, t - r * stride) for r in range(size) if 0 <= t - r * stride < window]
-            with builder.if_then(builder.icmp_unsigned("<", row, self.height)):  # rows in the padding add 0
-                start = builder.add(self.x_start, builder.add(builder.mul(row, self.width), column))
-                for j in range(window):
-                    values = lv.masked_load(builder, self.x, builder.add(start, lv.INT(j)), masks[j], fill)
-                    if stride == 2:
-                        values = lv.every_other(builder, values)
-                    for r, i in readers:
-                        total = builder.load(slots[r])
-                        builder.store(builder.call(self.fma, [values, weights[i][j], total]), slots[r])
-        return slots
+    def start(self) -> ir.Value:
+        return self.bias_vector
 
-    def _store(
-        self, first: ir.Value, y_start: ir.Value, rows: ir.Value, slots: list[ir.Value], constants: list[ir.Value]
-    ) -> None:  # fmt: skip
-        """The block's rows below ``rows``, activated, into Y from ``y_start``: the chunk's lanes inside the
-        row."""
-        builder = self.builder
-        mask = lv.lanes_inside(builder, first, lv.LANES, self.out_w)
-        for r, slot in enumerate(slots):
-            with builder.if_then(builder.icmp_signed("<", lv.INT(r), rows)):
-                value = lv.activate(builder, constants, builder.load(slot))
-                offset = builder.add(y_start, builder.add(builder.mul(lv.INT(r), self.out_w), first))
-                lv.masked_store(builder, value, self.y, offset, mask)
+    def join(self, total: ir.Value, values: ir.Value, i: int, j: int) -> ir.Value:
+        return self.builder.call(self.fma, [values, self.weights[i][j], total])
+
+    def finish(self, total: ir.Value, row: ir.Value, first: ir.Value) -> ir.Value:
+        return lv.activate(self.builder, self.constants, total)
 
 
 @numba.njit(nogil=True, cache=True)

@@ -33,6 +33,7 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from hetflow.devices.cpu import spin_pool
+from hetflow.devices.cpu.kernels import jit_pool_rows
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels.window_lanes import (
     LANES,
@@ -204,8 +205,25 @@ def _accumulate(
 def vector_planes(x, y, image_stride, out_h, out_w, first, last,  # noqa: ANN001, ANN201
                   kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale):  # fmt: skip
     """Output planes ``first .. last - 1`` (plane p = image p // C, channel p % C) of the flat Y ``y``
-    (images ``image_stride`` elements apart, each ``[C, OH, OW]`` contiguous; ``buffers.flat_images``),
-    ``PLANE_BLOCK`` planes at a time, each a vector of outputs at a time (``_window_vectors``)."""
+    (images ``image_stride`` elements apart, each ``[C, OH, OW]`` contiguous; ``buffers.flat_images``):
+    swept in rows where ``jit_pool_rows`` takes the window (a plane whose maximum met a NaN computed
+    again here), else ``_vector_planes``."""
+    if not jit_pool_rows.sweeps(kh, kw, sh, sw, dh, dw, out_w):
+        _vector_planes(x, y, image_stride, out_h, out_w, first, last, kh, kw, sh, sw, dh, dw, pad_top, pad_left,
+                       is_max, scale)  # fmt: skip
+        return
+    for plane in range(first, last):
+        if jit_pool_rows.sweep_plane(x, y, image_stride, out_h, out_w, plane, sh, pad_top, pad_left, is_max,
+                                     scale):  # fmt: skip
+            _vector_planes(x, y, image_stride, out_h, out_w, plane, plane + 1, kh, kw, sh, sw, dh, dw, pad_top,
+                           pad_left, is_max, scale)  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True)
+def _vector_planes(x, y, image_stride, out_h, out_w, first, last,  # noqa: ANN001, ANN201
+                   kh, kw, sh, sw, dh, dw, pad_top, pad_left, is_max, scale):  # fmt: skip
+    """``vector_planes``' planes ``PLANE_BLOCK`` at a time, each a vector of outputs at a time
+    (``_window_vectors``): any window, the maximum exact where a NaN is loaded."""
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
     flat_x, flat_scale = x.reshape(-1), scale.reshape(-1)
     out_size = out_h * out_w

@@ -1,0 +1,131 @@
+"""One plane of a 2-D window op swept in blocks of output rows, in LLVM IR: the loop shared by the
+depthwise Conv (``jit_depthwise_rows``) and the pools (``jit_pool_rows``).
+
+A block is ``ROWS`` output rows across all their columns, 16 outputs a vector (at stride 2 the even lanes
+of 32 loaded floats). Each input row's window columns are loaded once and fed to every output row of the
+block whose window covers that row, so a 3x3 window at stride 1 costs about 4 loads (not 18) per output
+vector; the block's rows are independent chains, enough to hide each operation's latency. Lanes whose
+column lies in the padding are never read and take the op's padding value, input rows in the padding
+are skipped, and output rows past the map are computed but never stored.
+
+An op is a subclass saying how a vector starts (``start``), how a tap joins it (``join``) and what is
+stored (``finish``); ``prepare`` emits what it keeps for the whole plane (the depthwise Conv's weights).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba.core import cgutils
+
+from hetflow.devices.cpu.kernels import llvm_vectors as lv
+
+#: Output rows per block: seven independent chains, and every map of the zoo (224 / 2^k: 112, 56, 28,
+#: 14, 7) a whole number of blocks; eight rows left two of 14x14's 16 rows idle and measured no faster
+#: on 28x28 and larger maps (depthwise 3x3, one core). A last block of at most ``SHORT_ROWS`` rows takes
+#: that many.
+ROWS = 7
+SHORT_ROWS = 4
+
+#: The plane's geometry as IR values, in this order: the flat X's data pointer, the plane's start in it,
+#: its height and width, the input row and column of output (0, 0)'s window corner (negative in the
+#: padding), the flat Y's data pointer, the plane's start in it, the output height and width.
+GEOMETRY_VALUES = 10
+
+
+class RowSweep:
+    """The IR of one plane's sweep for a fixed square window and stride (see the module docstring)."""
+
+    #: What a lane in the padding reads.
+    pad_value = 0.0
+
+    def __init__(self, builder: ir.IRBuilder, geometry: list[ir.Value], window: int, stride: int):
+        assert len(geometry) == GEOMETRY_VALUES
+        self.builder, self.window, self.stride = builder, window, stride
+        (self.x, self.x_start, self.height, self.width, self.top, self.left, self.y, self.y_start, self.out_h,
+         self.out_w) = geometry  # fmt: skip
+        self.piece = lv.LANES * stride  # floats loaded per input row and window column
+
+    # -- what an op defines ------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Emit, once a plane, what every vector uses."""
+
+    def start(self) -> ir.Value:
+        """An output vector before any tap."""
+        raise NotImplementedError
+
+    def join(self, total: ir.Value, values: ir.Value, i: int, j: int) -> ir.Value:
+        """``total`` with tap (``i``, ``j``)'s input ``values`` taken in."""
+        raise NotImplementedError
+
+    def loaded(self, values: ir.Value) -> None:
+        """Called with every vector of inputs loaded (after the stride's shuffle)."""
+
+    def finish(self, total: ir.Value, row: ir.Value, first: ir.Value) -> ir.Value:
+        """What is stored of the output vector of ``row``, columns from ``first``."""
+        return total
+
+    # -- the sweep ---------------------------------------------------------------------------------
+    def emit(self) -> None:
+        builder = self.builder
+        self.prepare()
+        blocks = builder.sdiv(builder.add(self.out_h, lv.INT(ROWS - 1)), lv.INT(ROWS))
+        with cgutils.for_range(builder, blocks) as block:
+            first_row = builder.mul(block.index, lv.INT(ROWS))
+            rows = builder.sub(self.out_h, first_row)  # more than ROWS except in the last block
+            with builder.if_else(builder.icmp_signed(">", rows, lv.INT(SHORT_ROWS))) as (full, short):
+                with full:
+                    self._block(ROWS, first_row, rows)
+                with short:
+                    self._block(SHORT_ROWS, first_row, rows)
+
+    def _block(self, size: int, first_row: ir.Value, rows: ir.Value) -> None:
+        """A block of ``size`` output rows from ``first_row`` (its rows from ``rows`` on not stored), all its
+        columns, 16 at a time."""
+        builder = self.builder
+        top = builder.add(self.top, builder.mul(first_row, lv.INT(self.stride)))
+        chunks = builder.sdiv(builder.add(self.out_w, lv.INT(lv.LANES - 1)), lv.INT(lv.LANES))
+        with cgutils.for_range(builder, chunks) as chunk:
+            first = builder.mul(chunk.index, lv.INT(lv.LANES))
+            column = builder.add(self.left, builder.mul(first, lv.INT(self.stride)))
+            totals = self._accumulate(size, top, column)
+            self._store(first_row, first, rows, totals)
+
+    def _accumulate(self, size: int, top: ir.Value, column: ir.Value) -> list[ir.Value]:
+        """Each output row's vector at this chunk, every input row loaded once for all the output rows
+        that read it."""
+        builder, window, stride = self.builder, self.window, self.stride
+        fill = lv.float_vector(self.piece, self.pad_value)
+        masks = [
+            lv.lanes_inside(builder, builder.add(column, lv.INT(j)), self.piece, self.width)
+            for j in range(window)
+        ]
+        slots = [cgutils.alloca_once(builder, lv.VECTOR) for _ in range(size)]
+        initial = self.start()
+        for slot in slots:
+            builder.store(initial, slot)
+        for t in range((size - 1) * stride + window):
+            row = builder.add(top, lv.INT(t))
+            readers = [(r, t - r * stride) for r in range(size) if 0 <= t - r * stride < window]
+            with builder.if_then(
+                builder.icmp_unsigned("<", row, self.height)
+            ):  # rows in the padding: skipped
+                start = builder.add(self.x_start, builder.add(builder.mul(row, self.width), column))
+                for j in range(window):
+                    values = lv.masked_load(builder, self.x, builder.add(start, lv.INT(j)), masks[j], fill)
+                    if stride == 2:
+                        values = lv.every_other(builder, values)
+                    self.loaded(values)
+                    for r, i in readers:
+                        builder.store(self.join(builder.load(slots[r]), values, i, j), slots[r])
+        return slots
+
+    def _store(self, first_row: ir.Value, first: ir.Value, rows: ir.Value, slots: list[ir.Value]) -> None:
+        """The block's rows below ``rows`` into Y: the chunk's lanes inside the row."""
+        builder = self.builder
+        mask = lv.lanes_inside(builder, first, lv.LANES, self.out_w)
+        for r, slot in enumerate(slots):
+            with builder.if_then(builder.icmp_signed("<", lv.INT(r), rows)):
+                row = builder.add(first_row, lv.INT(r))
+                value = self.finish(builder.load(slot), row, first)
+                offset = builder.add(self.y_start, builder.add(builder.mul(row, self.out_w), first))
+                lv.masked_store(builder, value, self.y, offset, mask)
