@@ -120,7 +120,6 @@ def test_bound_on_spinning_threads_runs_the_bands(monkeypatch, algorithm, fused,
 DECLINED = [
     ("two images", (2, 3, 16, 16), (8, 3, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), np.float32),
     ("groups", (1, 4, 16, 16), (8, 2, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=2), np.float32),
-    ("residual", (1, 3, 16, 16), (8, 3, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), residual=True), np.float32),
     ("sigmoid", (1, 3, 16, 16), (8, 3, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), fused=FusedActivation("Sigmoid")),
      np.float32),
     ("float64", (1, 3, 16, 16), (8, 3, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), np.float64),
@@ -134,6 +133,23 @@ def test_bands_decline_what_the_tiles_do_not_run(case, x_shape, w_shape, attrs, 
     infos = [TensorInfo(x_shape, np.dtype(dtype)), TensorInfo(w_shape, np.dtype(dtype))]
     assert own_gemm.band_geometry(node, *infos) is None
     assert KERNELS[IM2COL].prepare(node, infos, None, None) is None
+
+
+def test_a_shallow_conv_with_a_folded_residual_runs_as_whole_columns_not_bands(monkeypatch) -> None:  # noqa: ANN001
+    attrs = ConvAttrs(strides=(2, 2), residual=True, fused=RELU)  # ResNet's 1x1 stride-2 projection, in small
+    node = Node("Conv", "conv", ["x", "w", "b", "r"], ["y"], attrs)
+    x, w, b = _arrays((1, 24, 13, 13), (40, 24, 1, 1))
+    infos = [TensorInfo(x.shape, np.dtype(np.float32)), TensorInfo(w.shape, np.dtype(np.float32))]
+    assert own_gemm.band_geometry(node, *infos) is None  # bands add no residual
+    assert isinstance(KERNELS[IM2COL].prepare(node, infos, None, None), own_gemm._ColumnsCall)
+    arrays = [x, w, b, RNG.standard_normal((1, 40, 7, 7)).astype(np.float32)]
+    expected = KERNELS[IM2COL].fn(node, arrays)[0]
+    call, target = _bind(KERNELS[IM2COL], node, arrays)
+    jobs = record_spin_jobs(monkeypatch, min_outputs=None)
+    with threads.own_threads(2, spin=True):
+        [y] = call(arrays)
+    assert y is target and [job for job, _ in jobs] == [jit_tile_gemm.job_address()]
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
 
 
 def test_auto_binds_the_bands_only_where_it_picks_im2col() -> None:

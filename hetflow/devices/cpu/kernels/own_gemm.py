@@ -250,23 +250,26 @@ def band_geometry(node: Node, x_info: TensorInfo, w_info: TensorInfo) -> Geometr
     return geometry(conv_window(attrs, w_shape), x_info.shape[2:])
 
 
-#: Columns up to this size only are built whole for the tile GEMM: they stay in L2 while W passes over
-#: them. Past it OpenBLAS, which packs its panels, won: ZFNet's 96 -> 256 5x5 layer (7 MB of columns)
-#: took 4629 us whole against 3677; ResNet-50's 128 -> 128 3x3 stride 2 (3.6 MB) gained only 6%.
-COLUMNS_MAX_BYTES = 2 << 20
+#: Columns up to this size only are built whole for the tile GEMM: they stay in L2/L3 while W passes
+#: over them. Past it OpenBLAS, which packs its panels, won: ZFNet's 96 -> 256 5x5 layer (7 MB of
+#: columns) took 4629 us whole against 3677. ResNet-50's 128 -> 128 3x3 stride 2 on 56x56 (3.6 MB),
+#: inside batch-1 runs on the Zen 5 VM (2026-11-24): 1383 us on OpenBLAS, ~790 whole.
+COLUMNS_MAX_BYTES = 4 << 20
 
 
 def columns_geometry(node: Node, x_info: TensorInfo, w_info: TensorInfo) -> Geometry | None:
     """The windows of an im2col Conv that ``prepare_bands`` runs as whole columns on the tile GEMM
-    (``_ColumnsCall``), else None: float32, one image, 2-D, group 1, more than ``MAX_DEPTH`` column rows
-    (fewer run in bands), at most ``COLUMNS_MAX_BYTES`` of columns."""
+    (``_ColumnsCall``), else None: float32, one image, 2-D, group 1, at most ``COLUMNS_MAX_BYTES`` of
+    columns, and what bands do not take: more than ``MAX_DEPTH`` column rows, or a folded residual
+    (ResNet-50's 1x1 stride-2 projections, which OpenBLAS ran at ~80 GMAC/s inside a batch-1 run: 256 ->
+    512 on 56x56, 1293 us against ORT's 441; whole columns, 624)."""
     if not _one_image_2d(x_info, w_info) or node.attrs.group != 1:
         return None
     w_shape = w_info.shape
     depth = int(w_shape[1]) * int(w_shape[2]) * int(w_shape[3])
     geo = geometry(conv_window(node.attrs, w_shape), x_info.shape[2:])
-    if depth <= MAX_DEPTH or 4 * depth * math.prod(geo.out) > COLUMNS_MAX_BYTES:
-        return None
+    if (depth <= MAX_DEPTH and not node.attrs.residual) or 4 * depth * math.prod(geo.out) > COLUMNS_MAX_BYTES:
+        return None  # bands take the first; the second stays on OpenBLAS
     return geo
 
 
