@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
+import warnings
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -200,7 +201,8 @@ def _type_scalar_args(kernel: Any, args: Sequence[Any]) -> None:
 
 @functools.cache
 def _discover() -> tuple[list[tuple[Any, Any]], str | None]:
-    """Every (platform, device) pair in discovery order, and the reason when there is none."""
+    """Every (platform, device) pair that builds kernels, in discovery order, and the reason when there is
+    none. A device whose compiler fails on a one-line kernel is left out with a warning."""
     try:
         import pyopencl as cl
     except ImportError as error:
@@ -209,16 +211,45 @@ def _discover() -> tuple[list[tuple[Any, Any]], str | None]:
         platforms = cl.get_platforms()
     except cl.Error as error:
         return [], f"no OpenCL platform found ({error})"
-    pairs = []
+    pairs, broken = [], []
     for platform in platforms:
         try:
-            pairs.extend((platform, device) for device in platform.get_devices())
+            devices = platform.get_devices()
         except cl.Error:
             continue  # a platform with no devices (PoCL with no usable driver) is skipped
+        for device in devices:
+            failure = _build_failure(cl, device)
+            if failure is None:
+                pairs.append((platform, device))
+            else:
+                broken.append(f"{device.name.strip()} ({platform.version.strip()}): {failure}")
+    for entry in broken:
+        warnings.warn(f"OpenCL device left out, it cannot build kernels: {entry}", RuntimeWarning, stacklevel=2)
     if not pairs:
         names = ", ".join(p.name for p in platforms) or "none"
+        if broken:
+            return [], f"no OpenCL device builds kernels: {'; '.join(broken)}. {_NEWER_POCL}"
         return [], f"no OpenCL device found (platforms: {names})"
     return pairs, None
+
+
+#: What to do where PoCL's compiler does not know the CPU: PyPI's PoCL 3.0 is built on LLVM 14, which
+#: names an AMD Zen 5 (family 1Ah) "generic" and then refuses that name ("unknown target CPU
+#: 'generic'", pocl/pocl#1049). Debian's PoCL 3.1 (LLVM 15) picks its skylake-avx512 variant there.
+_NEWER_POCL = "Where PoCL does not know this CPU, a newer PoCL helps (Debian/Ubuntu: apt install pocl-opencl-icd)"
+
+#: The kernel a device must build to be listed.
+_PROBE_SOURCE = "__kernel void hetflow_probe(__global float *a) { a[get_global_id(0)] += 1.0f; }"
+
+
+def _build_failure(cl: Any, device: Any) -> str | None:
+    """Why ``device`` cannot build a one-line kernel (the first line of its build log), or None."""
+    try:
+        cl.Program(cl.Context([device]), _PROBE_SOURCE).build(devices=[device], cache_dir=False)
+    except cl.Error as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip().startswith("error")]
+        return lines[0] if lines else str(error).splitlines()[0]
+    return None
 
 
 def device_count() -> int:
