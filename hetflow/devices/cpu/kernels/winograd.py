@@ -202,18 +202,19 @@ def winograd(
 def multiply_elements(u: np.ndarray, v: np.ndarray, products: np.ndarray) -> None:
     """``products[e] = u[e] @ v[e]`` for every tile element e (``[a*a, K, C] x [a*a, C, T]``).
 
-    On a spinning run, float32 and contiguous, with at most one tile of columns (T <= 64: one image's
-    layers on maps up to 14x14 with F(2,3), 28x28 with F(4,3)), the a*a products are one grouped
-    pointwise product on the tile GEMM (``jit_tile_gemm``: a*a groups of K kernels over C channels and T
-    positions), shared out by whole elements; elsewhere ``split_matmul`` (single-threaded BLAS per part).
-    Summed inside runs at batch 1, BLAS -> tiles: F(2,3) layers resnet50 4678 -> 4244 us, inception_v2
-    3385 -> 3063, googlenet 2218 -> 2087; F(4,3) 4308 -> 4187, 4000 -> 3844, 3049 -> 3075. With T = 196
-    (F(4,3) on 56x56) the tiles lost 5% and BLAS keeps those."""
+    On a spinning run, float32 and contiguous, the a*a products are one grouped pointwise product on the
+    tile GEMM (``jit_tile_gemm``: a*a groups of K kernels over C channels and T positions), shared out by
+    whole elements; elsewhere ``split_matmul`` (single-threaded BLAS per part). Summed inside runs at
+    batch 1 with T <= 64, BLAS -> tiles: F(2,3) layers resnet50 4678 -> 4244 us, inception_v2 3385 ->
+    3063, googlenet 2218 -> 2087. On the Zen 5 VM (2026-11-24) larger T gains more, one layer alone,
+    spinning, BLAS -> tiles: F(4,3) 64 -> 64 on 56x56 (T = 196) 338 -> 149 us, 64 -> 192 on 56x56 928 ->
+    414, 64 -> 64 on 112x112 (T = 784) 1303 -> 543; F(2,3) 128 -> 128 on 28x28 532 -> 244 (on the older
+    VM the tiles had lost 5% at T = 196)."""
     pool = spinning()
     elements, kernels, channels = u.shape
     count = v.shape[2]
     arrays_fit = all(a.dtype == np.float32 and a.flags.c_contiguous for a in (u, v, products))
-    if pool is None or count > jit_tile_gemm.TILE_POSITIONS or not arrays_fit:
+    if pool is None or not arrays_fit:
         split_matmul(u, v, out=products)
         return
     # By whole elements (every share its own U[e] and V[e]: 16 or 36 of them), not by row blocks, where
