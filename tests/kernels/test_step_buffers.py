@@ -8,6 +8,7 @@ import tracemalloc
 
 import numpy as np
 
+from hetflow.devices.cpu import threads
 from hetflow.devices.cpu.kernels.buffers import MIN_POOLED_BYTES, StepBuffers, step_buffers, step_empty
 from hetflow.train import SGD, Trainer
 from hetflow.zoo.layers import LayerBuilder
@@ -75,12 +76,14 @@ def test_a_steady_state_step_allocates_no_large_arrays_and_trains_the_same():
 
 
 def _traced_step(trainer: Trainer, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
-    """(loss, peak bytes numpy allocated during the step, by tracemalloc)."""
+    """(loss, peak bytes numpy allocated during the step, by tracemalloc), on one thread: split over
+    threads, the parts' scratch is alive at once or not, as they happen to overlap."""
     gc.collect()  # what earlier tests left for the collector is not freed inside the traced step
-    tracemalloc.start()
-    try:
-        loss, _ = trainer.train_step(x, y)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    with threads.own_threads(1):
+        tracemalloc.start()
+        try:
+            loss, _ = trainer.train_step(x, y)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
     return loss, peak
