@@ -285,7 +285,7 @@ def _runs_own_gemm(node: Node, graph: Graph) -> bool:
 
     shapes = _conv_shapes(node, graph)
     x, w = graph.values[node.inputs[0]], graph.values[node.inputs[1]]
-    return shapes is not None and own_gemm.takes(node, x.dtype, w.dtype, shapes[0])
+    return shapes is not None and own_gemm.takes(x.dtype, w.dtype)
 
 
 def _unmarked_key(node: Node, kernel: Kernel, graph: Graph | None) -> str:

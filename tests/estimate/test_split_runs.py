@@ -275,10 +275,10 @@ def _pointwise_graph(channels: int, side: int):
     return load_model(model)
 
 
-@pytest.mark.parametrize(("channels", "side", "own"), [(64, 28, True), (512, 14, False), (512, 7, True)])
-def test_pointwise_layers_on_the_own_gemm_have_a_key_of_their_own(channels, side, own):
-    """In a run on its own threads, a pointwise Conv hetflow's own GEMM takes (``kernels.own_gemm``) is
-    keyed ``@own`` (its epilogue is in its product); beside BLAS's threads, or too deep over a wide map, not."""
+@pytest.mark.parametrize(("channels", "side"), [(64, 28), (512, 14), (512, 7)])
+def test_pointwise_layers_on_the_own_gemm_have_a_key_of_their_own(channels, side):
+    """In a run on its own threads, a pointwise Conv hetflow's own GEMM takes (``kernels.own_gemm``: every
+    float32 one) is keyed ``@own`` (its epilogue is in its product); beside BLAS's threads, not."""
     from hetflow.devices.cpu import CPUDevice
     from hetflow.estimate.predict import OWN_GEMM_MARK, key_algorithm, layer_key
     from hetflow.runtime.planner import input_infos
@@ -287,7 +287,7 @@ def test_pointwise_layers_on_the_own_gemm_have_a_key_of_their_own(channels, side
     node = graph.nodes[0]
     kernel = CPUDevice().kernels.lookup(node, input_infos(graph, node))
     split_key = layer_key(node, kernel, graph, split=True)
-    assert split_key == "Conv/pointwise" + (OWN_GEMM_MARK if own else "")
+    assert split_key == "Conv/pointwise" + OWN_GEMM_MARK
     assert layer_key(node, kernel, graph, spinning=True) == split_key
     assert layer_key(node, kernel, graph) == "Conv/pointwise"
     assert key_algorithm(split_key) == "pointwise"

@@ -259,15 +259,11 @@ def test_bound_pointwise_rejects_a_residual_of_another_shape() -> None:
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
 
 
-def test_a_deep_layer_over_a_wide_map_stays_on_blas_in_a_batch() -> None:
-    """Past MAX_DEPTH input channels a batch's layer stays on OpenBLAS, unless the map is at most one tile
-    wide; one image's takes the tiles at any depth."""
+def test_a_float32_layer_takes_the_tiles_at_any_batch_and_depth_and_others_stay_on_blas() -> None:
     node = Node("Conv", "conv", ["x", "w", ""], ["y"], ConvAttrs(fused=RELU))
     deep = own_gemm.MAX_DEPTH + 1
     weights = np.zeros((8, deep, 1, 1), np.float32)
-    wide = [np.zeros((2, deep, 14, 14), np.float32), weights, None]
-    narrow = [np.zeros((2, deep, 7, 7), np.float32), weights, None]
-    one_image = [np.zeros((1, deep, 14, 14), np.float32), weights, None]
-    assert POINTWISE_KERNEL.prepare(node, array_infos(wide), None, None) is None
-    assert POINTWISE_KERNEL.prepare(node, array_infos(narrow), None, None) is not None
-    assert POINTWISE_KERNEL.prepare(node, array_infos(one_image), None, None) is not None
+    for x in (np.zeros((2, deep, 14, 14), np.float32), np.zeros((1, deep, 14, 14), np.float32)):
+        assert POINTWISE_KERNEL.prepare(node, array_infos([x, weights, None]), None, None) is not None
+    float64 = [np.zeros((2, 8, 14, 14)), np.zeros((8, 8, 1, 1)), None]
+    assert POINTWISE_KERNEL.prepare(node, array_infos(float64), None, None) is None

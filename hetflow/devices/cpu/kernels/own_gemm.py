@@ -54,30 +54,20 @@ from hetflow.ops.spatial import Geometry, geometry
 MIN_COLUMNS_PER_PART = 4 * jit_tile_gemm.TILE_POSITIONS
 
 
-#: Input channels above which a layer keeps OpenBLAS, unless its map is at most one tile wide. With a
-#: deep X each tile's columns come from L2 for every row block, where OpenBLAS packs them once; its
-#: product then costs enough that the epilogue pass saved matters little. Measured inside resnet50 at
-#: batch 16 (per layer, min of 3 runs): 512 -> 256 at 28x28 11.1 ms on BLAS, 11.5 on the tiles, 1024 ->
-#: 512 at 14x14 11.7 both; 128 -> 512 at 28x28 8.3 -> 7.3, 256 -> 1024 at 14x14 7.1 -> 6.5, and 512 ->
-#: 2048 at 7x7 (49 positions, one tile) 8.8 -> 7.7. densenet121 (1x1 layers up to 1024 deep) lost 2%
-#: with every layer on the tiles. One image takes any depth: on spinning threads OpenBLAS's two threads
-#: then an epilogue pass lose to the tiles at every depth (sums of the pointwise layers inside runs at
-#: batch 1, limit 256 -> none: googlenet 4147 -> 3305 us, densenet121 14327 -> 13513, squeezenet 1570 ->
-#: 1446, inception_v2 5700 -> 5557, mobilenetv2 3196 -> 3061 (384 -> 64 at 14x14: 90 -> 65 us),
-#: resnet50 18170 -> 17909).
+#: Column rows (C * kh * kw) up to which one image's im2col Conv runs in bands (``band_geometry``); deeper
+#: ones build their columns whole (``columns_geometry``). It was also the depth above which a batch's
+#: pointwise Conv kept OpenBLAS, measured on the older VM (resnet50 at batch 16: 512 -> 256 at 28x28 11.1
+#: ms on BLAS, 11.5 on the tiles). On the Zen 5 VM (2026-11-24) OpenBLAS multiplies at ~90-110 GMAC/s
+#: and the tiles at ~210, and every depth gained at batch 16 with the limit lifted (A/B, alternating
+#: processes): densenet121 0.82, squeezenet 0.88, inception_v2 0.89, resnet50, googlenet and mobilenetv2
+#: 0.95; so ``takes`` has no depth limit now.
 MAX_DEPTH = 256
 
 
-def takes(node: Node, x_dtype: np.dtype, w_dtype: np.dtype, x_shape: Sequence[int]) -> bool:
-    """Whether a pointwise Conv node runs on the tile GEMM (where ``runs_own`` lets it): float32, and in
-    a batch of more than one image at most ``MAX_DEPTH`` input channels a group unless its map is at most
-    one tile wide."""
-    if x_dtype != np.float32 or w_dtype != np.float32:
-        return False
-    if int(x_shape[0]) == 1:
-        return True
-    positions = math.prod(int(d) for d in x_shape[2:])
-    return int(x_shape[1]) // node.attrs.group <= MAX_DEPTH or positions <= jit_tile_gemm.TILE_POSITIONS
+def takes(x_dtype: np.dtype, w_dtype: np.dtype) -> bool:
+    """Whether a pointwise Conv over X and W of these dtypes runs on the tile GEMM (where ``runs_own`` lets
+    it): float32, at any batch and depth (see ``MAX_DEPTH``)."""
+    return x_dtype == np.float32 and w_dtype == np.float32
 
 
 def runs_own() -> bool:
@@ -142,7 +132,7 @@ def prepare_pointwise(
         node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
     ) -> BoundCall | None:
         x_info, w_info = inputs[0], inputs[1]
-        if x_info is None or w_info is None or not takes(node, x_info.dtype, w_info.dtype, x_info.shape):
+        if x_info is None or w_info is None or not takes(x_info.dtype, w_info.dtype):
             return None
         return _TileCall(node, x_info, w_info, out, fallback, workspace)
 
