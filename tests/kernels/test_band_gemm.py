@@ -222,8 +222,10 @@ def test_bound_off_a_spinning_run_calls_the_plain_kernel(monkeypatch, case, pack
     ("groups", (1, 64, 16, 16), (8, 32, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=2), np.float32, False),
     ("float64", (1, 32, 16, 16), (8, 32, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), np.float64, False),
     ("1-D", (1, 300, 16), (8, 300, 3), ConvAttrs(pads=(1, 1)), np.float32, False),
-    ("columns past the cap", (1, 96, 54, 54), (256, 96, 5, 5), ConvAttrs(pads=(2, 2, 2, 2), strides=(2, 2)), np.float32,
-     False),  # ZFNet's second layer: 7 MB of columns
+    ("ZFNet's second layer", (1, 96, 54, 54), (256, 96, 5, 5), ConvAttrs(pads=(2, 2, 2, 2), strides=(2, 2)),
+     np.float32, True),  # 7 MB of columns
+    ("columns past the cap", (1, 64, 112, 112), (64, 64, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), np.float32,
+     False),  # 29 MB of columns
 ])  # fmt: skip
 def test_which_convs_run_as_whole_columns(case, x_shape, w_shape, attrs, dtype, columns) -> None:  # noqa: ANN001
     node = Node("Conv", "conv", ["x", "w"], ["y"], attrs)

@@ -240,11 +240,13 @@ def band_geometry(node: Node, x_info: TensorInfo, w_info: TensorInfo) -> Geometr
     return geometry(conv_window(attrs, w_shape), x_info.shape[2:])
 
 
-#: Columns up to this size only are built whole for the tile GEMM: they stay in L2/L3 while W passes
-#: over them. Past it OpenBLAS, which packs its panels, won: ZFNet's 96 -> 256 5x5 layer (7 MB of
-#: columns) took 4629 us whole against 3677. ResNet-50's 128 -> 128 3x3 stride 2 on 56x56 (3.6 MB),
-#: inside batch-1 runs on the Zen 5 VM (2026-11-24): 1383 us on OpenBLAS, ~790 whole.
-COLUMNS_MAX_BYTES = 4 << 20
+#: Columns up to this size only are built whole for the tile GEMM (they come back from L2 and L3 for
+#: every row block of W); past it OpenBLAS keeps the layer. On the older VM OpenBLAS won from 7 MB
+#: (ZFNet's 96 -> 256 5x5 layer took 4629 us whole against 3677), and 2 MB was the cap. On the Zen 5 VM
+#: (2026-11-24), where OpenBLAS multiplies at ~90-110 GMAC/s and the tiles at ~210, whole columns win at
+#: every size the zoo has at batch 1: ResNet-50's 128 -> 128 3x3 stride 2 (3.6 MB) 1383 -> ~790 us in
+#: a run; A/B with a 16 MB cap against 4 MB, zfnet512 0.87, inception_v2 0.96, alexnet 0.97.
+COLUMNS_MAX_BYTES = 16 << 20
 
 
 def columns_geometry(node: Node, x_info: TensorInfo, w_info: TensorInfo) -> Geometry | None:
