@@ -160,3 +160,18 @@ def test_a_spinning_run_multiplies_the_elements_on_the_tile_gemm(elements, kerne
         winograd.multiply_elements(u, v, products)
     np.testing.assert_allclose(products, np.matmul(u, v), rtol=1e-5, atol=1e-5)
     assert jit_tile_gemm.job_address() in {job for job, _ in jobs}
+
+
+@pytest.mark.parametrize("count", [5, 196, 784])
+def test_a_batch_on_own_threads_multiplies_the_elements_on_the_tile_gemm_not_blas(count, monkeypatch):
+    from hetflow.devices.cpu import threads
+    from hetflow.devices.cpu.kernels import winograd
+
+    rng = np.random.default_rng(6)
+    u = rng.standard_normal((36, 9, 11)).astype(np.float32)
+    v = rng.standard_normal((36, 11, count)).astype(np.float32)
+    products = np.full((36, 9, count), np.nan, np.float32)
+    monkeypatch.setattr(winograd, "split_matmul", lambda *args, **kwargs: pytest.fail("BLAS ran the products"))
+    with threads.own_threads(2):
+        winograd.multiply_elements(u, v, products)
+    np.testing.assert_allclose(products, np.matmul(u, v), rtol=1e-5, atol=1e-5)
