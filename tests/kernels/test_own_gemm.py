@@ -267,3 +267,40 @@ def test_a_float32_layer_takes_the_tiles_at_any_batch_and_depth_and_others_stay_
         assert POINTWISE_KERNEL.prepare(node, array_infos([x, weights, None]), None, None) is not None
     float64 = [np.zeros((2, 8, 14, 14)), np.zeros((8, 8, 1, 1)), None]
     assert POINTWISE_KERNEL.prepare(node, array_infos(float64), None, None) is None
+
+
+# -- products of im2col and Winograd in a batch's run --------------------------------------------------
+@pytest.mark.parametrize(("batch", "depth", "positions", "groups"), [(3, 27, 100, 1), (1, 36 * 5, 196, 36)])
+def test_a_batch_product_runs_on_the_tiles_on_own_threads_only(batch, depth, positions, groups):
+    kernels = 8 * groups
+    w = RNG.standard_normal((kernels, depth // groups)).astype(np.float32)
+    x = RNG.standard_normal((batch, depth, positions)).astype(np.float32)
+    y = np.full((batch, kernels, positions), np.nan, np.float32)
+    with threads.own_threads(2):
+        assert own_gemm.product_on_own_threads(w, x, y, groups=groups)
+    grouped_w = w.reshape(groups, kernels // groups, depth // groups)
+    grouped_x = x.reshape(batch, groups, depth // groups, positions)
+    want = np.matmul(grouped_w, grouped_x).reshape(batch, kernels, positions)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+    with threads.blas_threads(2):  # beside BLAS's threads the caller runs BLAS
+        assert not own_gemm.product_on_own_threads(w, x, y, groups=groups)
+    with threads.own_threads(2):  # float64, or a Y that is not contiguous, is BLAS's too
+        assert not own_gemm.product_on_own_threads(w.astype(np.float64), x, y, groups=groups)
+        assert not own_gemm.product_on_own_threads(w, x, np.zeros((batch, 2 * kernels, positions), np.float32)[:, ::2],
+                                                   groups=groups)  # fmt: skip
+
+
+@pytest.mark.parametrize("side", [13, 31], ids=["a chunk's one product", "a product per image"])
+def test_im2col_in_a_batch_multiplies_its_columns_on_the_tiles(monkeypatch, side):
+    from hetflow.devices.cpu.kernels import conv
+
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2)))
+    x = RNG.standard_normal((4, 5, side, side - 2)).astype(np.float32)
+    w = RNG.standard_normal((7, 5, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(7).astype(np.float32)
+    kernel = next(k for k in CPUDevice().kernels.kernels["Conv"] if k.algorithm == "im2col")
+    want = kernel.fn(node, [x, w, b])[0]
+    monkeypatch.setattr(conv, "split_matmul", lambda *args, **kwargs: pytest.fail("BLAS ran the product"))
+    with threads.own_threads(2):
+        [y] = kernel.fn(node, [x, w, b])
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)

@@ -396,7 +396,9 @@ def _per_image_gemm(
         windows = geo.windows(pad_into(geo, x, scratch))  # [n, C, *kernel, *out], a view
         np.copyto(columns.reshape(windows.shape), windows)
     if group == 1:
-        split_matmul(weights, columns, out=as_view(y, (count, kernels, positions)))
+        products = as_view(y, (count, kernels, positions))
+        if not own_gemm.product_on_own_threads(weights, columns, products):
+            split_matmul(weights, columns, out=products)
     else:
         split_matmul(
             weights,
@@ -463,7 +465,9 @@ def _whole_chunk_gemm(geo: Geometry, x: np.ndarray, weights: np.ndarray, y: np.n
         columns = scratch.take((channels, math.prod(geo.kernel), count, *geo.out), x.dtype)
         channel_columns(x, geo, out=columns, padded=padded)
     products = scratch.take((kernels, count * positions), x.dtype)
-    split_matmul(weights, columns.reshape(weights.shape[1], count * positions), out=products)
+    flat_columns = columns.reshape(weights.shape[1], count * positions)
+    if not own_gemm.product_on_own_threads(weights, flat_columns[None], products[None]):
+        split_matmul(weights, flat_columns, out=products)
     np.copyto(y, products.reshape(kernels, count, positions).transpose(1, 0, 2))
 
 

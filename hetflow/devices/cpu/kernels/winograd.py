@@ -43,8 +43,6 @@ from hetflow.devices.cpu.kernels.jit_winograd import (
 from hetflow.devices.cpu.kernels.weight_cache import WeightCache
 from hetflow.devices.cpu.threads import (
     SPIN_SHARES_PER_THREAD,
-    intra_op_threads,
-    parallel_for,
     spinning,
     split_matmul,
 )
@@ -209,24 +207,26 @@ def multiply_elements(u: np.ndarray, v: np.ndarray, products: np.ndarray) -> Non
     """``products[e] = u[e] @ v[e]`` for every tile element e (``[a*a, K, C] x [a*a, C, T]``).
 
     On a spinning run or hetflow's own threads, float32 and contiguous, the a*a products are one grouped
-    pointwise product on the tile GEMM (``jit_tile_gemm``: a*a groups of K kernels over C channels and T positions), shared out by
-    whole elements; elsewhere ``split_matmul`` (single-threaded BLAS per part). Summed inside runs at
+    pointwise product on the tile GEMM (``jit_tile_gemm``: a*a groups of K kernels over C channels and T
+    positions), shared out by whole elements; elsewhere ``split_matmul`` (single-threaded BLAS per part). Summed inside runs at
     batch 1 with T <= 64, BLAS -> tiles: F(2,3) layers resnet50 4678 -> 4244 us, inception_v2 3385 ->
     3063, googlenet 2218 -> 2087. On the Zen 5 VM (2026-11-24) larger T gains more, one layer alone,
     spinning, BLAS -> tiles: F(4,3) 64 -> 64 on 56x56 (T = 196) 338 -> 149 us, 64 -> 192 on 56x56 928 ->
     414, 64 -> 64 on 112x112 (T = 784) 1303 -> 543; F(2,3) 128 -> 128 on 28x28 532 -> 244 (on the older
     VM the tiles had lost 5% at T = 196). A batch's run on hetflow's own threads shares the same grouped
-    product out by columns (``_grouped_on_python_pool``): A/B at batch 16 vgg19 0.75, inception_v2 and
+    product out by columns (``own_gemm.product_on_own_threads``): A/B at batch 16 vgg19 0.75, inception_v2 and
     googlenet 0.88, resnet50 0.94."""
     pool = spinning()
     elements, kernels, channels = u.shape
     count = v.shape[2]
     arrays_fit = all(a.dtype == np.float32 and a.flags.c_contiguous for a in (u, v, products))
-    if not arrays_fit or (pool is None and not own_gemm.runs_own()):
-        split_matmul(u, v, out=products)
-        return
     if pool is None:
-        _grouped_on_python_pool(u, v, products)
+        as_images = (v.reshape(1, elements * channels, count), products.reshape(1, elements * kernels, count))
+        if not arrays_fit or not own_gemm.product_on_own_threads(u, *as_images, groups=elements):
+            split_matmul(u, v, out=products)
+        return
+    if not arrays_fit:
+        split_matmul(u, v, out=products)
         return
     # By whole elements (every share its own U[e] and V[e]: 16 or 36 of them), not by row blocks, where
     # each share would read all of V.
@@ -239,26 +239,8 @@ def multiply_elements(u: np.ndarray, v: np.ndarray, products: np.ndarray) -> Non
     pool.run(jit_tile_gemm.job_address(), block, shares)
 
 
-def _grouped_on_python_pool(u: np.ndarray, v: np.ndarray, products: np.ndarray) -> None:
-    """``multiply_elements``' grouped product on hetflow's own threads (a batch's run): each thread takes
-    a range of V's columns (tiles) for every element (``own_gemm.work_items``)."""
-    elements, kernels, channels = u.shape
-    count = v.shape[2]
-    threads = intra_op_threads()
-    items = own_gemm.work_items(1, count, threads)
-    weights, columns, flat = u.reshape(-1), v.reshape(1, elements * channels, count), products.reshape(-1)
-    bias = _zeros(elements * kernels)
-
-    def part(index: int) -> None:
-        jit_tile_gemm.gemm_items(weights, columns, flat, flat.size, flat, -1, bias, _NO_LOW, _NO_HIGH,
-                                 elements * kernels, count, elements, items[index], jit_tile_gemm.BLOCK_BYTES)  # fmt: skip
-
-    parallel_for(part, len(items), threads)
-
-
 #: No clamp on the products: (low, high) of the tile GEMM's epilogue.
 _UNBOUNDED = np.array([-np.inf, np.inf], np.float32)
-_NO_LOW, _NO_HIGH = np.float32(-np.inf), np.float32(np.inf)
 
 
 @cache
