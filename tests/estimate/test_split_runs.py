@@ -295,9 +295,10 @@ def test_pointwise_layers_on_the_own_gemm_have_a_key_of_their_own(channels, side
 
 @pytest.mark.parametrize(("kernels", "channels", "kernel", "batch", "mark"), [
     (32, 3, 3, 1, "@own"),  # MobileNet v2's first layer: in bands
-    (32, 3, 3, 2, "@spin"),  # a batch: im2col on BLAS
+    (32, 3, 3, 2, "@spin"),  # a batch: im2col split
     (32, 64, 3, 1, "@columns"),  # 576 column rows: past own_gemm.MAX_DEPTH, whole columns (590 KB)
-    (32, 256, 5, 1, "@spin"),  # 6.5 MB of columns: past own_gemm.COLUMNS_MAX_BYTES, on BLAS
+    (32, 256, 5, 1, "@columns"),  # 6.5 MB of columns, whole
+    (32, 700, 5, 1, "@spin"),  # 17.9 MB of columns: past own_gemm.COLUMNS_MAX_BYTES, on BLAS
 ])  # fmt: skip
 def test_one_images_im2col_on_the_tiles_has_a_key_of_its_own(kernels, channels, kernel, batch, mark) -> None:  # noqa: ANN001
     """A spinning run multiplies one image's im2col Conv on the tile GEMM, in bands (keyed ``@own``) or as
