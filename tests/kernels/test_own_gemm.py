@@ -304,3 +304,21 @@ def test_im2col_in_a_batch_multiplies_its_columns_on_the_tiles(monkeypatch, side
     with threads.own_threads(2):
         [y] = kernel.fn(node, [x, w, b])
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("fused", [None, RELU, FusedActivation("Sigmoid")], ids=["none", "relu", "sigmoid"])
+def test_a_batchs_im2col_runs_in_bands_with_its_bias_and_activation_in_the_tiles(monkeypatch, fused):
+
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(pads=(3, 3, 3, 3), strides=(2, 2), fused=fused))
+    x = RNG.standard_normal((3, 3, 40, 36)).astype(np.float32)  # a 7x7 stride-2 first layer, in small
+    w = RNG.standard_normal((10, 3, 7, 7)).astype(np.float32)
+    b = RNG.standard_normal(10).astype(np.float32)
+    kernel = next(k for k in CPUDevice().kernels.kernels["Conv"] if k.algorithm == "im2col")
+    want = kernel.fn(node, [x, w, b])[0]
+    calls = []
+    real = own_gemm.bands_on_own_threads
+    monkeypatch.setattr(own_gemm, "bands_on_own_threads", lambda *args: calls.append(args) or real(*args))
+    with threads.own_threads(2):
+        [y] = kernel.fn(node, [x, w, b])
+    assert len(calls) == 1 and calls[0][5] is not None  # the bias went into the tiles
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
