@@ -50,6 +50,7 @@ from hetflow.estimate.predict import (
     COLUMNS_MARK,
     OWN_GEMM_MARK,
     SPIN_MARK,
+    TILES_MARK,
     kernel_cost,
     layer_key,
     memory_terms,
@@ -616,7 +617,7 @@ _BLAS_OPS = ("Conv", "Gemm", "MatMul", "LSTM")
 
 def _may_call_blas(node: Node, algorithm: str, key: str) -> bool:
     """Whether a candidate kernel may multiply on BLAS."""
-    if node.op_type not in _BLAS_OPS or key.endswith((OWN_GEMM_MARK, COLUMNS_MARK)):
+    if node.op_type not in _BLAS_OPS or key.endswith((OWN_GEMM_MARK, COLUMNS_MARK, TILES_MARK)):
         return False
     return not (node.op_type == "Conv" and algorithm in _OWN_LOOP_ALGORITHMS)
 

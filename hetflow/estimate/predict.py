@@ -234,11 +234,21 @@ OWN_GEMM_MARK = "@own"
 #: bands, whose time goes to building columns more than to the product, ResNet-50's first layer (bands)
 #: was priced 63% over and its deep 1x1 stride-2 projections (columns) 19-24% over.
 COLUMNS_MARK = "@columns"
+#: Marks the key of an im2col or Winograd Conv in a run on its own threads (a batch's), whose products
+#: run on the tile GEMM there (``own_gemm.bands_on_own_threads``, ``own_gemm.product_on_own_threads``)
+#: and on OpenBLAS elsewhere: at ~210 against ~100 GMAC/s on the Zen 5 VM, one model for both priced
+#: VGG-19's Winograd layers at batch 16 53% over.
+TILES_MARK = "@tiles"
+#: The keys a run on its own threads gives ``TILES_MARK``.
+TILES_KEYS = frozenset({"Conv/im2col", "Conv/winograd_f23", "Conv/winograd_f43"})
 
 
 def key_algorithm(key: str) -> str:
     """The algorithm named in a profile key (``"Conv/direct_fma@spin"`` -> ``"direct_fma"``)."""
-    return key.split("/", 1)[1].removesuffix(SPIN_MARK).removesuffix(OWN_GEMM_MARK).removesuffix(COLUMNS_MARK)
+    algorithm = key.split("/", 1)[1]
+    for mark in (SPIN_MARK, OWN_GEMM_MARK, COLUMNS_MARK, TILES_MARK):
+        algorithm = algorithm.removesuffix(mark)
+    return algorithm
 
 
 def layer_key(
@@ -247,7 +257,8 @@ def layer_key(
     """The profile key of a node run by ``kernel``: ``"OpType/algorithm"``, marked ``SPIN_MARK`` where a
     spinning run (``spinning``) splits the layer, ``OWN_GEMM_MARK`` where a run on its own threads
     (``split``) or a spinning one gives a pointwise Conv to hetflow's own GEMM, or a spinning run an
-    im2col Conv in bands, ``COLUMNS_MARK`` where a spinning run gives it there as whole columns.
+    im2col Conv in bands, ``COLUMNS_MARK`` where a spinning run gives it there as whole columns,
+    ``TILES_MARK`` where a run on its own threads multiplies an im2col or Winograd Conv there.
 
     The algorithm is the kernel's own. A kernel that covers several methods (``default``, ``auto``) is
     refined by the method the op's cost model would pick (Conv's heuristic), so pointwise, depthwise,
@@ -261,6 +272,8 @@ def layer_key(
         way = _im2col_on_tiles(node, graph)
         if way is not None:
             return key + way
+    if split and not spinning and key in TILES_KEYS and graph is not None and _float32_conv(node, graph):
+        return key + TILES_MARK
     return key + SPIN_MARK if spinning and key in SPIN_SPLIT_KEYS else key
 
 
@@ -277,6 +290,12 @@ def _im2col_on_tiles(node: Node, graph: Graph) -> str | None:
     if found is None:
         return None
     return OWN_GEMM_MARK if found[0] == own_gemm.BANDS else COLUMNS_MARK
+
+
+def _float32_conv(node: Node, graph: Graph) -> bool:
+    """Whether the Conv ``node``'s X and W are float32 (what the tile GEMM multiplies)."""
+    x, w = graph.values.get(node.inputs[0]), graph.values.get(node.inputs[1])
+    return x is not None and w is not None and x.dtype == np.float32 and w.dtype == np.float32
 
 
 def _runs_own_gemm(node: Node, graph: Graph) -> bool:

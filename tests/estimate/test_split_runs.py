@@ -354,3 +354,35 @@ def test_a_calibration_builds_each_probe_model_once() -> None:
     once = calibrate._built_once(probe)
     assert [once.build(), once.build(), once.build()] == [1, 1, 1]
     assert len(builds) == 1 and once.name == "counted"
+
+
+@pytest.mark.parametrize(("kernel", "side", "algorithm"), [
+    (3, 32, "winograd_f43"),  # a batch's Winograd products on the tile GEMM
+    (5, 16, "im2col"),  # a batch's im2col in bands or its columns on the tile GEMM
+])  # fmt: skip
+def test_a_batchs_im2col_and_winograd_on_own_threads_have_a_tiles_key(kernel, side, algorithm) -> None:
+    """A run on its own threads multiplies im2col's and Winograd's products on the tile GEMM (``@tiles``),
+    a spinning run or one beside BLAS's threads does not; ``key_algorithm`` reads through the mark."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hetflow.devices.cpu import CPUDevice
+    from hetflow.estimate.predict import TILES_MARK, key_algorithm, layer_key
+    from hetflow.frontends import load_model
+    from hetflow.runtime.planner import input_infos
+
+    w = numpy_helper.from_array(np.zeros((64, 64, kernel, kernel), np.float32), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[kernel, kernel], pads=[kernel // 2] * 4)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64, side, side])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64, side, side])], initializer=[w],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    graph = load_model(model)
+    conv = graph.nodes[0]
+    chosen = next(k for k in CPUDevice().kernels.kernels["Conv"] if k.algorithm == algorithm)
+    assert chosen.reason_unsupported(conv, input_infos(graph, conv)) is None
+    key = layer_key(conv, chosen, graph, split=True)
+    assert key == f"Conv/{algorithm}{TILES_MARK}" and key_algorithm(key) == algorithm
+    assert layer_key(conv, chosen, graph) == f"Conv/{algorithm}"
+    assert not layer_key(conv, chosen, graph, spinning=True).endswith(TILES_MARK)
