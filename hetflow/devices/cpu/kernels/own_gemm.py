@@ -16,8 +16,15 @@ by ``jit_gemm``.
 
 An im2col Conv of one image on the spinning pool runs on the tile GEMM too: up to ``MAX_DEPTH`` column
 rows in bands of output rows whose columns are built and multiplied by the thread that takes the band
-(``prepare_bands``, ``jit_band_gemm``); deeper, with at most ``COLUMNS_MAX_BYTES`` of columns, as whole
-columns multiplied as a pointwise Conv over them (``_ColumnsCall``).
+(``prepare_bands``, ``jit_band_gemm``); deeper, or with a folded residual, with at most
+``COLUMNS_MAX_BYTES`` of columns, as whole columns multiplied as a pointwise Conv over them
+(``_ColumnsCall``). A batch on hetflow's own threads gives the tile GEMM im2col's bands
+(``bands_on_own_threads``) or its columns, and Winograd's element products
+(``product_on_own_threads``).
+
+On the Zen 5 VM (2026-11-24) numpy's OpenBLAS multiplies at ~90-110 GMAC/s on two cores where the tile
+GEMM reaches ~210, so the limits measured on the older VM (a batch's pointwise layers up to 256 input
+channels, whole columns up to 2 MB, Winograd's products up to one tile of columns) were lifted there.
 
 A/B at batch 16, 2 threads, alternating processes (``benchmarks/ab.py``, minimums): mobilenetv2 0.82x the
 time, squeezenet 0.91x, googlenet and inception_v2 0.97x, resnet50 0.96x, densenet121 0.99x. Sessions of
