@@ -256,18 +256,21 @@ def test_a_folded_residual_costs_an_add_and_a_read_on_the_add_model(quick_profil
     assert layer.predicted_ms < conv_alone + add
 
 
-def _pointwise_graph(channels: int, side: int):
-    """A one-layer graph: a 1x1 Conv of ``channels`` -> 32 over a ``side`` x ``side`` map, batch 4."""
+def _conv_graph(kernels: int, channels: int, kernel: int, batch: int, side: int, stride: int = 1):
+    """A one-layer graph: a ``kernel`` x ``kernel`` Conv of ``channels`` -> ``kernels`` over a ``side`` x
+    ``side`` map at ``stride``, padded by ``kernel // 2``, zero weights."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     from hetflow.frontends import load_model
 
-    w = numpy_helper.from_array(np.zeros((32, channels, 1, 1), np.float32), "w")
-    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[1, 1])
+    w = numpy_helper.from_array(np.zeros((kernels, channels, kernel, kernel), np.float32), "w")
+    out = (side + 2 * (kernel // 2) - kernel) // stride + 1
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[kernel, kernel], strides=[stride, stride],
+                            pads=[kernel // 2] * 4)  # fmt: skip
     graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, channels, side, side])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32, side, side])], initializer=[w],
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, side, side])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, kernels, out, out])], initializer=[w],
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
@@ -283,7 +286,7 @@ def test_pointwise_layers_on_the_own_gemm_have_a_key_of_their_own(channels, side
     from hetflow.estimate.predict import OWN_GEMM_MARK, key_algorithm, layer_key
     from hetflow.runtime.planner import input_infos
 
-    graph = _pointwise_graph(channels, side)
+    graph = _conv_graph(32, channels, 1, 4, side)
     node = graph.nodes[0]
     kernel = CPUDevice().kernels.lookup(node, input_infos(graph, node))
     split_key = layer_key(node, kernel, graph, split=True)
@@ -303,24 +306,12 @@ def test_pointwise_layers_on_the_own_gemm_have_a_key_of_their_own(channels, side
 def test_one_images_im2col_on_the_tiles_has_a_key_of_its_own(kernels, channels, kernel, batch, mark) -> None:  # noqa: ANN001
     """A spinning run multiplies one image's im2col Conv on the tile GEMM, in bands (keyed ``@own``) or as
     whole columns (``@columns``); any other im2col it splits (``@spin``); plain elsewhere."""
-    from onnx import TensorProto, helper, numpy_helper
-
     from hetflow.devices.cpu import CPUDevice
     from hetflow.estimate.predict import key_algorithm, layer_key
-    from hetflow.frontends import load_model
     from hetflow.ops.conv import IM2COL
     from hetflow.runtime.planner import input_infos
 
-    w = numpy_helper.from_array(np.zeros((kernels, channels, kernel, kernel), np.float32), "w")
-    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[kernel, kernel], strides=[2, 2],
-                            pads=[kernel // 2] * 4)  # fmt: skip
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, channels, 32, 32])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, kernels, 16, 16])], initializer=[w],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    graph = load_model(model)
+    graph = _conv_graph(kernels, channels, kernel, batch, 32, stride=2)
     conv = graph.nodes[0]
     kernel_ = next(k for k in CPUDevice().kernels.kernels["Conv"] if k.algorithm == IM2COL)
     assert kernel_.reason_unsupported(conv, input_infos(graph, conv)) is None
@@ -363,22 +354,11 @@ def test_a_calibration_builds_each_probe_model_once() -> None:
 def test_a_batchs_im2col_and_winograd_on_own_threads_have_a_tiles_key(kernel, side, algorithm) -> None:
     """A run on its own threads multiplies im2col's and Winograd's products on the tile GEMM (``@tiles``),
     a spinning run or one beside BLAS's threads does not; ``key_algorithm`` reads through the mark."""
-    from onnx import TensorProto, helper, numpy_helper
-
     from hetflow.devices.cpu import CPUDevice
     from hetflow.estimate.predict import TILES_MARK, key_algorithm, layer_key
-    from hetflow.frontends import load_model
     from hetflow.runtime.planner import input_infos
 
-    w = numpy_helper.from_array(np.zeros((64, 64, kernel, kernel), np.float32), "w")
-    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[kernel, kernel], pads=[kernel // 2] * 4)
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64, side, side])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64, side, side])], initializer=[w],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    graph = load_model(model)
+    graph = _conv_graph(64, 64, kernel, 4, side)
     conv = graph.nodes[0]
     chosen = next(k for k in CPUDevice().kernels.kernels["Conv"] if k.algorithm == algorithm)
     assert chosen.reason_unsupported(conv, input_infos(graph, conv)) is None

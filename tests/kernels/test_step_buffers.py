@@ -3,15 +3,12 @@ and a steady-state training step that allocates no large arrays (tracemalloc).""
 
 from __future__ import annotations
 
-import gc
-import tracemalloc
-
 import numpy as np
 
-from hetflow.devices.cpu import threads
 from hetflow.devices.cpu.kernels.buffers import MIN_POOLED_BYTES, StepBuffers, step_buffers, step_empty
 from hetflow.train import SGD, Trainer
 from hetflow.zoo.layers import LayerBuilder
+from tests.train.test_trainer import traced_step
 
 SHAPE = (4, MIN_POOLED_BYTES // 4)
 
@@ -65,25 +62,11 @@ def test_a_steady_state_step_allocates_no_large_arrays_and_trains_the_same():
     fresh._step_buffers = None
     for _ in range(2):
         assert pooled.train_step(x, y) == fresh.train_step(x, y)
-    loss, traced = _traced_step(pooled, x, y)
-    fresh_loss, fresh_traced = _traced_step(fresh, x, y)
+    loss, traced = traced_step(pooled, x, y)
+    fresh_loss, fresh_traced = traced_step(fresh, x, y)
     assert loss == fresh_loss
     # The kept activations and the gradients came from the pool; what is left is scratch (im2col
     # chunks, small temporaries), as in the step without a pool.
     assert traced + pooled.tape.peak_bytes // 2 < fresh_traced, (traced, fresh_traced, pooled.tape.peak_bytes)
     for name, param in fresh.params.items():
         np.testing.assert_array_equal(pooled.params[name], param)
-
-
-def _traced_step(trainer: Trainer, x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
-    """(loss, peak bytes numpy allocated during the step, by tracemalloc), on one thread: split over
-    threads, the parts' scratch is alive at once or not, as they happen to overlap."""
-    gc.collect()  # what earlier tests left for the collector is not freed inside the traced step
-    with threads.own_threads(1):
-        tracemalloc.start()
-        try:
-            loss, _ = trainer.train_step(x, y)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-    return loss, peak
