@@ -242,7 +242,7 @@ def product_on_own_threads(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: 
     items = work_items(batch, positions, threads)
     flat_w, flat_y = w.reshape(-1), y.reshape(-1)
     image = kernels * positions
-    bias = _zero_bias(kernels)
+    bias = zero_bias(kernels)
 
     def part(index: int) -> None:
         jit_tile_gemm.gemm_items(flat_w, x, flat_y, image, flat_y, -1, bias, _NO_LOW, _NO_HIGH, kernels, positions,
@@ -285,7 +285,7 @@ def bands_on_own_threads(
     if buffer.size < threads * stretch:
         return False
     flat_w, flat_y, flat_buffer, image = w.reshape(-1), y.reshape(-1), buffer.reshape(-1), kernels * out_h * out_w
-    bias = _zero_bias(kernels) if bias is None else bias
+    bias = zero_bias(kernels) if bias is None else bias
     low, high = np.float32(bounds[0]), np.float32(bounds[1])
     window = (kernels, rows_axis.kernel, cols_axis.kernel, rows_axis.stride, cols_axis.stride, rows_axis.dilation,
               cols_axis.dilation, rows_axis.pad_begin, cols_axis.pad_begin, out_h, out_w)  # fmt: skip
@@ -301,8 +301,9 @@ def bands_on_own_threads(
 
 
 @functools.cache
-def _zero_bias(size: int) -> np.ndarray:
-    """A float32 zero bias of ``size``, shared between calls (never written)."""
+def zero_bias(size: int) -> np.ndarray:
+    """A float32 zero bias of ``size`` for the tile GEMM's epilogue, shared between calls (never
+    written)."""
     return np.zeros(size, np.float32)
 
 

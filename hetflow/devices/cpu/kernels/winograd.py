@@ -234,19 +234,13 @@ def multiply_elements(u: np.ndarray, v: np.ndarray, products: np.ndarray) -> Non
     flat_products = products.reshape(-1)
     block = jit_tile_gemm.new_job_block()
     jit_tile_gemm.pack_job(block, u.reshape(-1), v.reshape(1, elements * channels, count), flat_products,
-                           flat_products.size, flat_products, -1, _zeros(elements * kernels), _UNBOUNDED,
+                           flat_products.size, flat_products, -1, own_gemm.zero_bias(elements * kernels), _UNBOUNDED,
                            elements * kernels, count, elements, row_parts, jit_tile_gemm.BLOCK_BYTES)  # fmt: skip
     pool.run(jit_tile_gemm.job_address(), block, shares)
 
 
 #: No clamp on the products: (low, high) of the tile GEMM's epilogue.
 _UNBOUNDED = np.array([-np.inf, np.inf], np.float32)
-
-
-@cache
-def _zeros(size: int) -> np.ndarray:
-    """A float32 zero bias of ``size``, shared between calls (never written)."""
-    return np.zeros(size, np.float32)
 
 
 def _finishing(m: int) -> FinishingBody:
