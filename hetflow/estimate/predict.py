@@ -293,18 +293,16 @@ def _im2col_on_tiles(node: Node, graph: Graph) -> str | None:
 
 
 def _float32_conv(node: Node, graph: Graph) -> bool:
-    """Whether the Conv ``node``'s X and W are float32 (what the tile GEMM multiplies)."""
+    """Whether the Conv ``node``'s X and W are what the tile GEMM multiplies (``own_gemm.takes``)."""
+    from hetflow.devices.cpu.kernels import own_gemm
+
     x, w = graph.values.get(node.inputs[0]), graph.values.get(node.inputs[1])
-    return x is not None and w is not None and x.dtype == np.float32 and w.dtype == np.float32
+    return x is not None and w is not None and own_gemm.takes(x.dtype, w.dtype)
 
 
 def _runs_own_gemm(node: Node, graph: Graph) -> bool:
     """Whether the pointwise Conv ``node`` runs on hetflow's own GEMM in a run on its own threads."""
-    from hetflow.devices.cpu.kernels import own_gemm
-
-    shapes = _conv_shapes(node, graph)
-    x, w = graph.values[node.inputs[0]], graph.values[node.inputs[1]]
-    return shapes is not None and own_gemm.takes(x.dtype, w.dtype)
+    return _conv_shapes(node, graph) is not None and _float32_conv(node, graph)
 
 
 def _unmarked_key(node: Node, kernel: Kernel, graph: Graph | None) -> str:

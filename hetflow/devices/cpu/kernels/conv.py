@@ -410,14 +410,13 @@ def _bands_of_a_batch(
     image, group 1, compiled columns over maps of at least ``WHOLE_CHUNK_MAX_POSITIONS`` positions,
     weights up to ``BAND_MAX_WEIGHT_BYTES`` (every band reads all of W again: ZFNet's 2.4 MB second layer
     ran its network 1.31x slower in bands at batch 16) unless an image's columns are one band. The bands'
-    buffers are one chunk's columns
-    workspace. Inception v2's 7x7 stride-2 first layer at batch 16: 24.5 -> 14.3 ms (columns built whole
-    per image, then multiplied, before)."""
+    buffers are one chunk's columns workspace. Inception v2's 7x7 stride-2 first layer at batch 16: 24.5
+    -> 12.6 ms (columns built whole per image, then multiplied, before)."""
     batch, channels = int(x.shape[0]), int(x.shape[1])
     kernels, positions = int(weights.shape[0]), math.prod(geo.out)
-    one_band = weights.nbytes * positions <= own_gemm.BAND_BYTES * kernels  # an image's columns fit one band
     if batch < 2 or group != 1 or positions < WHOLE_CHUNK_MAX_POSITIONS:
         return False
+    one_band = weights[0].nbytes * positions <= own_gemm.BAND_BYTES  # an image's columns in one band
     if weights.nbytes > BAND_MAX_WEIGHT_BYTES and not one_band:
         return False
     if not _compiled_columns(geo, x.dtype):

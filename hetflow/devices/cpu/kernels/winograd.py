@@ -41,11 +41,7 @@ from hetflow.devices.cpu.kernels.jit_winograd import (
     output_transform,
 )
 from hetflow.devices.cpu.kernels.weight_cache import WeightCache
-from hetflow.devices.cpu.threads import (
-    SPIN_SHARES_PER_THREAD,
-    spinning,
-    split_matmul,
-)
+from hetflow.devices.cpu.threads import SPIN_SHARES_PER_THREAD, spinning, split_matmul
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.conv import WINOGRAD_F23, WINOGRAD_F43, WINOGRAD_TILE, conv_window, winograd_unsupported
@@ -208,25 +204,25 @@ def multiply_elements(u: np.ndarray, v: np.ndarray, products: np.ndarray) -> Non
 
     On a spinning run or hetflow's own threads, float32 and contiguous, the a*a products are one grouped
     pointwise product on the tile GEMM (``jit_tile_gemm``: a*a groups of K kernels over C channels and T
-    positions), shared out by whole elements; elsewhere ``split_matmul`` (single-threaded BLAS per part). Summed inside runs at
-    batch 1 with T <= 64, BLAS -> tiles: F(2,3) layers resnet50 4678 -> 4244 us, inception_v2 3385 ->
-    3063, googlenet 2218 -> 2087. On the Zen 5 VM (2026-11-24) larger T gains more, one layer alone,
-    spinning, BLAS -> tiles: F(4,3) 64 -> 64 on 56x56 (T = 196) 338 -> 149 us, 64 -> 192 on 56x56 928 ->
-    414, 64 -> 64 on 112x112 (T = 784) 1303 -> 543; F(2,3) 128 -> 128 on 28x28 532 -> 244 (on the older
-    VM the tiles had lost 5% at T = 196). A batch's run on hetflow's own threads shares the same grouped
-    product out by columns (``own_gemm.product_on_own_threads``): A/B at batch 16 vgg19 0.75, inception_v2 and
-    googlenet 0.88, resnet50 0.94."""
+    positions), shared out by whole elements; elsewhere ``split_matmul`` (single-threaded BLAS per part).
+    Summed inside runs at batch 1 with T <= 64, BLAS -> tiles: F(2,3) layers resnet50 4678 -> 4244 us,
+    inception_v2 3385 -> 3063, googlenet 2218 -> 2087. On the Zen 5 VM (2026-11-24) larger T gains more,
+    one layer alone, spinning, BLAS -> tiles: F(4,3) 64 -> 64 on 56x56 (T = 196) 338 -> 149 us, 64 -> 192
+    on 56x56 928 -> 414, 64 -> 64 on 112x112 (T = 784) 1303 -> 543; F(2,3) 128 -> 128 on 28x28 532 -> 244
+    (on the older VM the tiles had lost 5% at T = 196). A batch's run on hetflow's own threads shares the
+    same grouped product out by columns (``own_gemm.product_on_own_threads``): A/B at batch 16 vgg19 0.75,
+    inception_v2 and googlenet 0.88, resnet50 0.94."""
     pool = spinning()
     elements, kernels, channels = u.shape
     count = v.shape[2]
     arrays_fit = all(a.dtype == np.float32 and a.flags.c_contiguous for a in (u, v, products))
-    if pool is None:
-        as_images = (v.reshape(1, elements * channels, count), products.reshape(1, elements * kernels, count))
-        if not arrays_fit or not own_gemm.product_on_own_threads(u, *as_images, groups=elements):
-            split_matmul(u, v, out=products)
-        return
     if not arrays_fit:
         split_matmul(u, v, out=products)
+        return
+    if pool is None:
+        as_images = (v.reshape(1, elements * channels, count), products.reshape(1, elements * kernels, count))
+        if not own_gemm.product_on_own_threads(u, *as_images, groups=elements):
+            split_matmul(u, v, out=products)
         return
     # By whole elements (every share its own U[e] and V[e]: 16 or 36 of them), not by row blocks, where
     # each share would read all of V.
