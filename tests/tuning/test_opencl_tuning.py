@@ -154,6 +154,19 @@ def test_ensure_searches_once_then_hits(opencl, tuning, monkeypatch):
     assert tuning.stats.tuned == 1 and tuning.cached(gemm_workload(5, 6, 7)) is not None
 
 
+def test_a_product_looked_up_before_its_class_was_tuned_gets_the_tuned_configuration(
+    opencl, tuning, monkeypatch
+):
+    tuned = GemmConfig(rm=2, rn=1, vw=4)
+    monkeypatch.setattr(
+        "hetflow.devices.opencl.tuning.search",
+        lambda device, m, n, k, batch, effort: search(device, m, n, k, batch, effort, configs=[tuned]),
+    )
+    assert tuning.config(5, 6, 7) == default_config(opencl, 5, 6) != tuned
+    assert tuning.ensure(5, 6, 7, 1, "fast") == tuned
+    assert tuning.config(5, 6, 7) == tuned
+
+
 def _info(*shape: int) -> TensorInfo:
     return TensorInfo(shape, np.dtype(np.float32))
 

@@ -168,6 +168,9 @@ class GemmTuning:
     stats: TuningStats = field(default_factory=TuningStats)
     _cache: TuningCache | None = field(default=None, repr=False)
     _chosen: dict[Workload, GemmConfig] = field(default_factory=dict, repr=False)
+    # Every run asks once per product; building its Workload serialises a key (~15 us), so the answer
+    # is kept by the exact sizes too.
+    _by_shape: dict[tuple[int, int, int, int], GemmConfig] = field(default_factory=dict, repr=False)
     _lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
     def cache(self) -> TuningCache:
@@ -182,6 +185,7 @@ class GemmTuning:
             self.path = path
             self._cache = None
             self._chosen.clear()
+            self._by_shape.clear()
             self.stats = TuningStats()
 
     def cached(self, workload: Workload) -> GemmConfig | None:
@@ -196,6 +200,14 @@ class GemmTuning:
 
     def config(self, m: int, n: int, k: int, batch: int = 1) -> GemmConfig:
         """The configuration for a product: tuned for its class when cached, else the default."""
+        found = self._by_shape.get((m, n, k, batch))
+        if found is not None:
+            return found
+        found = self._config_of_class(m, n, k, batch)
+        self._by_shape[(m, n, k, batch)] = found
+        return found
+
+    def _config_of_class(self, m: int, n: int, k: int, batch: int) -> GemmConfig:
         workload = gemm_workload(m, n, k, batch)
         found = self._chosen.get(workload)
         if found is not None:
@@ -232,6 +244,7 @@ class GemmTuning:
                 self.stats.tuned += 1
                 found = parse_label(record.chosen)
             self._chosen[workload] = found
+            self._by_shape.clear()  # products of this class looked up before now get the new choice
             return found
 
 
