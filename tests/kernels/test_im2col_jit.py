@@ -12,7 +12,7 @@ from hetflow.devices.cpu.kernels.jit_im2col import im2col
 from hetflow.graph import Node
 from hetflow.ops.conv import ConvAttrs
 from hetflow.ops.spatial import WindowSpec, geometry
-from tests.helpers import record_splits
+from tests.helpers import record_spin_jobs, record_splits
 from tests.kernels.test_conv_train import direct_conv
 
 RNG = np.random.default_rng(5)
@@ -72,6 +72,26 @@ def test_columns_split_over_threads_equal_one_thread(monkeypatch: pytest.MonkeyP
     assert splits == [2, 2]
     np.testing.assert_array_equal(columns, expected)
     np.testing.assert_array_equal(channel_major, expected.transpose(1, 0, 2).reshape(channel_major.shape))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+def test_a_spinning_run_builds_the_columns_on_its_pool(case: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    shape, kernel, strides, dilations, pads = case
+    spec = WindowSpec(kernel, strides, dilations, pads)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    geo = geometry(spec, shape[2:])
+    expected = _numpy_columns(x, spec)
+    jobs = record_spin_jobs(monkeypatch, min_outputs=1)
+    for channel_major in (False, True):
+        columns = np.full((expected.shape[1], shape[0] * expected.shape[2]) if channel_major else expected.shape,
+                          np.nan, np.float32)  # fmt: skip
+        with threads.own_threads(2, spin=True):
+            im2col(x, geo, columns, channel_major=channel_major)
+        if channel_major:
+            columns = columns.reshape(expected.shape[1], shape[0], -1).transpose(1, 0, 2)
+        np.testing.assert_array_equal(columns, expected)
+    # Every X with two channels or more is split into ranges of channels there.
+    assert [chunks for _, chunks in jobs] == ([] if shape[1] == 1 else [min(shape[1], 2 * threads.SPIN_SHARES_PER_THREAD)] * 2)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
