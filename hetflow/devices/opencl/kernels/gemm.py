@@ -16,6 +16,7 @@ operands came (``common.result``).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -183,6 +184,7 @@ class GemmLayout:
     b_width: int
 
     @classmethod
+    @functools.lru_cache(maxsize=1024)  # every run asks once per product (host time on a GPU)
     def of(cls, config: GemmConfig, m: int, n: int, k: int) -> GemmLayout:
         mp, np_ = _round_up(max(m, 1), config.tile_m), _round_up(max(n, 1), config.tile_n)
         kp = _round_up(max(k, 1), config.kt)
