@@ -136,3 +136,17 @@ def test_3d_convolution_is_left_to_the_cpu(opencl):
     inputs = [random(RNG, 1, 2, 4, 4, 4), random(RNG, 3, 2, 3, 3, 3)]
     reason = opencl.kernels.reason_unsupported(make_node("Conv", inputs), infos(inputs))
     assert reason is not None and "2-D" in reason
+
+
+def test_layer_sizes_are_kept_per_attributes_and_shapes():
+    from hetflow.devices.opencl.kernels.conv import _layer
+    from hetflow.graph import Node
+    from hetflow.ops.conv import ConvAttrs
+
+    padded = Node("Conv", "a", ["x", "w"], ["y"], attrs=ConvAttrs(pads=(1, 1, 1, 1)))
+    same = Node("Conv", "b", ["x", "w"], ["y"], attrs=ConvAttrs(pads=(1, 1, 1, 1)))
+    strided = Node("Conv", "c", ["x", "w"], ["y"], attrs=ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2)))
+    layer = _layer(padded, (1, 4, 9, 9), (8, 4, 3, 3))
+    assert _layer(same, [1, 4, 9, 9], np.array([8, 4, 3, 3])) is layer  # one entry for equal attributes
+    assert (layer.oh, layer.ow) == (9, 9)
+    assert (_layer(strided, (1, 4, 9, 9), (8, 4, 3, 3)).oh, _layer(padded, (2, 4, 9, 9), (8, 4, 3, 3)).n) == (5, 2)
