@@ -149,4 +149,5 @@ def test_layer_sizes_are_kept_per_attributes_and_shapes():
     layer = _layer(padded, (1, 4, 9, 9), (8, 4, 3, 3))
     assert _layer(same, [1, 4, 9, 9], np.array([8, 4, 3, 3])) is layer  # one entry for equal attributes
     assert (layer.oh, layer.ow) == (9, 9)
-    assert (_layer(strided, (1, 4, 9, 9), (8, 4, 3, 3)).oh, _layer(padded, (2, 4, 9, 9), (8, 4, 3, 3)).n) == (5, 2)
+    assert _layer(strided, (1, 4, 9, 9), (8, 4, 3, 3)).oh == 5
+    assert _layer(padded, (2, 4, 9, 9), (8, 4, 3, 3)).n == 2

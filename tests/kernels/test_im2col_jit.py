@@ -91,7 +91,8 @@ def test_a_spinning_run_builds_the_columns_on_its_pool(case: tuple, monkeypatch:
             columns = columns.reshape(expected.shape[1], shape[0], -1).transpose(1, 0, 2)
         np.testing.assert_array_equal(columns, expected)
     # Every X with two channels or more is split into ranges of channels there.
-    assert [chunks for _, chunks in jobs] == ([] if shape[1] == 1 else [min(shape[1], 2 * threads.SPIN_SHARES_PER_THREAD)] * 2)
+    split = [] if shape[1] == 1 else [min(shape[1], 2 * threads.SPIN_SHARES_PER_THREAD)] * 2
+    assert [chunks for _, chunks in jobs] == split
 
 
 @pytest.mark.parametrize("batch", [1, 3])
