@@ -27,6 +27,8 @@ EXPORT_OPSET = 18
 EXPORT_IR_VERSION = 8
 #: Attrs fields hetflow adds to nodes that ONNX has no attribute for: (field, value that is expressible).
 _INTERNAL_FIELDS = {"fused": None, "coerce_2d": 0, "shuffle_groups": 0, "residual": False}
+#: Attrs fields that only steer how hetflow computes a node (not what): left out whatever their value.
+_RUNTIME_FIELDS = {"packed_weights"}
 
 
 def export_model(graph: Graph, *, producer: str = "hetflow", doc: str = "") -> onnx.ModelProto:
@@ -85,6 +87,8 @@ def _attributes(node: Node) -> dict[str, Any]:
     written: dict[str, Any] = {}
     for spec in dataclasses.fields(attrs):
         value = getattr(attrs, spec.name)
+        if spec.name in _RUNTIME_FIELDS:
+            continue
         if spec.name in _INTERNAL_FIELDS:
             if value != _INTERNAL_FIELDS[spec.name]:
                 raise InvalidModelError(

@@ -68,6 +68,9 @@ class ConvAttrs:
     #: hetflow-internal: a fourth input R of Y's shape is added to the output before the fused activation
     #: (``passes.fuse_residual``: a residual Add/Sum folded into the Conv that produces its other input).
     residual: bool = False
+    #: hetflow-internal: the CPU may keep W packed for its lane GEMM (``jit_lane_gemm``), a copy beside
+    #: the raw weights; a memory budget too small for such copies clears it (``runtime.budget``).
+    packed_weights: bool = True
 
 
 def conv_window(attrs: ConvAttrs, weight_shape: Sequence[Dim]) -> WindowSpec:

@@ -1,13 +1,14 @@
 """Weight residency under a memory budget (CNNdroid's ``allocated_ram``).
 
 A session with ``memory_budget`` promises that what it holds — resident weights, the activation arena
-(workspace included), Winograd's transformed and the direct kernel's blocked weights — plus the weights of the one layer being streamed
-never exceed the budget. ``fit_plan`` makes a bound plan fit, degrading speed step by step:
+(workspace included), Winograd's transformed, the direct kernel's blocked and the lane GEMM's packed
+weights — plus the weights of the one layer being streamed never exceed the budget. ``fit_plan`` makes
+a bound plan fit, degrading speed step by step:
 
 1. nothing to do when everything fits;
 2. Winograd and direct layers go back to im2col (Winograd's transformed weights are 1.8-4x the raw 3x3
    weights and its tile buffers are larger than im2col's columns; the direct kernel keeps a blocked
-   copy of its weights);
+   copy of its weights), and no Conv keeps a packed copy for the lane GEMM (``ConvAttrs.packed_weights``);
 3. weights are streamed: written once to a raw scratch file under the hetflow home, they are mapped
    (``np.memmap``) when their layer runs and unmapped after it, so they do not stay resident. As many
    as fit stay resident, the largest first (CNNdroid's order);
@@ -28,8 +29,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hetflow.devices.cpu.kernels.direct import blocked_weight_bytes
+from hetflow.devices.cpu.kernels.own_gemm import lane_weight_bytes
 from hetflow.errors import BudgetError
-from hetflow.ops.conv import DIRECT_FMA, IM2COL, WINOGRAD_TILE
+from hetflow.ops.conv import DIRECT_FMA, IM2COL, POINTWISE, WINOGRAD_TILE
 from hetflow.options import home_dir
 from hetflow.runtime.memory import plan_memory
 from hetflow.runtime.plan import Plan, Step, StreamedWeight
@@ -128,15 +130,20 @@ def transformed_weight_bytes(plan: Plan) -> int:
             total += (tile + 2) ** 2 * kernels * channels * w.dtype.itemsize
         elif step.kernel.algorithm == DIRECT_FMA:
             total += blocked_weight_bytes(step.node, x.shape, w.shape)  # type: ignore[arg-type]
+        elif step.kernel.algorithm in (POINTWISE, IM2COL) and step.node.attrs.packed_weights:
+            total += lane_weight_bytes(step.node, x.shape, w.shape)  # type: ignore[arg-type]
     return total
 
 
 def without_winograd(plan: Plan) -> Plan:
     """``plan`` with every Conv that keeps rearranged weights (Winograd, direct) run by im2col instead
-    (no kept copies of weights; Winograd's workspace is also larger)."""
+    (no kept copies of weights; Winograd's workspace is also larger), and no Conv packing its weights
+    for the lane GEMM (its node's ``packed_weights`` cleared)."""
     steps: list[Step] = []
     for step in plan.steps:
         keeps_weights = step.kernel.algorithm in WINOGRAD_TILE or step.kernel.algorithm == DIRECT_FMA
+        if step.node.op_type == "Conv":
+            step.node.attrs = replace(step.node.attrs, packed_weights=False)
         if step.node.op_type == "Conv" and keeps_weights:
             im2col = next(k for k in step.device.kernels.kernels["Conv"] if k.algorithm == IM2COL)
             step = Step(step.node, im2col, step.device)

@@ -10,6 +10,11 @@ tile GEMM finishes each tile in registers. It runs where hetflow arranges the th
   where W outweighs X (a 7x7 or 14x14 map: one or four tiles of columns, W up to 4 MB);
 - a one-thread session.
 
+Where a product's positions leave many of the tile GEMM's vector lanes empty (a 7x7 map: 49 of 64) and
+its kernels fill whole tiles of 64, ``jit_lane_gemm`` runs it instead, kernels in the lanes
+(``lanes_pay``), its weights packed once per array (``LANE_WEIGHTS``; a memory budget that cannot hold
+the copy clears ``ConvAttrs.packed_weights``).
+
 One example beside BLAS's threads keeps OpenBLAS, which splits a product over both cores (its spinning
 workers would take the core a split of ours needs), and so do numba-pool runs, whose splits are arranged
 by ``jit_gemm``.
@@ -40,10 +45,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hetflow.devices.base import BoundCall
-from hetflow.devices.cpu.kernels import jit_band_gemm, jit_tile_gemm
+from hetflow.devices.cpu.kernels import jit_band_gemm, jit_lane_gemm, jit_tile_gemm
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, flat_images
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.kernels.jit_im2col import im2col as compiled_im2col
+from hetflow.devices.cpu.kernels.llvm_vectors import LANES
+from hetflow.devices.cpu.kernels.weight_cache import WeightCache
+from hetflow.devices.cpu.spin_pool import SpinPool
 from hetflow.devices.cpu.threads import (
     SPIN_SHARES_PER_THREAD,
     in_numba_pool,
@@ -130,6 +138,42 @@ def spin_shares(batch: int, kernels: int, positions: int, groups: int, threads: 
     return max(1, min(tiles, wanted)), 1
 
 
+#: Depth from which the lane GEMM may take a product: its epilogue scatters every output once, a cost
+#: the depth amortises (1000 kernels x 13 deep on 7x7 ran 3.4x slower in lanes, 64 x 64 1.1x).
+LANES_MIN_DEPTH = 256
+#: How much more of its vector lanes the lane GEMM must fill than the tile GEMM to take a product.
+LANES_MIN_GAIN = 0.15
+#: W packed for the lane GEMM, per weight array (``jit_lane_gemm.packed_weights``).
+LANE_WEIGHTS = WeightCache(jit_lane_gemm.packed_weights)
+
+
+def lanes_pay(kernels: int, depth: int, positions: int, groups: int) -> bool:
+    """Whether ``jit_lane_gemm`` (kernels in the vector lanes) computes a product of ``kernels`` x
+    ``depth`` x ``positions`` (one image's) faster than ``jit_tile_gemm`` (positions in the lanes): where
+    the positions leave many of the tile GEMM's lanes empty and the kernels fill whole tiles of 64.
+
+    Measured on one core against the tile GEMM (2026-11-24, Zen 5, products alone, lane / tile time):
+    7x7 maps (49 of 64 lanes) 512 x 4608 (a 3x3 layer's columns) 0.87, 512 x 2048 0.87, 2048 x 512 0.93,
+    128 x 1024 0.85, 192 x 1024 0.90, 352 x 1024 0.98, but 160 x 1024 1.05 (160 of 192 lanes); one
+    position (a classifier as a 1x1 Conv) 1000 x 1024 0.29; 14x14 256 x 1024 0.95, 13x13 256 x 256 1.11.
+    """
+    if groups != 1 or depth < LANES_MIN_DEPTH:
+        return False
+    position_use = positions / (-(-positions // LANES) * LANES)
+    kernel_use = kernels / (-(-kernels // jit_lane_gemm.TILE_KERNELS) * jit_lane_gemm.TILE_KERNELS)
+    return kernel_use >= position_use + LANES_MIN_GAIN
+
+
+def lane_weight_bytes(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]) -> int:
+    """Bytes of the packed copy of W that a Conv keeps for the lane GEMM where ``lanes_pay`` (counted
+    wherever the product qualifies, whether or not a run then takes the tiles)."""
+    kernels, depth = int(w_shape[0]), math.prod(int(d) for d in w_shape[1:])
+    out = geometry(conv_window(node.attrs, w_shape), x_shape[2:]).out
+    if not lanes_pay(kernels, depth, math.prod(out), node.attrs.group):
+        return 0
+    return -(-kernels // jit_lane_gemm.TILE_KERNELS) * jit_lane_gemm.TILE_KERNELS * depth * 4
+
+
 def prepare_pointwise(
     fallback: Callable[[Node, Sequence[np.ndarray | None], Out, np.ndarray | None], np.ndarray],
 ) -> Callable[[Node, Sequence[TensorInfo | None], Out, np.ndarray | None], BoundCall | None]:
@@ -172,6 +216,9 @@ class _TileCall:
         self.items: dict[int, list[np.ndarray]] = {}
         self.shares: dict[int, tuple[int, int]] = {}
         self.block = jit_tile_gemm.new_job_block()
+        depth = self.channels // self.groups
+        self.lanes = node.attrs.packed_weights and lanes_pay(self.kernels, depth, self.positions, self.groups)
+        self.lane_block = jit_lane_gemm.new_job_block()
 
     def __call__(self, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         if not runs_own():
@@ -188,7 +235,9 @@ class _TileCall:
         x = np.ascontiguousarray(x).reshape(self.batch, self.channels, self.positions)  # type: ignore[union-attr]
         r, r_image = (flat_y[0], -1) if flat_r is None else flat_r
         pool = spinning()
-        if pool is not None:
+        if self.lanes:
+            self._in_lanes(LANE_WEIGHTS.get(arrays[1], self.kernels), x, flat_y, r, r_image, bias, pool)  # type: ignore[arg-type]
+        elif pool is not None:
             shares, row_parts = self._spin_shares(pool.workers + 1)
             jit_tile_gemm.pack_job(self.block, w, x, flat_y[0], flat_y[1], r, r_image, bias, self.bounds, self.kernels,
                                    self.positions, self.groups, row_parts, jit_tile_gemm.BLOCK_BYTES)  # fmt: skip
@@ -197,6 +246,26 @@ class _TileCall:
             self._on_python_pool(w, x, flat_y, r, r_image, bias)
         apply_activation(y, self.after)
         return [y]
+
+    def _in_lanes(
+        self, packed: np.ndarray, x: np.ndarray, flat_y: tuple[np.ndarray, int], r: np.ndarray, r_image: int,
+        bias: np.ndarray, pool: SpinPool | None,
+    ) -> None:  # fmt: skip
+        """The product on the lane GEMM, its kernel tiles shared out on the spinning pool or the Python pool."""
+        tiles = -(-self.kernels // jit_lane_gemm.TILE_KERNELS)
+        threads = pool.workers + 1 if pool is not None else intra_op_threads()
+        shares = max(1, min(tiles, threads * SPIN_SHARES_PER_THREAD))
+        if pool is not None:
+            jit_lane_gemm.pack_job(self.lane_block, packed, x, flat_y[0], flat_y[1], r, r_image, bias, self.bounds,
+                                   self.kernels)  # fmt: skip
+            pool.run(jit_lane_gemm.job_address(), self.lane_block, shares)
+            return
+
+        def part(index: int) -> None:
+            jit_lane_gemm.lane_share(packed, x, flat_y[0], flat_y[1], r, r_image, bias, self.low, self.high,
+                                     self.kernels, index, shares)  # fmt: skip
+
+        parallel_for(part, shares, threads)
 
     def _spin_shares(self, threads: int) -> tuple[int, int]:
         """``spin_shares`` for this node on ``threads`` threads (worked out on the first call)."""
