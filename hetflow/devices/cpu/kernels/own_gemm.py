@@ -153,9 +153,10 @@ def lanes_pay(kernels: int, depth: int, positions: int, groups: int) -> bool:
     the positions leave many of the tile GEMM's lanes empty and the kernels fill whole tiles of 64.
 
     Measured on one core against the tile GEMM (2026-11-24, Zen 5, products alone, lane / tile time):
-    7x7 maps (49 of 64 lanes) 512 x 4608 (a 3x3 layer's columns) 0.87, 512 x 2048 0.87, 2048 x 512 0.93,
+    7x7 maps (49 of 64 lanes) 512 x 4608 (a 3x3 layer's columns) 0.86, 512 x 2048 0.88, 2048 x 512 0.90,
     128 x 1024 0.85, 192 x 1024 0.90, 352 x 1024 0.98, but 160 x 1024 1.05 (160 of 192 lanes); one
-    position (a classifier as a 1x1 Conv) 1000 x 1024 0.29; 14x14 256 x 1024 0.95, 13x13 256 x 256 1.11.
+    position (a classifier as a 1x1 Conv) 1000 x 1024 0.29; 14x14 256 x 1024 0.95, 13x13 256 x 256 1.11
+    (the last seven before ``jit_lane_gemm``'s prefetch, which moved the first three by 1-3%).
     """
     if groups != 1 or depth < LANES_MIN_DEPTH:
         return False
