@@ -77,10 +77,11 @@ def test_packed_weights_lay_each_tile_depth_major_with_zero_kernels_past_the_end
     ("kernels", "depth", "positions", "groups", "expected"),
     [
         (512, 4608, 49, 1, True),  # ResNet-50's 3x3 layers on 7x7: 49 of 64 position lanes
-        (2048, 512, 49, 1, True),
+        (512, 2048, 49, 1, True),
+        (2048, 512, 49, 1, False),  # too shallow to repay the packed copy
         (1000, 1024, 1, 1, True),  # a classifier as a 1x1 Conv on a 1x1 map
         (160, 1024, 49, 1, False),  # 160 of 192 kernel lanes: no better than 49 of 64
-        (512, 128, 49, 1, False),  # too shallow for the scattering epilogue
+        (512, 128, 49, 1, False),  # too shallow for the scattering epilogue too
         (256, 1024, 196, 1, False),  # 14x14: 196 of 208 position lanes
         (512, 512, 49, 2, False),  # grouped
     ],
@@ -93,9 +94,9 @@ def test_lanes_pay_where_positions_waste_lanes_and_kernels_fill_them(
 
 # -- bound to a Conv -----------------------------------------------------------------------------------
 def _deep_pointwise(residual: bool, packed_weights: bool = True):  # noqa: ANN202
-    """A 1x1 Conv 256 -> 128 on a 7x7 map (one image) with a fused Relu: the lanes pay."""
-    x = RNG.standard_normal((1, 256, 7, 7)).astype(np.float32)
-    w = RNG.standard_normal((128, 256, 1, 1)).astype(np.float32) / 16
+    """A 1x1 Conv 1024 -> 128 on a 7x7 map (one image) with a fused Relu: the lanes pay."""
+    x = RNG.standard_normal((1, 1024, 7, 7)).astype(np.float32)
+    w = RNG.standard_normal((128, 1024, 1, 1)).astype(np.float32) / 32
     b = RNG.standard_normal(128).astype(np.float32)
     r = RNG.standard_normal((1, 128, 7, 7)).astype(np.float32) if residual else None
     attrs = ConvAttrs(fused=FusedActivation("Relu"), residual=residual, packed_weights=packed_weights)
@@ -115,7 +116,7 @@ def test_bound_pointwise_runs_in_lanes_and_matches_blas(spin: bool, residual: bo
         [y] = call(arrays)
     assert y is out[0]
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
-    assert own_gemm.LANE_WEIGHTS.get(arrays[1], 128).size == 128 * 256  # packed once, kept for the next call
+    assert own_gemm.LANE_WEIGHTS.get(arrays[1], 128).size == 128 * 1024  # packed once, kept for the next call
 
 
 def test_a_node_without_packed_weights_stays_on_the_tiles(monkeypatch) -> None:  # noqa: ANN001
@@ -128,13 +129,14 @@ def test_a_node_without_packed_weights_stays_on_the_tiles(monkeypatch) -> None: 
 
 
 def _stage_model() -> bytes:
-    """A ResNet-like 7x7 stage: 3x3 512 -> 256 (im2col columns 4608 deep), 1x1 256 -> 512 plus the input
-    (a folded residual), Relu; and a 1x1 512 -> 70 whose 70 kernels do not pay."""
+    """A ResNet-like 7x7 stage: 3x3 1024 -> 128 (im2col columns 9216 deep), 1x1 128 -> 1024 plus the input
+    (a folded residual; 128 deep: tiles), Relu; 1x1 1024 -> 128 (lanes) and 128 -> 70 (tiles)."""
     rng = np.random.default_rng(2)
     weights = {
-        "w1": rng.standard_normal((256, 512, 3, 3)).astype(np.float32) / 48,
-        "w2": rng.standard_normal((512, 256, 1, 1)).astype(np.float32) / 16,
-        "w3": rng.standard_normal((70, 512, 1, 1)).astype(np.float32) / 16,
+        "w1": rng.standard_normal((128, 1024, 3, 3)).astype(np.float32) / 96,
+        "w2": rng.standard_normal((1024, 128, 1, 1)).astype(np.float32) / 11,
+        "w3": rng.standard_normal((128, 1024, 1, 1)).astype(np.float32) / 32,
+        "w4": rng.standard_normal((70, 128, 1, 1)).astype(np.float32) / 11,
     }
     nodes = [
         helper.make_node("Conv", ["x", "w1"], ["a"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
@@ -142,10 +144,11 @@ def _stage_model() -> bytes:
         helper.make_node("Conv", ["b", "w2"], ["c"], kernel_shape=[1, 1]),
         helper.make_node("Add", ["c", "x"], ["d"]),
         helper.make_node("Relu", ["d"], ["e"]),
-        helper.make_node("Conv", ["e", "w3"], ["y"], kernel_shape=[1, 1]),
+        helper.make_node("Conv", ["e", "w3"], ["f"], kernel_shape=[1, 1]),
+        helper.make_node("Conv", ["f", "w4"], ["y"], kernel_shape=[1, 1]),
     ]
     graph = helper.make_graph(
-        nodes, "stage", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512, 7, 7])],
+        nodes, "stage", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024, 7, 7])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 70, 7, 7])],
         [numpy_helper.from_array(w, name) for name, w in weights.items()],
     )  # fmt: skip
@@ -162,16 +165,16 @@ def _reference(x: np.ndarray) -> np.ndarray:
 
 
 def test_a_session_matches_onnxruntime_with_its_7x7_layers_in_lanes(monkeypatch) -> None:  # noqa: ANN001
-    x = RNG.standard_normal((1, 512, 7, 7)).astype(np.float32)
+    x = RNG.standard_normal((1, 1024, 7, 7)).astype(np.float32)
     packed = []
     original = own_gemm.LANE_WEIGHTS.get
     monkeypatch.setattr(own_gemm.LANE_WEIGHTS, "get", lambda w, kernels: packed.append(w.shape) or original(w, kernels))
     session = InferenceSession(_stage_model(), threads=2)
     plan = session.plan_for({})
-    assert transformed_weight_bytes(plan) == (256 * 512 * 9 + 512 * 256) * 4  # the two that pay, packed
+    assert transformed_weight_bytes(plan) == (128 * 1024 * 9 + 128 * 1024) * 4  # the two that pay, packed
     for _ in range(2):
         np.testing.assert_allclose(session.run(None, {"x": x})[0], _reference(x), rtol=1e-4, atol=1e-4)
-    assert set(packed) == {(256, 512, 3, 3), (512, 256, 1, 1)}
+    assert set(packed) == {(128, 1024, 3, 3), (128, 1024, 1, 1)}
 
 
 def test_a_plan_fitted_to_a_budget_keeps_no_packed_weights() -> None:
@@ -184,8 +187,8 @@ def test_a_plan_fitted_to_a_budget_keeps_no_packed_weights() -> None:
 
 
 def test_a_tight_budget_runs_the_stage_without_packing(monkeypatch) -> None:  # noqa: ANN001
-    x = RNG.standard_normal((1, 512, 7, 7)).astype(np.float32)
-    raw = (256 * 512 * 9 + 512 * 256 + 70 * 512) * 4
+    x = RNG.standard_normal((1, 1024, 7, 7)).astype(np.float32)
+    raw = (128 * 1024 * 9 + 1024 * 128 + 128 * 1024 + 70 * 128) * 4
     monkeypatch.setattr(jit_lane_gemm, "lane_share", lambda *a: pytest.fail("the lane GEMM ran"))
     monkeypatch.setattr(jit_lane_gemm, "job_address", lambda: pytest.fail("the lane GEMM ran"))
     session = InferenceSession(_stage_model(), threads=2, memory_budget=raw + (4 << 20))

@@ -139,8 +139,10 @@ def spin_shares(batch: int, kernels: int, positions: int, groups: int, threads: 
 
 
 #: Depth from which the lane GEMM may take a product: its epilogue scatters every output once, a cost
-#: the depth amortises (1000 kernels x 13 deep on 7x7 ran 3.4x slower in lanes, 64 x 64 1.1x).
-LANES_MIN_DEPTH = 256
+#: the depth amortises (1000 kernels x 13 deep on 7x7 ran 3.4x slower in lanes, 64 x 64 1.1x), and its
+#: packed copy of W is memory the raw weights already hold. Inside ResNet-50 the 512 -> 2048 layers (512
+#: deep) gained nothing while their copies cost 12 MB of its +62 MB peak RSS; the deeper ones gained 3-15%.
+LANES_MIN_DEPTH = 1024
 #: How much more of its vector lanes the lane GEMM must fill than the tile GEMM to take a product.
 LANES_MIN_GAIN = 0.15
 #: W packed for the lane GEMM, per weight array (``jit_lane_gemm.packed_weights``).
