@@ -73,8 +73,8 @@ def _tile(typingctx, w, w_start, x, x_start, x_row, depth, acc, acc_start, count
         with builder.if_then(builder.icmp_signed("==", fresh_v, lv.INT(0))):
             for i, row in enumerate(slots):
                 row_start = builder.add(acc_start_v, lv.INT(i * TILE_KERNELS))
-                for v, slot in enumerate(row):
-                    builder.store(lv.load_vector(builder, acc_data, builder.add(row_start, lv.INT(v * lv.LANES))), slot)
+                for vector, slot in zip(lv.load_vectors(builder, acc_data, row_start, KERNEL_VECTORS), row, strict=True):
+                    builder.store(vector, slot)
         last = builder.sub(count_v, lv.INT(1))
         columns = [builder.add(x_start_v, builder.select(builder.icmp_signed("<", lv.INT(i), count_v), lv.INT(i), last))
                    for i in range(POSITIONS)]  # fmt: skip
@@ -116,19 +116,12 @@ _MASK = ir.VectorType(ir.IntType(1), lv.LANES)
 _LANE_NUMBERS = ir.Constant(_ADDRESSES, list(range(lv.LANES)))
 
 
-def _splat(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:
-    """16 copies of the int64 ``value``."""
-    undefined = ir.Constant(_ADDRESSES, ir.Undefined)
-    first = builder.insert_element(undefined, value, lv.INT32(0))
-    return builder.shuffle_vector(first, undefined, ir.Constant(ir.VectorType(lv.INT32, lv.LANES), [0] * lv.LANES))
-
-
 def _column_pointers(builder: ir.IRBuilder, base: ir.Value, start: ir.Value, rows: ir.Value, row: ir.Value,
                      column: ir.Value) -> ir.Value:  # fmt: skip
     """The addresses of ``base[start + (rows + lane) * row + column]`` for the 16 lanes."""
-    offsets = builder.add(builder.mul(builder.add(_splat(builder, rows), _LANE_NUMBERS), _splat(builder, row)),
-                          _splat(builder, builder.add(start, column)))  # fmt: skip
-    addresses = builder.add(_splat(builder, builder.ptrtoint(base, lv.INT)), builder.shl(offsets, _splat(builder, lv.INT(2))))
+    offsets = builder.add(builder.mul(builder.add(lv.splat(builder, rows), _LANE_NUMBERS), lv.splat(builder, row)),
+                          lv.splat(builder, builder.add(start, column)))  # fmt: skip
+    addresses = builder.add(lv.splat(builder, builder.ptrtoint(base, lv.INT)), builder.shl(offsets, lv.splat(builder, lv.INT(2))))
     return builder.inttoptr(addresses, _POINTERS)
 
 
@@ -173,8 +166,7 @@ def _finish(typingctx, acc, y, y_start, kernel0, kernels, positions, bias, resid
                 summed = builder.phi(lv.VECTOR)
                 summed.add_incoming(value, before)
                 summed.add_incoming(added, inside)
-                value = builder.select(builder.fcmp_ordered("<", summed, low_vector), low_vector, summed)
-                value = builder.select(builder.fcmp_ordered(">", value, high_vector), high_vector, value)
+                value = lv.clamp(builder, summed, low_vector, high_vector)
                 pointers = _column_pointers(builder, y_data, y_start_v, rows, positions_v, p)
                 builder.call(scatter, [value, pointers, lv.INT32(4), mask])
         return context.get_dummy_value()

@@ -131,7 +131,7 @@ def _finish(builder, slots, y_data, y_start, y_row, rows, mask, b_data, b_start,
             last = mask if v == len(row) - 1 else None
             value = builder.fadd(builder.load(slot), b)
             value = _add_residual(builder, value, has_residual, r_data, builder.add(r_r, offset), last)
-            value = _clamp(builder, value, low_vector, high_vector)
+            value = lv.clamp(builder, value, low_vector, high_vector)
             _store(builder, value, y_data, builder.add(y_r, offset), last)
 
 
@@ -150,12 +150,6 @@ def _add_residual(builder: ir.IRBuilder, value: ir.Value, has_residual: ir.Value
     result.add_incoming(value, before)
     result.add_incoming(added, inside)
     return result
-
-
-def _clamp(builder: ir.IRBuilder, value: ir.Value, low: ir.Value, high: ir.Value) -> ir.Value:
-    """``min(max(value, low), high)`` lane by lane, NaN kept (as numpy's clip)."""
-    value = builder.select(builder.fcmp_ordered("<", value, low), low, value)
-    return builder.select(builder.fcmp_ordered(">", value, high), high, value)
 
 
 _TILE_1 = _tile_intrinsic(1)

@@ -106,19 +106,26 @@ def float_vector(count: int, value: float) -> ir.Constant:
     return ir.Constant(ir.VectorType(FLOAT, count), [value] * count)
 
 
+def splat(builder: ir.IRBuilder, value: ir.Value, count: int = LANES) -> ir.Value:
+    """A vector of ``count`` copies of the scalar ``value`` (any element type)."""
+    vector = ir.VectorType(value.type, count)
+    undefined = ir.Constant(vector, ir.Undefined)
+    first = builder.insert_element(undefined, value, _LANE0)
+    return builder.shuffle_vector(first, undefined, ir.Constant(ir.VectorType(INT32, count), [0] * count))
+
+
+def clamp(builder: ir.IRBuilder, value: ir.Value, low: ir.Value, high: ir.Value) -> ir.Value:
+    """``min(max(value, low), high)`` lane by lane, NaN kept (as numpy's clip)."""
+    value = builder.select(builder.fcmp_ordered("<", value, low), low, value)
+    return builder.select(builder.fcmp_ordered(">", value, high), high, value)
+
+
 def lanes_inside(builder: ir.IRBuilder, start: ir.Value, count: int, limit: ir.Value) -> ir.Value:
     """The ``count``-lane mask of ``0 <= start + lane < limit`` (``start`` and ``limit`` int64, within
     int32: one unsigned compare, a negative sum wrapping past any limit)."""
-    indices = ir.VectorType(INT32, count)
-    lanes = ir.Constant(indices, list(range(count)))
-    first = builder.shuffle_vector(
-        builder.insert_element(ir.Constant(indices, ir.Undefined), builder.trunc(start, INT32), _LANE0),
-        ir.Constant(indices, ir.Undefined), ir.Constant(indices, [0] * count),
-    )  # fmt: skip
-    bound = builder.shuffle_vector(
-        builder.insert_element(ir.Constant(indices, ir.Undefined), builder.trunc(limit, INT32), _LANE0),
-        ir.Constant(indices, ir.Undefined), ir.Constant(indices, [0] * count),
-    )  # fmt: skip
+    lanes = ir.Constant(ir.VectorType(INT32, count), list(range(count)))
+    first = splat(builder, builder.trunc(start, INT32), count)
+    bound = splat(builder, builder.trunc(limit, INT32), count)
     return builder.icmp_unsigned("<", builder.add(first, lanes), bound)
 
 
