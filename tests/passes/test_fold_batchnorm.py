@@ -3,7 +3,10 @@ or BatchNormalization; anything with another reader, or without a foldable produ
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
+import onnx
 import pytest
 
 import hetflow
@@ -209,3 +212,21 @@ def test_session_folds_and_keeps_the_loaded_graph():
     assert op_types(session.graph) == ["Conv"]
     assert op_types(session.source_graph) == ["Conv", "BatchNormalization"]
     assert [o.name for o in session.get_outputs()] == ["y"]
+
+
+def test_session_from_a_file_holds_only_the_folded_weights(tmp_path):
+    # A session made from a file keeps the folded weights, not the loaded ones beside them, and reads the
+    # file again when the loaded graph is asked for.
+    proto, _ = conv_bn_model(bias=False, epsilon=1e-5, channels=8192)
+    path = tmp_path / "conv_bn.onnx"
+    onnx.save(proto, path)
+    raw_bytes = 8192 * 3 * 3 * 3 * 4
+    tracemalloc.start()
+    try:
+        session = hetflow.InferenceSession(path)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert raw_bytes <= held < 1.5 * raw_bytes
+    assert op_types(session.source_graph) == ["Conv", "BatchNormalization"]
+    np.testing.assert_array_equal(session.source_graph.initializers["W"], onnx.numpy_helper.to_array(proto.graph.initializer[0]))
