@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
 
 DEFAULT_THREADS = 2
 # NOTE: must be set before numpy (OpenBLAS) is imported; the session's threads option governs runs.
@@ -38,6 +37,8 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from runners import LABELS, RUNNER_TYPES, RUNTIMES  # noqa: E402
+
 import hetflow  # noqa: E402
 from hetflow import zoo  # noqa: E402
 from hetflow.bench.timing import side_by_side  # noqa: E402
@@ -47,69 +48,6 @@ from hetflow.passes import bind_batch  # noqa: E402
 
 #: Models whose large batch is not 16.
 LARGE_BATCH = {"lstm-gesture": 64}
-RUNTIMES = ("hetflow", "ort", "openvino", "hetflow-parallel")
-LABELS = {"hetflow": "hetflow", "ort": "ORT", "openvino": "OpenVINO", "hetflow-parallel": "hetflow parallel"}
-
-
-# -- runners: one per runtime, same interface ------------------------------------------------------
-class Runner(Protocol):
-    """A compiled model with its feed bound: ``run()`` computes one batch."""
-
-    def run(self) -> None: ...
-
-
-class HetflowRunner:
-    mode = "sequential"
-
-    def __init__(self, path: Path, feed: dict[str, np.ndarray], threads: int):
-        self.session = hetflow.InferenceSession(path, threads=threads, execution_mode=self.mode)
-        self.feed = feed
-
-    def run(self) -> None:
-        self.session.run(None, self.feed)
-
-
-class ParallelHetflowRunner(HetflowRunner):
-    mode = "parallel"
-
-
-class OrtRunner:
-    def __init__(self, path: Path, feed: dict[str, np.ndarray], threads: int):
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.feed = feed
-
-    def run(self) -> None:
-        self.session.run(None, self.feed)
-
-
-class OpenVinoRunner:
-    def __init__(self, path: Path, feed: dict[str, np.ndarray], threads: int):
-        import openvino as ov
-
-        core = ov.Core()
-        model = core.read_model(str(path))
-        model.reshape({name: list(array.shape) for name, array in feed.items()})
-        config = {
-            "INFERENCE_NUM_THREADS": threads,
-            "ENABLE_CPU_PINNING": False,
-            "PERFORMANCE_HINT": "LATENCY",
-            "INFERENCE_PRECISION_HINT": "f32",
-        }
-        self.request = core.compile_model(model, "CPU", config).create_infer_request()
-        self.feed = feed
-
-    def run(self) -> None:
-        self.request.infer(self.feed, share_inputs=True)
-
-
-RUNNER_TYPES: dict[str, Callable[..., Runner]] = {
-    "hetflow": HetflowRunner, "ort": OrtRunner, "openvino": OpenVinoRunner, "hetflow-parallel": ParallelHetflowRunner,
-}
 
 
 # -- measurement -------------------------------------------------------------------------------
