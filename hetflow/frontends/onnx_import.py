@@ -8,6 +8,7 @@ error that lists them all.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper, numpy_helper
 
 from hetflow.errors import InvalidModelError, ModelLoadError, UnsupportedOpsError
+from hetflow.frontends.onnx_lean import Lean
 from hetflow.frontends.onnx_opsets import ConstantSink, RawNode, normalise
 from hetflow.graph import Graph, Node, Value, dtypes
 from hetflow.graph.shapes import Dim, Shape
@@ -32,22 +34,39 @@ def newest_opset() -> int:
     return onnx.defs.onnx_opset_version()
 
 
-def load_proto(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
+@dataclass(frozen=True)
+class LoadedModel:
+    """A parsed ModelProto; for a file, also where its large initializers' data lies in it."""
+
+    model: onnx.ModelProto
+    directory: Path | None  # the file's directory (None for bytes and protos)
+    lean: Lean | None = None  # set when the message was parsed without the large initializers' data
+
+    def initializer(self, index: int) -> np.ndarray:
+        """``model.graph.initializer[index]`` as an array (its data read from the file if streamed)."""
+        tensor = self.model.graph.initializer[index]
+        span = None if self.lean is None else self.lean.spans.get(index)
+        return _to_array(tensor) if span is None else self.lean.read(tensor, span)  # type: ignore[union-attr]
+
+
+def load_proto(source: ModelSource) -> LoadedModel:
     """Read a ModelProto from a path, serialized bytes or a ModelProto; external data is loaded.
 
-    Returns the model and the directory it came from (None for bytes/protos).
+    From a path, initializers of 64 KiB or more are left out of the parsed message and read from the
+    file one at a time when converted (``onnx_lean``), so their data is held once, not twice.
     """
     if isinstance(source, onnx.ModelProto):
-        return source, None
+        return LoadedModel(source, None)
     if isinstance(source, (bytes, bytearray)):
-        return _parse(bytes(source), "the given bytes"), None
+        return LoadedModel(_parse(bytes(source), "the given bytes"), None)
     path = Path(os.fspath(source))
     if not path.exists():
         raise ModelLoadError(f"model file not found: {path}")
     if path.is_dir():
         raise ModelLoadError(f"{path} is a directory, not a model file")
     try:
-        data = path.read_bytes()
+        lean = Lean.of(path)
+        data = lean.message if lean is not None else path.read_bytes()
     except OSError as error:
         raise ModelLoadError(f"cannot read {path}: {error}") from error
     model = _parse(data, str(path))
@@ -55,7 +74,7 @@ def load_proto(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
         onnx.load_external_data_for_model(model, str(path.parent))
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"{path}: cannot load its external data: {error}") from error
-    return model, path.parent
+    return LoadedModel(model, path.parent, lean)
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
@@ -81,14 +100,15 @@ def import_onnx(source: ModelSource) -> Graph:
         UnsupportedOpsError: listing every node whose op hetflow lacks.
         InvalidModelError: attributes or structure are invalid.
     """
-    model, _ = load_proto(source)
+    loaded = load_proto(source)
+    model = loaded.model
     opset = _default_opset(model)
     _check_supported(model.graph)
 
     graph = Graph(name=model.graph.name or "graph", opset=opset)
     graph.metadata = {p.key: p.value for p in model.metadata_props}
-    for tensor in model.graph.initializer:
-        graph.initializers[tensor.name] = _to_array(tensor)
+    for index, tensor in enumerate(model.graph.initializer):
+        graph.initializers[tensor.name] = loaded.initializer(index)
     for sparse in model.graph.sparse_initializer:
         raise InvalidModelError(f"sparse initializer '{sparse.values.name}' is not supported")
 
