@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hetflow.devices.cpu import CPUDevice
-from hetflow.devices.cpu.kernels import jit_winograd
+from hetflow.devices.cpu.kernels import jit_winograd, winograd
 from hetflow.devices.cpu.threads import BLAS
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
@@ -86,6 +86,26 @@ def test_writes_into_a_strided_slice(algorithm):
     np.testing.assert_allclose(concat[:, 2:5], expected, rtol=1e-4, atol=1e-4)
     assert np.shares_memory(got, concat)
     assert np.isnan(concat[:, :2]).all() and np.isnan(concat[:, 5:]).all()
+
+
+@pytest.mark.parametrize("algorithm", WINOGRADS)
+@pytest.mark.parametrize("fused", [None, FusedActivation("Relu")], ids=["none", "Relu"])
+def test_a_batch_goes_through_in_passes_of_whole_images(algorithm, fused, monkeypatch):
+    x, w, b = _case((5, 3, 10, 9), 4)
+    attrs = ConvAttrs(pads=(1, 1, 1, 1), fused=fused)
+    node = Node("Conv", "c", ["x", "w", "b"], ["y"], attrs)
+    infos = [TensorInfo(a.shape, a.dtype) for a in (x, w, b)]
+    whole_batch = KERNELS[algorithm].workspace(node, infos)
+    m = {WINOGRAD_F23: 2, WINOGRAD_F43: 4}[algorithm]
+    one_image = sum(winograd._image_scratch(node, x.shape, w.shape, x.dtype, m))
+    monkeypatch.setattr(winograd, "PASS_BYTES", 2 * one_image)  # passes of 2, 2 and 1 images
+    assert winograd.images_per_pass(node, x.shape, w.shape, x.dtype, m) == 2
+    assert KERNELS[algorithm].workspace(node, infos) < 0.5 * whole_batch
+    concat = np.full((5, 6, 10, 9), np.nan, np.float32)
+    _run(algorithm, attrs, x, w, b, out=concat[:, 1:5])
+    expected = _activate(_direct_conv(x, w, b, ConvAttrs(pads=(1, 1, 1, 1))), fused)
+    np.testing.assert_allclose(concat[:, 1:5], expected, rtol=1e-4, atol=1e-4)
+    assert np.isnan(concat[:, :1]).all() and np.isnan(concat[:, 5:]).all()
 
 
 @pytest.mark.parametrize("algorithm", WINOGRADS)
