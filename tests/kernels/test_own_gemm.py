@@ -76,6 +76,20 @@ def test_gemm_result_does_not_depend_on_the_column_block(block_bytes: int) -> No
     np.testing.assert_allclose(y[0], np.maximum(w @ x[0] + bias[:, None], 0), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_a_product_deeper_than_a_chunk_adds_bias_and_residual_once_and_clamps_at_the_end(residual: bool) -> None:
+    depth = 2 * jit_tile_gemm.DEPTH_CHUNK + 301  # three chunks
+    assert jit_tile_gemm.chunk_depth(depth) < depth
+    w = RNG.standard_normal((13, depth)).astype(np.float32)
+    x = RNG.standard_normal((1, depth, 70)).astype(np.float32)
+    bias = RNG.standard_normal(13).astype(np.float32) * 10
+    r = RNG.standard_normal((1, 13, 70)).astype(np.float32) * 10 if residual else None
+    y = _gemm(w, x, bias, r, -20.0, 20.0, [(0, 0, 70)])
+    want = np.matmul(w.astype(np.float64), x[0]) + bias[:, None] + (0 if r is None else r[0])
+    assert (np.abs(want) > 20).any() and (np.abs(want) < 20).any()  # the clamp bites, after all the chunks
+    np.testing.assert_allclose(y[0], np.clip(want, -20, 20), rtol=1e-4, atol=2e-3)
+
+
 def test_gemm_writes_into_images_that_lie_apart() -> None:
     """Y as one image-strided slice of a Concat's output: the other channels are never written."""
     w = RNG.standard_normal((5, 8)).astype(np.float32)
@@ -288,6 +302,21 @@ def test_a_batch_product_runs_on_the_tiles_on_own_threads_only(batch, depth, pos
         assert not own_gemm.product_on_own_threads(w.astype(np.float64), x, y, groups=groups)
         assert not own_gemm.product_on_own_threads(w, x, np.zeros((batch, 2 * kernels, positions), np.float32)[:, ::2],
                                                    groups=groups)  # fmt: skip
+
+
+def test_a_product_too_narrow_to_share_by_columns_is_shared_by_rows(monkeypatch) -> None:
+    # One image of 100 columns (one column part) but many multiply-adds: both threads take rows of W.
+    w = RNG.standard_normal((96, 2000)).astype(np.float32)
+    x = RNG.standard_normal((1, 2000, 100)).astype(np.float32)
+    y = np.full((1, 96, 100), np.nan, np.float32)
+    shares = []
+    share = jit_tile_gemm.gemm_share
+    monkeypatch.setattr(jit_tile_gemm, "gemm_share", lambda *a: shares.append(a[12:15]) or share(*a))
+    monkeypatch.setattr(own_gemm, "ROW_SPLIT_MIN_MACS", 96 * 2000 * 100)
+    with threads.own_threads(2):
+        assert own_gemm.product_on_own_threads(w, x, y)
+    assert sorted(shares) == [(0, 2, 2), (1, 2, 2)]
+    np.testing.assert_allclose(y[0], w @ x[0], rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("side", [13, 31], ids=["a chunk's one product", "a product per image"])

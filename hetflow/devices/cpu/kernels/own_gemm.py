@@ -68,6 +68,10 @@ from hetflow.ops.spatial import Geometry, geometry
 
 #: Output columns per part below which an image is not split between threads (a few tiles each).
 MIN_COLUMNS_PER_PART = 4 * jit_tile_gemm.TILE_POSITIONS
+#: A product with fewer column parts than threads is split by W's row blocks instead from this many
+#: multiply-adds: ResNet-50's 512 -> 512 3x3 layers at batch 16 (im2col's whole-chunk product, 512 x
+#: 4608 x 441) had run on one thread.
+ROW_SPLIT_MIN_MACS = 1 << 24
 
 
 #: Column rows (C * kh * kw) up to which one image's im2col Conv runs in bands (``band_geometry``); deeper
@@ -308,13 +312,21 @@ def product_on_own_threads(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: 
         return False
     if not all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays):
         return False
-    batch, _, positions = x.shape
+    batch, depth, positions = x.shape
     kernels = int(y.shape[1])
     threads = intra_op_threads()
     items = work_items(batch, positions, threads)
     flat_w, flat_y = w.reshape(-1), y.reshape(-1)
     image = kernels * positions
     bias = zero_bias(kernels)
+    if len(items) < threads and batch * kernels * depth * positions // groups >= ROW_SPLIT_MIN_MACS:
+        # Too few columns to share out: each thread takes a range of W's row blocks over all of them.
+        def rows(index: int) -> None:
+            jit_tile_gemm.gemm_share(flat_w, x, flat_y, image, flat_y, -1, bias, _NO_LOW, _NO_HIGH, kernels,
+                                     positions, groups, index, threads, threads, jit_tile_gemm.BLOCK_BYTES)  # fmt: skip
+
+        parallel_for(rows, threads, threads)
+        return True
 
     def part(index: int) -> None:
         jit_tile_gemm.gemm_items(flat_w, x, flat_y, image, flat_y, -1, bias, _NO_LOW, _NO_HIGH, kernels, positions,
