@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runners import LABELS, RUNNER_TYPES, RUNTIMES  # noqa: E402
+from runners import LABELS, RUNNER_TYPES, parse_arguments  # noqa: E402
 
 import hetflow  # noqa: E402
 from hetflow import zoo  # noqa: E402
@@ -166,16 +166,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--models", default=",".join(e.name for e in zoo.list_models()))
     parser.add_argument("--batches", default="1,16", help="lstm-gesture's 16 becomes 64")
     parser.add_argument("--repeat", type=int, default=10)
-    parser.add_argument("--runtimes", default="hetflow,ort,openvino", help=f"any of {','.join(RUNTIMES)}")
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS)
-    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
-    parser.add_argument("--markdown", type=Path, help="also write the markdown table (for BENCHMARKS.md) here")
-    args = parser.parse_args(argv)
-    args.runtimes = [r for r in args.runtimes.split(",") if r]
-    unknown = sorted(set(args.runtimes) - set(RUNTIMES))
-    if unknown:
-        parser.error(f"unknown runtime(s) {unknown}; choose from {list(RUNTIMES)}")
-    return args
+    return parse_arguments(parser, argv, DEFAULT_THREADS)
 
 
 def main(argv: list[str] | None = None) -> int:

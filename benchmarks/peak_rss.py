@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from runners import LABELS, RUNNER_TYPES
+from runners import LABELS, RUNNER_TYPES, parse_arguments
 
 DEFAULT_THREADS = 2
 LARGE_BATCH = {"lstm-gesture": 64}
@@ -126,16 +126,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "densenet121,alexnet,zfnet512,vgg19")  # fmt: skip
     parser.add_argument("--batches", default="1")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--runtimes", default="hetflow,ort,openvino")
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS)
-    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
-    parser.add_argument("--markdown", type=Path, help="also write the markdown table (for BENCHMARKS.md) here")
-    args = parser.parse_args(argv)
-    args.runtimes = [r for r in args.runtimes.split(",") if r]
-    unknown = sorted(set(args.runtimes) - set(RUNNER_TYPES))
-    if unknown:
-        parser.error(f"unknown runtime(s) {unknown}; choose from {sorted(RUNNER_TYPES)}")
-    return args
+    return parse_arguments(parser, argv, DEFAULT_THREADS)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ measures one runtime's memory holds no other's libraries.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -81,3 +82,18 @@ class OpenVinoRunner:
 RUNNER_TYPES: dict[str, Callable[..., Runner]] = {
     "hetflow": HetflowRunner, "ort": OrtRunner, "openvino": OpenVinoRunner, "hetflow-parallel": ParallelHetflowRunner,
 }
+
+
+def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None, threads: int) -> argparse.Namespace:
+    """``argv`` parsed by ``parser`` with the options every side-by-side script takes added: --runtimes
+    (a list in ``args.runtimes``; an unknown one is a usage error), --threads, --json, --markdown."""
+    parser.add_argument("--runtimes", default="hetflow,ort,openvino", help=f"any of {','.join(RUNTIMES)}")
+    parser.add_argument("--threads", type=int, default=threads)
+    parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    parser.add_argument("--markdown", type=Path, help="also write the markdown table (for BENCHMARKS.md) here")
+    args = parser.parse_args(argv)
+    args.runtimes = [r for r in args.runtimes.split(",") if r]
+    unknown = sorted(set(args.runtimes) - set(RUNTIMES))
+    if unknown:
+        parser.error(f"unknown runtime(s) {unknown}; choose from {list(RUNTIMES)}")
+    return args
