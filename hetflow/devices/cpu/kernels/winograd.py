@@ -164,24 +164,30 @@ def _image_scratch(
     return elements * channels, elements * kernels
 
 
+def _passes(
+    node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype, m: int
+) -> tuple[int, int, int]:
+    """Images per pass (``PASS_BYTES``), and the bytes of one pass's V ``[a*a, C, T]`` and M ``[a*a, K,
+    T]``."""
+    batch = int(x_shape[0])
+    first, second = _image_scratch(node, x_shape, w_shape, dtype, m)
+    fitting = max(1, PASS_BYTES // max(1, first + second))
+    images = max(1, -(-batch // -(-batch // fitting)))  # equal passes
+    return images, aligned(first * images), aligned(second * images)
+
+
 def images_per_pass(
     node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype, m: int
 ) -> int:
     """How many of the batch's images one pass transforms and multiplies (``PASS_BYTES``)."""
-    batch = int(x_shape[0])
-    per_image = sum(_image_scratch(node, x_shape, w_shape, dtype, m))
-    fitting = max(1, PASS_BYTES // max(1, per_image))
-    passes = -(-batch // fitting)
-    return max(1, -(-batch // passes))
+    return _passes(node, x_shape, w_shape, dtype, m)[0]
 
 
 def _winograd_scratch(
     node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype, m: int
 ) -> tuple[int, int]:
     """Bytes of one pass's transformed input ``V [a*a, C, T]`` and products ``M [a*a, K, T]``."""
-    images = images_per_pass(node, x_shape, w_shape, dtype, m)
-    first, second = _image_scratch(node, x_shape, w_shape, dtype, m)
-    return aligned(first * images), aligned(second * images)
+    return _passes(node, x_shape, w_shape, dtype, m)[1:]
 
 
 def winograd_workspace(m: int) -> Callable[[Node, tuple[int, ...], tuple[int, ...], np.dtype], int]:
@@ -215,10 +221,9 @@ def winograd(
         return target_y(y, (batch, kernels, rows.out, cols.out), x.dtype), True
     bt, at = _matrices(m, x.dtype)
     u = TRANSFORMED_WEIGHTS.get(w, m)
-    first_bytes, second_bytes = _winograd_scratch(node, x.shape, w.shape, x.dtype, m)
+    images, first_bytes, second_bytes = _passes(node, x.shape, w.shape, x.dtype, m)
     inputs, outputs = scratch.region(first_bytes), scratch.region(second_bytes)
     y = target_y(y, (batch, kernels, rows.out, cols.out), x.dtype)
-    images = images_per_pass(node, x.shape, w.shape, x.dtype, m)
     activated = True
     for start in range(0, batch, images):
         part = slice(start, min(batch, start + images))
