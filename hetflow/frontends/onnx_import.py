@@ -39,7 +39,6 @@ class LoadedModel:
     """A parsed ModelProto; for a file, also where its large initializers' data lies in it."""
 
     model: onnx.ModelProto
-    directory: Path | None  # the file's directory (None for bytes and protos)
     lean: Lean | None = None  # set when the message was parsed without the large initializers' data
 
     def initializer(self, index: int) -> np.ndarray:
@@ -56,9 +55,9 @@ def load_proto(source: ModelSource) -> LoadedModel:
     file one at a time when converted (``onnx_lean``), so their data is held once, not twice.
     """
     if isinstance(source, onnx.ModelProto):
-        return LoadedModel(source, None)
+        return LoadedModel(source)
     if isinstance(source, (bytes, bytearray)):
-        return LoadedModel(_parse(bytes(source), "the given bytes"), None)
+        return LoadedModel(_parse(bytes(source), "the given bytes"))
     path = Path(os.fspath(source))
     if not path.exists():
         raise ModelLoadError(f"model file not found: {path}")
@@ -74,7 +73,7 @@ def load_proto(source: ModelSource) -> LoadedModel:
         onnx.load_external_data_for_model(model, str(path.parent))
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"{path}: cannot load its external data: {error}") from error
-    return LoadedModel(model, path.parent, lean)
+    return LoadedModel(model, lean)
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
