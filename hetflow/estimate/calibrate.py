@@ -36,6 +36,7 @@ import numpy as np
 from hetflow.devices.base import Device
 from hetflow.devices.registry import get_device
 from hetflow.estimate import probes as probe_catalogue
+from hetflow.estimate.cache import last_level_cache_bytes
 from hetflow.estimate.models import (
     FALLBACK_COEF,
     features,
@@ -62,7 +63,6 @@ from hetflow.estimate.timing import (
     amortised_seconds,
     replay,
     threads_held,
-    timed_call,
     timed_first_call,
 )
 from hetflow.frontends import load_model
@@ -175,7 +175,6 @@ def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) ->
     with tqdm(total=total, desc=f"calibrating {hardware.id}", unit="bench", disable=not show, leave=False) as bar:
         memory = _calibrate_memory(settings, hardware, bar.update)
         dispatch, run_overhead = _calibrate_dispatch(settings, hardware)
-        run_factor = _calibrate_run_factor(settings, hardware, threads)
         transfer = _calibrate_transfer(settings, hardware)
         bar.update(1)
         gemm_sweeps = [_time_gemm_grid(settings, grid, hardware, bar.update)]
@@ -207,7 +206,7 @@ def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) ->
         memory=memory,
         dispatch_s=dispatch,
         run_overhead_s=run_overhead,
-        run_factor=run_factor,
+        last_level_cache_bytes=last_level_cache_bytes() if hardware.kind == "cpu" else 0,
         transfer=transfer,
         ops=fit_op_models(samples),
     )
@@ -308,40 +307,6 @@ def _calibrate_dispatch(settings: Settings, device: Device) -> tuple[float, floa
     dispatch = max(0.0, (long_s - short_s) / extra_steps - kernel_s)
     run_overhead = max(0.0, short_s - len(short.plan.steps) * (kernel_s + dispatch))
     return dispatch, run_overhead
-
-
-#: The network whose whole runs are compared with the sum of its layers timed alone (``run_factor``).
-RUN_FACTOR_MODEL = "zoo:googlenet"
-#: The largest in-run slowdown believed: the measured ratios of the zoo at batch 1 were 1.14-1.27.
-MAX_RUN_FACTOR = 1.3
-
-
-def _calibrate_run_factor(settings: Settings, device: Device, threads: int) -> float:
-    """How much slower a network's layers run inside a batch-1 run than each timed alone, on its real
-    inputs, over and over (``DeviceProfile.run_factor``; 1 for a quick calibration).
-
-    Alone, a layer finds its weights and inputs in cache and BLAS's threads awake; in a run, every
-    layer's weights arrive from memory and the threads wake after other kernels. On this machine class
-    whole batch-1 runs of the zoo CNNs took 14-27% longer than the sum of their layers (GoogLeNet
-    24.3 -> 29.7 ms, ResNet-50 47.8 -> 56.9 ms), with no gap between steps; at batch 16, under 8%.
-    NOTE: three calibrations here measured 1.13, 1.5 and 1.0: on this VM much of the gap is noise a
-    whole run of ~80 steps catches and a layer's fastest round escapes, so the factor is clamped.
-    """
-    from hetflow.estimate.validate import layer_seconds, random_feeds
-    from hetflow.runtime.session import InferenceSession
-
-    if settings.quick:
-        return 1.0
-    session = InferenceSession(RUN_FACTOR_MODEL, device=device.id, threads=threads)
-    feeds = random_feeds(session, 1)
-    ratios = []
-    for _ in range(2):
-        # NOTE: the fastest of many single runs: one slow spell of this VM in a handful of runs had
-        # set the factor to 1.5 where the next calibration measured 1.13.
-        whole = min(timed_call(lambda: session.run(None, feeds), device.synchronize)[1] for _ in range(12))
-        alone = sum(layer_seconds(session, feeds, min_time=settings.min_time, rounds=2).values())
-        ratios.append(whole / max(alone, 1e-9))
-    return round(float(np.clip(min(ratios), 1.0, MAX_RUN_FACTOR)), 4)
 
 
 # -- GEMM ------------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ import numpy as np
 
 from hetflow.devices.base import Kernel
 from hetflow.errors import HetflowError
-from hetflow.estimate.models import FALLBACK_COEF, features
+from hetflow.estimate.cache import Touch, cold_bytes
+from hetflow.estimate.models import FALLBACK_COEF, bandwidth, features
 from hetflow.estimate.profile import DeviceProfile, OpModel, ProfileError, default_profile_path
 from hetflow.frontends import ModelSource, describe_source
 from hetflow.graph import Graph, Node
@@ -113,7 +114,8 @@ class Estimate:
     overhead_ms: float
     measured_ms: float | None = None
     notes: list[str] = field(default_factory=list)
-    #: what the layers lose inside a whole run against each timed alone (``DeviceProfile.run_factor``).
+    #: what the layers lose inside a whole run against each timed alone: data in memory that a layer
+    #: run over and over finds in cache (``in_run_seconds``).
     in_run_ms: float = 0.0
 
     @property
@@ -421,13 +423,6 @@ def concat_copy_cost(node: Node, cost: Cost, planned: MemoryPlan | None, graph: 
     return dataclasses.replace(cost, bytes_read=copied, bytes_written=copied, loops=len(copies))
 
 
-#: Ops that read their weights again at every step of one call (a recurrent layer: once per time step), so
-#: that inside a whole run, as when timed alone, they work from cache after the first step: the in-run
-#: slowdown (``DeviceProfile.run_factor``) is not theirs. lstm-gesture, whose LSTM is 99.7% of the run:
-#: with it, batch 1 was predicted 20-37% over; without, +6% (and batch 16 -9%, from +3%).
-WEIGHTS_REREAD_OPS = frozenset({"LSTM", "GRU", "RNN"})
-
-
 #: Kernels compiled to loop over output planes (``hetflow.devices.cpu.kernels.jit_*``): each plane pays a
 #: fixed cost (a copy into a padded buffer, the loop set-up), so many small planes cost more than their
 #: bytes and arithmetic say (960 planes of 7x7 take as long as 32 of 112x112).
@@ -719,10 +714,7 @@ def estimate(
     notes = _notes(profile, keys)
     if threads is not None and profile.device == "cpu" and threads != profile.threads:
         notes.append(f"the profile was calibrated with {profile.threads} thread(s); the session runs {threads}")
-    # NOTE: runs that split their GEMMs over hetflow's own threads ran within 8% of their layers' sum.
-    in_run = 0.0 if split else (profile.run_factor - 1.0) * sum(
-        layer.predicted_ms for layer in layers if layer.op not in WEIGHTS_REREAD_OPS
-    )
+    in_run = in_run_seconds(graph, steps, keys, planned, profile) * 1e3
     result = Estimate(source_name, batch, _device_label(profile), profile, layers, memory, overhead, notes=notes,
                       in_run_ms=in_run)
     if validate:
@@ -820,6 +812,53 @@ def residual_seconds(node: Node, graph: Graph, profile: DeviceProfile) -> float:
         return 0.0
     elements = int(np.prod(value.shape, dtype=np.int64))
     return predict_seconds(profile, "Add/default", Cost(flops=elements, bytes_read=elements * value.dtype.itemsize))
+
+
+# -- inside a run ----------------------------------------------------------------------------------
+def in_run_seconds(
+    graph: Graph, steps: Sequence[tuple[Node, Kernel]], keys: Sequence[str], planned: MemoryPlan | None,
+    profile: DeviceProfile,
+) -> float:
+    """Seconds a whole run of ``steps`` spends bringing from memory what each layer, timed alone, finds
+    in the device's last-level cache (``hetflow.estimate.cache``); 0 for a profile without a cache size."""
+    capacity = profile.last_level_cache_bytes
+    if capacity <= 0:
+        return 0.0
+    touches = [step_touches(index, node, key, graph, planned)
+               for index, ((node, _), key) in enumerate(zip(steps, keys, strict=True))]  # fmt: skip
+    # NOTE: what fell out of a cache streams back at the rate of a working set well past it.
+    return sum(cold_bytes(touches, capacity)) / bandwidth(profile.memory, 2 * capacity)
+
+
+def step_touches(index: int, node: Node, key: str, graph: Graph, planned: MemoryPlan | None) -> list[Touch]:
+    """What plan step ``index`` (``node``, run as ``key``) reads and writes: its activations where the
+    memory plan put them, its weights as its kernel holds them (``cache_bytes``), its scratch. A Concat
+    leaves out the inputs its producers wrote in place."""
+    placed = planned.placed_inputs(node.inputs, node.outputs) if planned is not None else [False] * len(node.inputs)
+    held = cache_bytes(node, key, graph)
+    touches: list[Touch] = []
+    for position, (name, inside) in enumerate(zip(node.inputs, placed, strict=True)):
+        if not name or inside:
+            continue
+        if name in graph.initializers:
+            nbytes = held if held and position == 1 else int(graph.initializers[name].nbytes)
+            touches.append(Touch(f"weight:{name}", 0, nbytes))
+        else:
+            touches += _value_touches(name, graph, planned)
+    if not (node.op_type == "Concat" and all(placed)):
+        for name in node.present_outputs():
+            touches += _value_touches(name, graph, planned)
+    region = planned.workspaces.get(index) if planned is not None else None
+    if region is not None:
+        touches.append(Touch("arena", region.offset, region.nbytes))
+    return touches
+
+
+def _value_touches(name: str, graph: Graph, planned: MemoryPlan | None) -> list[Touch]:
+    placement = planned.placements.get(name) if planned is not None else None
+    if placement is None:
+        return [Touch(f"value:{name}", 0, _value_bytes(graph, name))]
+    return [Touch("arena", region.offset, region.nbytes) for region in placement.byte_ranges()]
 
 
 # -- memory --------------------------------------------------------------------------------------

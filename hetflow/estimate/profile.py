@@ -9,8 +9,8 @@ A profile holds these groups of fitted terms:
 * ``memory``: copy bandwidth as a function of the working set (cache levels, then DRAM), and the rate of
   simple elementwise arithmetic;
 * ``dispatch_s`` / ``run_overhead_s``: the executor's cost per node and per ``run`` call;
-* ``run_factor``: how much slower layers run inside a whole run that keeps BLAS's threads than each
-  timed alone (cold weights, sleeping threads), measured on GoogLeNet at batch 1;
+* ``last_level_cache_bytes``: the cache a layer timed alone works from and a whole run keeps
+  overflowing (``hetflow.estimate.cache``: what layers lose inside a run);
 * ``transfer``: host-to-device and device-to-host copies as latency plus bytes over bandwidth (zero on
   the CPU; on host-unified-memory devices a map, which is what the bandwidth then measures);
 * ``ops``: one linear model per (op type, algorithm) over physical features (GEMM seconds, bytes over
@@ -169,8 +169,8 @@ class DeviceProfile:
     memory: MemoryModel = field(default_factory=MemoryModel)
     dispatch_s: float = 5e-6
     run_overhead_s: float = 2e-5
-    #: layers inside a run holding BLAS's threads / the same layers timed alone (calibrate.py).
-    run_factor: float = 1.0
+    #: the last-level cache in bytes (0: unknown, no in-run cold-data term; ``hetflow.estimate.cache``).
+    last_level_cache_bytes: int = 0
     transfer: TransferModel = field(default_factory=TransferModel)
     ops: dict[str, OpModel] = field(default_factory=dict)
 
@@ -203,7 +203,7 @@ class DeviceProfile:
                 memory=MemoryModel(**data["memory"]),
                 dispatch_s=float(data.get("dispatch_s", 5e-6)),
                 run_overhead_s=float(data.get("run_overhead_s", 2e-5)),
-                run_factor=float(data.get("run_factor", 1.0)),
+                last_level_cache_bytes=int(data.get("last_level_cache_bytes", 0)),
                 # NOTE: profiles written before the transfer model existed are host profiles: no copies.
                 transfer=TransferModel(**data.get("transfer", {})),
                 ops={key: OpModel(**value) for key, value in data.get("ops", {}).items()},

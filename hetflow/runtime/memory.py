@@ -78,6 +78,17 @@ class Placement:
             array = array[(slice(None),) * axis + (slice(start, stop),)]
         return array
 
+    def byte_ranges(self) -> list[Region]:
+        """The arena bytes the value occupies: one region, or a Concat part's one per outer index."""
+        itemsize = self.dtype.itemsize
+        if self.part is None:
+            return [Region(self.offset, int(np.prod(self.shape, dtype=np.int64)) * itemsize)]
+        axis, start, stop = self.part
+        outer = int(np.prod(self.shape[:axis], dtype=np.int64))
+        inner = int(np.prod(self.shape[axis + 1 :], dtype=np.int64)) * itemsize
+        row = self.shape[axis] * inner
+        return [Region(self.offset + index * row + start * inner, (stop - start) * inner) for index in range(outer)]
+
 
 @dataclass
 class MemoryPlan:

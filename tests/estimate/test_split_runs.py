@@ -1,5 +1,6 @@
 """How runs differ from layers timed alone: GEMMs split over hetflow's own threads (the one-thread GEMM
-model, which runs split), the in-run slowdown of the others, and the nearest-sample correction."""
+model, which runs split), and the nearest-sample correction. (What a run loses to data out of cache:
+tests/estimate/test_cache.py.)"""
 
 from __future__ import annotations
 
@@ -122,31 +123,6 @@ def test_a_layer_at_a_calibration_sample_takes_most_of_its_residual():
     assert neighbour_factor(neighbours, features) == pytest.approx(math.exp(residual / (1 + NEIGHBOUR_PRIOR)))
     far = features * np.array([1, 8, 1, 8, 1, 1, 1])  # GEMM and memory terms 8x larger: another shape
     assert neighbour_factor(neighbours, far) == pytest.approx(1.0, abs=1e-3)
-
-
-def test_the_in_run_factor_applies_only_to_runs_that_keep_blas_threads(quick_profile):
-    profile = dataclasses.replace(quick_profile, run_factor=1.2)
-    session = InferenceSession("zoo:vgg19")
-    single = estimate(session, profile, 1)
-    layers = sum(layer.predicted_ms for layer in single.layers)
-    assert single.in_run_ms == pytest.approx(0.2 * layers)
-    assert single.predicted_ms == pytest.approx(1.2 * layers + single.overhead_ms)
-    batch = estimate(session, profile, 16)
-    splits = split_threads(profile, session.plan_for(batch_bindings(session.graph, 16)), 16, None) > 0
-    assert (batch.in_run_ms == 0.0) is splits
-
-
-def test_a_recurrent_layer_has_no_in_run_slowdown(quick_profile):
-    """The LSTM reads its weights at every step of one call, so in a run, as alone, they are in cache:
-    only the other layers pay the in-run factor."""
-    from hetflow.estimate.predict import WEIGHTS_REREAD_OPS
-
-    profile = dataclasses.replace(quick_profile, run_factor=1.2)
-    result = estimate(InferenceSession("zoo:lstm-gesture"), profile, 1)
-    others = sum(layer.predicted_ms for layer in result.layers if layer.op not in WEIGHTS_REREAD_OPS)
-    assert any(layer.op == "LSTM" for layer in result.layers)
-    assert result.in_run_ms == pytest.approx(0.2 * others)
-    assert result.in_run_ms < 0.01 * sum(layer.predicted_ms for layer in result.layers)
 
 
 @pytest.mark.parametrize("batch", [1, 16, 64])
