@@ -320,13 +320,15 @@ def test_a_product_too_narrow_to_share_by_columns_is_shared_by_rows(monkeypatch)
 
 
 @pytest.mark.parametrize("side", [13, 31], ids=["a chunk's one product", "a product per image"])
-def test_im2col_in_a_batch_multiplies_its_columns_on_the_tiles(monkeypatch, side):
+@pytest.mark.parametrize(("channels", "kernels", "group"), [(5, 7, 1), (6, 8, 2)], ids=["plain", "grouped"])
+def test_im2col_in_a_batch_multiplies_its_columns_on_the_tiles(monkeypatch, side, channels, kernels, group):
     from hetflow.devices.cpu.kernels import conv
 
-    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2)))
-    x = RNG.standard_normal((4, 5, side, side - 2)).astype(np.float32)
-    w = RNG.standard_normal((7, 5, 3, 3)).astype(np.float32)
-    b = RNG.standard_normal(7).astype(np.float32)
+    attrs = ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2), group=group)
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], attrs)
+    x = RNG.standard_normal((4, channels, side, side - 2)).astype(np.float32)
+    w = RNG.standard_normal((kernels, channels // group, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(kernels).astype(np.float32)
     kernel = next(k for k in CPUDevice().kernels.kernels["Conv"] if k.algorithm == "im2col")
     want = kernel.fn(node, [x, w, b])[0]
     monkeypatch.setattr(conv, "split_matmul", lambda *args, **kwargs: pytest.fail("BLAS ran the product"))
