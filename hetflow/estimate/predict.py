@@ -243,14 +243,27 @@ COLUMNS_MARK = "@columns"
 TILES_MARK = "@tiles"
 #: The keys a run on its own threads gives ``TILES_MARK``.
 TILES_KEYS = frozenset({"Conv/im2col", "Conv/winograd_f23", "Conv/winograd_f43"})
+#: Marks the key of a per-plane kernel (pools, LRN) in a run on its own threads, which shares its planes
+#: out over them from 32 Ki outputs a thread (``threads.parallel_planes``); beside BLAS's threads, as a
+#: plain probe times it, only from 1 Mi. With one model for both, the pools of VGG-19 and Inception v2
+#: at batch 16 were priced at 1.4-2.8x their time, AlexNet's LRN at 1.9x.
+THREADS_MARK = "@threads"
+#: The keys a run on its own threads gives ``THREADS_MARK``.
+THREADS_KEYS = frozenset({"MaxPool/default", "MaxPool/tiles", "AveragePool/default", "LRN/default"})
+#: Every mark a key may end with.
+MARKS = (SPIN_MARK, OWN_GEMM_MARK, COLUMNS_MARK, TILES_MARK, THREADS_MARK)
 
 
 def key_algorithm(key: str) -> str:
     """The algorithm named in a profile key (``"Conv/direct_fma@spin"`` -> ``"direct_fma"``)."""
-    algorithm = key.split("/", 1)[1]
-    for mark in (SPIN_MARK, OWN_GEMM_MARK, COLUMNS_MARK, TILES_MARK):
-        algorithm = algorithm.removesuffix(mark)
-    return algorithm
+    return unmarked(key).split("/", 1)[1]
+
+
+def unmarked(key: str) -> str:
+    """A profile key without its mark (``"MaxPool/default@threads"`` -> ``"MaxPool/default"``)."""
+    for mark in MARKS:
+        key = key.removesuffix(mark)
+    return key
 
 
 def layer_key(
@@ -260,7 +273,8 @@ def layer_key(
     spinning run (``spinning``) splits the layer, ``OWN_GEMM_MARK`` where a run on its own threads
     (``split``) or a spinning one gives a pointwise Conv to hetflow's own GEMM, or a spinning run an
     im2col Conv in bands, ``COLUMNS_MARK`` where a spinning run gives it there as whole columns,
-    ``TILES_MARK`` where a run on its own threads multiplies an im2col or Winograd Conv there.
+    ``TILES_MARK`` where a run on its own threads multiplies an im2col or Winograd Conv there,
+    ``THREADS_MARK`` where such a run shares a pool's or an LRN's planes out over its threads.
 
     The algorithm is the kernel's own. A kernel that covers several methods (``default``, ``auto``) is
     refined by the method the op's cost model would pick (Conv's heuristic), so pointwise, depthwise,
@@ -276,6 +290,8 @@ def layer_key(
             return key + way
     if split and not spinning and key in TILES_KEYS and graph is not None and _float32_conv(node, graph):
         return key + TILES_MARK
+    if split and not spinning and key in THREADS_KEYS:
+        return key + THREADS_MARK
     return key + SPIN_MARK if spinning and key in SPIN_SPLIT_KEYS else key
 
 
@@ -362,7 +378,7 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
 
     Reports keep the op's cost (Augur's convention); only features and memory use this one.
     """
-    if key.removesuffix(SPIN_MARK) in PER_PLANE_KEYS:  # split on a spinning run or not, a loop per plane
+    if unmarked(key) in PER_PLANE_KEYS:  # however a run splits them, a loop per plane
         cost = dataclasses.replace(cost, loops=_output_planes(node, graph))
     if node.op_type == "LSTM":
         return _lstm_cost(node, cost, graph)

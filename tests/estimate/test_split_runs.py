@@ -340,3 +340,31 @@ def test_a_batchs_im2col_and_winograd_on_own_threads_have_a_tiles_key(kernel, si
     assert key == f"Conv/{algorithm}{TILES_MARK}" and key_algorithm(key) == algorithm
     assert layer_key(conv, chosen, graph) == f"Conv/{algorithm}"
     assert not layer_key(conv, chosen, graph, spinning=True).endswith(TILES_MARK)
+
+
+@pytest.mark.parametrize(("op_type", "kernel", "stride", "key"), [
+    ("MaxPool", 3, 2, "MaxPool/default"),  # overlapping windows
+    ("MaxPool", 2, 2, "MaxPool/tiles"),  # windows that tile X
+    ("AveragePool", 3, 1, "AveragePool/default"),
+])  # fmt: skip
+def test_a_pool_in_a_run_on_its_own_threads_has_a_threads_key(op_type, kernel, stride, key) -> None:
+    """A run on its own threads shares a pool's planes out over them from far fewer outputs than a run
+    beside BLAS's threads does (``@threads``); a spinning run has ``@spin``; the per-plane loop count
+    applies whatever the mark."""
+    from hetflow.devices.cpu import CPUDevice
+    from hetflow.estimate.predict import THREADS_MARK, kernel_cost, key_algorithm, layer_key, unmarked
+    from hetflow.estimate.probes import pool
+    from hetflow.frontends import load_model
+    from hetflow.ops.cost import node_costs
+    from hetflow.runtime.planner import input_infos
+
+    graph = load_model(pool(op_type, 16, 112, kernel, stride, batch=4)())
+    node = graph.nodes[0]
+    chosen = CPUDevice().kernels.lookup(node, input_infos(graph, node))
+    marked = layer_key(node, chosen, graph, split=True)
+    assert marked == key + THREADS_MARK and unmarked(marked) == key
+    assert key_algorithm(marked) == key.split("/")[1]
+    assert layer_key(node, chosen, graph) == key
+    assert not layer_key(node, chosen, graph, spinning=True, split=True).endswith(THREADS_MARK)
+    cost = next(cost for _, cost in node_costs(graph))
+    assert kernel_cost(node, cost, marked, graph).loops == 4 * 16
