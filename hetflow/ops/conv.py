@@ -176,16 +176,23 @@ def heuristic_conv_algorithm(
     48 -> 192 at 13x13 and 128 -> 192 at 28x28 stay with im2col and Winograd (1.2-1.4x slower direct).
     One image is different: there the direct kernel takes every layer up to ``DIRECT_MAX_MACS_ONE_IMAGE``
     whatever its channels, and a thin layer above that only where Winograd cannot run (DenseNet's 128
-    -> 32 at 56x56 ran 1.13x slower direct than F(4,3)).
+    -> 32 at 56x56 ran 1.13x slower direct than F(4,3)). A batch takes the direct kernel where im2col
+    was left: timed at batch 16 in a run's thread arrangement (products on the tile GEMM; 2 threads,
+    2026-11-24), direct against im2col 96 -> 128 at 14x14 1.64 / 2.19 ms, 224 -> 224 at 7x7 1.86 /
+    2.35, 48 -> 192 at 13x13 1.12 / 1.26, 512 -> 512 at 7x7 9.4 / 11.2. (F(4,3) was faster still
+    alone on the deep ones, 7.0 ms on the last, but lost in ResNet-50's run: its transformed weights,
+    4x the raw, come from memory there; A/B 1.05.)
     """
     structural = conv_algorithm(spec, int(x_shape[1]), group)
     if structural != IM2COL:
         return structural
     channels = int(x_shape[1])
+    batched = int(x_shape[0]) > 1
     thin = channels <= THIN_CHANNELS or kernels <= THIN_CHANNELS
     winograd_fits = winograd_unsupported(spec, group) is None
-    if dtype is not None and direct_unsupported(spec, group, dtype) is None:
-        if int(x_shape[0]) == 1:
+    direct_runs = dtype is not None and direct_unsupported(spec, group, dtype) is None
+    if direct_runs:
+        if not batched:
             macs = kernels * channels * math.prod(spec.kernel) * math.prod(geometry(spec, x_shape[2:]).out)
             if macs <= DIRECT_MAX_MACS_ONE_IMAGE or (thin and not winograd_fits):
                 return DIRECT_FMA
@@ -199,7 +206,7 @@ def heuristic_conv_algorithm(
         return WINOGRAD_F43
     if kernels >= 32 and channels >= 112 and side >= 12:
         return WINOGRAD_F23
-    return IM2COL
+    return DIRECT_FMA if batched and direct_runs else IM2COL
 
 
 def conv_workspace_bytes(

@@ -177,7 +177,10 @@ def test_tune_command_on_a_zoo_model(capsys: pytest.CaptureFixture):
     ("channels", "kernels", "side", "batch", "expected"),
     [
         (64, 64, 16, 1, "direct_fma"),  # 9.4 M multiply-adds: one image runs direct
-        (64, 64, 16, 16, "im2col"),  # a batch keeps the GEMM
+        (64, 64, 16, 16, "direct_fma"),  # a batch: direct where one image would take im2col
+        (512, 512, 7, 16, "direct_fma"),
+        (128, 128, 14, 16, "winograd_f23"),  # a batch keeps Winograd where it fits
+        (64, 64, 56, 16, "winograd_f43"),
         (224, 224, 7, 1, "direct_fma"),  # wide channels, small map: 22 M
         (512, 512, 7, 1, "im2col"),  # 116 M
         (128, 32, 56, 1, "winograd_f43"),  # thin, but 116 M and Winograd fits
@@ -185,9 +188,11 @@ def test_tune_command_on_a_zoo_model(capsys: pytest.CaptureFixture):
         (112, 224, 13, 1, "winograd_f23"),  # 38 M
     ],
 )
-def test_the_cost_model_runs_small_layers_of_one_image_direct(channels, kernels, side, batch, expected):
+def test_the_cost_model_runs_small_layers_direct(channels, kernels, side, batch, expected):
     from hetflow.ops.conv import ConvAttrs, conv_window, heuristic_conv_algorithm
 
     spec = conv_window(ConvAttrs(pads=(1, 1, 1, 1)), (kernels, channels, 3, 3))
     shape = (batch, channels, side, side)
     assert heuristic_conv_algorithm(spec, shape, kernels, 1, np.dtype(np.float32)) == expected
+    if expected == "direct_fma":  # without X's dtype the direct kernel is not considered
+        assert heuristic_conv_algorithm(spec, shape, kernels, 1) in ("im2col", "winograd_f43")
