@@ -72,6 +72,8 @@ def _build_parser() -> argparse.ArgumentParser:
                       help="none: measure nothing, report the cache; fast: >= 3 timed rounds, >= 30 ms per "
                            "candidate; full: >= 10, >= 0.2 s, and OpenCL GEMMs search the whole space (fast)")
     tune.add_argument("--device", default="cpu", help="cpu | opencl:N (cpu)")
+    tune.add_argument("--threads", type=int,
+                      help="the session thread count the layers are measured for (every core)")
     tune.set_defaults(handler=_cmd_tune)
 
     _add_profile_parser(commands)
@@ -389,7 +391,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         print("effort none: nothing else measured")
         return 0
 
-    layers = tune_graph(bound, device, tuner, progress)
+    layers = tune_graph(bound, device, tuner, progress, threads=args.threads)
     print(f"model   {args.model}  (batch {args.batch}, effort {args.effort}, device {device.id})")
     if not layers:
         print("no layer has algorithms to choose from (no Conv)")

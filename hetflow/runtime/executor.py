@@ -134,15 +134,46 @@ def splits_gemms(conv_macs: int, batched: bool, threads: int | None = None, dire
     return count > 1 and conv_macs > 0 and ((NUMBA_POOL and jit_gemm.available()) or (large and batched))
 
 
-def run_threads(conv_macs: int, batched: bool, threads: int | None = None, direct_macs: int = 0) -> blas_threads:
-    """The thread arrangement a run holds (a context manager): BLAS at ``threads`` (None: every core),
-    or BLAS at one thread and the GEMMs split by hetflow (``splits_gemms``)."""
+@dataclass(frozen=True)
+class ThreadArrangement:
+    """The threads a run holds: ``"own"`` (BLAS at one thread, products split by hetflow),
+    ``"spin"`` (hetflow's spinning pool; BLAS held at one thread when ``hold_blas``) or ``"blas"``
+    (BLAS's own threads). A kernel's time depends on it, so tuning records name it (``label``)."""
+
+    kind: Literal["own", "spin", "blas"]
+    threads: int
+    hold_blas: bool = False
+
+    @property
+    def label(self) -> str:
+        """Short text form, e.g. ``own:2``, ``spin:2+blas1``, ``blas:2``."""
+        return f"{self.kind}:{self.threads}" + ("+blas1" if self.hold_blas else "")
+
+    def hold(self) -> blas_threads:
+        """The context manager that holds this arrangement."""
+        if self.kind == "own":
+            return own_threads(self.threads, NUMBA_POOL and jit_gemm.available())
+        if self.kind == "spin":
+            return own_threads(self.threads, spin=True, hold_blas=self.hold_blas)
+        return blas_threads(self.threads)
+
+
+def thread_arrangement(
+    conv_macs: int, batched: bool, threads: int | None = None, direct_macs: int = 0
+) -> ThreadArrangement:
+    """The arrangement of a run with these convolution multiply-adds (``direct_macs`` of them on the
+    direct kernel), holding a batch or not, at ``threads`` (None: every core)."""
     count = available_cores() if threads is None else threads
     if splits_gemms(conv_macs, batched, count, direct_macs):
-        return own_threads(count, NUMBA_POOL and jit_gemm.available())
+        return ThreadArrangement("own", count)
     if spins(conv_macs, batched, count):
-        return own_threads(spin_threads(count), spin=True, hold_blas=conv_macs >= SPIN_BLAS_MAX_CONV_MACS)
-    return blas_threads(count)
+        return ThreadArrangement("spin", spin_threads(count), hold_blas=conv_macs >= SPIN_BLAS_MAX_CONV_MACS)
+    return ThreadArrangement("blas", count)
+
+
+def run_threads(conv_macs: int, batched: bool, threads: int | None = None, direct_macs: int = 0) -> blas_threads:
+    """The thread arrangement a run holds (``thread_arrangement``), as a context manager."""
+    return thread_arrangement(conv_macs, batched, threads, direct_macs).hold()
 
 
 def spin_threads(count: int) -> int:
@@ -201,20 +232,23 @@ OWN_THREADS_MIN_DIRECT_SHARE = 0.5
 def plan_conv_macs(plan: Plan, algorithm: str | None = None) -> int:
     """Multiply-adds of the plan's Conv nodes whose shapes are concrete (0 when none are), of those
     whose kernel runs ``algorithm`` when given: what ``splits_gemms`` reads."""
-    total = 0
     values = plan.graph.values
-    for step in plan.steps:
-        node = step.node
-        if node.op_type != "Conv" or len(node.inputs) < 2:
-            continue
-        if algorithm is not None and step.kernel.algorithm != algorithm:
-            continue
-        weights, output = values.get(node.inputs[1]), values.get(node.outputs[0])
-        shapes = (weights.shape if weights else None, output.shape if output else None)
-        if any(shape is None or not all(isinstance(d, int) for d in shape) for shape in shapes):
-            continue
-        total += math.prod(shapes[1]) * math.prod(shapes[0][1:])  # each output sums C/group * taps terms
-    return total
+    return sum(
+        node_conv_macs(step.node, values)
+        for step in plan.steps
+        if algorithm is None or step.kernel.algorithm == algorithm
+    )
+
+
+def node_conv_macs(node: Node, values: Mapping[str, Value]) -> int:
+    """Multiply-adds of ``node`` when it is a Conv with concrete weight and output shapes, else 0."""
+    if node.op_type != "Conv" or len(node.inputs) < 2:
+        return 0
+    weights, output = values.get(node.inputs[1]), values.get(node.outputs[0])
+    shapes = (weights.shape if weights else None, output.shape if output else None)
+    if any(shape is None or not all(isinstance(d, int) for d in shape) for shape in shapes):
+        return 0
+    return math.prod(shapes[1]) * math.prod(shapes[0][1:])  # each output sums C/group * taps terms
 
 
 def plan_conv_work(plan: Plan) -> tuple[int, int]:

@@ -9,6 +9,8 @@ from hetflow.errors import UnsupportedNode, UnsupportedOpsError
 from hetflow.graph import Graph, Node
 from hetflow.graph.shapes import is_static
 from hetflow.ops.base import TensorInfo
+from hetflow.ops.conv import DIRECT_FMA
+from hetflow.runtime.executor import ThreadArrangement, node_conv_macs, thread_arrangement
 from hetflow.runtime.placement import (
     NodeCosts,
     PlacementRules,
@@ -18,7 +20,7 @@ from hetflow.runtime.placement import (
     input_seconds,
 )
 from hetflow.runtime.plan import Plan, Step
-from hetflow.tuning.select import Tuner
+from hetflow.tuning.select import HEURISTICS, Tuner
 
 
 def make_plan(
@@ -28,6 +30,7 @@ def make_plan(
     rules: PlacementRules | None = None,
     costs: NodeCosts | None = None,
     transfers: TransferCosts | None = None,
+    threads: int | None = None,
 ) -> Plan:
     """Assign each node to a device that has a kernel for it, and pick the kernel.
 
@@ -43,9 +46,10 @@ def make_plan(
     Where a node's input shapes are concrete (bind the batch first: ``passes.bind_batch``) and its
     device has several kernels for it (Conv's algorithms), ``tuner`` chooses one: a measurement from
     the tuning cache, else the cost model (``hetflow.tuning.select``). Without ``tuner`` the choice is
-    the cost model's and no file is read. Nodes with symbolic shapes get the device's first kernel
-    that supports what is known of them (for Conv on the CPU a dispatcher that applies the cost model
-    at run time).
+    the cost model's and no file is read. A CPU kernel is measured, and its record looked up, in the
+    thread arrangement a run of ``graph`` at ``threads`` will hold (``run_arrangement``). Nodes with
+    symbolic shapes get the device's first kernel that supports what is known of them (for Conv on the
+    CPU a dispatcher that applies the cost model at run time).
 
     Raises:
         UnsupportedOpsError: listing every node no device can run.
@@ -55,6 +59,7 @@ def make_plan(
     missing: list[UnsupportedNode] = []
     rules = rules or PlacementRules()
     where: dict[str, str] = {}  # value -> the device its producer was placed on
+    arrangement = run_arrangement(graph, threads)
     for node in graph.nodes:
         inputs = input_infos(graph, node)
         known = inputs if inputs is not None else known_infos(graph, node)
@@ -72,11 +77,38 @@ def make_plan(
         where.update(dict.fromkeys(node.present_outputs(), device.id))
         kernel = device.kernels.lookup(node, known)
         assert kernel is not None
-        choice = tuner.choose(device, node, inputs) if inputs is not None else None
+        choice = tuner.choose(device, node, inputs, arrangement) if inputs is not None else None
         steps.append(Step(node, choice.kernel if choice else kernel, device))
     if missing:
         raise UnsupportedOpsError(missing)
     return Plan(graph, steps, _release_points(graph, steps))
+
+
+def run_arrangement(graph: Graph, threads: int | None = None) -> ThreadArrangement:
+    """The threads a run of ``graph`` (its shapes bound) at ``threads`` will hold, with its Convs on the
+    cost model's algorithms.
+
+    The executor decides from the plan's own algorithms; only a small network's batch can differ, where
+    tuned choices move the direct kernel's share across ``OWN_THREADS_MIN_DIRECT_SHARE``.
+    """
+    conv = direct = 0
+    for node in graph.nodes:
+        macs = node_conv_macs(node, graph.values)
+        inputs = input_infos(graph, node) if macs else None
+        if inputs is None:
+            continue
+        conv += macs
+        if HEURISTICS["Conv"](node, inputs) == DIRECT_FMA:
+            direct += macs
+    return thread_arrangement(conv, _holds_batch(graph), threads, direct)
+
+
+def _holds_batch(graph: Graph) -> bool:
+    """Whether the graph's first input has a concrete leading dimension above one (as ``holds_batch``
+    reads a run's feeds)."""
+    first = next(iter(graph.input_values()), None)
+    shape = first.shape if first is not None else None
+    return bool(shape) and isinstance(shape[0], int) and shape[0] > 1
 
 
 def _reasons(

@@ -261,7 +261,7 @@ class InferenceSession:
         """The plan for ``graph`` (bound to ``key``, the symbolic dimensions' values)."""
         if self._measure_placement and _is_concrete(graph):
             return self._fastest_placement(graph, key)
-        return make_plan(graph, self._devices, self._tuner, self._rules)
+        return make_plan(graph, self._devices, self._tuner, self._rules, threads=self._threads)
 
     def _fastest_placement(self, graph: Graph, key: tuple[tuple[str, int], ...]) -> Plan:
         """``"auto"``'s plan: every device alone (the CPU taking what it lacks) and, where the measured
@@ -291,12 +291,14 @@ class InferenceSession:
             own = graph
             if device.kind == "cpu" and self._cpu_graph is not self._graph:
                 own = bind_batch(self._cpu_graph, dict(key)) if key else self._cpu_graph
-            makers[device.id] = functools.partial(make_plan, own, order, self._tuner, self._rules)
+            makers[device.id] = functools.partial(
+                make_plan, own, order, self._tuner, self._rules, threads=self._threads
+            )
         costs = measure_costs(graph, self._devices)
         transfers = measure_transfers(self._devices)
         if best_single_device(graph, self._devices, costs, transfers) is None:
             makers[MIXED] = functools.partial(
-                make_plan, graph, self._devices, self._tuner, self._rules, costs, transfers
+                make_plan, graph, self._devices, self._tuner, self._rules, costs, transfers, threads=self._threads
             )
         return makers
 

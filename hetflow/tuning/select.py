@@ -12,12 +12,13 @@ Order of precedence for a node whose shapes are concrete and whose device has se
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import platform
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetflow.devices.base import Device, Kernel
 from hetflow.graph import Graph, Node
@@ -26,6 +27,9 @@ from hetflow.ops.conv import ALGORITHM_FALLBACK, conv_window, heuristic_conv_alg
 from hetflow.tuning.cache import TuningCache, TuningRecord, cache_path, kernels_hash, now
 from hetflow.tuning.measure import MeasureOptions, measure
 from hetflow.tuning.space import Workload, tunable_kernels, workload_of
+
+if TYPE_CHECKING:
+    from hetflow.runtime.executor import ThreadArrangement
 
 
 def _conv_heuristic(node: Node, inputs: Sequence[TensorInfo | None]) -> str:
@@ -76,8 +80,17 @@ class Tuner:
             self._caches[device.id] = found
         return found
 
-    def choose(self, device: Device, node: Node, inputs: Sequence[TensorInfo | None]) -> Choice | None:
+    def choose(
+        self,
+        device: Device,
+        node: Node,
+        inputs: Sequence[TensorInfo | None],
+        arrangement: ThreadArrangement | None = None,
+    ) -> Choice | None:
         """The kernel for ``node`` on ``device``; None when the node has nothing to choose from.
+
+        ``arrangement``: the threads the run will hold; a CPU kernel's record is looked up, and measured,
+        in it (``in_arrangement``).
 
         A device with tunable kernel *parameters* (OpenCL's GEMM configurations) gets the node first
         through its ``prepare_node(node, inputs, tuner)``: with ``tune`` it searches what its cache
@@ -86,7 +99,7 @@ class Tuner:
         prepare = getattr(device, "prepare_node", None)
         if prepare is not None:
             prepare(node, inputs, self)
-        workload = workload_of(node, inputs)
+        workload = in_arrangement(workload_of(node, inputs), device, arrangement)
         if workload is None:
             return None
         candidates = tunable_kernels(device, node, inputs)
@@ -100,7 +113,7 @@ class Tuner:
             record = self.cache(device).lookup(workload, version) if self.use_cache else None
             self.stats["hits" if record is not None else "misses"] += 1
             if record is None and self.tune:
-                record = self.measure(device, node, inputs, candidates)
+                record = self.measure(device, node, inputs, candidates, workload, arrangement)
                 self.stats["measured"] += 1
                 return Choice(by_algorithm[record.chosen], "measured", record)
             if record is not None:
@@ -116,19 +129,25 @@ class Tuner:
         inputs: Sequence[TensorInfo | None],
         candidates: Sequence[Kernel] | None = None,
         workload: Workload | None = None,
+        arrangement: ThreadArrangement | None = None,
     ) -> TuningRecord:
         """Measure every candidate of ``node`` now, append the record to the cache and return it.
+
+        A CPU device's candidates are timed holding ``arrangement`` (the threads the run holds): a
+        batch's im2col multiplies on hetflow's tile GEMM there, on BLAS's threads outside.
 
         Raises:
             ValueError: the node is not tunable or no candidate ran correctly.
         """
         from hetflow import __version__
 
-        workload = workload or workload_of(node, inputs)
+        workload = workload or in_arrangement(workload_of(node, inputs), device, arrangement)
         candidates = list(candidates) if candidates is not None else tunable_kernels(device, node, inputs)
         if workload is None or not candidates:
             raise ValueError(f"node '{node.name}' ({node.op_type}) has no tunable workload")
-        results = measure(candidates, node, inputs, self.options, device)
+        holding = arrangement.hold() if arrangement is not None and device.kind == "cpu" else contextlib.nullcontext()
+        with holding:
+            results = measure(candidates, node, inputs, self.options, device)
         times = {r.algorithm: r.seconds for r in results if r.seconds is not None}
         if not times:
             raise ValueError(f"no candidate ran correctly on node '{node.name}': {results}")
@@ -146,6 +165,16 @@ class Tuner:
         )
         self.cache(device).add(record)
         return record
+
+
+def in_arrangement(
+    workload: Workload | None, device: Device, arrangement: ThreadArrangement | None
+) -> Workload | None:
+    """``workload`` as timed on ``device`` in ``arrangement``: a CPU's carries the arrangement's label
+    (``threads``), so a record timed in one arrangement never decides a run that holds another."""
+    if workload is None or arrangement is None or device.kind != "cpu":
+        return workload
+    return Workload(workload.op, {**workload.params, "threads": arrangement.label})
 
 
 def untuned_choice(node: Node, inputs: Sequence[TensorInfo | None], candidates: Sequence[Kernel]) -> Choice:
@@ -185,27 +214,32 @@ def tune_graph(
     device: Device,
     tuner: Tuner,
     progress: Callable[[Iterable[Any]], Iterable[Any]] | None = None,
+    threads: int | None = None,
 ) -> list[LayerTuning]:
     """Measure every distinct tunable workload of ``graph`` (shapes must be concrete) and record it.
 
-    Layers with a single candidate are measured too: their record holds the layer's time.
+    Layers with a single candidate are measured too: their record holds the layer's time. On the CPU
+    they are measured holding the threads a run of ``graph`` at ``threads`` holds
+    (``planner.run_arrangement``), and recorded as such.
 
     Args:
         graph: a graph with bound shapes (``passes.bind_batch``).
         device: where to measure.
         tuner: its options set the effort; its cache receives the records.
         progress: wraps the iteration over distinct workloads (e.g. ``tqdm``).
+        threads: the session's thread count (None: every core).
 
     Returns:
         one entry per tunable layer, in graph order (layers sharing a workload share its record).
     """
-    from hetflow.runtime.planner import input_infos
+    from hetflow.runtime.planner import input_infos, run_arrangement
 
+    arrangement = run_arrangement(graph, threads)
     # Each tunable layer with what its device runs untuned (from the candidates found here).
     layers: list[tuple[Node, list[TensorInfo | None], Workload, str]] = []
     for node in graph.nodes:
         inputs = input_infos(graph, node)
-        workload = workload_of(node, inputs)
+        workload = in_arrangement(workload_of(node, inputs), device, arrangement)
         candidates = tunable_kernels(device, node, inputs) if inputs is not None and workload is not None else []
         if candidates:
             untuned = untuned_choice(node, inputs, candidates).kernel.algorithm
@@ -215,6 +249,9 @@ def tune_graph(
         distinct.setdefault(workload, (node, inputs))
     records: dict[Workload, TuningRecord] = {}
     items = list(distinct.items())
-    for workload, (node, inputs) in progress(items) if progress else items:
-        records[workload] = tuner.measure(device, node, inputs, workload=workload)
+    # NOTE: held once around every measurement (the workloads already carry its label): a spinning
+    # arrangement's pool starts once, and arrangements do not nest.
+    with arrangement.hold() if device.kind == "cpu" else contextlib.nullcontext():
+        for workload, (node, inputs) in progress(items) if progress else items:
+            records[workload] = tuner.measure(device, node, inputs, workload=workload)
     return [LayerTuning(node, workload, records[workload], untuned) for node, _, workload, untuned in layers]

@@ -16,10 +16,13 @@ from hetflow.devices.cpu import CPUDevice
 from hetflow.frontends import load_model
 from hetflow.options import HOME_ENV
 from hetflow.passes import bind_batch
-from hetflow.runtime.planner import input_infos, make_plan
+from hetflow.devices.cpu import threads as cpu_threads
+from hetflow.runtime.executor import ThreadArrangement
+from hetflow.runtime.planner import input_infos, make_plan, run_arrangement
 from hetflow.tuning.cache import TuningCache, TuningRecord, cache_path, kernels_hash
 from hetflow.tuning.measure import MeasureOptions
-from hetflow.tuning.select import Tuner
+from hetflow.tuning import select
+from hetflow.tuning.select import Tuner, in_arrangement, tune_graph
 from hetflow.tuning.space import tunable_kernels, workload_of
 from tests.helpers import make_model, run_onnxruntime
 
@@ -60,7 +63,10 @@ def _algorithms(plan) -> dict[str, str]:
     return {s.node.name: s.kernel.algorithm for s in plan.steps if s.node.op_type == "Conv"}
 
 
-def _record_for(graph, node_name: str, times: dict[str, float], fingerprint=None) -> TuningRecord:
+def _record_for(
+    graph, node_name: str, times: dict[str, float], fingerprint=None, arrangement: ThreadArrangement | None = None
+) -> TuningRecord:
+    """A record of ``times`` for the node, timed in ``arrangement`` (the one a run of ``graph`` holds)."""
     device = CPUDevice()
     node = graph.node(node_name)
     inputs = input_infos(graph, node)
@@ -68,7 +74,7 @@ def _record_for(graph, node_name: str, times: dict[str, float], fingerprint=None
     return TuningRecord(
         fingerprint=fingerprint or device.fingerprint(),
         device="cpu",
-        workload=workload_of(node, inputs),
+        workload=in_arrangement(workload_of(node, inputs), device, arrangement or run_arrangement(graph)),
         kernels=kernels_hash(kernels),
         candidates=times,
         chosen=min(times, key=times.__getitem__),
@@ -111,6 +117,41 @@ def test_a_recorded_algorithm_that_no_longer_applies_is_skipped():
         _record_for(graph, WIDE, {"gone": 0.0001, "im2col": 0.001, "winograd_f43": 0.002})
     )
     assert _algorithms(make_plan(graph, [CPUDevice()], Tuner()))[WIDE] == "im2col"
+
+
+def test_a_record_timed_in_other_threads_does_not_decide():
+    """A batch of this graph runs on hetflow's own threads; a record timed on BLAS's says nothing of it."""
+    graph = _bound_graph(batch=16)
+    assert run_arrangement(graph) == ThreadArrangement("own", cpu_threads.available_cores())
+    TuningCache(cache_path(), CPUDevice().fingerprint()).add(_record_for(
+        graph, WIDE, {"im2col": 0.001, "winograd_f43": 0.002}, arrangement=ThreadArrangement("blas", 2)))
+    assert _algorithms(make_plan(graph, [CPUDevice()], Tuner()))[WIDE] == "winograd_f43"
+    # The same times recorded in the run's arrangement decide.
+    TuningCache(cache_path(), CPUDevice().fingerprint()).add(
+        _record_for(graph, WIDE, {"im2col": 0.001, "winograd_f43": 0.002}))
+    assert _algorithms(make_plan(graph, [CPUDevice()], Tuner()))[WIDE] == "im2col"
+
+
+@pytest.mark.parametrize(("batch", "threads", "owned"), [(16, 2, True), (16, 1, False), (2, 2, False)])
+def test_tuning_measures_in_the_threads_a_run_holds(monkeypatch: pytest.MonkeyPatch, batch, threads, owned):
+    """A batch of a large network multiplies on hetflow's own threads (BLAS at one): its candidates
+    are timed there, and the records say so."""
+    seen: list[bool] = []
+
+    def spy(*args, **kwargs):
+        seen.append(cpu_threads.owns_threads())
+        return measure(*args, **kwargs)
+
+    measure = select.measure
+    monkeypatch.setattr(select, "measure", spy)
+    graph = _bound_graph(batch)
+    tuner = Tuner(tune=True, options=MeasureOptions(warmup=1, repeats=1, min_seconds=0.0))
+    layers = tune_graph(graph, CPUDevice(), tuner, threads=threads)
+    assert seen == [owned, owned]
+    label = run_arrangement(graph, threads).label
+    assert {layer.record.workload.params["threads"] for layer in layers} == {label}
+    assert label.startswith("own:") is owned
+    assert not cpu_threads.owns_threads()  # released after tuning
 
 
 def test_session_plans_per_batch_and_reads_the_cache():
