@@ -3,12 +3,14 @@
 One line per measured workload (``TuningRecord.to_json``)::
 
     {"version": 1, "fingerprint": {...}, "device": "cpu", "op": "Conv", "kernels": "3f2a...",
-     "hetflow": "0.1.0", "workload": {"x": [1, 64, 56, 56], ...}, "candidates": {"im2col": 0.0031,
+     "hetflow": "0.1.0", "workload": {"x": [1, 64, 56, 56], ..., "threads": "spin:2+blas1"},
+     "candidates": {"im2col": 0.0031,
      "winograd_f43": 0.0024, ...}, "errors": {}, "chosen": "winograd_f43", "protocol": {...},
      "date": "2026-11-21T14:20:00+00:00"}
 
-Times are seconds (minimum over the protocol's rounds, see ``measure.py``). Lines are only ever appended,
-so concurrent writers and interrupted runs cannot damage earlier records. On load, records are kept only
+Times are seconds (minimum over the protocol's rounds, see ``measure.py``). A CPU workload names the
+thread arrangement it was timed in (``threads``: ``executor.ThreadArrangement.label``). Lines are only
+ever appended, so concurrent writers and interrupted runs cannot damage earlier records. On load, records are kept only
 when their format version, machine fingerprint and kernel source hash match this process (a timing from
 another machine or from older kernels says nothing here); lines that do not parse are skipped with one
 warning. Several records of one workload are merged: each candidate keeps its minimum time and the

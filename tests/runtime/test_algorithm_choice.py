@@ -13,15 +13,15 @@ from onnx import TensorProto, helper
 import hetflow
 from hetflow.cli import main
 from hetflow.devices.cpu import CPUDevice
+from hetflow.devices.cpu import threads as cpu_threads
 from hetflow.frontends import load_model
 from hetflow.options import HOME_ENV
 from hetflow.passes import bind_batch
-from hetflow.devices.cpu import threads as cpu_threads
 from hetflow.runtime.executor import ThreadArrangement
 from hetflow.runtime.planner import input_infos, make_plan, run_arrangement
+from hetflow.tuning import select
 from hetflow.tuning.cache import TuningCache, TuningRecord, cache_path, kernels_hash
 from hetflow.tuning.measure import MeasureOptions
-from hetflow.tuning import select
 from hetflow.tuning.select import Tuner, in_arrangement, tune_graph
 from hetflow.tuning.space import tunable_kernels, workload_of
 from tests.helpers import make_model, run_onnxruntime
