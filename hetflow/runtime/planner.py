@@ -59,7 +59,8 @@ def make_plan(
     missing: list[UnsupportedNode] = []
     rules = rules or PlacementRules()
     where: dict[str, str] = {}  # value -> the device its producer was placed on
-    arrangement = run_arrangement(graph, threads)
+    # Only a tuner that reads or writes records needs it (one cost-model call per Conv).
+    arrangement = run_arrangement(graph, threads) if tuner.use_cache or tuner.tune else None
     for node in graph.nodes:
         inputs = input_infos(graph, node)
         known = inputs if inputs is not None else known_infos(graph, node)
