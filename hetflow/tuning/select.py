@@ -145,8 +145,7 @@ class Tuner:
         candidates = list(candidates) if candidates is not None else tunable_kernels(device, node, inputs)
         if workload is None or not candidates:
             raise ValueError(f"node '{node.name}' ({node.op_type}) has no tunable workload")
-        holding = arrangement.hold() if arrangement is not None and device.kind == "cpu" else contextlib.nullcontext()
-        with holding:
+        with holding(device, arrangement):
             results = measure(candidates, node, inputs, self.options, device)
         times = {r.algorithm: r.seconds for r in results if r.seconds is not None}
         if not times:
@@ -172,9 +171,21 @@ def in_arrangement(
 ) -> Workload | None:
     """``workload`` as timed on ``device`` in ``arrangement``: a CPU's carries the arrangement's label
     (``threads``), so a record timed in one arrangement never decides a run that holds another."""
-    if workload is None or arrangement is None or device.kind != "cpu":
+    arrangement = _on_cpu(device, arrangement)
+    if workload is None or arrangement is None:
         return workload
     return Workload(workload.op, {**workload.params, "threads": arrangement.label})
+
+
+def holding(device: Device, arrangement: ThreadArrangement | None) -> contextlib.AbstractContextManager:
+    """Holds ``arrangement`` while ``device``'s candidates are timed (nothing off the CPU, or without one)."""
+    arrangement = _on_cpu(device, arrangement)
+    return arrangement.hold() if arrangement is not None else contextlib.nullcontext()
+
+
+def _on_cpu(device: Device, arrangement: ThreadArrangement | None) -> ThreadArrangement | None:
+    """``arrangement`` where it applies: only a CPU's kernels run on the host's thread arrangement."""
+    return arrangement if device.kind == "cpu" else None
 
 
 def untuned_choice(node: Node, inputs: Sequence[TensorInfo | None], candidates: Sequence[Kernel]) -> Choice:
@@ -251,7 +262,7 @@ def tune_graph(
     items = list(distinct.items())
     # NOTE: held once around every measurement (the workloads already carry its label): a spinning
     # arrangement's pool starts once, and arrangements do not nest.
-    with arrangement.hold() if device.kind == "cpu" else contextlib.nullcontext():
+    with holding(device, arrangement):
         for workload, (node, inputs) in progress(items) if progress else items:
             records[workload] = tuner.measure(device, node, inputs, workload=workload)
     return [LayerTuning(node, workload, records[workload], untuned) for node, _, workload, untuned in layers]
