@@ -43,6 +43,12 @@ CASES = [
     ((1, 5, 17, 35), 1, (3, 3), ConvAttrs(pads=(0, 1, 1, 0), strides=(2, 2), group=5)),
     ((1, 3, 23, 41), 1, (5, 5), ConvAttrs(pads=(2, 2, 2, 2), strides=(2, 2), group=3)),
 ]
+#: Maps past the cache (window_lanes.PREFETCH_MIN_FLOATS floats or more): the vectors' loop prefetches
+#: the rows below, the sweep the next block's rows.
+STREAMED = [
+    ((2, 1024, 45, 46), 1, (3, 3), ConvAttrs(pads=(1, 1, 1, 1), strides=(1, 2), group=1024)),  # vectors
+    ((2, 512, 64, 65), 1, (3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=512)),  # swept rows
+]
 
 ACTIVATIONS = [None, FusedActivation("Relu"), FusedActivation("Clip", 0.0, 6.0),
                FusedActivation("LeakyRelu", 0.1), FusedActivation("Sigmoid"), FusedActivation("Tanh")]
@@ -96,6 +102,15 @@ def test_matches_a_direct_sum(x_shape, multiplier, kernel, attrs, fused, float32
     got = _run(attrs, x, w, b)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("x_shape", "multiplier", "kernel", "attrs"), STREAMED)
+def test_maps_past_the_cache_match_a_direct_sum(x_shape, multiplier, kernel, attrs):
+    from hetflow.devices.cpu.kernels import window_lanes
+
+    assert np.prod(x_shape) >= window_lanes.PREFETCH_MIN_FLOATS
+    x, w, b = _case(x_shape, multiplier, kernel)
+    np.testing.assert_allclose(_run(attrs, x, w, b), _direct_conv(x, w, b, attrs), rtol=1e-5, atol=1e-5)
 
 
 def test_float64_is_computed_in_float64():

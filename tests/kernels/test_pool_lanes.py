@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetflow.devices.cpu.kernels import jit_pool, jit_pool_lanes, jit_pool_rows
+from hetflow.devices.cpu.kernels import jit_pool, jit_pool_lanes, jit_pool_rows, window_lanes
 from hetflow.ops import registry
 from hetflow.ops.pool import pool_window
 from hetflow.ops.spatial import Geometry, geometry
@@ -125,6 +125,22 @@ def test_swept_max_computes_a_plane_with_nan_again_exactly():
     assert np.isnan(y[0, 1]).sum() == np.isnan(expected[0, 1]).sum() > 0
     assert not np.isnan(y[0, [0, 2, 3]]).any()
     np.testing.assert_array_equal(y, expected)
+
+
+STREAMED = [  # maps past the cache (X of PREFETCH_MIN_FLOATS or more), where the loops prefetch
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}, (4, 1024, 32, 33)),  # vectors
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (2, 64, 182, 182)),  # swept rows
+]
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize(("attrs", "shape"), STREAMED)
+def test_maps_past_the_cache_prefetch_and_match_the_reference(op_type, attrs, shape):
+    assert np.prod(shape) >= window_lanes.PREFETCH_MIN_FLOATS
+    geo = _geometry(attrs, shape)
+    x = RNG.standard_normal(shape).astype(np.float32)
+    y, expected = _pool(x, geo, op_type)
+    np.testing.assert_allclose(y, expected, rtol=2e-6, atol=2e-6)
 
 
 def test_rows_sweep_only_three_by_three_windows_with_rows_of_a_vector_per_stride():

@@ -215,6 +215,7 @@ def vector_planes(x, w, bias, activation, y, image_stride, out_h, out_w, first, 
     out_size = out_h * out_w
     rows = wl.rows_per_vector(out_w)
     lanes = LANES // rows
+    streams = x.size >= wl.PREFETCH_MIN_FLOATS
     plane = first
     while plane < last:
         image, source = plane // channels, plane % channels
@@ -223,6 +224,10 @@ def vector_planes(x, w, bias, activation, y, image_stride, out_h, out_w, first, 
         y_plane = image * image_stride + channel * out_size
         for oy in range(0, out_h, rows):
             segments, top, first_tap, last_tap = wl.row_taps(oy, rows, out_h, kh, sh, dh, pad_top, height)
+            if streams:
+                bottom = top + (segments - 1) * sh + (kh - 1) * dh
+                wl.prefetch_rows_below(flat_x, plane * height * width, planes, height * width, bottom, rows * sh,
+                                       height, width)  # fmt: skip
             for ox in range(0, out_w, lanes):
                 _depthwise_vectors(flat_x, plane * height * width, planes, height * width, top, sh, segments,
                                    height, width, first_tap, last_tap, kw, dh, dw, ox * sw - pad_left,

@@ -15,8 +15,8 @@ on 136x28x28 59 -> 32 us, 576x14x14 67 -> 37, 960x7x7 48 -> 33, 144x56x56 230 ->
 114; stride 2 on 96x112x112 246 -> 211 and 144x56x56 96 -> 77 (each input row's 32 floats split into
 even lanes by a shuffle, on the port the FMAs share); 5x5 on 240x28x28 207 -> 91.
 
-The sweep itself (blocks of ``row_sweep.ROWS`` rows, lanes in the padding, rows past the map) is
-``row_sweep``'s, shared with the pools.
+The sweep itself (blocks of ``row_sweep.ROWS`` rows, lanes in the padding, rows past the map, the next
+block's rows prefetched) is ``row_sweep``'s, shared with the pools.
 
 Accumulators start at the bias; the activation is ``llvm_vectors.activate`` with the constants of
 ``jit_depthwise_lanes.activation_constants``.

@@ -49,7 +49,7 @@ POSITIONS = 6
 #: Depth rows per pass over an image's position tiles (64 KB of a kernel tile's packed weights).
 DEPTH_CHUNK = 256
 #: Floats per cache line: a pass prefetches one line of the next chunk per depth row.
-LINE_FLOATS = 16
+LINE_FLOATS = lv.LINE_FLOATS
 #: Passes that prefetch: a depth row of packed weights is this many lines, so the first passes over a
 #: chunk cover the next chunk whole.
 PREFETCHING_PASSES = TILE_KERNELS // LINE_FLOATS
@@ -78,15 +78,11 @@ def _tile(typingctx, w, w_start, x, x_start, x_row, depth, acc, acc_start, count
         last = builder.sub(count_v, lv.INT(1))
         columns = [builder.add(x_start_v, builder.select(builder.icmp_signed("<", lv.INT(i), count_v), lv.INT(i), last))
                    for i in range(POSITIONS)]  # fmt: skip
-        prefetch = builder.module.declare_intrinsic(
-            "llvm.prefetch.p0", fnty=ir.FunctionType(ir.VoidType(), [ir.PointerType(), lv.INT32, lv.INT32, lv.INT32])
-        )
         prefetching = builder.icmp_signed(">=", ahead_v, lv.INT(0))
         with cgutils.for_range(builder, depth_v) as loop:
             k = loop.index
             with builder.if_then(prefetching):
-                line = builder.gep(w_data, [builder.add(ahead_v, builder.mul(k, lv.INT(LINE_FLOATS)))])
-                builder.call(prefetch, [line, lv.INT32(0), lv.INT32(2), lv.INT32(1)])  # read, into L2, data
+                lv.prefetch(builder, w_data, builder.add(ahead_v, builder.mul(k, lv.INT(LINE_FLOATS))))
             weights = lv.load_vectors(builder, w_data, builder.add(w_start_v, builder.mul(k, lv.INT(TILE_KERNELS))),
                                       KERNEL_VECTORS)  # fmt: skip
             x_k = builder.mul(k, x_row_v)

@@ -38,11 +38,13 @@ from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels.window_lanes import (
     LANES,
     PLANE_BLOCK,
+    PREFETCH_MIN_FLOATS,
     STRIDES,
     Outputs,
     VectorShape,
     Window,
     plane_starts,
+    prefetch_rows_below,
     row_masks,
     row_taps,
     rows_per_vector,
@@ -231,6 +233,7 @@ def _vector_planes(x, y, image_stride, out_h, out_w, first, last,  # noqa: ANN00
     contiguous = image_stride == channels * out_size
     rows = rows_per_vector(out_w)
     lanes = LANES // rows
+    streams = x.size >= PREFETCH_MIN_FLOATS
     plane = first
     while plane < last:
         channel = plane % channels
@@ -238,6 +241,10 @@ def _vector_planes(x, y, image_stride, out_h, out_w, first, last,  # noqa: ANN00
         y_plane = (plane // channels) * image_stride + channel * out_size
         for oy in range(0, out_h, rows):
             segments, top, first_tap, last_tap = row_taps(oy, rows, out_h, kh, sh, dh, pad_top, height)
+            if streams:
+                bottom = top + (segments - 1) * sh + (kh - 1) * dh
+                prefetch_rows_below(flat_x, plane * height * width, planes, height * width, bottom, rows * sh,
+                                    height, width)  # fmt: skip
             for ox in range(0, out_w, lanes):
                 _window_vectors(flat_x, plane * height * width, planes, height * width, top, sh, segments,
                                 height, width, first_tap, last_tap, kw, dh, dw, ox * sw - pad_left,

@@ -3,7 +3,8 @@ plane swept in blocks of output rows (``row_sweep``, shared with the depthwise C
 
 Why: ``jit_pool_lanes`` computes one vector of outputs per call and loads every tap of it, so each input
 row is read once per output row that covers it (three times at 3x3 stride 1) and every call pays its
-fixed cost. Swept, an input row is loaded once per block and joins every output row that reads it.
+fixed cost. Swept, an input row is loaded once per block and joins every output row that reads it,
+and the next block's rows are prefetched (a batch's maps come from memory).
 
 Max: a lane in the padding reads -inf and never wins. x86's max skips a NaN, where ``np.maximum`` (and
 ONNX) propagate it, so every loaded vector is also tested for NaN; a plane that held one is computed

@@ -15,6 +15,8 @@ from numba.core import cgutils
 
 #: float32 lanes of a 512-bit register (where the CPU lacks AVX-512, LLVM splits each operation in two).
 LANES = 16
+#: float32s per 64-byte cache line (what ``prefetch`` asks for).
+LINE_FLOATS = 16
 
 FLOAT = ir.FloatType()
 VECTOR = ir.VectorType(FLOAT, LANES)
@@ -44,6 +46,15 @@ def load_vector(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> ir.V
 def load_scalar(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> ir.Value:
     """The element at ``base + offset``."""
     return builder.load(builder.gep(base, [offset]))
+
+
+def prefetch(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> None:
+    """Ask for the cache line holding ``base + offset`` (floats) to be read into L2 (``llvm.prefetch``:
+    never faults, so the address may lie past the array)."""
+    function = builder.module.declare_intrinsic(
+        "llvm.prefetch.p0", fnty=ir.FunctionType(ir.VoidType(), [ir.PointerType(), INT32, INT32, INT32])
+    )
+    builder.call(function, [builder.gep(base, [offset]), INT32(0), INT32(2), INT32(1)])  # read, L2, data
 
 
 def broadcast(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:

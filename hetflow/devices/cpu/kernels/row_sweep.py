@@ -8,6 +8,12 @@ vector; the block's rows are independent chains, enough to hide each operation's
 column lies in the padding are never read and take the op's padding value, input rows in the padding
 are skipped, and output rows past the map are computed but never stored.
 
+Each input row's chunk also prefetches the same columns of the row the next block reads there: a block
+reads 2 * ROWS + 1 rows at stride 2 (ROWS + 2 at 1) side by side, more streams than the hardware
+prefetcher follows once the map comes from memory. Two threads, batch 16, minimums: 3x3/2 max pool on
+64x111x111 (SqueezeNet's) 4.0 -> 1.2 ms, 3x3/1 max on 480x28x28 2.9 -> 1.5; in-run, MobileNet-v2's
+depthwise layers 21 -> 11 ms. A map in cache lost nothing (one image, 64x111x111: 118 -> 90 us).
+
 An op is a subclass saying how a vector starts (``start``), how a tap joins it (``join``) and what is
 stored (``finish``); ``prepare`` emits what it keeps for the whole plane (the depthwise Conv's weights).
 """
@@ -110,6 +116,7 @@ class RowSweep:
                 builder.icmp_unsigned("<", row, self.height)
             ):  # rows in the padding: skipped
                 start = builder.add(self.x_start, builder.add(builder.mul(row, self.width), column))
+                self._prefetch_next_block(start)
                 for j in range(window):
                     values = lv.masked_load(builder, self.x, builder.add(start, lv.INT(j)), masks[j], fill)
                     if stride == 2:
@@ -118,6 +125,13 @@ class RowSweep:
                     for r, i in readers:
                         builder.store(self.join(builder.load(slots[r]), values, i, j), slots[r])
         return slots
+
+    def _prefetch_next_block(self, start: ir.Value) -> None:
+        """Prefetch this chunk's columns of the input row the next block reads where this one reads
+        ``start``'s (``ROWS * stride`` rows down; past the plane's last block, the next plane's rows)."""
+        ahead = self.builder.add(start, self.builder.mul(self.width, lv.INT(ROWS * self.stride)))
+        for line in range(self.stride):  # the chunk's 16 * stride floats; the window's tail is the next chunk's
+            lv.prefetch(self.builder, self.x, self.builder.add(ahead, lv.INT(line * lv.LANES)))
 
     def _store(self, first_row: ir.Value, first: ir.Value, rows: ir.Value, slots: list[ir.Value]) -> None:
         """The block's rows below ``rows`` into Y: the chunk's lanes inside the row."""
