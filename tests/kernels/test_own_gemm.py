@@ -298,10 +298,15 @@ def test_a_batch_product_runs_on_the_tiles_on_own_threads_only(batch, depth, pos
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
     with threads.blas_threads(2):  # beside BLAS's threads the caller runs BLAS
         assert not own_gemm.product_on_own_threads(w, x, y, groups=groups)
-    with threads.own_threads(2):  # float64, or a Y that is not contiguous, is BLAS's too
+    with threads.own_threads(2):  # float64, or a Y whose images are not contiguous, is BLAS's too
         assert not own_gemm.product_on_own_threads(w.astype(np.float64), x, y, groups=groups)
         assert not own_gemm.product_on_own_threads(w, x, np.zeros((batch, 2 * kernels, positions), np.float32)[:, ::2],
                                                    groups=groups)  # fmt: skip
+    concat = np.full((batch, kernels + 5, positions), 7.0, np.float32)  # a Concat's slice: images apart
+    with threads.own_threads(2):
+        assert own_gemm.product_on_own_threads(w, x, concat[:, 2 : 2 + kernels], groups=groups)
+    np.testing.assert_allclose(concat[:, 2 : 2 + kernels], want, rtol=1e-5, atol=1e-4)
+    assert (concat[:, :2] == 7).all() and (concat[:, 2 + kernels :] == 7).all()
 
 
 def test_a_product_too_narrow_to_share_by_columns_is_shared_by_rows(monkeypatch) -> None:
@@ -335,6 +340,31 @@ def test_im2col_in_a_batch_multiplies_its_columns_on_the_tiles(monkeypatch, side
     with threads.own_threads(2):
         [y] = kernel.fn(node, [x, w, b])
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("channels", "kernels", "side", "kernel_size"),
+    [(128, 64, 32, 3), (4, 6, 40, 7)],  # W past BAND_MAX_WEIGHT_BYTES: a product per image; else bands
+    ids=["per image", "bands"],
+)
+def test_im2col_in_a_batch_writes_a_concat_slice_on_the_tiles(monkeypatch, channels, kernels, side, kernel_size):
+    """Inception's stride-2 layers feed a Concat: Y is a slice whose images lie apart, still the tiles'."""
+    from hetflow.devices.cpu.kernels import conv
+
+    pad = kernel_size // 2
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(pads=(pad,) * 4, strides=(2, 2), fused=RELU))
+    x = RNG.standard_normal((2, channels, side, side - 2)).astype(np.float32)
+    w = RNG.standard_normal((kernels, channels, kernel_size, kernel_size)).astype(np.float32)
+    b = RNG.standard_normal(kernels).astype(np.float32)
+    kernel = next(k for k in CPUDevice().kernels.kernels["Conv"] if k.algorithm == "im2col")
+    want = kernel.fn(node, [x, w, b])[0]
+    concat = np.full((2, kernels + 3, *want.shape[2:]), 7.0, np.float32)
+    monkeypatch.setattr(conv, "split_matmul", lambda *args, **kwargs: pytest.fail("BLAS ran the product"))
+    with threads.own_threads(2):
+        [y] = kernel.fn(node, [x, w, b], [concat[:, 1 : 1 + kernels]])
+    assert np.shares_memory(y, concat)
+    np.testing.assert_allclose(concat[:, 1 : 1 + kernels], want, rtol=1e-4, atol=1e-3)
+    assert (concat[:, 0] == 7).all() and (concat[:, 1 + kernels :] == 7).all()
 
 
 @pytest.mark.parametrize("fused", [None, RELU, FusedActivation("Sigmoid")], ids=["none", "relu", "sigmoid"])

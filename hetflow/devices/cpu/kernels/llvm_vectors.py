@@ -11,7 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from llvmlite import ir
+from numba import types
 from numba.core import cgutils
+from numba.core.errors import TypingError
+from numba.extending import intrinsic
 
 #: float32 lanes of a 512-bit register (where the CPU lacks AVX-512, LLVM splits each operation in two).
 LANES = 16
@@ -55,6 +58,20 @@ def prefetch(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> None:
         "llvm.prefetch.p0", fnty=ir.FunctionType(ir.VoidType(), [ir.PointerType(), INT32, INT32, INT32])
     )
     builder.call(function, [builder.gep(base, [offset]), INT32(0), INT32(2), INT32(1)])  # read, L2, data
+
+
+@intrinsic
+def prefetch_line(typingctx, x, index):  # noqa: ANN001, ANN202
+    """From compiled (numba) code: ``prefetch`` the cache line of the flat float32 ``x`` holding
+    ``index``."""
+    if not (isinstance(x, types.Array) and x.dtype == types.float32 and x.ndim == 1):
+        raise TypingError(f"prefetch_line takes a flat float32 array, not {x}")
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        prefetch(builder, array_data(context, builder, sig.args[0], args[0]), args[1])
+        return context.get_dummy_value()
+
+    return types.void(x, types.int64), codegen
 
 
 def broadcast(builder: ir.IRBuilder, value: ir.Value) -> ir.Value:

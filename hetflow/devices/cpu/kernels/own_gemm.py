@@ -301,23 +301,26 @@ class _TileCall:
 def product_on_own_threads(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: int = 1) -> bool:
     """``y[n] = W @ x[n]`` for every image n, in ``groups`` groups (``jit_tile_gemm.gemm_items``), on
     hetflow's own threads (a batch's run; ``runs_own``), split by ``work_items``: W ``[kernels, depth /
-    groups]``, x ``[N, depth, P]``, y ``[N, kernels, P]``, float32 and C-contiguous. Returns False, having
-    done nothing, where the run does not own its threads, a spinning pool is running (it has its own
+    groups]``, x ``[N, depth, P]``, y ``[N, kernels, P]``, float32; W and x C-contiguous, y's images each
+    contiguous (a Concat's slice: Inception v2's stride-2 layers at batch 16, which then fell back to
+    OpenBLAS on one thread, 7.0 -> 3.3 ms). Returns False, having done nothing, where the run does not own its threads, a spinning pool is running (it has its own
     jobs), or the arrays do not fit; the caller then runs BLAS.
 
     Why: on the Zen 5 VM (2026-11-24) OpenBLAS multiplies at ~90-110 GMAC/s on two cores and the tiles
     at ~210; im2col's and Winograd's products in a batch were OpenBLAS calls per image or element."""
-    arrays = (w, x, y)
     if spinning() is not None or not runs_own() or x.ndim != 3 or y.ndim != 3:
         return False
-    if not all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays):
+    if not all(a.dtype == np.float32 and a.flags.c_contiguous for a in (w, x)) or y.dtype != np.float32:
         return False
+    found = flat_images(y)  # a Concat's slice too: its images lie apart, each contiguous
+    if found is None:
+        return False
+    flat_y, image = found
     batch, depth, positions = x.shape
     kernels = int(y.shape[1])
     threads = intra_op_threads()
     items = work_items(batch, positions, threads)
-    flat_w, flat_y = w.reshape(-1), y.reshape(-1)
-    image = kernels * positions
+    flat_w = w.reshape(-1)
     bias = zero_bias(kernels)
     if len(items) < threads and batch * kernels * depth * positions // groups >= ROW_SPLIT_MIN_MACS:
         # Too few columns to share out: each thread takes a range of W's row blocks over all of them.
@@ -347,7 +350,8 @@ def bands_on_own_threads(
     hetflow's own threads: each thread takes whole images, and builds and multiplies each image's
     columns a band of output rows at a time in its own stretch of ``buffer`` (``jit_band_gemm.rows``,
     the bands of one image's spinning run), so the columns never leave the cache. W ``[K, C*kh*kw]``, x
-    ``[N, C, H, W]``, y ``[N, K, OH*OW]``, float32 and C-contiguous; ``bias`` float32 ``[K]`` or None.
+    ``[N, C, H, W]``, y ``[N, K, OH*OW]``, float32, C-contiguous but for y, whose images need only each
+    be contiguous (a Concat's slice); ``bias`` float32 ``[K]`` or None.
     Returns False, having done nothing, where the run does not own its threads, a spinning pool is
     running, the arrays do not fit, or ``buffer`` is too small.
 
@@ -355,7 +359,10 @@ def bands_on_own_threads(
     multiplied them back from memory: Inception v2's first layer at batch 16 ran at ~80 GMAC/s."""
     if spinning() is not None or not runs_own() or x.ndim != 4 or len(geo.axes) != 2:
         return False
-    if not all(a.dtype == np.float32 and a.flags.c_contiguous for a in (x, w, y, buffer)):
+    if not all(a.dtype == np.float32 and a.flags.c_contiguous for a in (x, w, buffer)) or y.dtype != np.float32:
+        return False
+    found = flat_images(y)  # a Concat's slice too
+    if found is None:
         return False
     if bias is not None and (bias.dtype != np.float32 or bias.shape != (int(w.shape[0]),)):
         return False
@@ -368,7 +375,7 @@ def bands_on_own_threads(
     stretch = depth * band_rows * out_w
     if buffer.size < threads * stretch:
         return False
-    flat_w, flat_y, flat_buffer, image = w.reshape(-1), y.reshape(-1), buffer.reshape(-1), kernels * out_h * out_w
+    (flat_y, image), flat_w, flat_buffer = found, w.reshape(-1), buffer.reshape(-1)
     bias = zero_bias(kernels) if bias is None else bias
     low, high = np.float32(bounds[0]), np.float32(bounds[1])
     window = (kernels, rows_axis.kernel, cols_axis.kernel, rows_axis.stride, cols_axis.stride, rows_axis.dilation,

@@ -21,10 +21,7 @@ from typing import Any
 
 import numba
 from llvmlite import ir
-from numba import types
 from numba.core import cgutils
-from numba.core.errors import TypingError
-from numba.extending import intrinsic
 
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
 
@@ -44,19 +41,6 @@ STRIDES = (1, 2)
 PREFETCH_MIN_FLOATS = 4 << 20
 
 
-@intrinsic
-def _prefetch(typingctx, x, index):  # noqa: ANN001, ANN202
-    """Ask for the cache line of the flat float32 ``x`` holding ``index`` (never faults)."""
-    if not (isinstance(x, types.Array) and x.dtype == types.float32 and x.ndim == 1):
-        raise TypingError(f"_prefetch takes a flat float32 array, not {x}")
-
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        lv.prefetch(builder, lv.array_data(context, builder, sig.args[0], args[0]), args[1])
-        return context.get_dummy_value()
-
-    return types.void(x, types.int64), codegen
-
-
 @numba.njit(nogil=True, cache=True, inline="always")
 def prefetch_rows_below(flat_x, plane_start, planes, plane_step, bottom, count, height, width):  # noqa: ANN001, ANN201
     """Prefetch the ``count`` rows of X below row ``bottom`` (those inside the map) of ``planes`` planes,
@@ -65,7 +49,7 @@ def prefetch_rows_below(flat_x, plane_start, planes, plane_step, bottom, count, 
         for plane in range(planes):
             start = plane_start + plane * plane_step + row * width
             for column in range(0, width, lv.LINE_FLOATS):
-                _prefetch(flat_x, start + column)
+                lv.prefetch_line(flat_x, start + column)
 
 
 @numba.njit(nogil=True, cache=True)
