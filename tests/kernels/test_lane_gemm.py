@@ -90,6 +90,7 @@ def test_lanes_pay_where_positions_waste_lanes_and_kernels_fill_them(
     kernels: int, depth: int, positions: int, groups: int, expected: bool
 ) -> None:
     assert own_gemm.lanes_pay(kernels, depth, positions, groups) is expected
+    assert not own_gemm.lanes_pay(kernels, depth, positions, groups, batch=16)  # a batch keeps the tiles
 
 
 # -- bound to a Conv -----------------------------------------------------------------------------------

@@ -153,10 +153,14 @@ LANES_MIN_GAIN = 0.15
 LANE_WEIGHTS = WeightCache(jit_lane_gemm.packed_weights)
 
 
-def lanes_pay(kernels: int, depth: int, positions: int, groups: int) -> bool:
+def lanes_pay(kernels: int, depth: int, positions: int, groups: int, batch: int = 1) -> bool:
     """Whether ``jit_lane_gemm`` (kernels in the vector lanes) computes a product of ``kernels`` x
     ``depth`` x ``positions`` (one image's) faster than ``jit_tile_gemm`` (positions in the lanes): where
-    the positions leave many of the tile GEMM's lanes empty and the kernels fill whole tiles of 64.
+    the positions leave many of the tile GEMM's lanes empty and the kernels fill whole tiles of 64, for one
+    image only (``batch``). At batch 16, two threads, in-run medians over two alternating rounds, the lanes
+    made Inception v2's pointwise layers 6% slower (45.5 vs 42.8 ms; its 1024-deep 7x7 layers) and tied
+    in ResNet-50 (157.6 vs 156.8) and DenseNet-121 (116.7 vs 117.3), whose packed copies then cost memory
+    for nothing.
 
     Measured on one core against the tile GEMM (2026-11-24, Zen 5, products alone, lane / tile time):
     7x7 maps (49 of 64 lanes) 512 x 4608 (a 3x3 layer's columns) 0.86, 512 x 2048 0.88, 2048 x 512 0.90,
@@ -164,7 +168,7 @@ def lanes_pay(kernels: int, depth: int, positions: int, groups: int) -> bool:
     position (a classifier as a 1x1 Conv) 1000 x 1024 0.29; 14x14 256 x 1024 0.95, 13x13 256 x 256 1.11
     (the last seven before ``jit_lane_gemm``'s prefetch, which moved the first three by 1-3%).
     """
-    if groups != 1 or depth < LANES_MIN_DEPTH:
+    if batch != 1 or groups != 1 or depth < LANES_MIN_DEPTH:
         return False
     position_use = positions / (-(-positions // LANES) * LANES)
     kernel_use = kernels / (-(-kernels // jit_lane_gemm.TILE_KERNELS) * jit_lane_gemm.TILE_KERNELS)
@@ -176,7 +180,7 @@ def lane_weight_bytes(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]
     wherever the product qualifies, whether or not a run then takes the tiles)."""
     kernels, depth = int(w_shape[0]), math.prod(int(d) for d in w_shape[1:])
     out = geometry(conv_window(node.attrs, w_shape), x_shape[2:]).out
-    if not lanes_pay(kernels, depth, math.prod(out), node.attrs.group):
+    if not lanes_pay(kernels, depth, math.prod(out), node.attrs.group, int(x_shape[0])):
         return 0
     return -(-kernels // jit_lane_gemm.TILE_KERNELS) * jit_lane_gemm.TILE_KERNELS * depth * 4
 
@@ -224,7 +228,9 @@ class _TileCall:
         self.shares: dict[int, tuple[int, int]] = {}
         self.block = jit_tile_gemm.new_job_block()
         depth = self.channels // self.groups
-        self.lanes = node.attrs.packed_weights and lanes_pay(self.kernels, depth, self.positions, self.groups)
+        self.lanes = node.attrs.packed_weights and lanes_pay(
+            self.kernels, depth, self.positions, self.groups, self.batch
+        )
         self.lane_block = jit_lane_gemm.new_job_block()
 
     def __call__(self, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
