@@ -225,9 +225,8 @@ def vector_planes(x, w, bias, activation, y, image_stride, out_h, out_w, first, 
         for oy in range(0, out_h, rows):
             segments, top, first_tap, last_tap = wl.row_taps(oy, rows, out_h, kh, sh, dh, pad_top, height)
             if streams:
-                bottom = top + (segments - 1) * sh + (kh - 1) * dh
-                wl.prefetch_rows_below(flat_x, plane * height * width, planes, height * width, bottom, rows * sh,
-                                       height, width)  # fmt: skip
+                wl.prefetch_rows_below(flat_x, plane * height * width, planes, height * width, top, segments, rows, kh,
+                                       sh, dh, height, width)  # fmt: skip
             for ox in range(0, out_w, lanes):
                 _depthwise_vectors(flat_x, plane * height * width, planes, height * width, top, sh, segments,
                                    height, width, first_tap, last_tap, kw, dh, dw, ox * sw - pad_left,

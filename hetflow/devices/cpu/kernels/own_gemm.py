@@ -309,8 +309,9 @@ def product_on_own_threads(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: 
     hetflow's own threads (a batch's run; ``runs_own``), split by ``work_items``: W ``[kernels, depth /
     groups]``, x ``[N, depth, P]``, y ``[N, kernels, P]``, float32; W and x C-contiguous, y's images each
     contiguous (a Concat's slice: Inception v2's stride-2 layers at batch 16, which then fell back to
-    OpenBLAS on one thread, 7.0 -> 3.3 ms). Returns False, having done nothing, where the run does not own its threads, a spinning pool is running (it has its own
-    jobs), or the arrays do not fit; the caller then runs BLAS.
+    OpenBLAS on one thread, 7.0 -> 4.4 ms in-run). Returns False, having done nothing, where the run does
+    not own its threads, a spinning pool is running (it has its own jobs), or the arrays do not fit; the
+    caller then runs BLAS.
 
     Why: on the Zen 5 VM (2026-11-24) OpenBLAS multiplies at ~90-110 GMAC/s on two cores and the tiles
     at ~210; im2col's and Winograd's products in a batch were OpenBLAS calls per image or element."""

@@ -42,10 +42,12 @@ PREFETCH_MIN_FLOATS = 4 << 20
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def prefetch_rows_below(flat_x, plane_start, planes, plane_step, bottom, count, height, width):  # noqa: ANN001, ANN201
-    """Prefetch the ``count`` rows of X below row ``bottom`` (those inside the map) of ``planes`` planes,
-    ``plane_step`` floats apart from ``plane_start``: what the block's next output rows read first."""
-    for row in range(max(bottom + 1, 0), min(bottom + 1 + count, height)):
+def prefetch_rows_below(flat_x, plane_start, planes, plane_step, top, segments, rows, kh, sh, dh, height, width):  # noqa: ANN001, ANN201, E501
+    """Prefetch, for ``planes`` planes ``plane_step`` floats apart from ``plane_start``, the rows of X that
+    the vectors of output rows below this block's read first: the ``rows * sh`` rows under the last window
+    row of the block's ``segments`` output rows (``row_taps``' ``top``; those inside the map)."""
+    bottom = top + (segments - 1) * sh + (kh - 1) * dh
+    for row in range(max(bottom + 1, 0), min(bottom + 1 + rows * sh, height)):
         for plane in range(planes):
             start = plane_start + plane * plane_step + row * width
             for column in range(0, width, lv.LINE_FLOATS):
