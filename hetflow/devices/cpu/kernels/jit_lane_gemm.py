@@ -48,11 +48,9 @@ TILE_KERNELS = KERNEL_VECTORS * lv.LANES
 POSITIONS = 6
 #: Depth rows per pass over an image's position tiles (64 KB of a kernel tile's packed weights).
 DEPTH_CHUNK = 256
-#: Floats per cache line: a pass prefetches one line of the next chunk per depth row.
-LINE_FLOATS = lv.LINE_FLOATS
-#: Passes that prefetch: a depth row of packed weights is this many lines, so the first passes over a
-#: chunk cover the next chunk whole.
-PREFETCHING_PASSES = TILE_KERNELS // LINE_FLOATS
+#: Passes that prefetch (each one line of the next chunk per depth row): a depth row of packed weights is
+#: this many lines, so the first passes over a chunk cover the next chunk whole.
+PREFETCHING_PASSES = TILE_KERNELS // lv.LINE_FLOATS
 
 
 @intrinsic
@@ -82,7 +80,7 @@ def _tile(typingctx, w, w_start, x, x_start, x_row, depth, acc, acc_start, count
         with cgutils.for_range(builder, depth_v) as loop:
             k = loop.index
             with builder.if_then(prefetching):
-                lv.prefetch(builder, w_data, builder.add(ahead_v, builder.mul(k, lv.INT(LINE_FLOATS))))
+                lv.prefetch(builder, w_data, builder.add(ahead_v, builder.mul(k, lv.INT(lv.LINE_FLOATS))))
             weights = lv.load_vectors(builder, w_data, builder.add(w_start_v, builder.mul(k, lv.INT(TILE_KERNELS))),
                                       KERNEL_VECTORS)  # fmt: skip
             x_k = builder.mul(k, x_row_v)
@@ -195,7 +193,7 @@ def lane_share(w, x, y, y_image, residual, r_image, bias, low, high, kernels, sh
             for image in range(count):
                 x_start = (image * depth + k0) * positions
                 for p0 in range(0, positions, POSITIONS):
-                    ahead = after + passes * chunk * LINE_FLOATS
+                    ahead = after + passes * chunk * lv.LINE_FLOATS
                     _tile(w, w_start, flat_x, x_start + p0, positions, chunk, acc,
                           image * image_slots + p0 * TILE_KERNELS, min(POSITIONS, positions - p0), k0 == 0,
                           ahead if passes < PREFETCHING_PASSES else -1)  # fmt: skip

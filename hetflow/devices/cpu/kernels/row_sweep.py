@@ -130,8 +130,8 @@ class RowSweep:
         """Prefetch this chunk's columns of the input row the next block reads where this one reads
         ``start``'s (``ROWS * stride`` rows down; past the plane's last block, the next plane's rows)."""
         ahead = self.builder.add(start, self.builder.mul(self.width, lv.INT(ROWS * self.stride)))
-        for line in range(self.stride):  # the chunk's 16 * stride floats; the window's tail is the next chunk's
-            lv.prefetch(self.builder, self.x, self.builder.add(ahead, lv.INT(line * lv.LANES)))
+        for line in range(self.piece // lv.LINE_FLOATS):  # the chunk's floats; the window's tail is the next chunk's
+            lv.prefetch(self.builder, self.x, self.builder.add(ahead, lv.INT(line * lv.LINE_FLOATS)))
 
     def _store(self, first_row: ir.Value, first: ir.Value, rows: ir.Value, slots: list[ir.Value]) -> None:
         """The block's rows below ``rows`` into Y: the chunk's lanes inside the row."""
