@@ -7,8 +7,12 @@ import platform
 import numpy as np
 
 from hetflow.devices.base import Device, KernelTable
-from hetflow.devices.cpu import kernels as _kernels  # noqa: F401  (registers the kernels)
-from hetflow.devices.cpu.table import CPU_KERNELS
+from hetflow.devices.cpu.compiled_cache import clear_stale_cpu_kernels
+
+clear_stale_cpu_kernels()  # before any kernel is compiled or loaded from numba's cache
+
+from hetflow.devices.cpu import kernels as _kernels  # noqa: E402, F401  (registers the kernels)
+from hetflow.devices.cpu.table import CPU_KERNELS  # noqa: E402
 
 
 class CPUDevice(Device):
