@@ -11,7 +11,7 @@ import pytest
 
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import jit_gemm
-from hetflow.devices.cpu.spin_pool import SpinPool, float32_1d, int64_1d, job_arguments
+from hetflow.devices.cpu.spin_pool import SpinPool, float32_1d, float32_2d, int64_1d, job_arguments
 
 
 def _count_chunk(args, chunk, chunks):  # noqa: ANN001, ANN202
@@ -31,8 +31,20 @@ def _scale_chunk(args, chunk, chunks):  # noqa: ANN001, ANN202
         y[i] = 2 * x[i]
 
 
+def _shift_chunk(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """One step of a recurrence: ``rows[s + 1][i] = rows[s][i + 1 (wrapping)] + 1`` on the chunk's range of
+    i, ``s`` the step in ``args[3]``; each chunk reads a value of the next chunk's range from the step
+    before, so a step that began before the last one ended would read a stale value."""
+    rows = float32_2d(args, 0)
+    step, width = args[3], rows.shape[1]
+    first, last = width * chunk // chunks, width * (chunk + 1) // chunks
+    for i in range(first, last):
+        rows[step + 1, i] = rows[step, (i + 1) % width] + 1
+
+
 COUNT = spin_pool.job(_count_chunk)
 SCALE = spin_pool.job(_scale_chunk)
+SHIFT = spin_pool.job(_shift_chunk)
 
 
 @pytest.fixture
@@ -51,6 +63,16 @@ def test_every_chunk_runs_exactly_once(pool, chunks):
         pool.run(COUNT, job_arguments([counts, seen]), chunks)
         assert counts.tolist() == [1] * chunks
         assert seen[0] == chunks
+
+
+@pytest.mark.parametrize("alone", [False, True])
+def test_steps_run_in_order_each_after_the_last(pool, alone):
+    steps, width = 200, 4096
+    rows = np.zeros((steps + 1, width), np.float32)
+    rows[0] = np.arange(width)
+    args = job_arguments([rows, 0])  # slot 3: the step
+    (SpinPool(0) if alone else pool).run_steps(SHIFT, args, 8, steps, 3)
+    np.testing.assert_array_equal(rows[steps], (np.arange(width) + steps) % width + steps)
 
 
 def test_a_job_starts_the_worker_and_completes(pool):

@@ -194,6 +194,18 @@ def _run_alone(job, block, chunks):  # noqa: ANN001, ANN202
         _call_job(job, args, chunk, chunks)
 
 
+@numba.njit(nogil=True, cache=True)
+def _dispatch_steps(state, job, block, chunks, steps, step_slot, alone):  # noqa: ANN001, ANN202
+    """``_dispatch`` (or ``_run_alone`` when ``alone``) ``steps`` times, the step's index written into
+    ``block[step_slot]`` before each: every chunk of a step has finished before the next step starts."""
+    for step in range(steps):
+        block[step_slot] = step
+        if alone:
+            _run_alone(job, block, chunks)
+        else:
+            _dispatch(state, job, block, chunks)
+
+
 # -- argument blocks --------------------------------------------------------------------------------
 @intrinsic
 def _float32_pointer(typingctx, address):  # noqa: ANN001, ANN202
@@ -330,6 +342,23 @@ class SpinPool:
         try:
             self._start()
             _dispatch(self.state, job, args, chunks)
+        finally:
+            self._busy.release()
+
+    def run_steps(self, job: int, args: np.ndarray, chunks: int, steps: int, step_slot: int) -> None:
+        """``run`` the job ``steps`` times in a row, from compiled code, with the step's index in
+        ``args[step_slot]``: a recurrence whose step splits (an RNN's time steps) never returns to Python
+        between its steps."""
+        if chunks < 1 or steps < 1:
+            return
+        if chunks > MAX_CHUNKS:
+            raise ValueError(f"a job has at most {MAX_CHUNKS} chunks, not {chunks}")
+        if self.workers < 1 or chunks == 1 or not self._busy.acquire(blocking=False):
+            _dispatch_steps(self.state, job, args, chunks, steps, step_slot, True)
+            return
+        try:
+            self._start()
+            _dispatch_steps(self.state, job, args, chunks, steps, step_slot, False)
         finally:
             self._busy.release()
 
