@@ -21,7 +21,13 @@ from hetflow.devices.base import Kernel
 from hetflow.estimate.predict import Estimate, batch_bindings
 from hetflow.estimate.timing import amortised_seconds, replay, timed_first_call
 from hetflow.graph import Node
-from hetflow.runtime.executor import holds_batch, memory_plan, plan_conv_work, run_threads
+from hetflow.runtime.executor import (
+    holds_batch,
+    memory_plan,
+    plan_conv_work,
+    plan_recurrent_batch,
+    run_threads,
+)
 from hetflow.runtime.session import InferenceSession
 
 
@@ -71,10 +77,11 @@ def layer_seconds(
                                                 first_seconds=first, settle=settle)
         return outputs
 
-    # NOTE: the threads a run of this plan holds (BLAS's, or hetflow's own GEMM splits); the session's
+    # NOTE: the threads a run of this plan holds (BLAS's, hetflow's own GEMM splits, or its spinning pool); the session's
     # count has no public accessor on InferenceSession yet.
     conv_macs, direct_macs = plan_conv_work(plan)
-    with run_threads(conv_macs, holds_batch(feeds), getattr(session, "_threads", None), direct_macs):
+    threads = getattr(session, "_threads", None)
+    with run_threads(conv_macs, holds_batch(feeds), threads, direct_macs, plan_recurrent_batch(plan)):
         replay(plan.graph, [(step.node, step.kernel) for step in plan.steps], feeds, visit)
     return measured
 

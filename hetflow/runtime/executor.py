@@ -41,7 +41,8 @@ from typing import Literal
 import numpy as np
 
 from hetflow.devices.base import BoundCall, Device
-from hetflow.devices.cpu.kernels import jit_gemm
+from hetflow.devices.cpu.kernels import jit_gemm, jit_lstm
+from hetflow.devices.cpu.kernels.rnn import spinning_lstm_batch
 from hetflow.devices.cpu.threads import NUMBA_POOL, available_cores, blas_threads, own_threads
 from hetflow.devices.opencl import DeviceArray
 from hetflow.errors import HetflowError
@@ -108,7 +109,7 @@ def execute(
     wanted = tuple(plan.graph.outputs) if outputs is None else tuple(outputs)
     program = compiled(plan, wanted)
     count = available_cores() if threads is None else threads
-    with run_threads(program.conv_macs, holds_batch(feeds), count, program.direct_macs):
+    with run_threads(program.conv_macs, holds_batch(feeds), count, program.direct_macs, program.recurrent_batch):
         if observer is not None:
             env = program.run_observed(feeds, observer)
         elif mode == "parallel" and count > 1 and program.branches:
@@ -159,21 +160,35 @@ class ThreadArrangement:
 
 
 def thread_arrangement(
-    conv_macs: int, batched: bool, threads: int | None = None, direct_macs: int = 0
+    conv_macs: int, batched: bool, threads: int | None = None, direct_macs: int = 0, recurrent_batch: int = 0
 ) -> ThreadArrangement:
     """The arrangement of a run with these convolution multiply-adds (``direct_macs`` of them on the
-    direct kernel), holding a batch or not, at ``threads`` (None: every core)."""
+    direct kernel), holding a batch or not, at ``threads`` (None: every core), whose largest LSTM that
+    can run on a spinning pool has ``recurrent_batch`` columns (``plan_recurrent_batch``)."""
     count = available_cores() if threads is None else threads
     if splits_gemms(conv_macs, batched, count, direct_macs):
         return ThreadArrangement("own", count)
     if spins(conv_macs, batched, count):
         return ThreadArrangement("spin", spin_threads(count), hold_blas=conv_macs >= SPIN_BLAS_MAX_CONV_MACS)
+    if spins_recurrent(recurrent_batch, count):
+        return ThreadArrangement("spin", spin_threads(count), hold_blas=True)
     return ThreadArrangement("blas", count)
 
 
-def run_threads(conv_macs: int, batched: bool, threads: int | None = None, direct_macs: int = 0) -> blas_threads:
+def run_threads(
+    conv_macs: int, batched: bool, threads: int | None = None, direct_macs: int = 0, recurrent_batch: int = 0
+) -> blas_threads:
     """The thread arrangement a run holds (``thread_arrangement``), as a context manager."""
-    return thread_arrangement(conv_macs, batched, threads, direct_macs).hold()
+    return thread_arrangement(conv_macs, batched, threads, direct_macs, recurrent_batch).hold()
+
+
+def spins_recurrent(recurrent_batch: int, threads: int | None = None) -> bool:
+    """Whether a run spins for its LSTM: from ``jit_lstm.SPIN_MIN_BATCH`` columns, each time step is one
+    job of the spinning pool (its recurrent product on the tile GEMM), BLAS held at one thread.
+    lstm-gesture (hidden 512, 100 steps), 2 threads, the LSTM alone, BLAS's threads -> spinning: batch 64
+    64.6 -> 30.4 ms, 32 36.4 -> 16.3, 16 20.8 -> 18.9; at 8 it lost (13.6 -> 23.5)."""
+    count = available_cores() if threads is None else threads
+    return count > 1 and recurrent_batch >= jit_lstm.SPIN_MIN_BATCH
 
 
 def spin_threads(count: int) -> int:
@@ -251,6 +266,25 @@ def node_conv_macs(node: Node, values: Mapping[str, Value]) -> int:
     return math.prod(shapes[1]) * math.prod(shapes[0][1:])  # each output sums C/group * taps terms
 
 
+def plan_recurrent_batch(plan: Plan) -> int:
+    """The most columns (batch) of the plan's LSTMs that run on a spinning pool when the run holds one
+    (``rnn.spinning_lstm_batch``); 0 when there is none: what ``spins_recurrent`` reads."""
+    values = plan.graph.values
+    batches = [0]
+    for step in plan.steps:
+        if step.node.op_type == "LSTM":
+            infos = [_info(values.get(name)) if name else None for name in step.node.inputs]
+            if infos and infos[0] is not None:
+                batches.append(spinning_lstm_batch(step.node, infos))
+    return max(batches)
+
+
+def _info(value: Value | None) -> TensorInfo | None:
+    if value is None or value.shape is None or not all(isinstance(d, int) for d in value.shape):
+        return None
+    return TensorInfo(tuple(value.shape), value.dtype)
+
+
 def plan_conv_work(plan: Plan) -> tuple[int, int]:
     """(Conv multiply-adds, those the direct kernel runs) of ``plan``: what ``splits_gemms`` and
     ``run_threads`` read, for the executor, the estimator and ``--validate`` alike."""
@@ -315,6 +349,7 @@ class Program:
         self.roots = tuple(i for i, count in enumerate(self.waiting) if count == 0)
         self.branches = _has_branches(self.ops, self.waiting)
         self.conv_macs, self.direct_macs = plan_conv_work(plan)
+        self.recurrent_batch = plan_recurrent_batch(plan)
         self.values = graph.values
         self._plan = plan
         self._wanted = tuple(wanted)

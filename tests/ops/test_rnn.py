@@ -586,3 +586,61 @@ def test_the_compiled_sequence_matches_the_stepwise_lstm_driver(monkeypatch, bat
     if keep_y:
         # Y's last written step is the final H.
         np.testing.assert_array_equal(compiled[2][0 if reverse else -1], compiled[0])
+
+
+# -- the LSTM on the spinning pool (jit_lstm._scan_spinning) ----------------------------------------
+@pytest.mark.parametrize(("batch", "hidden"), [(16, 24), (17, 13), (40, 30)])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("keep_y", [False, True])
+def test_the_spinning_driver_matches_the_stepwise_lstm_driver(batch, hidden, reverse, keep_y):
+    from hetflow.devices.cpu.kernels import jit_lstm
+    from hetflow.devices.cpu.threads import own_threads
+
+    rng = np.random.default_rng(batch + hidden)
+    inputs, steps = 5, 9
+    r = (rng.standard_normal((4 * hidden, hidden)) * 0.3).astype(np.float32)
+    w = rng.standard_normal((4 * hidden, inputs)).astype(np.float32)
+    bias = rng.standard_normal(4 * hidden).astype(np.float32)
+    x_t = rng.standard_normal((steps, inputs, batch)).astype(np.float32)
+    h0 = rng.standard_normal((hidden, batch)).astype(np.float32)
+    c0 = rng.standard_normal((hidden, batch)).astype(np.float32)
+
+    def drive(scan):  # noqa: ANN001, ANN202
+        c = c0.copy()
+        y = np.zeros((steps, hidden, batch), np.float32) if keep_y else None
+        h = scan(r, w, bias, x_t, h0.copy(), c, reverse, y)[0]
+        return h.copy(), c, y
+
+    with own_threads(2, spin=True, hold_blas=True):
+        assert jit_lstm.runs_spinning(batch, np.float32)
+        spinning = drive(jit_lstm.scan)
+    stepwise = drive(jit_lstm._scan_stepwise)
+    for mine, theirs in zip(spinning, stepwise):
+        if mine is not None:
+            np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=2e-6)
+
+
+def test_a_large_batch_lstm_session_spins_and_matches_ort(monkeypatch):
+    from hetflow.devices.cpu.kernels import jit_lstm
+    from hetflow.runtime import executor
+
+    feeds = make_inputs("LSTM", seq=5, batch=jit_lstm.SPIN_MIN_BATCH + 3, input_size=4, hidden=20, directions=2,
+                        initial=True)  # fmt: skip
+    model = make_model("LSTM", feeds, OUTPUT_NAMES["LSTM"], direction="bidirectional")
+    spins = []
+    spinning_scan = jit_lstm._scan_spinning
+    monkeypatch.setattr(jit_lstm, "_scan_spinning", lambda *a: spins.append(1) or spinning_scan(*a))
+    session = InferenceSession(model, threads=2)
+    assert executor.plan_recurrent_batch(session.plan_for({})) == jit_lstm.SPIN_MIN_BATCH + 3
+    actual = session.run(None, feeds)
+    assert len(spins) == 2  # one scan per direction
+    assert_close(actual, run_ort(model, feeds))
+
+
+@pytest.mark.parametrize(("recurrent_batch", "threads", "kind"), [(64, 2, "spin"), (8, 2, "blas"), (64, 1, "blas")])
+def test_the_thread_arrangement_spins_for_a_large_recurrent_batch(recurrent_batch, threads, kind):
+    from hetflow.runtime.executor import thread_arrangement
+
+    arrangement = thread_arrangement(0, True, threads, 0, recurrent_batch)
+    assert arrangement.kind == kind
+    assert arrangement.hold_blas is (kind == "spin")

@@ -7,7 +7,7 @@ through its transposed view, which OpenBLAS ran 1.3x (B = 64) to 1.7x (B = 8) sl
 and transposing the product back cost as much again (~1 ns an element). Y is written
 ``[seq, hidden, B]`` and transposed once at the end.
 
-Two drivers, the same arithmetic:
+Three drivers, the same arithmetic:
 
 * up to ``SEQUENCE_MAX_BATCH`` columns, one compiled loop runs every step (``_sequence``): the
   products call numpy's OpenBLAS from compiled code (``jit_gemm``) and the cell is one flat pass whose
@@ -18,6 +18,13 @@ Two drivers, the same arithmetic:
   (``_scan_stepwise``): the products by numpy, the elementwise work in three compiled passes around
   numpy's SIMD ``np.exp``, which beats the fused pass on long rows (at B = 64, hidden 512: 123 against
   210 us a step, the fused pass being one thread's 8-lane loop with five divisions an element).
+* from ``SPIN_MIN_BATCH`` columns, in a run on the spinning pool (``threads.spinning``: the executor
+  holds one for a recurrent network's batch), every step is one job of the pool (``_spin_step``), run
+  from compiled code step after step (``SpinPool.run_steps``): a share of a step takes a range of hidden
+  units, computes their rows of all four gates on the tile GEMM (``jit_tile_gemm.columns``: ``W x_t +
+  b``, then ``R h`` added in place), and updates their cell and hidden states. OpenBLAS multiplied R by
+  H at ~120 GMAC/s on two threads here (557 us a step at B = 64, hidden 512), the tile GEMM at ~200,
+  and the elementwise work splits too.
 
 The stepwise passes, per step after the GEMM (numpy's LSTM step took a dozen ufunc calls, each a pass
 over memory):
@@ -37,11 +44,17 @@ near zero against ``np.tanh`` (about 1e-7 absolute in float32).
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 
+from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import jit_gemm
 from hetflow.devices.cpu.kernels.jit_math import exp
+from hetflow.devices.cpu.kernels.jit_tile_gemm import BLOCK_BYTES, ROWS, block_width, columns
+from hetflow.devices.cpu.spin_pool import argument_block, float32_1d, float32_2d, float32_3d
+from hetflow.devices.cpu.threads import SPIN_SHARES_PER_THREAD, spinning
 
 #: Up to this many bytes, the input projection of every step is made up front in one product (0.8 MB
 #: for lstm-gesture at batch 1, where a product per step cost ~7 us of the step's ~45); beyond it, each
@@ -56,6 +69,16 @@ SEQUENCE_MAX_BATCH = 16
 #: 210 us, 8 columns 235 us). A 100-step sequence, GEMVs against one GEMM a step: B = 2 9.9 / 23.1 ms,
 #: 4 19.5 / 23.2, 8 42.2 / 28.4.
 GEMV_MAX_COLUMNS = 4
+
+
+#: From this many columns (batch), a float32 sequence in a run on the spinning pool runs there
+#: (``_scan_spinning``).
+SPIN_MIN_BATCH = 16
+
+
+def runs_spinning(batch: int, dtype: np.dtype) -> bool:
+    """Whether ``scan`` runs ``batch`` columns of ``dtype`` on the running call's spinning pool."""
+    return batch >= SPIN_MIN_BATCH and np.dtype(dtype) == np.float32 and spinning() is not None
 
 
 def runs_sequence(batch: int) -> bool:
@@ -97,6 +120,8 @@ def scan(
         reverse: run the steps from last to first.
         y_t: ``[seq, hidden, B]`` to receive every step's hidden state, or None.
     """
+    if runs_spinning(x_t.shape[2], r.dtype):
+        return _scan_spinning(r, w, bias, x_t, h_t, c_t, reverse, y_t)
     if not runs_sequence(x_t.shape[2]):
         return _scan_stepwise(r, w, bias, x_t, h_t, c_t, reverse, y_t)
     # One compiled loop over the steps (``_sequence``).
@@ -151,23 +176,27 @@ def _sigmoid(z, one):  # noqa: ANN001, ANN202
     return one / (one + exp(-z))
 
 
+@numba.njit(nogil=True, cache=True, error_model="numpy", inline="always")
+def _cell(input_pre, output_pre, forget_pre, cell_pre, c_old, one, two):  # noqa: ANN001, ANN202
+    """The standard cell on one element's pre-activations: ``(C, H)`` with ``C = f C_old + i g`` and
+    ``H = o tanh(C)``, ``tanh(z) = 2 sigmoid(2z) - 1``."""
+    candidate = two * _sigmoid(two * cell_pre, one) - one
+    cell = _sigmoid(forget_pre, one) * c_old + _sigmoid(input_pre, one) * candidate
+    return cell, _sigmoid(output_pre, one) * (two * _sigmoid(two * cell, one) - one)
+
+
 @numba.njit(nogil=True, cache=True, error_model="numpy")
 def _update_states(gates, projection, bias, c, h):  # noqa: ANN001, ANN202
     """One step of the cell in one flat pass: pre-activations ``gates + projection + bias`` (blocks i,
-    o, f, c of ``c.size`` elements), ``C = f C + i g`` in place and ``H = o tanh(C)``, with
-    ``tanh(z) = 2 sigmoid(2z) - 1``. The loop vectorises (``jit_math.exp``)."""
+    o, f, c of ``c.size`` elements), ``C`` updated in place and ``H`` (``_cell``). The loop vectorises
+    (``jit_math.exp``)."""
     size = np.uint64(c.shape[0])
     two = c.dtype.type(2)
     one = c.dtype.type(1)
     for j in range(size):
-        input_gate = _sigmoid(gates[j] + projection[j] + bias[j], one)
-        output_gate = _sigmoid(gates[size + j] + projection[size + j] + bias[size + j], one)
-        forget_gate = _sigmoid(gates[2 * size + j] + projection[2 * size + j] + bias[2 * size + j], one)
-        cell_input = gates[3 * size + j] + projection[3 * size + j] + bias[3 * size + j]
-        candidate = two * _sigmoid(two * cell_input, one) - one
-        cell = forget_gate * c[j] + input_gate * candidate
-        c[j] = cell
-        h[j] = output_gate * (two * _sigmoid(two * cell, one) - one)
+        c[j], h[j] = _cell(gates[j] + projection[j] + bias[j], gates[size + j] + projection[size + j] + bias[size + j],
+                           gates[2 * size + j] + projection[2 * size + j] + bias[2 * size + j],
+                           gates[3 * size + j] + projection[3 * size + j] + bias[3 * size + j], c[j], one, two)  # fmt: skip
 
 
 def _scan_stepwise(
@@ -244,3 +273,102 @@ def update_hidden(output_gate, cell_exponent, h):  # noqa: ANN001, ANN201
     two = output_gate.dtype.type(2)
     for j in range(np.uint64(h.shape[0])):
         h[j] = output_gate[j] * (two / (one + cell_exponent[j]) - one)
+
+
+# -- on the spinning pool ----------------------------------------------------------------------------
+#: Slots of ``_spin_step``'s argument block: R, W (2-D), the bias, X, the states (3-D), H0, C (2-D), the
+#: gates, a zero bias (1-D), each its address and dimensions; then reverse, whether the states are Y,
+#: and the step (``run_steps`` writes it).
+_SPIN_SLOTS = 3 + 3 + 2 + 4 + 4 + 3 + 3 + 2 + 2 + 3
+_STEP_SLOT = _SPIN_SLOTS - 1
+
+
+def _scan_spinning(
+    r: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray,
+    x_t: np.ndarray,
+    h_t: np.ndarray,
+    c_t: np.ndarray,
+    reverse: bool,
+    y_t: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``scan`` with every step one job of the spinning pool (see the module docstring)."""
+    pool = spinning()
+    assert pool is not None  # runs_spinning
+    seq_length, _, batch = x_t.shape
+    rows, hidden = r.shape[0], r.shape[0] // 4
+    # Each step's H goes to Y's step, or (no Y wanted) to the one of two buffers H is not in.
+    states = y_t if y_t is not None else np.empty((2, hidden, batch), np.float32)
+    gates = np.empty(rows * batch, np.float32)
+    arrays = (np.ascontiguousarray(r, np.float32), np.ascontiguousarray(w, np.float32),
+              np.ascontiguousarray(bias, np.float32), x_t, states, h_t, c_t, gates, np.zeros(rows, np.float32))  # fmt: skip
+    block = argument_block(_SPIN_SLOTS, arrays, (int(reverse), int(y_t is not None), 0))
+    blocks = -(-hidden // ROWS)
+    shares = min(blocks, (pool.workers + 1) * SPIN_SHARES_PER_THREAD)
+    pool.run_steps(_spin_job_address(), block, shares, seq_length, _STEP_SLOT)
+    last = seq_length - 1
+    if y_t is not None:
+        return y_t[0 if reverse else last], c_t
+    return states[last % 2], c_t
+
+
+def _spin_job(args, share, shares):  # noqa: ANN001, ANN202
+    """``_spin_step`` on a pool job's argument block (``_SPIN_SLOTS``)."""
+    _spin_step(float32_2d(args, 0), float32_2d(args, 3), float32_1d(args, 6), float32_3d(args, 8),
+               float32_3d(args, 12), float32_2d(args, 16), float32_2d(args, 19), float32_1d(args, 22),
+               float32_1d(args, 24), args[26] != 0, args[27] != 0, args[_STEP_SLOT], share, shares)  # fmt: skip
+
+
+@functools.cache
+def _spin_job_address() -> int:
+    """The address of ``_spin_job`` compiled as a pool job (on first use)."""
+    return spin_pool.job(_spin_job)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _spin_step(r, w, bias, x_t, states, h0, c, gates, zeros, reverse, states_are_y, step, share, shares):  # noqa: ANN001, ANN202, E501
+    """Share ``share`` of ``shares`` of step ``step``: its range of hidden units (whole tiles of
+    ``ROWS``), their rows of the gates i, o, f, c (``W x_t + b + R h``, on the tile GEMM), then their
+    cell and hidden states. H comes from ``h0`` at the first step, else from the previous step's
+    states; it goes into ``states[t]`` (``states_are_y``: Y, [seq, hidden, B]) or ``states[step % 2]``."""
+    seq_length, inputs, batch = x_t.shape
+    hidden = c.shape[0]
+    blocks = (hidden + ROWS - 1) // ROWS
+    first_block, last_block = blocks * share // shares, blocks * (share + 1) // shares
+    t = seq_length - 1 - step if reverse else step
+    h_flat = states.reshape(states.size)
+    before = t + 1 if reverse else t - 1
+    source = h0.reshape(h0.size) if step == 0 else h_flat
+    source_start = 0 if step == 0 else (before if states_are_y else (step - 1) % 2) * hidden * batch
+    target = (t if states_are_y else step % 2) * hidden * batch
+    batch64 = np.int64(batch)
+    x_flat = x_t.reshape(x_t.size)
+    r_flat, w_flat = r.reshape(r.size), w.reshape(w.size)
+    no_residual = np.int64(-1)
+    low, high = np.float32(-np.inf), np.float32(np.inf)
+    for gate in range(4):
+        rows_before = gate * hidden
+        y_start = np.int64(rows_before * batch)
+        columns(w_flat[rows_before * inputs:], np.int64(inputs), x_flat, np.int64(t * inputs * batch), batch64, gates,
+                y_start, batch64, np.int64(hidden), bias[rows_before:], gates, np.int64(0), no_residual, low, high,
+                np.int64(0), batch64, block_width(BLOCK_BYTES, inputs), np.int64(first_block),
+                np.int64(last_block))  # fmt: skip
+        columns(r_flat[rows_before * hidden:], np.int64(hidden), source, np.int64(source_start), batch64, gates,
+                y_start, batch64, np.int64(hidden), zeros, gates, y_start, batch64, low, high, np.int64(0), batch64,
+                block_width(BLOCK_BYTES, hidden), np.int64(first_block), np.int64(last_block))  # fmt: skip
+    start, stop = first_block * ROWS * batch, min(last_block * ROWS, hidden) * batch
+    size = hidden * batch
+    _update_cells(gates[start:stop], gates[size + start:size + stop], gates[2 * size + start:2 * size + stop],
+                  gates[3 * size + start:3 * size + stop], c.reshape(c.size)[start:stop],
+                  h_flat[target + start:target + stop])  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _update_cells(input_pre, output_pre, forget_pre, cell_pre, c, h):  # noqa: ANN001, ANN202
+    """``_cell`` over aligned ranges of the four gates' pre-activations, C updated in place, H written.
+    The unsigned index spares every access its negative-index branch, so the loop vectorises (706 ->
+    ~50 us for 512 x 64 elements)."""
+    one, two = c.dtype.type(1), c.dtype.type(2)
+    for j in range(np.uint64(c.shape[0])):
+        c[j], h[j] = _cell(input_pre[j], output_pre[j], forget_pre[j], cell_pre[j], c[j], one, two)

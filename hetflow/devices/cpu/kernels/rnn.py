@@ -386,12 +386,9 @@ def runs_compiled(attrs: Any, specs: Sequence[ActivationSpec], peepholes: bool, 
     )
 
 
-def compiled_lstm_scratch_bytes(node: Node, inputs: Sequence[TensorInfo | None]) -> int | None:
-    """Bytes the compiled LSTM (``jit_lstm.scan``) allocates in one call beyond its outputs: per
-    direction the transposed input and the gates (``4*hidden x batch``), then for the compiled sequence
-    two ``hidden x batch`` state buffers and ``jit_lstm.sequence_scratch_bytes``, or for the stepwise
-    driver a projection buffer (``4*hidden x batch``) and four state buffers; None when the node runs
-    the numpy step (whose scratch is the op's: the input projection of every step)."""
+def _compiled_lstm_shape(node: Node, inputs: Sequence[TensorInfo | None]) -> tuple[int, int, int, int, int] | None:
+    """(directions, seq_length, batch, input_size, hidden) of an LSTM whose every direction runs compiled
+    (``jit_lstm.scan``) on concrete shapes; None for any other node."""
     padded = list(inputs) + [None] * (8 - len(inputs))
     x, r, sequence_lens, peepholes = padded[0], padded[2], padded[4], padded[7]
     attrs = node.attrs
@@ -403,19 +400,44 @@ def compiled_lstm_scratch_bytes(node: Node, inputs: Sequence[TensorInfo | None])
     directions = num_directions(attrs.direction)
     specs = resolve_activations(attrs.activations, attrs.activation_alpha, attrs.activation_beta,
                                 LSTM.activations_per_direction, directions, LSTM.default_activations)
-    work = np.dtype(_compute_dtype(np.dtype(x.dtype)))
+    work = _compute_dtype(np.dtype(x.dtype))
     if not all(runs_compiled(attrs, group, peepholes is not None, work) for group in specs):
         return None
     seq_length, batch, input_size = (int(d) for d in x.shape)
     if attrs.layout == 1:
         seq_length, batch = batch, seq_length
-    hidden = int(r.shape[2])
-    shared = (seq_length * input_size + 4 * hidden) * batch * work.itemsize
-    if jit_lstm.runs_sequence(batch):
-        driver = 2 * hidden * batch * work.itemsize + jit_lstm.sequence_scratch_bytes(
-            seq_length, hidden, batch, work.itemsize)
+    return directions, seq_length, batch, input_size, int(r.shape[2])
+
+
+def spinning_lstm_batch(node: Node, inputs: Sequence[TensorInfo | None]) -> int:
+    """The batch of an LSTM that would run on a spinning pool (``jit_lstm.runs_spinning``, given one),
+    else 0: the executor holds that pool for runs whose recurrent batch is large enough."""
+    shape = _compiled_lstm_shape(node, inputs)
+    if shape is None or _compute_dtype(np.dtype(inputs[0].dtype)) != np.float32:
+        return 0
+    return shape[2]
+
+
+def compiled_lstm_scratch_bytes(node: Node, inputs: Sequence[TensorInfo | None]) -> int | None:
+    """Bytes the compiled LSTM (``jit_lstm.scan``) allocates in one call beyond its outputs: per
+    direction the transposed input and the gates (``4*hidden x batch``), then for the compiled sequence
+    two ``hidden x batch`` state buffers and ``jit_lstm.sequence_scratch_bytes``, for the stepwise
+    driver a projection buffer (``4*hidden x batch``) and four state buffers, and on the spinning pool
+    (counted from ``SPIN_MIN_BATCH`` float32 columns: the executor holds the pool then) two state
+    buffers and a zero bias; None when the node runs the numpy step (whose scratch is the op's: the
+    input projection of every step)."""
+    shape = _compiled_lstm_shape(node, inputs)
+    if shape is None:
+        return None
+    directions, seq_length, batch, input_size, hidden = shape
+    itemsize = np.dtype(_compute_dtype(np.dtype(inputs[0].dtype))).itemsize
+    shared = (seq_length * input_size + 4 * hidden) * batch * itemsize
+    if spinning_lstm_batch(node, inputs) >= jit_lstm.SPIN_MIN_BATCH:
+        driver = (2 * hidden * batch + 4 * hidden) * itemsize
+    elif jit_lstm.runs_sequence(batch):
+        driver = 2 * hidden * batch * itemsize + jit_lstm.sequence_scratch_bytes(seq_length, hidden, batch, itemsize)
     else:
-        driver = (4 * hidden + 4 * hidden) * batch * work.itemsize
+        driver = (4 * hidden + 4 * hidden) * batch * itemsize
     return directions * (shared + driver)
 
 
