@@ -279,8 +279,11 @@ def layer_key(
     The algorithm is the kernel's own. A kernel that covers several methods (``default``, ``auto``) is
     refined by the method the op's cost model would pick (Conv's heuristic), so pointwise, depthwise,
     im2col and Winograd convolutions are told apart whichever kernel the plan holds; an LSTM whose steps
-    run as one compiled loop (``jit_lstm.runs_sequence``) is ``LSTM/sequence``.
+    run as one compiled loop (``jit_lstm.runs_sequence``) is ``LSTM/sequence``, and one whose steps a
+    spinning run splits (``jit_lstm.runs_spinning``) ``LSTM/default@spin``.
     """
+    if spinning and node.op_type == "LSTM" and graph is not None and _spinning_lstm(node, graph):
+        return "LSTM/default" + SPIN_MARK
     key = _unmarked_key(node, kernel, graph)
     if (split or spinning) and key == "Conv/pointwise" and graph is not None and _runs_own_gemm(node, graph):
         return key + OWN_GEMM_MARK
@@ -448,9 +451,11 @@ PER_PLANE_KEYS = frozenset({"Conv/depthwise", "MaxPool/default", "MaxPool/tiles"
 def _lstm_cost(node: Node, cost: Cost, graph: Graph) -> Cost:
     """An LSTM's cost with the scratch its CPU kernel allocates: the compiled cell's buffers
     (``compiled_lstm_scratch_bytes``; 0.6 MB at batch 16 for lstm-gesture, where the op's input
-    projection of every step is 13 MB), else the op's; and where the compiled sequence makes the
+    projection of every step is 13 MB), else the op's; where the compiled sequence makes the
     recurrent product a GEMV per column (``jit_lstm.GEMV_MAX_COLUMNS``), that many one-column products
-    a step instead of one GEMM."""
+    a step instead of one GEMM. (On the spinning pool the products run on the tile GEMM, but priced
+    outside BLAS's GEMM model, as ``OWN_GEMM_MARK`` layers are, lstm-gesture came out -18% at batch 16
+    and +15% at 64, against -12% and +10% through it.)"""
     from hetflow.devices.cpu.kernels import jit_lstm
     from hetflow.devices.cpu.kernels.rnn import compiled_lstm_scratch_bytes
     from hetflow.runtime.planner import input_infos
@@ -473,6 +478,16 @@ def _lstm_batch(node: Node, graph: Graph) -> int | None:
     if x is None or x.shape is None or not is_static(x.shape) or len(x.shape) != 3:
         return None
     return int(x.shape[0] if getattr(node.attrs, "layout", 0) == 1 else x.shape[1])
+
+
+def _spinning_lstm(node: Node, graph: Graph) -> bool:
+    """Whether a spinning run splits the LSTM ``node``'s steps on its pool (``jit_lstm.runs_spinning``)."""
+    from hetflow.devices.cpu.kernels import jit_lstm
+    from hetflow.devices.cpu.kernels.rnn import spinning_lstm_batch
+    from hetflow.runtime.planner import input_infos
+
+    infos = input_infos(graph, node)
+    return infos is not None and spinning_lstm_batch(node, infos) >= jit_lstm.SPIN_MIN_BATCH
 
 
 def _lstm_columns(node: Node, graph: Graph) -> int | None:
@@ -644,11 +659,15 @@ def split_threads(profile: DeviceProfile, plan: Any, batch: int, threads: int | 
 
 
 def spin_run(profile: DeviceProfile, plan: Any, batch: int, threads: int | None) -> bool:
-    """Whether a run of ``plan`` at ``batch`` splits on the spinning pool (``executor.spins``), with the
-    session's ``threads`` or else the profile's: a CPU profile only."""
-    from hetflow.runtime.executor import plan_conv_macs, spins
+    """Whether a run of ``plan`` at ``batch`` splits on the spinning pool (``executor.spins``, or
+    ``spins_recurrent`` for a large batch of an LSTM), with the session's ``threads`` or else the
+    profile's: a CPU profile only."""
+    from hetflow.runtime.executor import plan_conv_macs, plan_recurrent_batch, spins, spins_recurrent
 
-    return profile.device == "cpu" and spins(plan_conv_macs(plan), batch > 1, threads or profile.threads)
+    count = threads or profile.threads
+    if profile.device != "cpu":
+        return False
+    return spins(plan_conv_macs(plan), batch > 1, count) or spins_recurrent(plan_recurrent_batch(plan), count)
 
 
 # -- the estimate ----------------------------------------------------------------------------------

@@ -525,6 +525,13 @@ def catalogue() -> list[Probe]:
         Probe("lstm 30x8x6 h512 last", lstm(30, 8, 6, 512, last_only=True)),
         Probe("lstm 20x32x6 h256", lstm(20, 32, 6, 256)),
         Probe("lstm 10x64x6 h512 last", lstm(10, 64, 6, 512, last_only=True)),
+        # From ``jit_lstm.SPIN_MIN_BATCH`` columns a run holds the spinning pool for its LSTM's steps.
+        Probe("lstm 20x64x6 h512 last spin", lstm(20, 64, 6, 512, last_only=True), spin=True, hold_blas=True),
+        Probe("lstm 30x16x6 h512 last spin", lstm(30, 16, 6, 512, last_only=True), True, spin=True, hold_blas=True),
+        Probe("lstm 20x32x64 h256 spin", lstm(20, 32, 64, 256), spin=True, hold_blas=True),
+        Probe("lstm 40x32x6 h512 last spin", lstm(40, 32, 6, 512, last_only=True), spin=True, hold_blas=True),
+        Probe("lstm 60x16x6 h512 last spin", lstm(60, 16, 6, 512, last_only=True), spin=True, hold_blas=True),
+        Probe("lstm 10x128x6 h384 last spin", lstm(10, 128, 6, 384, last_only=True), spin=True, hold_blas=True),
     ]
     probes += _elementwise_probes()
     return probes

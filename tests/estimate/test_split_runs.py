@@ -211,6 +211,22 @@ def test_the_lstm_is_costed_as_its_driver_runs_it(batch, key, columns):
     assert cost.gemm.m == columns and cost.gemm.count * cost.gemm.m == raw.gemm.count * raw.gemm.m
 
 
+@pytest.mark.parametrize(("batch", "spinning"), [(1, False), (8, False), (16, True), (64, True)])
+def test_an_lstm_batch_a_run_spins_for_has_a_spin_key(quick_profile, batch, spinning):
+    """From ``jit_lstm.SPIN_MIN_BATCH`` columns a 2-thread run spins for its LSTM (``spins_recurrent``):
+    the estimate knows (``spin_run``) and prices the LSTM from the ``@spin`` probes."""
+    from hetflow.estimate.predict import SPIN_MARK, spin_run
+
+    session = InferenceSession("zoo:lstm-gesture")
+    plan = session.plan_for(batch_bindings(session.graph, batch))
+    assert spin_run(quick_profile, plan, batch, 2) is spinning
+    assert spin_run(quick_profile, plan, batch, 1) is False
+    lstm_keys = [key for key in _keys(session, quick_profile, batch) if key.startswith("LSTM/")]
+    assert lstm_keys == (["LSTM/default" + SPIN_MARK] if spinning and quick_profile.threads > 1 else lstm_keys)
+    if spinning and quick_profile.threads > 1:
+        assert "LSTM/default" + SPIN_MARK in quick_profile.ops
+
+
 def test_a_folded_residual_costs_an_add_and_a_read_on_the_add_model(quick_profile):
     """The Conv's models are fitted on Convs without a residual: the folded one adds, on the Add model,
     one add per element and one tensor read, less than the whole Add it replaced."""
