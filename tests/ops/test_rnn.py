@@ -554,18 +554,10 @@ def test_saturated_gates_stay_finite_in_the_compiled_cell():
     assert all(np.isfinite(output).all() for output in outputs)
 
 
-@pytest.mark.parametrize(("batch", "whole_projection"), [(1, True), (3, True), (3, False), (6, True), (16, False)])
-@pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("keep_y", [False, True])
-def test_the_compiled_sequence_matches_the_stepwise_lstm_driver(monkeypatch, batch, whole_projection, reverse, keep_y):
-    from hetflow.devices.cpu.kernels import jit_lstm
-
-    if not jit_lstm.runs_sequence(batch):
-        pytest.fail("numpy's BLAS here cannot be called from compiled code: the compiled sequence never runs")
-    if not whole_projection:
-        monkeypatch.setattr(jit_lstm, "WHOLE_PROJECTION_BYTES", 0)
-    rng = np.random.default_rng(batch)
-    hidden, inputs, steps = 24, 5, 7
+def _scan_driver(rng: np.random.Generator, batch: int, hidden: int, steps: int, reverse: bool, keep_y: bool):  # noqa: ANN202
+    """``drive(scan)``: a ``jit_lstm`` driver run on one set of seeded operands (5 inputs), returning
+    copies of the final H and C and Y (None unless ``keep_y``)."""
+    inputs = 5
     r = (rng.standard_normal((4 * hidden, hidden)) * 0.3).astype(np.float32)
     w = rng.standard_normal((4 * hidden, inputs)).astype(np.float32)
     bias = rng.standard_normal(4 * hidden).astype(np.float32)
@@ -577,8 +569,22 @@ def test_the_compiled_sequence_matches_the_stepwise_lstm_driver(monkeypatch, bat
         c = c0.copy()
         y = np.zeros((steps, hidden, batch), np.float32) if keep_y else None
         h = scan(r, w, bias, x_t, h0.copy(), c, reverse, y)[0]
-        return h, c, y
+        return h.copy(), c, y
 
+    return drive
+
+
+@pytest.mark.parametrize(("batch", "whole_projection"), [(1, True), (3, True), (3, False), (6, True), (16, False)])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("keep_y", [False, True])
+def test_the_compiled_sequence_matches_the_stepwise_lstm_driver(monkeypatch, batch, whole_projection, reverse, keep_y):
+    from hetflow.devices.cpu.kernels import jit_lstm
+
+    if not jit_lstm.runs_sequence(batch):
+        pytest.fail("numpy's BLAS here cannot be called from compiled code: the compiled sequence never runs")
+    if not whole_projection:
+        monkeypatch.setattr(jit_lstm, "WHOLE_PROJECTION_BYTES", 0)
+    drive = _scan_driver(np.random.default_rng(batch), batch, hidden=24, steps=7, reverse=reverse, keep_y=keep_y)
     compiled, stepwise = drive(jit_lstm.scan), drive(jit_lstm._scan_stepwise)
     for mine, theirs in zip(compiled, stepwise):
         if mine is not None:
@@ -596,21 +602,8 @@ def test_the_spinning_driver_matches_the_stepwise_lstm_driver(batch, hidden, rev
     from hetflow.devices.cpu.kernels import jit_lstm
     from hetflow.devices.cpu.threads import own_threads
 
-    rng = np.random.default_rng(batch + hidden)
-    inputs, steps = 5, 9
-    r = (rng.standard_normal((4 * hidden, hidden)) * 0.3).astype(np.float32)
-    w = rng.standard_normal((4 * hidden, inputs)).astype(np.float32)
-    bias = rng.standard_normal(4 * hidden).astype(np.float32)
-    x_t = rng.standard_normal((steps, inputs, batch)).astype(np.float32)
-    h0 = rng.standard_normal((hidden, batch)).astype(np.float32)
-    c0 = rng.standard_normal((hidden, batch)).astype(np.float32)
-
-    def drive(scan):  # noqa: ANN001, ANN202
-        c = c0.copy()
-        y = np.zeros((steps, hidden, batch), np.float32) if keep_y else None
-        h = scan(r, w, bias, x_t, h0.copy(), c, reverse, y)[0]
-        return h.copy(), c, y
-
+    drive = _scan_driver(np.random.default_rng(batch + hidden), batch, hidden, steps=9, reverse=reverse,
+                         keep_y=keep_y)  # fmt: skip
     with own_threads(2, spin=True, hold_blas=True):
         assert jit_lstm.runs_spinning(batch, np.float32)
         spinning = drive(jit_lstm.scan)
