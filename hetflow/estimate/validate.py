@@ -77,8 +77,8 @@ def layer_seconds(
                                                 first_seconds=first, settle=settle)
         return outputs
 
-    # NOTE: the threads a run of this plan holds (BLAS's, hetflow's own GEMM splits, or its spinning pool); the session's
-    # count has no public accessor on InferenceSession yet.
+    # NOTE: the threads a run of this plan holds (BLAS's, hetflow's own GEMM splits, or its spinning
+    # pool); the session's count has no public accessor on InferenceSession yet.
     conv_macs, direct_macs = plan_conv_work(plan)
     threads = getattr(session, "_threads", None)
     with run_threads(conv_macs, holds_batch(feeds), threads, direct_macs, plan_recurrent_batch(plan)):

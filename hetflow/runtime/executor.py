@@ -46,7 +46,7 @@ from hetflow.devices.cpu.kernels.rnn import spinning_lstm_batch
 from hetflow.devices.cpu.threads import NUMBA_POOL, available_cores, blas_threads, own_threads
 from hetflow.devices.opencl import DeviceArray
 from hetflow.errors import HetflowError
-from hetflow.graph import Node, Value
+from hetflow.graph import Graph, Node, Value
 from hetflow.ops.base import TensorInfo
 from hetflow.ops.conv import DIRECT_FMA
 from hetflow.runtime.memory import MemoryPlan, Order, plan_memory
@@ -267,19 +267,24 @@ def node_conv_macs(node: Node, values: Mapping[str, Value]) -> int:
 
 
 def plan_recurrent_batch(plan: Plan) -> int:
-    """The most columns (batch) of the plan's LSTMs that run on a spinning pool when the run holds one
-    (``rnn.spinning_lstm_batch``); 0 when there is none: what ``spins_recurrent`` reads."""
-    values = plan.graph.values
+    """``graph_recurrent_batch`` of the plan's graph: what ``spins_recurrent`` reads."""
+    return graph_recurrent_batch(plan.graph)
+
+
+def graph_recurrent_batch(graph: Graph) -> int:
+    """The most columns (batch) of the graph's LSTMs that run on a spinning pool when the run holds one
+    (``rnn.spinning_lstm_batch``, on concrete shapes); 0 when there is none."""
     batches = [0]
-    for step in plan.steps:
-        if step.node.op_type == "LSTM":
-            infos = [_info(values.get(name)) if name else None for name in step.node.inputs]
+    for node in graph.nodes:
+        if node.op_type == "LSTM":
+            infos = [_concrete_info(graph.values.get(name)) if name else None for name in node.inputs]
             if infos and infos[0] is not None:
-                batches.append(spinning_lstm_batch(step.node, infos))
+                batches.append(spinning_lstm_batch(node, infos))
     return max(batches)
 
 
-def _info(value: Value | None) -> TensorInfo | None:
+def _concrete_info(value: Value | None) -> TensorInfo | None:
+    """The value's shape and dtype when its shape is concrete, else None."""
     if value is None or value.shape is None or not all(isinstance(d, int) for d in value.shape):
         return None
     return TensorInfo(tuple(value.shape), value.dtype)

@@ -5,13 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hetflow.devices.base import Device
-from hetflow.devices.cpu.kernels.rnn import spinning_lstm_batch
 from hetflow.errors import UnsupportedNode, UnsupportedOpsError
 from hetflow.graph import Graph, Node
 from hetflow.graph.shapes import is_static
 from hetflow.ops.base import TensorInfo
 from hetflow.ops.conv import DIRECT_FMA
-from hetflow.runtime.executor import ThreadArrangement, node_conv_macs, thread_arrangement
+from hetflow.runtime.executor import (
+    ThreadArrangement,
+    graph_recurrent_batch,
+    node_conv_macs,
+    thread_arrangement,
+)
 from hetflow.runtime.placement import (
     NodeCosts,
     PlacementRules,
@@ -93,10 +97,8 @@ def run_arrangement(graph: Graph, threads: int | None = None) -> ThreadArrangeme
     The executor decides from the plan's own algorithms; only a small network's batch can differ, where
     tuned choices move the direct kernel's share across ``OWN_THREADS_MIN_DIRECT_SHARE``.
     """
-    conv = direct = recurrent = 0
+    conv = direct = 0
     for node in graph.nodes:
-        if node.op_type == "LSTM" and (infos := input_infos(graph, node)) is not None:
-            recurrent = max(recurrent, spinning_lstm_batch(node, infos))
         macs = node_conv_macs(node, graph.values)
         inputs = input_infos(graph, node) if macs else None
         if inputs is None:
@@ -104,7 +106,7 @@ def run_arrangement(graph: Graph, threads: int | None = None) -> ThreadArrangeme
         conv += macs
         if HEURISTICS["Conv"](node, inputs) == DIRECT_FMA:
             direct += macs
-    return thread_arrangement(conv, _holds_batch(graph), threads, direct, recurrent)
+    return thread_arrangement(conv, _holds_batch(graph), threads, direct, graph_recurrent_batch(graph))
 
 
 def _holds_batch(graph: Graph) -> bool:
