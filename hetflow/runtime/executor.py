@@ -276,18 +276,10 @@ def graph_recurrent_batch(graph: Graph) -> int:
     (``rnn.spinning_lstm_batch``, on concrete shapes); 0 when there is none."""
     batches = [0]
     for node in graph.nodes:
-        if node.op_type == "LSTM":
-            infos = [_concrete_info(graph.values.get(name)) if name else None for name in node.inputs]
-            if infos and infos[0] is not None:
-                batches.append(spinning_lstm_batch(node, infos))
+        infos = _planned_infos(node, graph.values) if node.op_type == "LSTM" else None
+        if infos:
+            batches.append(spinning_lstm_batch(node, infos))
     return max(batches)
-
-
-def _concrete_info(value: Value | None) -> TensorInfo | None:
-    """The value's shape and dtype when its shape is concrete, else None."""
-    if value is None or value.shape is None or not all(isinstance(d, int) for d in value.shape):
-        return None
-    return TensorInfo(tuple(value.shape), value.dtype)
 
 
 def plan_conv_work(plan: Plan) -> tuple[int, int]:

@@ -194,12 +194,18 @@ def _run_alone(job, block, chunks):  # noqa: ANN001, ANN202
         _call_job(job, args, chunk, chunks)
 
 
+#: ``run_steps``' step slot for a job that reads no step index (``run``).
+NO_STEP_SLOT = -1
+
+
 @numba.njit(nogil=True, cache=True)
 def _dispatch_steps(state, job, block, chunks, steps, step_slot, alone):  # noqa: ANN001, ANN202
     """``_dispatch`` (or ``_run_alone`` when ``alone``) ``steps`` times, the step's index written into
-    ``block[step_slot]`` before each: every chunk of a step has finished before the next step starts."""
+    ``block[step_slot]`` before each (unless ``NO_STEP_SLOT``): every chunk of a step has finished before
+    the next step starts."""
     for step in range(steps):
-        block[step_slot] = step
+        if step_slot != NO_STEP_SLOT:
+            block[step_slot] = step
         if alone:
             _run_alone(job, block, chunks)
         else:
@@ -331,29 +337,18 @@ class SpinPool:
     def run(self, job: int, args: np.ndarray, chunks: int) -> None:
         """Run the job at address ``job`` (a ``JOB_SIGNATURE`` cfunc) on ``args`` in ``chunks`` chunks,
         the calling thread taking chunks too; returns when all are done."""
-        if chunks < 1:
-            return
-        if chunks > MAX_CHUNKS:
-            raise ValueError(f"a job has at most {MAX_CHUNKS} chunks, not {chunks}")
-        if self.workers < 1 or chunks == 1 or not self._busy.acquire(blocking=False):
-            # NOTE: the block's address is taken in compiled code: ``ctypes.data`` costs ~1 us here.
-            _run_alone(job, args, chunks)
-            return
-        try:
-            self._start()
-            _dispatch(self.state, job, args, chunks)
-        finally:
-            self._busy.release()
+        self.run_steps(job, args, chunks, 1, NO_STEP_SLOT)
 
     def run_steps(self, job: int, args: np.ndarray, chunks: int, steps: int, step_slot: int) -> None:
         """``run`` the job ``steps`` times in a row, from compiled code, with the step's index in
-        ``args[step_slot]``: a recurrence whose step splits (an RNN's time steps) never returns to Python
-        between its steps."""
+        ``args[step_slot]`` (none written for ``NO_STEP_SLOT``): a recurrence whose step splits (an RNN's
+        time steps) never returns to Python between its steps."""
         if chunks < 1 or steps < 1:
             return
         if chunks > MAX_CHUNKS:
             raise ValueError(f"a job has at most {MAX_CHUNKS} chunks, not {chunks}")
         if self.workers < 1 or chunks == 1 or not self._busy.acquire(blocking=False):
+            # NOTE: the block's address is taken in compiled code: ``ctypes.data`` costs ~1 us here.
             _dispatch_steps(self.state, job, args, chunks, steps, step_slot, True)
             return
         try:
