@@ -120,7 +120,9 @@ def features(
     model's time for ``cost.gemm`` (``count`` products) plus any MACs outside it at the peak rate, or,
     with ``split`` (the one-thread GEMM model and the run's threads), the time of the products split
     over the run's own threads (``split_gemm_seconds``);
-    calls: one microsecond per GEMM call, or per loop (``cost.loops``: a per-plane kernel's planes); io: inputs + outputs over the bandwidth of the working set;
+    calls: one microsecond per GEMM call, or per loop (``cost.loops``: a per-plane kernel's planes);
+    io: inputs + outputs over the bandwidth of the working set, plus the bytes streamed again at each
+    GEMM call (``cost.streamed_bytes``) over the bandwidth of their own size;
     workspace / strided_workspace: the scratch buffer written and read back, in the second slot when it
     is gathered through a strided window (``strided``: a stride > 1, much slower per byte); flops:
     elementwise work at the measured rate, or at the bandwidth of the working set (8 bytes per
@@ -140,13 +142,16 @@ def features(
     io_bytes = float(cost.bytes_read + cost.bytes_written)
     working_set = io_bytes + cost.workspace_bytes
     rate = bandwidth(memory, working_set)
+    io_time = io_bytes / rate
+    if cost.streamed_bytes:
+        io_time += calls * cost.streamed_bytes / bandwidth(memory, cost.streamed_bytes)
     scratch = 2.0 * cost.workspace_bytes / rate
     per_operation = max(1.0 / (memory.elementwise_gflops * 1e9), 8.0 / rate)
     values = (
         MICROSECOND,
         gemm_time,
         calls * MICROSECOND,
-        io_bytes / rate,
+        io_time,
         0.0 if strided else scratch,
         scratch if strided else 0.0,
         cost.flops * per_operation,

@@ -384,7 +384,7 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
     if unmarked(key) in PER_PLANE_KEYS:  # however a run splits them, a loop per plane
         cost = dataclasses.replace(cost, loops=_output_planes(node, graph))
     if node.op_type == "LSTM":
-        return _lstm_cost(node, cost, graph)
+        return _lstm_cost(node, cost, graph, key.endswith(SPIN_MARK))
     if node.op_type == "Concat":  # one copy per input: its calls feature (``concat_copy_cost``)
         return dataclasses.replace(cost, loops=len(node.present_inputs()))
     if node.op_type != "Conv":
@@ -448,28 +448,47 @@ def concat_copy_cost(node: Node, cost: Cost, planned: MemoryPlan | None, graph: 
 PER_PLANE_KEYS = frozenset({"Conv/depthwise", "MaxPool/default", "MaxPool/tiles", "AveragePool/default"})
 
 
-def _lstm_cost(node: Node, cost: Cost, graph: Graph) -> Cost:
-    """An LSTM's cost with the scratch its CPU kernel allocates: the compiled cell's buffers
-    (``compiled_lstm_scratch_bytes``; 0.6 MB at batch 16 for lstm-gesture, where the op's input
-    projection of every step is 13 MB), else the op's; where the compiled sequence makes the
+def _lstm_cost(node: Node, cost: Cost, graph: Graph, spinning: bool) -> Cost:
+    """An LSTM's cost as its CPU kernel carries it out.
+
+    Scratch: the compiled cell's buffers (``compiled_lstm_scratch_bytes``, on the spinning pool where
+    the run holds one: ``spinning``; 0.6 MB at batch 16 for lstm-gesture, where the op's input
+    projection of every step is 13 MB), else the op's. Products: where the compiled sequence makes the
     recurrent product a GEMV per column (``jit_lstm.GEMV_MAX_COLUMNS``), that many one-column products
-    a step instead of one GEMM. (On the spinning pool the products run on the tile GEMM, but priced
-    outside BLAS's GEMM model, as ``OWN_GEMM_MARK`` layers are, lstm-gesture came out -18% at batch 16
-    and +15% at 64, against -12% and +10% through it.)"""
+    a step; on the spinning pool (``_spinning_lstm_products``) the tile GEMM's."""
     from hetflow.devices.cpu.kernels import jit_lstm
     from hetflow.devices.cpu.kernels.rnn import compiled_lstm_scratch_bytes
     from hetflow.runtime.planner import input_infos
 
-    scratch = compiled_lstm_scratch_bytes(node, input_infos(graph, node) or [])
+    scratch = compiled_lstm_scratch_bytes(node, input_infos(graph, node) or [], pool_held=spinning)
     if scratch is None:
         return cost
-    changes: dict[str, Any] = {"workspace_bytes": scratch}
+    cost = dataclasses.replace(cost, workspace_bytes=scratch)
+    if cost.gemm is None:
+        return cost
+    if spinning:
+        return _spinning_lstm_products(cost, cost.gemm)
     columns = _lstm_batch(node, graph)
-    gemvs = columns is not None and columns <= jit_lstm.GEMV_MAX_COLUMNS and jit_lstm.runs_sequence(columns)
-    if gemvs and cost.gemm is not None:
+    if columns is not None and columns <= jit_lstm.GEMV_MAX_COLUMNS and jit_lstm.runs_sequence(columns):
         gemm = cost.gemm
-        changes["gemm"] = GemmDims(n=gemm.n, m=1, k=gemm.k, count=gemm.count * gemm.m)
-    return dataclasses.replace(cost, **changes)
+        return dataclasses.replace(cost, gemm=GemmDims(n=gemm.n, m=1, k=gemm.k, count=gemm.count * gemm.m))
+    return cost
+
+
+def _spinning_lstm_products(cost: Cost, gemm: GemmDims) -> Cost:
+    """The recurrent products of an LSTM on the spinning pool: the tile GEMM (``jit_tile_gemm``) works
+    in whole vectors of columns, so the batch counts rounded up to them, and each step streams all of
+    R (float32) through it again. Still priced through BLAS's GEMM model, which the key's coefficient
+    scales (the tile GEMM's cost per column is about half OpenBLAS's), with R's reading a term of its
+    own: per step, H=512, 40 + 72 us per vector of 16 columns (16 to 96 columns). Through BLAS's model
+    alone, lstm-gesture came out -15% at batch 16 and +9% at 64; priced outside it at the peak rate,
+    as ``OWN_GEMM_MARK`` layers are, -18% and +15%."""
+    from hetflow.devices.cpu.kernels.llvm_vectors import LANES
+
+    columns = -(-gemm.m // LANES) * LANES
+    padding = (columns - gemm.m) * gemm.n * gemm.k * gemm.count
+    return dataclasses.replace(cost, macs=cost.macs + padding, streamed_bytes=gemm.n * gemm.k * 4,
+                               gemm=GemmDims(n=gemm.n, m=columns, k=gemm.k, count=gemm.count))
 
 
 def _lstm_batch(node: Node, graph: Graph) -> int | None:

@@ -53,6 +53,9 @@ class Cost:
         loops: separate loop bodies a kernel runs one after another (the output planes of a kernel
             compiled per plane); 0 when the op's cost says nothing about it. The estimator charges a
             fixed cost per loop, as per GEMM call.
+        streamed_bytes: bytes a kernel reads again at each of its GEMM's ``count`` products, beyond
+            what the GEMM model prices (the recurrent weights an LSTM step streams through hetflow's
+            own GEMM); the estimator charges them at the bandwidth of their size.
     """
 
     macs: int = 0
@@ -62,6 +65,7 @@ class Cost:
     gemm: GemmDims | None = None
     workspace_bytes: int = 0
     loops: int = 0
+    streamed_bytes: int = 0
 
 
 def nbytes(info: TensorInfo | None) -> int:

@@ -418,21 +418,32 @@ def spinning_lstm_batch(node: Node, inputs: Sequence[TensorInfo | None]) -> int:
     return shape[2]
 
 
-def compiled_lstm_scratch_bytes(node: Node, inputs: Sequence[TensorInfo | None]) -> int | None:
-    """Bytes the compiled LSTM (``jit_lstm.scan``) allocates in one call beyond its outputs: per
-    direction the transposed input and the gates (``4*hidden x batch``), then for the compiled sequence
-    two ``hidden x batch`` state buffers and ``jit_lstm.sequence_scratch_bytes``, for the stepwise
-    driver a projection buffer (``4*hidden x batch``) and four state buffers, and on the spinning pool
-    (counted from ``SPIN_MIN_BATCH`` float32 columns: the executor holds the pool then) two state
-    buffers and a zero bias; None when the node runs the numpy step (whose scratch is the op's: the
-    input projection of every step)."""
+def compiled_lstm_scratch_bytes(
+    node: Node, inputs: Sequence[TensorInfo | None], pool_held: bool = False
+) -> int | None:
+    """Bytes the compiled LSTM (``jit_lstm.scan``) allocates in one call beyond its outputs; None when
+    the node runs the numpy step (whose scratch is the op's: the input projection of every step).
+
+    Per direction: the transposed input, the summed biases, the gates (``4*hidden x batch``), the initial states (zeros
+    where not given, and the transposed copies the scan updates) and, when Y is asked for, every step's
+    hidden state in the transposed layout (copied into Y after the scan); then the driver's own buffers. ``pool_held``: the call runs inside a spinning pool (a run whose recurrent
+    batch reaches ``jit_lstm.SPIN_MIN_BATCH``), where float32 steps of that many columns run on it.
+
+    * spinning pool: two state buffers and a zero bias;
+    * compiled sequence (``jit_lstm.runs_sequence``): two state buffers and
+      ``jit_lstm.sequence_scratch_bytes``;
+    * stepwise driver: a projection buffer (``4*hidden x batch``) and four state buffers.
+    """
     shape = _compiled_lstm_shape(node, inputs)
     if shape is None:
         return None
     directions, seq_length, batch, input_size, hidden = shape
-    itemsize = np.dtype(_compute_dtype(np.dtype(inputs[0].dtype))).itemsize
-    shared = (seq_length * input_size + 4 * hidden) * batch * itemsize
-    if spinning_lstm_batch(node, inputs) >= jit_lstm.SPIN_MIN_BATCH:
+    itemsize = np.dtype(_compute_dtype(np.dtype(inputs[0].dtype))).itemsize  # type: ignore[union-attr]
+    every_step = seq_length * hidden * batch if _wants(node, 0) else 0
+    padded = list(inputs) + [None] * (7 - len(inputs))
+    states = 2 + sum(padded[i] is None for i in (5, 6))  # copies, and zeros for the states not given
+    shared = ((seq_length * input_size + 4 * hidden + states * hidden) * batch + every_step + 4 * hidden) * itemsize
+    if pool_held and spinning_lstm_batch(node, inputs) >= jit_lstm.SPIN_MIN_BATCH:
         driver = (2 * hidden * batch + 4 * hidden) * itemsize
     elif jit_lstm.runs_sequence(batch):
         driver = 2 * hidden * batch * itemsize + jit_lstm.sequence_scratch_bytes(seq_length, hidden, batch, itemsize)
