@@ -425,6 +425,10 @@ def catalogue() -> list[Probe]:
         Probe("maxpool 3x3/2 480x27", pool("MaxPool", 480, 27, 3, 2)),
         Probe("maxpool 3x3/2 64x112 b4", pool("MaxPool", 64, 112, 3, 2, 1, batch=4)),
         Probe("maxpool 2x2/2 128x112", pool("MaxPool", 128, 112, 2, 2)),
+        # Rows of 16 outputs or more tile in order (``jit_pool.runs_tiles``): without these two small
+        # ones, mentee's 32x32x32 pool was predicted from two large probes at 4x its time.
+        Probe("maxpool 2x2/2 32x32", pool("MaxPool", 32, 32, 2, 2)),
+        Probe("maxpool 2x2/2 512x28", pool("MaxPool", 512, 28, 2, 2)),
         Probe("avgpool 3x3/1 256x28", pool("AveragePool", 256, 28, 3, 1, 1), True),
         Probe("avgpool 3x3/2 32x32 b8", pool("AveragePool", 32, 32, 3, 2, 1, batch=8)),
         Probe("avgpool 2x2/2 256x56", pool("AveragePool", 256, 56, 2, 2)),
