@@ -139,15 +139,26 @@ THIN_CHANNELS = 32
 DIRECT_MAX_MACS_ONE_IMAGE = 32_000_000
 
 
-def direct_unsupported(spec: WindowSpec, group: int, dtype: np.dtype | None) -> str | None:
-    """Why the direct kernel cannot compute this window (None when it can): 2-D, stride 1, one group,
-    float32 (or float16, computed in float32)."""
+#: Input channels up to which the direct kernel takes strided windows (on the input's phase planes,
+#: ``hetflow.devices.cpu.kernels.jit_direct_phases``): the image stems, whose im2col GEMM is 3 channels
+#: x taps deep.
+DIRECT_STRIDED_MAX_CHANNELS = 4
+
+
+def direct_unsupported(
+    spec: WindowSpec, group: int, dtype: np.dtype | None, channels: int | None = None
+) -> str | None:
+    """Why the direct kernel cannot compute this window (None when it can): 2-D, one group, float32 (or
+    float16, computed in float32), stride 1 or, on up to ``DIRECT_STRIDED_MAX_CHANNELS`` input
+    ``channels``, any stride."""
     if dtype is not None and np.dtype(dtype) not in DIRECT_DTYPES:
         return f"the direct Conv computes float32; got {np.dtype(dtype)}"
     if spec.rank != 2:
         return f"the direct Conv is 2-D; got a {spec.rank}-D window"
-    if any(stride != 1 for stride in spec.strides):
-        return f"the direct Conv needs stride 1; got strides {spec.strides}"
+    strided = any(stride != 1 for stride in spec.strides)
+    if strided and (channels is None or channels > DIRECT_STRIDED_MAX_CHANNELS):
+        return (f"the direct Conv takes strides {spec.strides} on up to {DIRECT_STRIDED_MAX_CHANNELS} input "
+                f"channels; got {channels}")  # fmt: skip
     if group != 1:
         return f"the direct Conv needs group 1; got group {group}"
     return None
@@ -190,7 +201,11 @@ def heuristic_conv_algorithm(
     batched = int(x_shape[0]) > 1
     thin = channels <= THIN_CHANNELS or kernels <= THIN_CHANNELS
     winograd_fits = winograd_unsupported(spec, group) is None
-    direct_runs = dtype is not None and direct_unsupported(spec, group, dtype) is None
+    direct_runs = dtype is not None and direct_unsupported(spec, group, dtype, channels) is None
+    if any(stride != 1 for stride in spec.strides) and not batched:
+        # NOTE: one image's 7x7/2 stem runs 0.6 ms direct against 0.8 in im2col's bands, yet GoogLeNet,
+        # ResNet-50 and Inception v2 took 2-3% longer (A/B, alternating processes; cause not found).
+        direct_runs = False
     if direct_runs:
         if not batched:
             macs = kernels * channels * math.prod(spec.kernel) * math.prod(geometry(spec, x_shape[2:]).out)
@@ -237,9 +252,12 @@ def conv_workspace_bytes(
         return elems * (kernels * channels + channels * tiles + kernels * tiles) * itemsize
     if algorithm == DIRECT_FMA:
         # One image's zero-bordered planes and products per thread, for two threads (the CPU kernel's
-        # own size, for its core count and variant, is ``direct.workspace_bytes``).
-        padded = int(np.prod([int(o) + int(k) - 1 for o, k in zip(y_shape[2:], w_shape[2:])], dtype=np.int64))
-        return 2 * (channels + kernels) * padded * 4
+        # own size, for its core count and variant, is ``direct.workspace_bytes``). A strided window's
+        # planes hold the whole padded input, its products only the output's rows.
+        sides = list(zip(x_shape[2:], y_shape[2:], w_shape[2:]))
+        products = int(np.prod([int(o) + int(k) - 1 for _, o, k in sides], dtype=np.int64))
+        planes = int(np.prod([max(int(o) + int(k) - 1, int(x)) for x, o, k in sides], dtype=np.int64))
+        return 2 * (channels * planes + kernels * products) * 4
     return 0
 
 

@@ -125,13 +125,27 @@ def test_a_layer_at_a_calibration_sample_takes_most_of_its_residual():
     assert neighbour_factor(neighbours, far) == pytest.approx(1.0, abs=1e-3)
 
 
+def _peak_of_a_warm_call(kernel, node, inputs, threads) -> int:  # noqa: ANN001
+    """Bytes allocated at the peak of one call of ``kernel``, inside the ``threads`` arrangement, after a
+    first call has compiled it."""
+    import tracemalloc
+
+    with threads:
+        kernel.fn(node, inputs)
+        tracemalloc.start()
+        try:
+            kernel.fn(node, inputs)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+
 @pytest.mark.parametrize("batch", [1, 16, 64])
 def test_the_compiled_lstm_scratch_is_what_the_kernel_allocates(batch):
     """The estimator's LSTM workspace is the compiled cell's buffers, not the op's projection of every
     step (13 MB where the kernel allocates 0.6 MB: lstm-gesture's peak was 52% over); at batch 1 the
     compiled sequence's projection of every step (0.8 MB), at 16 and 64 the spinning pool's driver's
     (the kernel called in the threads a run holds)."""
-    import tracemalloc
 
     from hetflow.devices.cpu import CPUDevice
     from hetflow.devices.cpu.kernels.rnn import compiled_lstm_scratch_bytes, spinning_lstm_batch
@@ -149,14 +163,7 @@ def test_the_compiled_lstm_scratch_is_what_the_kernel_allocates(batch):
     kernel = CPUDevice().kernels.lookup(node, infos)
     x = np.random.default_rng(0).standard_normal((100, batch, 6)).astype(np.float32)
     inputs = [x] + [graph.initializers[name] for name in node.inputs[1:]]
-    with run_threads(0, batch > 1, 2, 0, recurrent_batch):
-        kernel.fn(node, inputs)  # compiled on first use
-        tracemalloc.start()
-        try:
-            kernel.fn(node, inputs)
-            allocated = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+    allocated = _peak_of_a_warm_call(kernel, node, inputs, run_threads(0, batch > 1, 2, 0, recurrent_batch))
     # The outputs are made after the scratch is freed: the peak is the scratch.
     assert scratch == pytest.approx(allocated, rel=0.05)
     peephole = dataclasses.replace(node, inputs=[*node.inputs, "", "", "", "p"])
@@ -172,7 +179,6 @@ def test_the_compiled_lstm_scratch_is_what_the_kernel_allocates(batch):
 def test_the_compiled_lstm_scratch_counts_every_driver_and_output(batch, pool_held, y, states):
     """Every driver's buffers (the compiled sequence, the stepwise one, the spinning pool's), Y's
     transposed steps and the initial states' copies: within 5% of what the kernel allocates."""
-    import tracemalloc
 
     from onnx import TensorProto, helper
 
@@ -207,14 +213,7 @@ def test_the_compiled_lstm_scratch_counts_every_driver_and_output(batch, pool_he
     values = {"x": x, **dict(zip(("h0", "c0"), initial)), **graph.initializers}
     inputs = [values[name] if name else None for name in node.inputs]
     context = own_threads(spin_threads(2), spin=True, hold_blas=True) if pool_held else own_threads(1)
-    with context:
-        kernel.fn(node, inputs)  # compiled on first use
-        tracemalloc.start()
-        try:
-            kernel.fn(node, inputs)
-            allocated = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+    allocated = _peak_of_a_warm_call(kernel, node, inputs, context)
     # Y is made before the scan (its steps copied in after it), so the peak holds it beside the scratch.
     y_bytes = seq * batch * hidden * 4 if y else 0
     assert scratch + y_bytes == pytest.approx(allocated, rel=0.05)

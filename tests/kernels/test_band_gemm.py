@@ -98,11 +98,17 @@ def _bind(kernel: Kernel, node: Node, arrays: list):  # noqa: ANN202
     return kernel.bind(node, infos, out, workspace), out[0]
 
 
-@pytest.mark.parametrize("algorithm", [IM2COL, AUTO])
+#: A strided layer on 5 channels: one the automatic choice leaves to im2col (on up to 4 channels, the
+#: image stems, it takes the direct kernel on phase planes).
+FIVE_CHANNELS = ((1, 5, 32, 32), (32, 5, 3, 3), CASES[0][2])
+
+
+@pytest.mark.parametrize(("algorithm", "case"), [(IM2COL, CASES[0]), (IM2COL, FIVE_CHANNELS), (AUTO, FIVE_CHANNELS)],
+                         ids=["im2col", "im2col-5", "auto-5"])  # fmt: skip
 @pytest.mark.parametrize("fused", [None, RELU, CLIP], ids=["none", "relu", "clip"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-def test_bound_on_spinning_threads_runs_the_bands(monkeypatch, algorithm, fused, bias) -> None:  # noqa: ANN001
-    x_shape, w_shape, attrs = CASES[0]
+def test_bound_on_spinning_threads_runs_the_bands(monkeypatch, algorithm, case, fused, bias) -> None:  # noqa: ANN001
+    x_shape, w_shape, attrs = case
     x, w, b = _arrays(x_shape, w_shape)
     arrays = [x, w, b if bias else None]
     node = Node("Conv", "conv", ["x", "w", "b" if bias else ""], ["y"], ConvAttrs(**{**attrs.__dict__, "fused": fused}))
@@ -115,7 +121,8 @@ def test_bound_on_spinning_threads_runs_the_bands(monkeypatch, algorithm, fused,
             [y] = call(arrays)
             assert y is target
             np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
-    assert [chunks for _, chunks in jobs] == [own_gemm.band_plan(27, 16, 16, 2)[0]] * 2
+    depth = w_shape[1] * w_shape[2] * w_shape[3]
+    assert [chunks for _, chunks in jobs] == [own_gemm.band_plan(depth, 16, 16, 2)[0]] * 2
 
 
 DECLINED = [

@@ -330,7 +330,7 @@ def test_direct_writes_into_a_concat_slice():
 @pytest.mark.parametrize(
     ("attrs", "x_shape", "w_shape", "dtype", "expected"),
     [
-        (ConvAttrs(strides=(2, 2)), (1, 4, 9, 9), (4, 4, 3, 3), np.float32, "stride"),
+        (ConvAttrs(strides=(2, 2)), (1, 5, 9, 9), (4, 5, 3, 3), np.float32, "stride"),
         (ConvAttrs(group=2), (1, 4, 9, 9), (4, 2, 3, 3), np.float32, "group"),
         (ConvAttrs(), (1, 4, 9, 9, 9), (4, 4, 3, 3, 3), np.float32, "2-D"),
         (ConvAttrs(), (1, 4, 9, 9), (4, 4, 3, 3), np.float64, "float32"),

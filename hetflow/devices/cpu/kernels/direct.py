@@ -1,7 +1,7 @@
-"""CPU Conv kernel ``direct_fma``: 2-D stride-1 convolutions of one group by the direct kernels.
+"""CPU Conv kernel ``direct_fma``: 2-D convolutions of one group by the direct kernels.
 
-``jit_direct`` (vectors of 16 flat positions) or, on small maps, ``jit_direct_lanes`` (vectors of 16
-kernels): register-blocked FMAs straight on zero-bordered copies of X's planes, no im2col columns, no
+``jit_direct`` (vectors of 16 flat positions), on small maps ``jit_direct_lanes`` (vectors of 16
+kernels), and for strided windows on a few input channels (the image stems) ``jit_direct_phases``: register-blocked FMAs straight on zero-bordered copies of X's planes, no im2col columns, no
 GEMM. They win where a GEMM's operand is thin -- few input or output channels, where im2col's columns
 cost more than the products -- and on windows Winograd does not cover (5x5, dilated); the cost model
 (``hetflow.ops.conv.heuristic_conv_algorithm``) says where, and ``hetflow tune`` measures it per layer.
@@ -40,7 +40,8 @@ def _supports_direct(node: Node, inputs: InputInfos) -> str | None:
     if isinstance(spec, str):
         return spec
     x = inputs[0] if inputs is not None else None
-    return direct_unsupported(spec, node.attrs.group, None if x is None else x.dtype)
+    channels = x.shape[1] if x is not None and len(x.shape) > 1 and isinstance(x.shape[1], int) else None
+    return direct_unsupported(spec, node.attrs.group, None if x is None else x.dtype, channels)
 
 
 def _weight_block(variant) -> int:  # noqa: ANN001
@@ -173,7 +174,7 @@ def _prepare(
 
 @conv_kernel(DIRECT_FMA, supports=_supports_direct, workspace=_workspace, prepare=_prepare)
 def direct_fma(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
-    """2-D stride-1 group-1 float32 Conv by the direct kernels (bias and activation left to the caller)."""
+    """2-D group-1 float32 Conv by the direct kernels (bias and activation left to the caller)."""
     return _direct(node, x, w, y, scratch, None, relu=False)
 
 

@@ -13,7 +13,7 @@ of the first and the left padding of the second. Output position q = ``oy * widt
 (i, j) at
 ``q + i*dh*width + j*dw``: every tap of 16 consecutive positions is one contiguous vector load, and the
 columns past OW (``width - OW`` of each row) are computed and dropped when the planes are copied out
-(``_crop``, which also adds the bias and applies a Relu). So any map size, padding and dilation run one
+(``crop_products``, which also adds the bias and applies a Relu). So any map size, padding and dilation run one
 loop, and no layout other than NCHW appears.
 
 The product (``_fma_block``): ``POSITION_VECTORS`` vectors of 16 positions times ``KERNEL_BLOCK``
@@ -346,8 +346,8 @@ def conv2d(
         image, share = divmod(part, shares)
         first, last = blocks * share // shares, blocks * (share + 1) // shares
         yb = buffers.products[part][: (last - first) * KERNEL_BLOCK]
-        _multiply(xp[image], layout.plane, offsets, wt, first, last, layout.span, yb)
-        _crop(yb, first * KERNEL_BLOCK, layout.width, call.bias, relu, y[image])
+        multiply_blocks(xp[image], layout.plane, offsets, wt, first, last, layout.span, yb)
+        crop_products(yb, first * KERNEL_BLOCK, layout.width, call.bias, relu, y[image])
 
     parallel_for(kernel_blocks, batch * shares, threads)
     return y
@@ -423,8 +423,8 @@ def _share(part, shares, x, pads, width, offsets, wt, bias, relu, y, planes, pro
     xp = planes[part]
     pad_image(x, x, False, image, pads, width, xp)
     yb = products[part][: (last - first) * KERNEL_BLOCK]
-    _multiply(xp, xp.shape[1], offsets, wt, first, last, yb.shape[1], yb)
-    _crop(yb, first * KERNEL_BLOCK, width, bias, relu, y[image])
+    multiply_blocks(xp, xp.shape[1], offsets, wt, first, last, yb.shape[1], yb)
+    crop_products(yb, first * KERNEL_BLOCK, width, bias, relu, y[image])
 
 
 #: Slots of a direct Conv share job's argument block (``pack_share``): 5 numbers, then x (4-D),
@@ -462,8 +462,8 @@ def _images(x, mask, masking, first, last, pads, width, offsets, wt, bias, relu,
     blocks = wt.shape[0]
     for image in range(first, last):
         pad_image(x, mask, masking, image, pads, width, xp)
-        _multiply(xp, xp.shape[1], offsets, wt, 0, blocks, yb.shape[1], yb)
-        _crop(yb, 0, width, bias, relu, y[image])
+        multiply_blocks(xp, xp.shape[1], offsets, wt, 0, blocks, yb.shape[1], yb)
+        crop_products(yb, 0, width, bias, relu, y[image])
 
 
 @numba.njit(nogil=True, cache=True)
@@ -484,7 +484,7 @@ def pad_image(x, mask, masking, image, pads, width, xp):  # noqa: ANN001
 
 
 @numba.njit(nogil=True, cache=True)
-def _multiply(xp, plane, offsets, wt, block_first, block_last, span, yb):  # noqa: ANN001
+def multiply_blocks(xp, plane, offsets, wt, block_first, block_last, span, yb):  # noqa: ANN001
     """``yb [(block_last - block_first) * 8, span]``: kernel blocks ``block_first .. block_last - 1`` of one
     image's padded planes ``xp [C, plane]``."""
     channels = xp.shape[0]
@@ -500,7 +500,7 @@ def _multiply(xp, plane, offsets, wt, block_first, block_last, span, yb):  # noq
 
 
 @numba.njit(nogil=True, cache=True)
-def _crop(yb, kernel_first, width, bias, relu, y_image):  # noqa: ANN001
+def crop_products(yb, kernel_first, width, bias, relu, y_image):  # noqa: ANN001
     """Planes of ``yb`` (kernel ``kernel_first`` onward, rows ``width`` long) into ``y_image [K, OH, OW]``
     with the bias added and, when ``relu``, negatives set to 0; blocks' kernels past K are dropped."""
     kernels, out_h, out_w = y_image.shape

@@ -29,7 +29,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from hetflow.devices.cpu import spin_pool
-from hetflow.devices.cpu.kernels import jit_direct
+from hetflow.devices.cpu.kernels import jit_direct, jit_direct_phases
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels.jit_direct import (
     PartBuffers,
@@ -311,8 +311,10 @@ def direct_conv2d(
 
 
 def variant(geom: Geometry, kernels: int) -> ModuleType:
-    """The direct kernel for these windows: this module where it keeps more of its work
-    (``prefers_lanes``), else ``jit_direct``."""
+    """The direct kernel for these windows: ``jit_direct_phases`` for strided ones, this module where it
+    keeps more of its work (``prefers_lanes``), else ``jit_direct``."""
+    if any(axis.stride != 1 for axis in geom.axes):
+        return jit_direct_phases
     return sys.modules[__name__] if prefers_lanes(geom, kernels) else jit_direct
 
 

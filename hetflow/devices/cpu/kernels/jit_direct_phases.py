@@ -1,0 +1,259 @@
+"""Direct 2-D convolution with strides: ``jit_direct``'s kernel on the input's phase planes.
+
+A network's first layer (7x7 stride 2 on 3 channels in GoogLeNet, ResNet-50 and Inception v2) went
+through im2col: with 3 channels, its columns (147 x 12544 floats at 224x224, 7.4 MB) are written and read
+back for a GEMM only 147 deep. Here the strided window becomes ``jit_direct``'s stride-1 loop, with no
+tap computed in vain:
+
+Each zero-bordered input plane is split into its ``sh x sw`` phases (phase (qr, qc) holds the padded
+plane's rows ``qr::sh`` and columns ``qc::sw``), each ``phase_size`` long with rows ``width`` apart, and a
+channel's phases lie one after another. Output (r, c) reads tap (i, j) in phase ((i*dh) % sh, (j*dw) % sw)
+at row ``r + (i*dh)//sh``, column ``c + (j*dw)//sw``: at flat position ``q = r*width + c`` plus an offset
+that depends only on the tap. So every tap of 16 consecutive positions is one contiguous vector load, as in
+``jit_direct``, whose FMA blocks (``multiply_blocks``) and copy into Y (``crop_products``, bias and Relu) run unchanged;
+only the planes are filled differently (``fill_phase_planes``).
+
+Measured on one core of the 2-core reference VM, batch 1, 3 -> 64 7x7/2 at 224x224: phases 38 us,
+products 904 us (130 GMAC/s), copy-out 64 us: 1.0 ms, against ONNX Runtime's 0.97 ms on one thread
+and im2col + GEMM's 1.5 ms.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+
+from hetflow.devices.cpu import spin_pool
+from hetflow.devices.cpu.kernels.jit_direct import (
+    BLOCK_POSITIONS,
+    KERNEL_BLOCK,
+    PartBuffers,
+    block_shares,
+    blocked_weights,
+    crop_products,
+    fit_buffers,
+    multiply_blocks,
+    pack_share,
+    round_up,
+    split_threads,
+)
+from hetflow.devices.cpu.spin_pool import SpinPool, float32_1d, float32_3d, float32_4d, int64_1d
+from hetflow.devices.cpu.threads import parallel_for
+from hetflow.ops.spatial import Geometry
+
+#: Input channels up to which a strided Conv may run here: the image stems. Deeper strided layers are
+#: left to im2col, whose GEMM is deep enough there.
+MAX_CHANNELS = 4
+
+
+@dataclass(frozen=True)
+class PhaseLayout:
+    """Where a strided 2-D Conv's phase planes lie (see the module docstring).
+
+    Attributes:
+        width: a phase's row length (the padded width over the column stride, rounded up).
+        phase_size: elements of one phase (every tap of every block stays inside it).
+        plane: elements of one channel's phases.
+        span: output positions computed per plane (``OH * width`` rounded up to whole blocks).
+        window: int64 ``[pad top, pad left, row stride, column stride, phase_size]`` for the compiled loops.
+        offset_array: each tap's offset from its output position, int64, in kernel order.
+    """
+
+    width: int
+    phase_size: int
+    plane: int
+    span: int
+    window: np.ndarray = field(compare=False, repr=False)
+    offset_array: np.ndarray = field(compare=False, repr=False)
+
+
+@functools.lru_cache(maxsize=1024)
+def phase_layout(geom: Geometry) -> PhaseLayout:
+    """The phase planes of a 2-D Conv over ``geom``'s windows."""
+    rows, columns = geom.axes
+    width = -(-columns.padded // columns.stride)
+    depth = -(-rows.padded // rows.stride)
+    span = round_up(rows.out * width, BLOCK_POSITIONS)
+    taps = [(i * rows.dilation, j * columns.dilation) for i in range(rows.kernel) for j in range(columns.kernel)]
+    inside = [(di // rows.stride) * width + dj // columns.stride for di, dj in taps]
+    phase_size = max(span + max(inside), depth * width)
+    offsets = [
+        ((di % rows.stride) * columns.stride + dj % columns.stride) * phase_size + offset
+        for (di, dj), offset in zip(taps, inside)
+    ]
+    window = np.array([rows.pad_begin, columns.pad_begin, rows.stride, columns.stride, phase_size], np.int64)
+    phases = rows.stride * columns.stride
+    return PhaseLayout(width, phase_size, phases * phase_size, span, window, np.array(offsets, np.int64))
+
+
+def computed_products(batch: int, channels: int, kernels: int, geom: Geometry) -> int:
+    """Multiply-adds ``conv2d`` carries out, the dropped ones included: every flat position of the span
+    (the columns past OW too) for every kernel of whole blocks."""
+    rows, columns = geom.axes
+    return batch * phase_layout(geom).span * round_up(kernels, KERNEL_BLOCK) * channels * rows.kernel * columns.kernel
+
+
+def buffer_shapes(channels: int, kernels: int, geom: Geometry) -> tuple[tuple[int, int], tuple[int, int]]:
+    """One part's scratch: its phase planes ``(C, plane)`` and the products of one kernel block
+    ``(KERNEL_BLOCK, span)`` (``_images`` copies each block out before the next)."""
+    layout = phase_layout(geom)
+    return (channels, layout.plane), (KERNEL_BLOCK, layout.span)
+
+
+def conv2d(
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    geom: Geometry,
+    relu: bool,
+    y: np.ndarray,
+    mask: np.ndarray | None = None,
+    wt: np.ndarray | None = None,
+    buffers: PartBuffers | None = None,
+) -> np.ndarray:
+    """``jit_direct.conv2d`` for windows of any stride: same arguments and results, but no ``mask``
+    (a Relu's backward reads its input through one only at stride 1). The images are split over the
+    kernel threads (with fewer images than threads, each image's kernel blocks are)."""
+    if mask is not None:
+        raise ValueError("the strided direct Conv reads X as it is: no mask")
+    layout = phase_layout(geom)
+    wt = blocked_weights(w) if wt is None else wt
+    bias = np.zeros(w.shape[0], np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
+    batch, channels, kernels = int(x.shape[0]), int(x.shape[1]), int(w.shape[0])
+    blocks = int(wt.shape[0])
+    threads = split_threads(computed_products(batch, channels, kernels, geom), batch, blocks)
+    threads, buffers = fit_buffers(threads, buffers, buffer_shapes(channels, kernels, geom))
+    shares = 1 if batch >= threads else max(1, threads // batch)
+    parts = threads if shares == 1 else batch * shares
+
+    def run(part: int) -> None:
+        if shares == 1:
+            first, last = batch * part // parts, batch * (part + 1) // parts
+            _images(x, first, last, layout.window, layout.width, layout.offset_array, wt, 0, blocks, bias, relu, y,
+                    buffers.planes[part], buffers.products[part])  # fmt: skip
+        else:
+            _share(part, shares, x, layout.window, layout.width, layout.offset_array, wt, bias, relu, y,
+                   buffers.planes, buffers.products)  # fmt: skip
+
+    parallel_for(run, parts, threads)
+    return y
+
+
+def bind_one_part(
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]:
+    """``jit_direct.bind_one_part`` for strided windows: ``run(x, wt, bias, y)``, one thread, the
+    scratch's first part."""
+    layout = phase_layout(geom)
+    batch, planes, products = int(x_shape[0]), buffers.planes[0], buffers.products[0]
+    blocks = round_up(kernels, KERNEL_BLOCK) // KERNEL_BLOCK
+
+    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray) -> None:
+        _images(x, 0, batch, layout.window, layout.width, layout.offset_array, wt, 0, blocks, bias, relu, y, planes,
+                products)  # fmt: skip
+
+    return run
+
+
+def bind_block_split(
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+) -> Callable[..., None]:
+    """``jit_direct.bind_block_split`` for strided windows: ``run(x, wt, bias, y, parts, pool=None)``,
+    each image's kernel blocks shared out over ``parts`` parts of ``buffers`` (each share fills its own
+    phase planes), run by numba's threads or on the spinning ``pool``."""
+    layout = phase_layout(geom)
+    batch = int(x_shape[0])
+    block = np.empty(_SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
+
+    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int, pool: SpinPool | None = None) -> None:
+        shares = block_shares(parts, batch, buffers)
+        if pool is None:
+            _split_blocks(shares, x, layout.window, layout.width, layout.offset_array, wt, bias, relu, y,
+                          buffers.planes, buffers.products)  # fmt: skip
+            return
+        numbers = (shares, int(relu), layout.width, 0, 0)
+        pack_share(block, numbers, x, (layout.window, layout.offset_array), wt, bias, y, buffers.planes,
+                   buffers.products)  # fmt: skip
+        pool.run(_share_address(), block, batch * shares)
+
+    return run
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _split_blocks(shares, x, window, width, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
+    """Every image's kernel blocks in ``shares`` shares (``_share``), the parts run by numba's threads."""
+    for part in numba.prange(x.shape[0] * shares):
+        _share(part, shares, x, window, width, offsets, wt, bias, relu, y, planes, products)
+
+
+@numba.njit(nogil=True, cache=True)
+def _share(part, shares, x, window, width, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
+    """Part ``part``: image ``part // shares``, its kernel-block share ``part % shares``, its phase planes
+    in ``planes[part]`` and its products in ``products[part]``."""
+    blocks = wt.shape[0]
+    image, share = part // shares, part % shares
+    first, last = blocks * share // shares, blocks * (share + 1) // shares
+    _images(x, image, image + 1, window, width, offsets, wt, first, last, bias, relu, y, planes[part],
+            products[part])  # fmt: skip
+
+
+#: Slots of a share job's argument block (``jit_direct.pack_share``): 5 numbers (shares, relu, width and
+#: two unused), then x (4-D), the window and the offsets (1-D), wt (4-D), bias (1-D), y (4-D) and the
+#: scratch's planes and products (3-D).
+_SHARE_BLOCK_SLOTS = 5 + 5 + 2 + 2 + 5 + 2 + 5 + 4 + 4
+
+
+def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """``_share`` as a spin-pool job (``pack_share``'s block, the window before the offsets)."""
+    _share(chunk, args[0], float32_4d(args, 5), int64_1d(args, 10), args[2], int64_1d(args, 12), float32_4d(args, 14),
+           float32_1d(args, 19), args[1] != 0, float32_4d(args, 21), float32_3d(args, 26), float32_3d(args, 30))  # fmt: skip
+
+
+@functools.cache
+def _share_address() -> int:
+    return spin_pool.job(_share_job)
+
+
+@numba.njit(nogil=True, cache=True)
+def _images(x, first, last, window, width, offsets, wt, block_first, block_last, bias, relu, y, xp, yb):  # noqa: ANN001
+    """Images ``first .. last - 1``: fill their phase planes into ``xp``, then each of the kernel blocks
+    ``block_first .. block_last - 1`` multiplied into ``yb`` and cropped into ``y``. A block at a time, so
+    the products take one block's scratch (0.4 MB for a 224x224 stem, against 3.3 MB for its 64 kernels:
+    measured as fast, the copy-out reading them from L2)."""
+    for image in range(first, last):
+        fill_phase_planes(x, image, window, width, xp)
+        for block in range(block_first, block_last):
+            multiply_blocks(xp, xp.shape[1], offsets, wt, block, block + 1, yb.shape[1], yb)
+            crop_products(yb, block * KERNEL_BLOCK, width, bias, relu, y[image])
+
+
+@numba.njit(nogil=True, cache=True)
+def fill_phase_planes(x, image, window, width, xp):  # noqa: ANN001
+    """Image ``image`` of X into its phase planes ``xp [C, plane]`` (``window``: pad top, pad left, row
+    stride, column stride, phase size), zeros everywhere else. Each input row goes out a column phase at
+    a time: a contiguous run of the phase's row, read from every ``sw``-th column."""
+    channels, height, columns = x.shape[1], x.shape[2], x.shape[3]
+    top, left, row_stride, column_stride, phase_size = window[0], window[1], window[2], window[3], window[4]
+    flat = xp.reshape(xp.size)
+    zero = np.float32(0)
+    for i in range(np.uint64(flat.shape[0])):
+        flat[i] = zero
+    step = np.uint64(column_stride)
+    for channel in range(channels):
+        for r in range(height):
+            padded_row = top + r
+            row_start = (channel * xp.shape[1] + (padded_row % row_stride) * column_stride * phase_size
+                         + (padded_row // row_stride) * width)  # fmt: skip
+            source = x[image, channel, r]
+            for phase in range(column_stride):
+                # The first input column in this column phase, and where it lands in the phase's row.
+                column = (phase - left % column_stride + column_stride) % column_stride
+                start = np.uint64(row_start + phase * phase_size + (left + column) // column_stride)
+                count = np.uint64(max(0, (columns - column + column_stride - 1) // column_stride))
+                first = np.uint64(column)
+                for t in range(count):
+                    flat[start + t] = source[first + t * step]
