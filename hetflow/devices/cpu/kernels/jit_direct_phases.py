@@ -15,7 +15,7 @@ only the planes are filled differently (``fill_phase_planes``).
 
 Measured on one core of the 2-core reference VM, batch 1, 3 -> 64 7x7/2 at 224x224: phases 38 us,
 products 904 us (130 GMAC/s), copy-out 64 us: 1.0 ms, against ONNX Runtime's 0.97 ms on one thread
-and im2col + GEMM's 1.29 ms (both through the CPU kernels, BLAS at one thread).
+and hetflow's im2col kernel's 1.29 ms (BLAS at one thread).
 """
 
 from __future__ import annotations
