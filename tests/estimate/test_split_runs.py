@@ -238,6 +238,18 @@ def test_layers_a_spinning_run_splits_have_keys_of_their_own(quick_profile):
     assert key_algorithm("Conv/direct_fma" + SPIN_MARK) == "direct_fma"
 
 
+def test_a_batch_stem_on_phase_planes_has_a_key_of_its_own(quick_profile):
+    """GoogLeNet at batch 16: its 7x7/2 stem runs the direct kernel on phase planes and is predicted
+    from the ``@phases`` model, its stride-1 direct Convs (if any) from the plain one."""
+    from hetflow.estimate.predict import PHASES_MARK, key_algorithm
+
+    session = InferenceSession("zoo:googlenet")
+    keys = _keys(session, quick_profile, 16)
+    assert keys[0] == "Conv/direct_fma" + PHASES_MARK
+    assert all(not key.endswith(PHASES_MARK) for key in keys[1:])
+    assert key_algorithm(keys[0]) == "direct_fma"
+
+
 def _keys(session, profile, batch):  # noqa: ANN001, ANN202
     from hetflow.estimate.predict import layer_key, spin_run
 
