@@ -1,7 +1,8 @@
 """CPU Conv kernel ``direct_fma``: 2-D convolutions of one group by the direct kernels.
 
 ``jit_direct`` (vectors of 16 flat positions), on small maps ``jit_direct_lanes`` (vectors of 16
-kernels), and for strided windows on a few input channels (the image stems) ``jit_direct_phases``: register-blocked FMAs straight on zero-bordered copies of X's planes, no im2col columns, no
+kernels), and for strided windows on a few input channels (the image stems) ``jit_direct_phases``:
+register-blocked FMAs straight on zero-bordered copies of X's planes, no im2col columns, no
 GEMM. They win where a GEMM's operand is thin -- few input or output channels, where im2col's columns
 cost more than the products -- and on windows Winograd does not cover (5x5, dilated); the cost model
 (``hetflow.ops.conv.heuristic_conv_algorithm``) says where, and ``hetflow tune`` measures it per layer.

@@ -13,8 +13,8 @@ of the first and the left padding of the second. Output position q = ``oy * widt
 (i, j) at
 ``q + i*dh*width + j*dw``: every tap of 16 consecutive positions is one contiguous vector load, and the
 columns past OW (``width - OW`` of each row) are computed and dropped when the planes are copied out
-(``crop_products``, which also adds the bias and applies a Relu). So any map size, padding and dilation run one
-loop, and no layout other than NCHW appears.
+(``crop_products``, which also adds the bias and applies a Relu). So any map size, padding and
+dilation run one loop, and no layout other than NCHW appears.
 
 The product (``_fma_block``): ``POSITION_VECTORS`` vectors of 16 positions times ``KERNEL_BLOCK``
 kernels are 16 accumulators, held in registers across the whole reduction over channels and taps;

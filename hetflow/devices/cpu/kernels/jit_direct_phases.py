@@ -10,8 +10,9 @@ plane's rows ``qr::sh`` and columns ``qc::sw``), each ``phase_size`` long with r
 channel's phases lie one after another. Output (r, c) reads tap (i, j) in phase ((i*dh) % sh, (j*dw) % sw)
 at row ``r + (i*dh)//sh``, column ``c + (j*dw)//sw``: at flat position ``q = r*width + c`` plus an offset
 that depends only on the tap. So every tap of 16 consecutive positions is one contiguous vector load, as in
-``jit_direct``, whose FMA blocks (``multiply_blocks``) and copy into Y (``crop_products``, bias and Relu) run unchanged;
-only the planes are filled differently (``fill_phase_planes``).
+``jit_direct``, whose FMA blocks (``multiply_blocks``) and copy into Y (``crop_products``, bias and Relu)
+run unchanged; only the planes are filled differently (``fill_phase_planes``). Which strided layers run
+here: ``hetflow.ops.conv.DIRECT_STRIDED_MAX_CHANNELS``.
 
 Measured on one core of the 2-core reference VM, batch 1, 3 -> 64 7x7/2 at 224x224: phases 38 us,
 products 904 us (130 GMAC/s), copy-out 64 us: 1.0 ms, against ONNX Runtime's 0.97 ms on one thread
@@ -44,10 +45,6 @@ from hetflow.devices.cpu.kernels.jit_direct import (
 from hetflow.devices.cpu.spin_pool import SpinPool, float32_1d, float32_3d, float32_4d, int64_1d
 from hetflow.devices.cpu.threads import parallel_for
 from hetflow.ops.spatial import Geometry
-
-#: Input channels up to which a strided Conv may run here: the image stems. Deeper strided layers are
-#: left to im2col, whose GEMM is deep enough there.
-MAX_CHANNELS = 4
 
 
 @dataclass(frozen=True)
