@@ -386,11 +386,15 @@ def runs_compiled(attrs: Any, specs: Sequence[ActivationSpec], peepholes: bool, 
     )
 
 
+def _input(inputs: Sequence[TensorInfo | None], index: int) -> TensorInfo | None:
+    """Input ``index`` of a node, None when omitted (trailing optional inputs may be absent)."""
+    return inputs[index] if index < len(inputs) else None
+
+
 def _compiled_lstm_shape(node: Node, inputs: Sequence[TensorInfo | None]) -> tuple[int, int, int, int, int] | None:
     """(directions, seq_length, batch, input_size, hidden) of an LSTM whose every direction runs compiled
     (``jit_lstm.scan``) on concrete shapes; None for any other node."""
-    padded = list(inputs) + [None] * (8 - len(inputs))
-    x, r, sequence_lens, peepholes = padded[0], padded[2], padded[4], padded[7]
+    x, r, sequence_lens, peepholes = (_input(inputs, i) for i in (0, 2, 4, 7))
     attrs = node.attrs
     # NOTE: sequence_lens sends every LSTM to the numpy scans (_run_recurrent).
     if node.op_type != "LSTM" or x is None or r is None or sequence_lens is not None:
@@ -424,9 +428,10 @@ def compiled_lstm_scratch_bytes(
     """Bytes the compiled LSTM (``jit_lstm.scan``) allocates in one call beyond its outputs; None when
     the node runs the numpy step (whose scratch is the op's: the input projection of every step).
 
-    Per direction: the transposed input, the summed biases, the gates (``4*hidden x batch``), the initial states (zeros
-    where not given, and the transposed copies the scan updates) and, when Y is asked for, every step's
-    hidden state in the transposed layout (copied into Y after the scan); then the driver's own buffers. ``pool_held``: the call runs inside a spinning pool (a run whose recurrent
+    Per direction: the transposed input, the summed biases, the gates (``4*hidden x batch``), the
+    initial states (zeros where not given, and the transposed copies the scan updates) and, when Y is
+    asked for, every step's hidden state in the transposed layout (copied into Y after the scan); then
+    the driver's own buffers. ``pool_held``: the call runs inside a spinning pool (a run whose recurrent
     batch reaches ``jit_lstm.SPIN_MIN_BATCH``), where float32 steps of that many columns run on it.
 
     * spinning pool: two state buffers and a zero bias;
@@ -438,12 +443,12 @@ def compiled_lstm_scratch_bytes(
     if shape is None:
         return None
     directions, seq_length, batch, input_size, hidden = shape
-    itemsize = np.dtype(_compute_dtype(np.dtype(inputs[0].dtype))).itemsize  # type: ignore[union-attr]
+    work = _compute_dtype(np.dtype(inputs[0].dtype))  # type: ignore[union-attr]
+    itemsize = np.dtype(work).itemsize
     every_step = seq_length * hidden * batch if _wants(node, 0) else 0
-    padded = list(inputs) + [None] * (7 - len(inputs))
-    states = 2 + sum(padded[i] is None for i in (5, 6))  # copies, and zeros for the states not given
+    states = 2 + sum(_input(inputs, i) is None for i in (5, 6))  # copies, and zeros for the states not given
     shared = ((seq_length * input_size + 4 * hidden + states * hidden) * batch + every_step + 4 * hidden) * itemsize
-    if pool_held and spinning_lstm_batch(node, inputs) >= jit_lstm.SPIN_MIN_BATCH:
+    if pool_held and work == np.float32 and batch >= jit_lstm.SPIN_MIN_BATCH:  # as ``spinning_lstm_batch``
         driver = (2 * hidden * batch + 4 * hidden) * itemsize
     elif jit_lstm.runs_sequence(batch):
         driver = 2 * hidden * batch * itemsize + jit_lstm.sequence_scratch_bytes(seq_length, hidden, batch, itemsize)
