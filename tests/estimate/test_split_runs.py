@@ -429,12 +429,14 @@ def test_a_batchs_im2col_and_winograd_on_own_threads_have_a_tiles_key(kernel, si
     assert not layer_key(conv, chosen, graph, spinning=True).endswith(TILES_MARK)
 
 
-@pytest.mark.parametrize(("op_type", "kernel", "stride", "key"), [
-    ("MaxPool", 3, 2, "MaxPool/default"),  # overlapping windows
-    ("MaxPool", 2, 2, "MaxPool/tiles"),  # windows that tile X
-    ("AveragePool", 3, 1, "AveragePool/default"),
+@pytest.mark.parametrize(("op_type", "kernel", "stride", "pad", "key"), [
+    ("MaxPool", 3, 2, 0, "MaxPool/default"),  # overlapping windows
+    ("MaxPool", 2, 2, 0, "MaxPool/tiles"),  # windows that tile X
+    ("AveragePool", 3, 1, 0, "AveragePool/default"),
+    ("MaxPool", 3, 1, 1, "MaxPool/same"),  # 3x3/1 padded by one: separable passes (jit_pool_same)
+    ("AveragePool", 3, 1, 1, "AveragePool/same"),
 ])  # fmt: skip
-def test_a_pool_in_a_run_on_its_own_threads_has_a_threads_key(op_type, kernel, stride, key) -> None:
+def test_a_pool_in_a_run_on_its_own_threads_has_a_threads_key(op_type, kernel, stride, pad, key) -> None:
     """A run on its own threads shares a pool's planes out over them from far fewer outputs than a run
     beside BLAS's threads does (``@threads``); a spinning run has ``@spin``; the per-plane loop count
     applies whatever the mark."""
@@ -445,7 +447,7 @@ def test_a_pool_in_a_run_on_its_own_threads_has_a_threads_key(op_type, kernel, s
     from hetflow.ops.cost import node_costs
     from hetflow.runtime.planner import input_infos
 
-    graph = load_model(pool(op_type, 16, 112, kernel, stride, batch=4)())
+    graph = load_model(pool(op_type, 16, 112, kernel, stride, pad, batch=4)())
     node = graph.nodes[0]
     chosen = CPUDevice().kernels.lookup(node, input_infos(graph, node))
     marked = layer_key(node, chosen, graph, split=True)

@@ -17,9 +17,10 @@ CASES = [  # (attrs, x shape): each vector shape (rows of 1, 2 and 4 outputs a v
     ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (1, 32, 32, 32)),  # cifar10-quick's pools
     ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (1, 32, 16, 16)),
     ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (1, 64, 8, 8)),
-    ({"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}, (2, 11, 7, 7)),  # 7 outputs a row: two rows a vector
-    ({"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}, (1, 9, 3, 4)),  # four rows a vector, 3 of them alive
-    ({"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}, (1, 3, 19, 37)),  # rows of 37: chunks of 16, a tail
+    # (3x3/1 windows padded by one on every side run jit_pool_same: these are padded otherwise.)
+    ({"kernel_shape": (3, 3), "pads": (1, 1, 1, 0)}, (2, 11, 7, 7)),  # 6 outputs a row: two rows a vector
+    ({"kernel_shape": (3, 3), "pads": (1, 0, 1, 0)}, (1, 9, 3, 4)),  # four rows a vector, 3 of them alive
+    ({"kernel_shape": (3, 3), "pads": (1, 1, 1, 0)}, (1, 3, 19, 37)),  # rows of 36: chunks of 16, a tail
     ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}, (2, 5, 45, 70)),  # stride 2, 3 chunks
     ({"kernel_shape": (2, 2), "strides": (2, 2)}, (3, 5, 14, 14)),  # tiling windows, 7 outputs a row
     ({"kernel_shape": (3, 2), "strides": (3, 2)}, (1, 2, 10, 7)),
@@ -98,8 +99,8 @@ def test_lanes_max_keeps_nan_and_infinities(attrs, shape):
 
 SWEPT = [  # 3x3 windows with rows long enough to sweep (``jit_pool_rows``): each block shape and edge
     ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (0, 0, 1, 1)}, (1, 4, 66, 66)),  # Inception's
-    ({"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}, (2, 3, 9, 20)),  # 9 rows: a block of 7, a short one of 2
-    ({"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}, (1, 3, 12, 16)),  # 12: 7, then 5 of a block of 7
+    ({"kernel_shape": (3, 3), "pads": (1, 0, 1, 0)}, (2, 3, 9, 20)),  # 9 rows: a block of 7, a short one of 2
+    ({"kernel_shape": (3, 3), "pads": (0, 1, 0, 1)}, (1, 3, 14, 16)),  # 12: 7, then 5 of a block of 7
     ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (1, 2, 23, 68)),  # overhang right and below
 ]
 
