@@ -8,6 +8,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from hetflow.ops.spatial import Geometry
+
 
 def make_model(
     nodes: Sequence[onnx.NodeProto],
@@ -88,3 +90,18 @@ def record_spin_jobs(monkeypatch, min_outputs: int | None = 16, python_pool: boo
 
     monkeypatch.setattr(pool, "run", recording)
     return jobs
+
+
+def pool_reference(x: np.ndarray, geo: Geometry, scale: np.ndarray | None) -> np.ndarray:
+    """The window maxima (np.maximum's NaN rule, padding -inf) or sums (padding 0) times ``scale``, in
+    float64, one tap at a time."""
+    rows, cols = geo.axes
+    is_max = scale is None
+    padded = np.full((*x.shape[:2], rows.padded, cols.padded), -np.inf if is_max else 0.0)
+    padded[:, :, rows.pad_begin : rows.pad_begin + rows.size, cols.pad_begin : cols.pad_begin + cols.size] = x
+    total = None
+    for tap in geo.taps():
+        value = padded[(..., *geo.tap_slices(tap))]
+        total = value.copy() if total is None else np.maximum(total, value) if is_max else total + value
+    assert total is not None
+    return total if is_max else total * scale

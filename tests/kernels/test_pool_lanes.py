@@ -9,7 +9,7 @@ from hetflow.devices.cpu.kernels import jit_pool, jit_pool_lanes, jit_pool_rows,
 from hetflow.ops import registry
 from hetflow.ops.pool import pool_window
 from hetflow.ops.spatial import Geometry, geometry
-from tests.helpers import record_spin_jobs
+from tests.helpers import pool_reference, record_spin_jobs
 
 RNG = np.random.default_rng(11)
 
@@ -37,21 +37,6 @@ def _geometry(attrs: dict, shape: tuple[int, ...]) -> Geometry:
     return geometry(pool_window(registry.get("MaxPool").Attrs(**attrs)), shape[2:])
 
 
-def _reference(x: np.ndarray, geo: Geometry, scale: np.ndarray | None) -> np.ndarray:
-    """The window maxima (np.maximum's NaN rule, padding -inf) or sums (padding 0) times ``scale``, in
-    float64, one tap at a time."""
-    rows, cols = geo.axes
-    is_max = scale is None
-    padded = np.full((*x.shape[:2], rows.padded, cols.padded), -np.inf if is_max else 0.0)
-    padded[:, :, rows.pad_begin : rows.pad_begin + rows.size, cols.pad_begin : cols.pad_begin + cols.size] = x
-    total = None
-    for tap in geo.taps():
-        value = padded[(..., *geo.tap_slices(tap))]
-        total = value.copy() if total is None else np.maximum(total, value) if is_max else total + value
-    assert total is not None
-    return total if is_max else total * scale
-
-
 def _pool(
     x: np.ndarray, geo: Geometry, op_type: str, out: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -59,7 +44,7 @@ def _pool(
     scale = None if op_type == "MaxPool" else (1.0 / geo.window_counts(include_pad=bool(x.shape[1] % 2)))
     y = np.full((*x.shape[:2], *geo.out), np.nan, np.float32) if out is None else out
     jit_pool.pool_2d(x, y, geo, None if scale is None else scale.astype(np.float32), None)
-    return y, _reference(x.astype(np.float64), geo, scale)
+    return y, pool_reference(x.astype(np.float64), geo, scale)
 
 
 @pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])

@@ -11,7 +11,7 @@ from hetflow.devices.cpu.kernels import jit_pool, jit_pool_lanes, jit_pool_same
 from hetflow.ops import registry
 from hetflow.ops.pool import pool_window
 from hetflow.ops.spatial import Geometry, geometry
-from tests.helpers import record_spin_jobs
+from tests.helpers import pool_reference, record_spin_jobs
 
 RNG = np.random.default_rng(5)
 SAME = {"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}
@@ -31,20 +31,6 @@ def _geometry(attrs: dict, shape: tuple[int, ...]) -> Geometry:
     return geometry(pool_window(registry.get("MaxPool").Attrs(**attrs)), shape[2:])
 
 
-def _reference(x: np.ndarray, geo: Geometry, scale: np.ndarray | None) -> np.ndarray:
-    """Each window's maximum (np.maximum's NaN rule, padding -inf) or sum (padding 0) times ``scale``,
-    in float64, one tap at a time."""
-    is_max = scale is None
-    padded = np.full((*x.shape[:2], x.shape[2] + 2, x.shape[3] + 2), -np.inf if is_max else 0.0)
-    padded[:, :, 1:-1, 1:-1] = x
-    total = None
-    for tap in geo.taps():
-        value = padded[(..., *geo.tap_slices(tap))]
-        total = value.copy() if total is None else np.maximum(total, value) if is_max else total + value
-    assert total is not None
-    return total if is_max else total * scale
-
-
 def _scale(geo: Geometry, include_pad: bool) -> np.ndarray:
     return (1.0 / geo.window_counts(include_pad=include_pad)).astype(np.float32)
 
@@ -55,7 +41,7 @@ def _pool(x: np.ndarray, op_type: str, include_pad: bool = False, out: np.ndarra
     scale = None if op_type == "MaxPool" else _scale(geo, include_pad)
     y = np.full(x.shape, np.nan, np.float32) if out is None else out
     jit_pool.pool_2d(x, y, geo, scale, None)
-    return y, _reference(x.astype(np.float64), geo, None if scale is None else scale.astype(np.float64))
+    return y, pool_reference(x.astype(np.float64), geo, None if scale is None else scale.astype(np.float64))
 
 
 @pytest.mark.parametrize("shape", SHAPES)
