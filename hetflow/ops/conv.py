@@ -137,6 +137,17 @@ THIN_CHANNELS = 32
 #: from 36 M lost (1.07-1.50: 128 -> 160 at 14x14, 112 -> 224 at 13x13, 64 -> 96 at 28x28, 512 -> 512 at
 #: 7x7), and GoogLeNet's 96 -> 208 at 13x13 (30.4 M) tied.
 DIRECT_MAX_MACS_ONE_IMAGE = 32_000_000
+#: A batch's 3x3 layer with few input and output channels takes the direct kernel over Winograd F(4,3)
+#: where the harmonic mean of its channel counts, 2CK / (C + K), is below this and its maps are at most
+#: ``DIRECT_OVER_F43_MAX_SIDE`` wide: F(4,3)'s input and output transforms cost per channel, its products
+#: per pair of channels, so on few channels the transforms outweigh the saved multiply-adds. Single
+#: layers at batch 16 on a batch run's own threads (2 threads, Zen 5 VM, 2026-11-25), F(4,3) / direct
+#: time: 64 -> 64 at 56x56 1.23-1.31, at 28x28 1.10-1.22, at 112x112 1.11; 96 -> 64 at 28x28 1.08-1.17;
+#: 64 -> 96 at 28x28 1.01-1.16, at 56x56 1.12; 64 -> 128 at 28x28 and 56x56 1.04-1.06; but 80 -> 96 at
+#: 28x28 0.95, 96 -> 96 0.98, 96 -> 128 0.90, 64 -> 192 at 56x56 0.94, and 64 -> 64 at 224x224 0.94.
+DIRECT_OVER_F43_MAX_MEAN = 86
+#: The widest maps on which ``DIRECT_OVER_F43_MAX_MEAN`` applies.
+DIRECT_OVER_F43_MAX_SIDE = 112
 
 
 #: Input channels up to which the direct kernel takes strided windows (on the input's phase planes,
@@ -218,6 +229,9 @@ def heuristic_conv_algorithm(
     height, width = int(x_shape[2]), int(x_shape[3])
     side = min(height, width)
     if kernels >= 32 and channels >= 64 and side >= 24:
+        few_channels = 2 * channels * kernels < DIRECT_OVER_F43_MAX_MEAN * (channels + kernels)
+        if batched and direct_runs and few_channels and side <= DIRECT_OVER_F43_MAX_SIDE:
+            return DIRECT_FMA
         return WINOGRAD_F43
     if kernels >= 32 and channels >= 112 and side >= 12:
         return WINOGRAD_F23

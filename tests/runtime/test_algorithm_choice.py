@@ -221,7 +221,12 @@ def test_tune_command_on_a_zoo_model(capsys: pytest.CaptureFixture):
         (64, 64, 16, 16, "direct_fma"),  # a batch: direct where one image would take im2col
         (512, 512, 7, 16, "direct_fma"),
         (128, 128, 14, 16, "winograd_f23"),  # a batch keeps Winograd where it fits
-        (64, 64, 56, 16, "winograd_f43"),
+        (64, 64, 56, 16, "direct_fma"),  # few channels: F(4,3)'s transforms outweigh its savings
+        (64, 96, 28, 16, "direct_fma"),
+        (96, 96, 28, 16, "winograd_f43"),  # harmonic mean 96: past DIRECT_OVER_F43_MAX_MEAN
+        (64, 192, 56, 16, "winograd_f43"),
+        (64, 64, 224, 16, "winograd_f43"),  # maps past DIRECT_OVER_F43_MAX_SIDE
+        (64, 64, 56, 1, "winograd_f43"),  # one image: 116 M multiply-adds
         (224, 224, 7, 1, "direct_fma"),  # wide channels, small map: 22 M
         (512, 512, 7, 1, "im2col"),  # 116 M
         (128, 32, 56, 1, "winograd_f43"),  # thin, but 116 M and Winograd fits
