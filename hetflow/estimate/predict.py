@@ -27,7 +27,7 @@ from hetflow.estimate.profile import DeviceProfile, OpModel, ProfileError, defau
 from hetflow.frontends import ModelSource, describe_source
 from hetflow.graph import Graph, Node
 from hetflow.graph.shapes import is_static
-from hetflow.ops.base import Cost, GemmDims, TensorInfo
+from hetflow.ops.base import Cost, GemmDims, TensorInfo, planned_infos
 from hetflow.ops.cost import node_costs
 from hetflow.passes import bind_batch
 from hetflow.runtime.memory import MemoryPlan
@@ -228,8 +228,9 @@ SPIN_SPLIT_KEYS = frozenset({
 
 
 #: Marks the key of a pointwise Conv that a run on its own or spinning threads gives to hetflow's own
-#: GEMM (``kernels.own_gemm``), and of one image's im2col Conv that a spinning run multiplies there in
-#: bands: its epilogue is in the product, so it has a model of its own.
+#: GEMM (``kernels.own_gemm``), of one image's im2col Conv that a spinning run multiplies there in
+#: bands, and of a fully connected layer at a batch on the dense kernel (``kernels.dense``): its epilogue
+#: is in the product, and its weights are not packed anew each call, so it has a model of its own.
 OWN_GEMM_MARK = "@own"
 #: Marks the key of one image's deep im2col Conv that a spinning run builds as whole columns and
 #: multiplies on the tile GEMM (``own_gemm.columns_geometry``). Its own model: fitted together with the
@@ -297,6 +298,8 @@ def layer_key(
         return key + PHASES_MARK
     if (split or spinning) and key == "Conv/pointwise" and graph is not None and _runs_own_gemm(node, graph):
         return key + OWN_GEMM_MARK
+    if key == "Gemm/default" and graph is not None and _runs_dense(node, graph):
+        return key + OWN_GEMM_MARK
     if spinning and key == "Conv/im2col" and graph is not None:
         way = _im2col_on_tiles(node, graph)
         if way is not None:
@@ -334,6 +337,17 @@ def _float32_conv(node: Node, graph: Graph) -> bool:
 def _runs_own_gemm(node: Node, graph: Graph) -> bool:
     """Whether the pointwise Conv ``node`` runs on hetflow's own GEMM in a run on its own threads."""
     return _conv_shapes(node, graph) is not None and _float32_conv(node, graph)
+
+
+def _runs_dense(node: Node, graph: Graph) -> bool:
+    """Whether the Gemm ``node`` runs on hetflow's dense kernel, its weights packed (``dense.runs_dense``):
+    a fully connected layer at a batch, whatever threads the run holds."""
+    from hetflow.devices.cpu.kernels import dense
+
+    infos = planned_infos(node, graph.values, graph.initializers)
+    if not infos or len(infos) < 2 or infos[0] is None or infos[1] is None:
+        return False
+    return dense.runs_dense(node, infos[0], infos[1], infos[2] if len(infos) > 2 else None)
 
 
 def _unmarked_key(node: Node, kernel: Kernel, graph: Graph | None) -> str:

@@ -464,6 +464,8 @@ def catalogue() -> list[Probe]:
         # The small networks' hidden layers at batch 16: 40% slower than the big layers' fit said.
         Probe("fc 800 -> 500 relu b16", fully_connected(16, 800, 500, relu=True)),
         Probe("fc 1024 -> 64 b16", fully_connected(16, 1024, 64)),
+        Probe("fc 2048 -> 512 relu b16", fully_connected(16, 2048, 512, relu=True)),
+        Probe("fc 512 -> 256 relu b16", fully_connected(16, 512, 256, relu=True)),
         # LRN and BatchNormalization as batch-1 runs split them, on the spinning pool.
         Probe("lrn 96x55 spin", lrn(96, 55), spin=True, hold_blas=True),
         Probe("lrn 192x56 spin", lrn(192, 56), spin=True, hold_blas=True),

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
-from hetflow.graph import Node
+from hetflow.graph import Node, Value
 from hetflow.graph.shapes import Shape, is_static
 from hetflow.ops.attrs import NoAttrs
 
@@ -18,6 +18,33 @@ class TensorInfo(NamedTuple):
 
     shape: Shape
     dtype: np.dtype
+
+
+class WeightInfo(TensorInfo):
+    """The ``TensorInfo`` of an initializer, as a plan binds a kernel to it: the same array on every call,
+    never written while the plan lives, so a kernel may keep a rearranged copy of it (packed, transformed).
+    """
+
+    __slots__ = ()
+
+
+def planned_infos(
+    node: Node, values: Mapping[str, Value], weights: Collection[str] = frozenset()
+) -> list[TensorInfo | None] | None:
+    """The node's inputs as a plan's graph knows them (None for an omitted one; None in all when any is
+    unknown), those named in ``weights`` (the initializers a plan keeps resident) as ``WeightInfo``: what
+    a kernel is bound to (``Kernel.bind``)."""
+    infos: list[TensorInfo | None] = []
+    for name in node.inputs:
+        if not name:
+            infos.append(None)
+            continue
+        value = values.get(name)
+        if value is None or value.shape is None or value.dtype is None:
+            return None
+        info_type = WeightInfo if name in weights else TensorInfo
+        infos.append(info_type(tuple(value.shape), np.dtype(value.dtype)))
+    return infos
 
 
 def array_infos(arrays: Sequence[Any]) -> list[TensorInfo | None]:

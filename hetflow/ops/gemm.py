@@ -70,6 +70,9 @@ class GemmAttrs:
     transB: int = 0  # noqa: N815
     #: hetflow-internal, not an ONNX attribute: the activation fused into the epilogue.
     fused: FusedActivation | None = None
+    #: hetflow-internal: the CPU may keep B packed for its dense kernel (``kernels.dense``), a copy beside
+    #: the raw weights; a memory budget too small for such copies clears it (``runtime.budget``).
+    packed_weights: bool = True
 
 
 @register_op

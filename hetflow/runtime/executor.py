@@ -47,7 +47,7 @@ from hetflow.devices.cpu.threads import NUMBA_POOL, available_cores, blas_thread
 from hetflow.devices.opencl import DeviceArray
 from hetflow.errors import HetflowError
 from hetflow.graph import Graph, Node, Value
-from hetflow.ops.base import TensorInfo
+from hetflow.ops.base import planned_infos
 from hetflow.ops.conv import DIRECT_FMA
 from hetflow.runtime.memory import MemoryPlan, Order, plan_memory
 from hetflow.runtime.plan import Plan, Step, StreamedWeight
@@ -276,7 +276,7 @@ def graph_recurrent_batch(graph: Graph) -> int:
     (``rnn.spinning_lstm_batch``, on concrete shapes); 0 when there is none."""
     batches = [0]
     for node in graph.nodes:
-        infos = _planned_infos(node, graph.values) if node.op_type == "LSTM" else None
+        infos = planned_infos(node, graph.values) if node.op_type == "LSTM" else None
         if infos:
             batches.append(spinning_lstm_batch(node, infos))
     return max(batches)
@@ -348,6 +348,8 @@ class Program:
         self.conv_macs, self.direct_macs = plan_conv_work(plan)
         self.recurrent_batch = plan_recurrent_batch(plan)
         self.values = graph.values
+        # NOTE: streamed weights are mapped anew for every call: not the same array twice.
+        self.weights = frozenset(graph.initializers).difference(plan.streamed)
         self._plan = plan
         self._wanted = tuple(wanted)
         self._memory: dict[Order, MemoryPlan | None] = {"sequential": self._plan_memory("sequential")}
@@ -510,7 +512,8 @@ class _Arena:
                     out = None
             buffers.append((out, workspace))
         self.calls: list[BoundCall] = [
-            _bind(op, program.values, out, workspace) for op, (out, workspace) in zip(program.ops, buffers)
+            _bind(op, program.values, program.weights, out, workspace)
+            for op, (out, workspace) in zip(program.ops, buffers)
         ]
         # Tuples the hot loop unpacks without attribute lookups.
         self.hot = tuple(
@@ -650,30 +653,19 @@ def _has_branches(ops: Sequence[_Op], waiting: Sequence[int]) -> bool:
     return False
 
 
-def _bind(op: _Op, values: Mapping[str, Value], out: list[np.ndarray | None] | None, workspace: np.ndarray | None) -> BoundCall:
-    """The step's call as ``call(inputs)``: its kernel bound to the node's planned input shapes and its
-    buffers. Steps on resident devices (their inputs are device buffers) and steps that map streamed
-    weights call their function as it is."""
+def _bind(
+    op: _Op, values: Mapping[str, Value], weights: frozenset[str], out: list[np.ndarray | None] | None,
+    workspace: np.ndarray | None,
+) -> BoundCall:  # fmt: skip
+    """The step's call as ``call(inputs)``: its kernel bound to the node's planned input shapes (the
+    ``weights``, resident initializers, as ``WeightInfo``) and its buffers. Steps on resident devices
+    (their inputs are device buffers) and steps that map streamed weights call their function as it is."""
     node, kernel, fn = op.step.node, op.step.kernel, op.fn
     if op.device is None and fn is kernel.fn:
-        return kernel.bind(node, _planned_infos(node, values), out, workspace)
+        return kernel.bind(node, planned_infos(node, values, weights), out, workspace)
     if out is None:
         return lambda inputs: fn(node, inputs)
     return lambda inputs: fn(node, inputs, out, workspace)
-
-
-def _planned_infos(node: Node, values: Mapping[str, Value]) -> list[TensorInfo | None] | None:
-    """The node's inputs as the plan's graph knows them (None when any is unknown)."""
-    infos: list[TensorInfo | None] = []
-    for name in node.inputs:
-        if not name:
-            infos.append(None)
-            continue
-        value = values.get(name)
-        if value is None or value.shape is None or value.dtype is None:
-            return None
-        infos.append(TensorInfo(tuple(value.shape), np.dtype(value.dtype)))
-    return infos
 
 
 def _run_op(op: _Op, env: list[np.ndarray | None], call: BoundCall) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 
 from hetflow.devices.base import BoundCall
 from hetflow.devices.cpu.kernels.buffers import Out, deliver, output
+from hetflow.devices.cpu.kernels.dense import DenseCall, runs_dense
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.kernels.jit_epilogue import (
     COMPILED_DTYPES,
@@ -25,7 +26,8 @@ def _prepare_gemm(
     node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: object
 ) -> BoundCall | None:
     """``gemm`` bound to a float node with ``alpha == 1`` (``Kernel.prepare``): Y's buffer and the
-    transposes are settled once; a call is the product, the in-place add of C and the activation."""
+    transposes are settled once; a call is the product, the in-place add of C and the activation. A
+    fully connected layer at a batch (``dense.runs_dense``) runs on hetflow's dense kernel instead."""
     a_info, b_info = inputs[0], inputs[1]
     attrs = node.attrs
     if a_info is None or b_info is None or attrs.alpha != 1 or len(a_info.shape) != 2 or len(b_info.shape) != 2:
@@ -63,6 +65,8 @@ def _prepare_gemm(
         apply_activation(y, fused)
         return [y]
 
+    if runs_dense(node, a_info, b_info, c_info):
+        return DenseCall(node, a_info, b_info, out, call)
     return call
 
 

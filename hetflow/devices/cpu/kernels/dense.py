@@ -1,0 +1,134 @@
+"""Fully connected layers at a batch on hetflow's dense kernel (``jit_dense``), their weights packed once.
+
+A Gemm whose B is a weight (the plan binds it as a ``WeightInfo``: the same array on every call) and
+whose A holds at least ``DENSE_MIN_ROWS`` rows runs here
+instead of OpenBLAS, which packs B again on every call. B is packed into ``jit_dense``'s panels on the
+first call (``PANELS``, kept per weight array), so the packed copy exists only where a run holds a
+batch: one image keeps the GEMV (``jit_gemm``), which reads B where it lies.
+
+The packed copy is memory beside the raw weights, so only weights up to ``DENSE_MAX_WEIGHT_BYTES`` are
+packed (a memory budget that cannot hold the copies clears ``GemmAttrs.packed_weights``). The large
+layers of AlexNet, ZFNet and VGG-19 (64-392 MB) stay on OpenBLAS: packed they ran twice as fast at
+batch 16 (AlexNet's 9216 -> 4096 layer on two threads: 18.3 -> 8.9 ms), but they would double those
+networks' weights in memory, where hetflow's peak RSS is now at or under ONNX Runtime's.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import numpy as np
+
+from hetflow.devices.cpu.kernels import jit_dense
+from hetflow.devices.cpu.kernels.buffers import Out
+from hetflow.devices.cpu.kernels.epilogue import apply_activation
+from hetflow.devices.cpu.kernels.jit_depthwise_lanes import activation_constants
+from hetflow.devices.cpu.kernels.jit_epilogue import activation_code
+from hetflow.devices.cpu.kernels.weight_cache import WeightCache
+from hetflow.devices.cpu.threads import intra_op_threads, parallel_for, spinning
+from hetflow.graph import Node
+from hetflow.ops.base import TensorInfo, WeightInfo
+
+#: Rows of A from which a product runs here. One core, OpenBLAS -> here: 4 x 2048 x 512 652 -> 194 us,
+#: 16 x 800 x 500 313 -> 129; but 2 x 800 x 500 25 -> 46 (OpenBLAS multiplies so few rows without
+#: packing B).
+DENSE_MIN_ROWS = 4
+#: The largest weights (bytes of B) packed for this kernel: the packed copy is memory beside them.
+DENSE_MAX_WEIGHT_BYTES = 8 << 20
+#: Multiply-adds from which a product is shared out over the run's threads on the Python pool. Its
+#: worker sleeps between calls and takes ~50-100 us to start on the 2-core VM, so a split gains only
+#: past a few hundred microseconds of work (16 x 800 x 500, 129 us on one core, took 156 split in two).
+MIN_MACS_PER_SPLIT = 12_000_000
+#: Weights packed into panels, per weight array and ``transB`` (``jit_dense.packed_panels``).
+PANELS = WeightCache(lambda b, trans_b: jit_dense.packed_panels(b if trans_b else b.T))
+
+
+def runs_dense(node: Node, a: TensorInfo, b: TensorInfo, c: TensorInfo | None) -> bool:
+    """Whether the Gemm ``node`` over inputs of these shapes runs on ``jit_dense``: B a weight
+    (``WeightInfo``) within ``DENSE_MAX_WEIGHT_BYTES`` with packing allowed (``GemmAttrs.packed_weights``),
+    float32, 2-D, ``alpha`` 1, A not transposed with at least ``DENSE_MIN_ROWS`` rows, C absent or a row of
+    biases added once."""
+    attrs = node.attrs
+    if not isinstance(b, WeightInfo) or not attrs.packed_weights or attrs.alpha != 1 or attrs.transA:
+        return False
+    if a.dtype != np.float32 or b.dtype != np.float32 or len(a.shape) != 2 or len(b.shape) != 2:
+        return False
+    if not all(isinstance(d, int) for d in (*a.shape, *b.shape)) or a.shape[0] < DENSE_MIN_ROWS:
+        return False
+    if b.shape[0] * b.shape[1] * 4 > DENSE_MAX_WEIGHT_BYTES:
+        return False
+    columns = b.shape[0] if attrs.transB else b.shape[1]
+    return c is None or attrs.beta == 0 or _row_bias(c, columns, attrs.beta)
+
+
+def _row_bias(c: TensorInfo, columns: int, beta: float) -> bool:
+    """Whether C adds one bias per column: ``[N]`` or ``[1, N]`` float32, ``beta`` 1."""
+    return beta == 1 and c.dtype == np.float32 and tuple(c.shape) in ((columns,), (1, columns))
+
+
+def panel_bytes(node: Node, a: TensorInfo, b: TensorInfo, c: TensorInfo | None) -> int:
+    """Bytes of the packed copy of B the node keeps once it has run (``runs_dense``), else 0."""
+    if not runs_dense(node, a, b, c):
+        return 0
+    columns, depth = (b.shape[0], b.shape[1]) if node.attrs.transB else (b.shape[1], b.shape[0])
+    return -(-int(columns) // jit_dense.TILE_COLUMNS) * jit_dense.TILE_COLUMNS * int(depth) * 4
+
+
+class DenseCall:
+    """One Gemm node bound to ``jit_dense`` (``runs_dense``): what every call shares, worked out once.
+
+    A call whose A does not fit (not C-contiguous float32) goes to ``fallback``."""
+
+    def __init__(self, node: Node, a: TensorInfo, b: TensorInfo, out: Out, fallback: object) -> None:
+        attrs = node.attrs
+        self.fallback = fallback
+        self.trans_b = bool(attrs.transB)
+        self.m, self.k = int(a.shape[0]), int(a.shape[1])
+        self.n = int(b.shape[0] if self.trans_b else b.shape[1])
+        target = out[0] if out is not None else None
+        fits = target is not None and target.shape == (self.m, self.n) and target.dtype == np.float32
+        self.target = target if fits and target.flags.c_contiguous else None
+        self.has_bias = attrs.beta != 0
+        code, alpha, beta = activation_code(attrs.fused)
+        self.constants = activation_constants(code, alpha, beta)
+        self.after = attrs.fused if code == 0 else None  # an activation the tiles cannot apply
+        self.block = jit_dense.new_job_block()
+        self.macs = self.m * self.n * self.k
+
+    def __call__(self, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        a, b = arrays[0], arrays[1]
+        c = arrays[2] if len(arrays) > 2 and self.has_bias else None
+        if not a.flags.c_contiguous or a.dtype != np.float32:  # type: ignore[union-attr]
+            return self.fallback(arrays)  # type: ignore[operator]
+        panels = PANELS.get(b, int(self.trans_b))  # type: ignore[arg-type]
+        bias = zero_bias(self.n) if c is None else np.ascontiguousarray(c, np.float32).reshape(-1)
+        y = np.empty((self.m, self.n), np.float32) if self.target is None else self.target
+        self._multiply(a.reshape(-1), panels, y.reshape(-1), bias)  # type: ignore[union-attr]
+        apply_activation(y, self.after)
+        return [y]
+
+    def _multiply(self, a: np.ndarray, panels: np.ndarray, y: np.ndarray, bias: np.ndarray) -> None:
+        """The product shared out on the spinning pool, the Python pool, or on this thread alone."""
+        m, n, k = self.m, self.n, self.k
+        panel, row = jit_dense.TILE_COLUMNS * k, jit_dense.TILE_COLUMNS
+        pool = spinning()
+        threads = pool.workers + 1 if pool is not None else intra_op_threads()
+        shares = jit_dense.shares_for(n, threads) if self.macs >= MIN_MACS_PER_SPLIT or pool is not None else 1
+        if shares > 1 and pool is not None:
+            jit_dense.pack_job(self.block, a, k, panels, row, panel, y, n, bias, self.constants, m, n, k)
+            pool.run(jit_dense.job_address(), self.block, shares)
+        elif shares > 1:
+
+            def part(index: int) -> None:
+                jit_dense.dense_share(a, k, panels, row, panel, y, n, bias, self.constants, m, n, k, index, shares)
+
+            parallel_for(part, shares, threads)
+        else:
+            jit_dense.dense_share(a, k, panels, row, panel, y, n, bias, self.constants, m, n, k, 0, 1)
+
+
+@functools.cache
+def zero_bias(size: int) -> np.ndarray:
+    """A float32 zero bias of ``size`` (shared between calls, never written)."""
+    return np.zeros(size, np.float32)
