@@ -21,7 +21,7 @@ import numpy as np
 
 from hetflow.devices.base import Kernel
 from hetflow.errors import HetflowError
-from hetflow.estimate.cache import Touch, cold_bytes
+from hetflow.estimate.cache import Touch, cold_bytes, effective_cache_bytes
 from hetflow.estimate.models import FALLBACK_COEF, bandwidth, features
 from hetflow.estimate.profile import DeviceProfile, OpModel, ProfileError, default_profile_path
 from hetflow.frontends import ModelSource, describe_source
@@ -915,8 +915,10 @@ def in_run_seconds(
     profile: DeviceProfile,
 ) -> float:
     """Seconds a whole run of ``steps`` spends bringing from memory what each layer, timed alone, finds
-    in the device's last-level cache (``hetflow.estimate.cache``); 0 for a profile without a cache size."""
-    capacity = profile.last_level_cache_bytes
+    in the device's last-level cache (``hetflow.estimate.cache``; its size as the copy bandwidth shows it,
+    ``effective_cache_bytes``); 0 for a profile without a cache size."""
+    memory = profile.memory
+    capacity = effective_cache_bytes(profile.last_level_cache_bytes, memory.working_set_bytes, memory.bandwidth_gbs)
     if capacity <= 0:
         return 0.0
     touches = [step_touches(index, node, key, graph, planned)

@@ -15,6 +15,7 @@ from hetflow.estimate.cache import (
     Touch,
     _parse_size,
     cold_bytes,
+    effective_cache_bytes,
     last_level_cache_bytes,
 )
 from hetflow.estimate.models import bandwidth
@@ -94,6 +95,25 @@ def test_sizes_as_sysfs_writes_them():
         _parse_size("lots")
 
 
+#: Working sets (bytes copied: read + written) and copy bandwidths of the 2-vCPU Xeon VM's calibration
+#: (2026-12-01), whose sysfs reports a 480 MiB L3.
+VM_SETS = [16 * 1024, 64 * 1024, 256 * 1024, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
+VM_RATES = [84.4, 84.4, 84.4, 84.4, 25.7, 25.7, 13.3, 12.3]
+
+
+def test_a_reported_cache_is_capped_where_the_copy_bandwidth_falls_to_memorys():
+    # 25.7 GB/s up to 16 MB is still a cache's (>= 1.5 x 12.3); 13.3 at 64 MB is memory's.
+    assert effective_cache_bytes(480 * MIB, VM_SETS, VM_RATES) == 32 * MIB
+    assert effective_cache_bytes(0, VM_SETS, VM_RATES) == 0  # no cache model stays none
+
+
+def test_a_reported_cache_stands_where_the_curve_agrees_or_shows_no_drop():
+    assert effective_cache_bytes(8 * MIB, VM_SETS, VM_RATES) == 8 * MIB  # smaller than the knee
+    flat = [30.0] * len(VM_SETS)
+    assert effective_cache_bytes(32 * MIB, VM_SETS, flat) == 32 * MIB
+    assert effective_cache_bytes(32 * MIB, VM_SETS[:1], VM_RATES[:1]) == 32 * MIB  # one point: no curve
+
+
 def test_this_machine_reports_a_cache():
     assert last_level_cache_bytes() >= MIB
 
@@ -123,7 +143,10 @@ def test_a_network_whose_weights_outgrow_the_cache_loses_time_in_a_run(quick_pro
     """VGG-19's 548 MB of weights overflow any cache: the estimate adds their cold reads to the layers,
     at the bandwidth of a working set past the cache; without a known cache size it adds nothing."""
     session = InferenceSession("zoo:vgg19")
-    profile = dataclasses.replace(quick_profile, last_level_cache_bytes=32 * MIB)
+    # A copy bandwidth that falls past 32 MiB, as a 32 MiB L3's does (``effective_cache_bytes``).
+    memory = dataclasses.replace(quick_profile.memory, working_set_bytes=[64 * 1024, 4 * MIB, 16 * MIB, 64 * MIB],
+                                 bandwidth_gbs=[80.0, 30.0, 30.0, 12.0])  # fmt: skip
+    profile = dataclasses.replace(quick_profile, last_level_cache_bytes=32 * MIB, memory=memory)
     result = estimate(session, profile, 1)
     graph, steps, keys, planned = _steps(session, 1)
     seconds = in_run_seconds(graph, steps, keys, planned, profile)
