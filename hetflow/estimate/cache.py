@@ -115,13 +115,16 @@ def last_level_cache_bytes() -> int:
 #: A working set counts as held by a cache while its copy bandwidth is at least this many times that of
 #: the largest working set calibration copies (memory's).
 CACHE_BANDWIDTH_RATIO = 1.5
+#: The least a measured drop caps a reported cache to: a quick calibration copies three working sets,
+#: and one slowed by another process (a test run beside it) put the drop at 512 KiB.
+MIN_EFFECTIVE_CACHE_BYTES = 8 << 20
 
 
 def effective_cache_bytes(reported: int, working_set_bytes: Sequence[float], bandwidth_gbs: Sequence[float]) -> int:
     """The last-level cache a run keeps: the ``reported`` size (``last_level_cache_bytes``), capped where the
     copy bandwidth measured over working sets (``DeviceProfile.memory``, rising sizes) falls to memory's:
     at the geometric mean of the last working set still ``CACHE_BANDWIDTH_RATIO`` times memory's rate and
-    the next one. A VM's sysfs may report the host's whole L3: 480 MiB on the 2-vCPU Xeon VM of
+    the next one, ``MIN_EFFECTIVE_CACHE_BYTES`` at least. A VM's sysfs may report the host's whole L3: 480 MiB on the 2-vCPU Xeon VM of
     2026-12-01, where copies ran at 26 GB/s up to 16 MB and at 13 GB/s from 64 MB, so replayed through
     480 MiB no layer of any zoo model missed, and the branchy networks' runs came out 17-27% over their
     predictions. Without a measured drop the reported size stands; a report of 0 (no cache model: a device
@@ -133,7 +136,7 @@ def effective_cache_bytes(reported: int, working_set_bytes: Sequence[float], ban
         zip(working_set_bytes, bandwidth_gbs), zip(working_set_bytes[1:], bandwidth_gbs[1:])
     ):
         if rate >= floor > next_rate:
-            return min(reported, int((size * next_size) ** 0.5))
+            return min(reported, max(MIN_EFFECTIVE_CACHE_BYTES, int((size * next_size) ** 0.5)))
     return reported
 
 

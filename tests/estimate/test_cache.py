@@ -11,6 +11,7 @@ import pytest
 from hetflow import InferenceSession
 from hetflow.estimate.cache import (
     BLOCK_BYTES,
+    MIN_EFFECTIVE_CACHE_BYTES,
     LruCache,
     Touch,
     _parse_size,
@@ -105,6 +106,12 @@ def test_a_reported_cache_is_capped_where_the_copy_bandwidth_falls_to_memorys():
     # 25.7 GB/s up to 16 MB is still a cache's (>= 1.5 x 12.3); 13.3 at 64 MB is memory's.
     assert effective_cache_bytes(480 * MIB, VM_SETS, VM_RATES) == 32 * MIB
     assert effective_cache_bytes(0, VM_SETS, VM_RATES) == 0  # no cache model stays none
+
+
+def test_a_drop_measured_in_the_l2_caps_no_lower_than_the_floor():
+    noisy = [84.4, 84.4, 30.0, 12.0, 12.5, 12.5, 12.3, 12.3]  # a slow reading at 1 MiB and past it
+    assert effective_cache_bytes(480 * MIB, VM_SETS, noisy) == MIN_EFFECTIVE_CACHE_BYTES
+    assert effective_cache_bytes(4 * MIB, VM_SETS, noisy) == 4 * MIB  # never above the reported size
 
 
 def test_a_reported_cache_stands_where_the_curve_agrees_or_shows_no_drop():
