@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import tempfile
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,6 +24,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import hetflow
 from hetflow.bench.timing import side_by_side
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runners import table_of_cases  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -113,21 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
-    print("| layer | dense min / median ms | OpenBLAS min / median ms | ORT min / median ms | dense / OpenBLAS | dense / ORT |")
-    print("|---|---|---|---|---|---|")
-    rows = []
-    with tempfile.TemporaryDirectory() as folder:
-        for case in CASES:
-            row = measure(case, args.repeat, args.threads, Path(folder))
-            rows.append(row)
-            print(
-                f"| {case.label} | {row['dense_min_ms']:.3f} / {row['dense_median_ms']:.3f} | "
-                f"{row['blas_min_ms']:.3f} / {row['blas_median_ms']:.3f} | {row['ort_min_ms']:.3f} / "
-                f"{row['ort_median_ms']:.3f} | {row['dense_over_blas']:.2f} | {row['dense_over_ort']:.2f} |",
-                flush=True,
-            )
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    header = (
+        "| layer | dense min / median ms | OpenBLAS min / median ms | ORT min / median ms | dense / OpenBLAS | dense / ORT |",
+        "|---|---|---|---|---|---|",
+    )
+
+    def line(case: Case, row: dict) -> str:
+        times = " | ".join(f"{row[f'{k}_min_ms']:.3f} / {row[f'{k}_median_ms']:.3f}" for k in ("dense", "blas", "ort"))
+        return f"| {case.label} | {times} | {row['dense_over_blas']:.2f} | {row['dense_over_ort']:.2f} |"
+
+    table_of_cases(CASES, lambda case, folder: measure(case, args.repeat, args.threads, folder), header, line,
+                   args.json)  # fmt: skip
     return 0
 
 

@@ -8,9 +8,11 @@ measures one runtime's memory holds no other's libraries.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import json
+import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -97,3 +99,26 @@ def parse_arguments(parser: argparse.ArgumentParser, argv: list[str] | None, thr
     if unknown:
         parser.error(f"unknown runtime(s) {unknown}; choose from {list(RUNTIMES)}")
     return args
+
+
+def table_of_cases(
+    cases: Iterable[Any],
+    measure: Callable[[Any, Path], dict[str, Any]],
+    header: Iterable[str],
+    line: Callable[[Any, dict[str, Any]], str],
+    json_path: Path | None = None,
+) -> list[dict[str, Any]]:
+    """``measure(case, folder)`` for every case (``folder`` a temporary one for its model files), each
+    row printed as ``line(case, row)`` under the ``header`` lines as it comes; the rows also written to
+    ``json_path`` as JSON when given. Returns the rows."""
+    for text in header:
+        print(text)
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for case in cases:
+            row = measure(case, Path(folder))
+            rows.append(row)
+            print(line(case, row), flush=True)
+    if json_path is not None:
+        json_path.write_text(json.dumps(rows, indent=1))
+    return rows

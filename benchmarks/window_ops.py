@@ -12,8 +12,7 @@ each runtime warmed before its timed call); minimums are the stable statistic.
 from __future__ import annotations
 
 import argparse
-import json
-import tempfile
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +22,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import hetflow
 from hetflow.bench.timing import side_by_side
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runners import table_of_cases  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -109,20 +111,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
-    print("| op | hetflow min ms | hetflow median ms | ORT min ms | ORT median ms | hetflow / ORT (min) |")
-    print("|---|---|---|---|---|---|")
-    rows = []
-    with tempfile.TemporaryDirectory() as folder:
-        for case in CASES:
-            row = measure(case, args.repeat, args.threads, Path(folder))
-            rows.append(row)
-            print(
-                f"| {case.label} | {row['hetflow_min_ms']:.3f} | {row['hetflow_median_ms']:.3f} | "
-                f"{row['ort_min_ms']:.3f} | {row['ort_median_ms']:.3f} | {row['ratio']:.2f} |",
-                flush=True,
-            )
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    header = (
+        "| op | hetflow min ms | hetflow median ms | ORT min ms | ORT median ms | hetflow / ORT (min) |",
+        "|---|---|---|---|---|---|",
+    )
+
+    def line(case: Case, row: dict) -> str:
+        return (
+            f"| {case.label} | {row['hetflow_min_ms']:.3f} | {row['hetflow_median_ms']:.3f} | "
+            f"{row['ort_min_ms']:.3f} | {row['ort_median_ms']:.3f} | {row['ratio']:.2f} |"
+        )
+
+    table_of_cases(CASES, lambda case, folder: measure(case, args.repeat, args.threads, folder), header, line,
+                   args.json)  # fmt: skip
     return 0
 
 
