@@ -344,10 +344,7 @@ def _runs_dense(node: Node, graph: Graph) -> bool:
     a fully connected layer at a batch, whatever threads the run holds."""
     from hetflow.devices.cpu.kernels import dense
 
-    infos = planned_infos(node, graph.values, graph.initializers)
-    if not infos or len(infos) < 2 or infos[0] is None or infos[1] is None:
-        return False
-    return dense.runs_dense(node, infos[0], infos[1], infos[2] if len(infos) > 2 else None)
+    return dense.runs_dense(node, planned_infos(node, graph.values, graph.initializers))
 
 
 def _unmarked_key(node: Node, kernel: Kernel, graph: Graph | None) -> str:

@@ -126,8 +126,7 @@ def transformed_weight_bytes(plan: Plan) -> int:
     total = 0
     for step in plan.steps:
         if step.node.op_type == "Gemm" and step.device.id == "cpu":
-            infos = planned_infos(step.node, plan.graph.values, plan.graph.initializers)
-            total += panel_bytes(step.node, *infos[:2], infos[2] if len(infos) > 2 else None) if infos else 0
+            total += panel_bytes(step.node, planned_infos(step.node, plan.graph.values, plan.graph.initializers))
             continue
         if step.node.op_type != "Conv":
             continue

@@ -123,13 +123,14 @@ def _infos(rows: int, b_shape: tuple[int, int], weight: bool = True, bias: tuple
          "budget", "float64"],
 )  # fmt: skip
 def test_which_gemms_run_dense(node: Node, infos: tuple, runs: bool) -> None:
-    assert dense.runs_dense(node, *infos) is runs
+    assert dense.runs_dense(node, infos) is runs
 
 
 def test_weights_past_the_limit_stay_on_blas() -> None:
     columns = dense.DENSE_MAX_WEIGHT_BYTES // (4 * 800) + 1
-    assert not dense.runs_dense(_gemm_node(transB=1), *_infos(16, (columns, 800), bias=None))
-    assert dense.runs_dense(_gemm_node(transB=1), *_infos(16, (columns - 1, 800), bias=None))
+    assert not dense.runs_dense(_gemm_node(transB=1), _infos(16, (columns, 800), bias=None))
+    assert dense.runs_dense(_gemm_node(transB=1), _infos(16, (columns - 1, 800), bias=None))
+    assert not dense.runs_dense(_gemm_node(transB=1), None)  # shapes unknown
 
 
 def _fc_model(trans_b: bool, activation: str | None = "Relu", weight_input: bool = False) -> onnx.ModelProto:

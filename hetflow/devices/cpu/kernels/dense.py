@@ -44,11 +44,14 @@ MIN_MACS_PER_SPLIT = 12_000_000
 PANELS = WeightCache(lambda b, trans_b: jit_dense.packed_panels(b if trans_b else b.T))
 
 
-def runs_dense(node: Node, a: TensorInfo, b: TensorInfo, c: TensorInfo | None) -> bool:
-    """Whether the Gemm ``node`` over inputs of these shapes runs on ``jit_dense``: B a weight
+def runs_dense(node: Node, inputs: Sequence[TensorInfo | None] | None) -> bool:
+    """Whether the Gemm ``node`` over inputs (A, B, C) of these shapes runs on ``jit_dense``: B a weight
     (``WeightInfo``) within ``DENSE_MAX_WEIGHT_BYTES`` with packing allowed (``GemmAttrs.packed_weights``),
     float32, 2-D, ``alpha`` 1, A not transposed with at least ``DENSE_MIN_ROWS`` rows, C absent or a row of
     biases added once."""
+    if not inputs or len(inputs) < 2 or inputs[0] is None or inputs[1] is None:
+        return False
+    a, b, c = inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None
     attrs = node.attrs
     if not isinstance(b, WeightInfo) or not attrs.packed_weights or attrs.alpha != 1 or attrs.transA:
         return False
@@ -67,10 +70,11 @@ def _row_bias(c: TensorInfo, columns: int, beta: float) -> bool:
     return beta == 1 and c.dtype == np.float32 and tuple(c.shape) in ((columns,), (1, columns))
 
 
-def panel_bytes(node: Node, a: TensorInfo, b: TensorInfo, c: TensorInfo | None) -> int:
+def panel_bytes(node: Node, inputs: Sequence[TensorInfo | None] | None) -> int:
     """Bytes of the packed copy of B the node keeps once it has run (``runs_dense``), else 0."""
-    if not runs_dense(node, a, b, c):
+    if not runs_dense(node, inputs):
         return 0
+    b = inputs[1]  # type: ignore[index]
     columns, depth = (b.shape[0], b.shape[1]) if node.attrs.transB else (b.shape[1], b.shape[0])
     return -(-int(columns) // jit_dense.TILE_COLUMNS) * jit_dense.TILE_COLUMNS * int(depth) * 4
 

@@ -65,7 +65,7 @@ def _prepare_gemm(
         apply_activation(y, fused)
         return [y]
 
-    if runs_dense(node, a_info, b_info, c_info):
+    if runs_dense(node, inputs):
         return DenseCall(node, a_info, b_info, out, call)
     return call
 
