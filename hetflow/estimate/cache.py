@@ -124,11 +124,11 @@ def effective_cache_bytes(reported: int, working_set_bytes: Sequence[float], ban
     """The last-level cache a run keeps: the ``reported`` size (``last_level_cache_bytes``), capped where the
     copy bandwidth measured over working sets (``DeviceProfile.memory``, rising sizes) falls to memory's:
     at the geometric mean of the last working set still ``CACHE_BANDWIDTH_RATIO`` times memory's rate and
-    the next one, ``MIN_EFFECTIVE_CACHE_BYTES`` at least. A VM's sysfs may report the host's whole L3: 480 MiB on the 2-vCPU Xeon VM of
-    2026-12-01, where copies ran at 26 GB/s up to 16 MB and at 13 GB/s from 64 MB, so replayed through
-    480 MiB no layer of any zoo model missed, and the branchy networks' runs came out 17-27% over their
-    predictions. Without a measured drop the reported size stands; a report of 0 (no cache model: a device
-    that is not the CPU) stays 0."""
+    the next one, ``MIN_EFFECTIVE_CACHE_BYTES`` at least. A VM's sysfs may report the host's whole L3:
+    480 MiB on the 2-vCPU Xeon VM of 2026-12-01, where copies ran at 26 GB/s up to 16 MB and at 13 GB/s
+    from 64 MB, so replayed through 480 MiB no layer of any zoo model missed, and the branchy networks'
+    runs came out 17-27% over their predictions. Without a measured drop the reported size stands; a
+    report of 0 (no cache model: a device that is not the CPU) stays 0."""
     if reported <= 0 or len(working_set_bytes) < 2 or len(working_set_bytes) != len(bandwidth_gbs):
         return reported
     floor = bandwidth_gbs[-1] * CACHE_BANDWIDTH_RATIO

@@ -1,8 +1,8 @@
 """Fully connected layers at a batch on hetflow's dense kernel (``jit_dense``), their weights packed once.
 
 A Gemm whose B is a weight (the plan binds it as a ``WeightInfo``: the same array on every call) and
-whose A holds at least ``DENSE_MIN_ROWS`` rows runs here
-instead of OpenBLAS, which packs B again on every call. B is packed into ``jit_dense``'s panels on the
+whose A holds at least ``DENSE_MIN_ROWS`` rows runs here instead of OpenBLAS, which packs B again on
+every call. B is packed into ``jit_dense``'s panels on the
 first call (``PANELS``, kept per weight array), so the packed copy exists only where a run holds a
 batch: one image keeps the GEMV (``jit_gemm``), which reads B where it lies.
 
@@ -15,7 +15,6 @@ networks' weights in memory, where hetflow's peak RSS is now at or under ONNX Ru
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,6 +24,7 @@ from hetflow.devices.cpu.kernels.buffers import Out
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.kernels.jit_depthwise_lanes import activation_constants
 from hetflow.devices.cpu.kernels.jit_epilogue import activation_code
+from hetflow.devices.cpu.kernels.own_gemm import zero_bias
 from hetflow.devices.cpu.kernels.weight_cache import WeightCache
 from hetflow.devices.cpu.threads import intra_op_threads, parallel_for, spinning
 from hetflow.graph import Node
@@ -130,9 +130,3 @@ class DenseCall:
             parallel_for(part, shares, threads)
         else:
             jit_dense.dense_share(a, k, panels, row, panel, y, n, bias, self.constants, m, n, k, 0, 1)
-
-
-@functools.cache
-def zero_bias(size: int) -> np.ndarray:
-    """A float32 zero bias of ``size`` (shared between calls, never written)."""
-    return np.zeros(size, np.float32)

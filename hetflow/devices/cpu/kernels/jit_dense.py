@@ -79,11 +79,11 @@ def _tile_intrinsic(vectors: int):  # noqa: ANN202
                 for r, row in enumerate(slots):
                     for v, slot in enumerate(row):
                         at = builder.add(y_rows[r], lv.INT(v * lv.LANES))
-                        builder.store(_load(builder, y_data, at, mask if v == vectors - 1 else None, zero), slot)
+                        builder.store(lv.load_lanes(builder, y_data, at, mask if v == vectors - 1 else None, zero), slot)
             with cgutils.for_range(builder, depth_v) as loop:
                 k = loop.index
                 b_k = builder.add(b_start_v, builder.mul(k, ldb_v))
-                weights = [_load(builder, b_data, builder.add(b_k, lv.INT(v * lv.LANES)),
+                weights = [lv.load_lanes(builder, b_data, builder.add(b_k, lv.INT(v * lv.LANES)),
                                  mask if v == vectors - 1 else None, zero) for v in range(vectors)]  # fmt: skip
                 for r, row in enumerate(slots):
                     value = lv.load_scalar(builder, a_data, builder.add(a_rows[r], k))
@@ -96,30 +96,15 @@ def _tile_intrinsic(vectors: int):  # noqa: ANN202
                         last = mask if v == vectors - 1 else None
                         column = lv.INT(v * lv.LANES)
                         total = builder.load(slot)
-                        bias = _load(builder, bias_data, builder.add(bias_start_v, column), last, zero)
+                        bias = lv.load_lanes(builder, bias_data, builder.add(bias_start_v, column), last, zero)
                         finished = lv.activate(builder, constants, builder.fadd(total, bias))
                         value = builder.select(final, finished, total)
-                        _store(builder, value, y_data, builder.add(y_rows[r], column), last)
+                        lv.store_lanes(builder, value, y_data, builder.add(y_rows[r], column), last)
             return context.get_dummy_value()
 
         return signature, codegen
 
     return tile
-
-
-def _load(builder, base, offset, mask, fill):  # noqa: ANN001, ANN202
-    """A whole vector at ``base + offset``, or its lanes in ``mask`` (None: all of them)."""
-    if mask is None:
-        return lv.load_vector(builder, base, offset)
-    return lv.masked_load(builder, base, offset, mask, fill)
-
-
-def _store(builder, value, base, offset, mask) -> None:  # noqa: ANN001
-    """``value`` to ``base + offset``, only its lanes in ``mask`` (None: all of them)."""
-    if mask is None:
-        builder.store(value, lv.vector_pointer(builder, base, offset), align=4)
-    else:
-        lv.masked_store(builder, value, base, offset, mask)
 
 
 _TILE_1 = _tile_intrinsic(1)

@@ -110,13 +110,6 @@ def _row_stores(builder: ir.IRBuilder, slots: list[list[ir.Value]], rows: ir.Val
             yield r, row
 
 
-def _store(builder: ir.IRBuilder, value: ir.Value, base: ir.Value, offset: ir.Value, mask: ir.Value | None) -> None:
-    if mask is None:
-        builder.store(value, lv.vector_pointer(builder, base, offset), align=4)
-    else:
-        lv.masked_store(builder, value, base, offset, mask)
-
-
 def _finish(builder, slots, y_data, y_start, y_row, rows, mask, b_data, b_start, r_data, r_start, r_row,
             low, high) -> None:  # noqa: ANN001
     """The accumulators plus the bias (and the residual), clamped, into Y."""
@@ -133,7 +126,7 @@ def _finish(builder, slots, y_data, y_start, y_row, rows, mask, b_data, b_start,
             value = builder.fadd(builder.load(slot), b)
             value = _add_residual(builder, value, has_residual, r_data, builder.add(r_r, offset), last)
             value = lv.clamp(builder, value, low_vector, high_vector)
-            _store(builder, value, y_data, builder.add(y_r, offset), last)
+            lv.store_lanes(builder, value, y_data, builder.add(y_r, offset), last)
 
 
 def _add_residual(builder: ir.IRBuilder, value: ir.Value, has_residual: ir.Value, base: ir.Value,
@@ -141,11 +134,7 @@ def _add_residual(builder: ir.IRBuilder, value: ir.Value, has_residual: ir.Value
     """``value + R[offset:offset + 16]`` when ``has_residual``, else ``value`` (R never read then)."""
     before = builder.block
     with builder.if_then(has_residual):
-        if mask is None:
-            loaded = lv.load_vector(builder, base, offset)
-        else:
-            loaded = lv.masked_load(builder, base, offset, mask, lv.float_vector(lv.LANES, 0.0))
-        added = builder.fadd(value, loaded)
+        added = builder.fadd(value, lv.load_lanes(builder, base, offset, mask, lv.float_vector(lv.LANES, 0.0)))
         inside = builder.block
     result = builder.phi(value.type)
     result.add_incoming(value, before)

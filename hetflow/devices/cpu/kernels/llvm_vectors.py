@@ -181,6 +181,23 @@ def masked_store(
     builder.call(function, [value, builder.gep(base, [offset]), INT32(4), mask])
 
 
+def load_lanes(
+    builder: ir.IRBuilder, base: ir.Value, offset: ir.Value, mask: ir.Value | None, fill: ir.Value
+) -> ir.Value:
+    """The vector at ``base + offset``: whole where ``mask`` is None, else ``masked_load``'s."""
+    if mask is None:
+        return load_vector(builder, base, offset)
+    return masked_load(builder, base, offset, mask, fill)
+
+
+def store_lanes(builder: ir.IRBuilder, value: ir.Value, base: ir.Value, offset: ir.Value, mask: ir.Value | None) -> None:
+    """``value`` to ``base + offset``: whole where ``mask`` is None, else ``masked_store``'s lanes."""
+    if mask is None:
+        builder.store(value, vector_pointer(builder, base, offset), align=4)
+    else:
+        masked_store(builder, value, base, offset, mask)
+
+
 def concatenate(builder: ir.IRBuilder, vectors: list[ir.Value]) -> ir.Value:
     """One vector of ``vectors`` (all of one length, a power of two of them) end to end."""
     while len(vectors) > 1:
