@@ -124,15 +124,23 @@ def splits_gemms(conv_macs: int, batched: bool, threads: int | None = None, dire
     (``own_threads``), given its convolution multiply-adds, how many of them the direct kernel runs,
     and whether it holds a batch.
 
-    A batch of a convolutional network does, so that OpenBLAS's spinning workers never take the cores
-    the compiled kernels' splits need: from OWN_THREADS_MIN_CONV_MACS, or where the direct kernel
-    (which splits on hetflow's Python pool) runs OWN_THREADS_MIN_DIRECT_SHARE of them. With HETFLOW_NUMBA_POOL=1, every
-    run of a convolutional network does, in numba's pool (jit_gemm). Recurrent networks keep OpenBLAS's
-    threads for their many small products (lstm-gesture ran 1.4-2.9x slower on one BLAS thread).
+    A batch of a large convolutional network does (from OWN_THREADS_MIN_CONV_MACS), so that OpenBLAS's
+    spinning workers never take the cores the compiled kernels' splits need; a smaller batch spins
+    (``spins``), and only without ``jit_gemm`` (no spinning pool) takes hetflow's Python pool where
+    the direct kernel runs OWN_THREADS_MIN_DIRECT_SHARE of its multiply-adds. With HETFLOW_NUMBA_POOL=1,
+    every run of a convolutional network does, in numba's pool (jit_gemm). Recurrent networks keep
+    OpenBLAS's threads for their many small products (lstm-gesture ran 1.4-2.9x slower on one BLAS
+    thread).
     """
     count = available_cores() if threads is None else threads
-    large = conv_macs >= OWN_THREADS_MIN_CONV_MACS or direct_macs >= OWN_THREADS_MIN_DIRECT_SHARE * conv_macs
-    return count > 1 and conv_macs > 0 and ((NUMBA_POOL and jit_gemm.available()) or (large and batched))
+    if count <= 1 or conv_macs <= 0:
+        return False
+    if NUMBA_POOL and jit_gemm.available():
+        return True
+    if conv_macs >= OWN_THREADS_MIN_CONV_MACS:
+        return batched
+    direct_batch = batched and direct_macs >= OWN_THREADS_MIN_DIRECT_SHARE * conv_macs
+    return direct_batch and not jit_gemm.available()
 
 
 @dataclass(frozen=True)
@@ -198,16 +206,19 @@ def spin_threads(count: int) -> int:
 
 def spins(conv_macs: int, batched: bool, threads: int | None = None) -> bool:
     """Whether a run splits on spinning threads (``own_threads(spin=True)``): one example through a
-    convolutional network. A small network's layers take microseconds, too few for a sleeping thread to
-    wake; a large one's products split on the spinning pool as hetflow's own GEMM (``kernels.own_gemm``)
-    and as single-threaded CBLAS parts (``jit_gemm``), and its direct Convs by kernel blocks, where beside
+    convolutional network, or a batch of one under OWN_THREADS_MIN_CONV_MACS multiply-adds. A small
+    network's layers take microseconds, too few for a sleeping thread to wake; a large one's products
+    split on the spinning pool as hetflow's own GEMM (``kernels.own_gemm``) and as single-threaded CBLAS
+    parts (``jit_gemm``), and its direct Convs by kernel blocks (a batch's by images), where beside
     OpenBLAS's threads the compiled kernels could not split at all (its workers spin on the cores after
     every product). Measured at batch 1, 2 threads, one process alternating arrangements (minimums of
     30 runs, 3 rounds), BLAS's threads -> spinning: squeezenet 6.06 -> 4.86 ms, inception_v2 31.0 ->
     27.1, googlenet 23.4 -> 20.6, shufflenet 4.63 -> 4.10, mobilenetv2 7.89 -> 7.19, densenet121 45.0 ->
-    42.9, resnet50 51.3 -> 49.9."""
+    42.9, resnet50 51.3 -> 49.9. At batch 16, hetflow's Python pool -> spinning (``prof``, minimums of 30
+    runs): lenet 1.21 -> 0.86 ms, cifar10-quick 2.70 -> 2.10, mentee 6.13 -> 5.08."""
     count = available_cores() if threads is None else threads
-    return count > 1 and not batched and conv_macs > 0 and jit_gemm.available()
+    small = not batched or conv_macs < OWN_THREADS_MIN_CONV_MACS
+    return count > 1 and small and conv_macs > 0 and jit_gemm.available()
 
 
 #: Convolution multiply-adds per run below which a spinning run leaves BLAS its thread count (from it,

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from hetflow import InferenceSession
+from hetflow.devices.cpu.kernels import jit_gemm
 from hetflow.devices.cpu.threads import MIN_MACS_PER_SPLIT
 from hetflow.estimate.calibrate import FULL, QUICK, _gemm_grid, one_thread_grid
 from hetflow.estimate.models import (
@@ -29,8 +30,11 @@ from hetflow.passes.infer_shapes import bind_batch
 from hetflow.runtime.executor import (
     OWN_THREADS_MIN_CONV_MACS,
     OWN_THREADS_MIN_DIRECT_SHARE,
+    SPIN_BLAS_MAX_CONV_MACS,
+    ThreadArrangement,
     plan_conv_macs,
     splits_gemms,
+    thread_arrangement,
 )
 
 #: One BLAS thread: 50 GFLOP/s, 2 us a call, no small-matrix terms (residuals zero).
@@ -85,8 +89,8 @@ SMALL = OWN_THREADS_MIN_CONV_MACS // 10
     [
         (OWN_THREADS_MIN_CONV_MACS, 0, True, 2, True),  # a batch of a big conv net
         (OWN_THREADS_MIN_CONV_MACS, 0, True, 1, False),  # one thread: nothing to split over
-        (SMALL, 0, True, 2, False),  # a batch of a small net on BLAS-backed Convs keeps BLAS's threads
-        (SMALL, SMALL // 2, True, 2, True),  # ... unless the direct kernel runs half of it
+        (SMALL, 0, True, 2, False),  # a batch of a small net spins, or keeps BLAS's threads
+        (SMALL, SMALL // 2, True, 2, not jit_gemm.available()),  # its direct Convs spin where they can
         (SMALL, SMALL, False, 2, False),  # one example: not a batch
         (0, 0, True, 2, False),  # no Conv: recurrent nets keep OpenBLAS's threads
     ],
@@ -107,12 +111,30 @@ def test_the_estimate_splits_exactly_when_the_run_does(quick_profile, model):
     assert split_threads(quick_profile, session.plan_for(batch_bindings(session.graph, 16)), 16, 1) == 0
 
 
-def test_a_batch_of_a_network_of_direct_convs_splits_on_its_own_threads():
+def test_a_batch_of_a_network_of_direct_convs_spins_or_splits_on_its_own_threads():
     session = InferenceSession("zoo:cifar10-quick", threads=2)
     plan = session.plan_for(batch_bindings(session.graph, 16))
     conv_macs, direct = plan_conv_macs(plan), plan_conv_macs(plan, DIRECT_FMA)
     assert 0 < direct <= conv_macs < OWN_THREADS_MIN_CONV_MACS
-    assert splits_gemms(conv_macs, True, 2, direct) is (direct >= OWN_THREADS_MIN_DIRECT_SHARE * conv_macs)
+    arrangement = thread_arrangement(conv_macs, True, 2, direct)
+    if jit_gemm.available():
+        assert arrangement == ThreadArrangement("spin", 2, hold_blas=conv_macs >= SPIN_BLAS_MAX_CONV_MACS)
+    else:
+        assert arrangement.kind == ("own" if direct >= OWN_THREADS_MIN_DIRECT_SHARE * conv_macs else "blas")
+
+
+@pytest.mark.parametrize(("conv_macs", "batched", "expected"), [
+    (OWN_THREADS_MIN_CONV_MACS // 10, False, "spin"),  # one example of any network spins
+    (OWN_THREADS_MIN_CONV_MACS * 10, False, "spin"),
+    (OWN_THREADS_MIN_CONV_MACS // 10, True, "spin"),  # so does a batch of a small one
+    (OWN_THREADS_MIN_CONV_MACS, True, "own"),  # a large batch splits on hetflow's own threads
+    (0, True, "blas"),  # no Conv: BLAS's threads
+])  # fmt: skip
+def test_the_thread_arrangement_of_a_run(conv_macs, batched, expected):
+    if not jit_gemm.available():  # no spinning pool: what would spin keeps BLAS's threads
+        expected = "blas" if expected == "spin" else expected
+    assert thread_arrangement(conv_macs, batched, 2).kind == expected
+    assert thread_arrangement(conv_macs, batched, 1).kind == "blas"  # one thread: nothing to arrange
 
 
 def test_a_layer_at_a_calibration_sample_takes_most_of_its_residual():
@@ -220,8 +242,9 @@ def test_the_compiled_lstm_scratch_counts_every_driver_and_output(batch, pool_he
 
 
 def test_layers_a_spinning_run_splits_have_keys_of_their_own(quick_profile):
-    """One example through lenet spins (``executor.spins``): its direct Convs, pools and fully connected
-    layers are predicted from the ``@spin`` models; at batch 16 nothing is marked."""
+    """lenet spins (``executor.spins``) at batch 1 and 16: its direct Convs and pools are predicted from
+    the ``@spin`` models, and so are its fully connected layers at batch 1 (at 16 they run the dense
+    kernel, ``@own``)."""
     from hetflow.estimate.predict import SPIN_MARK, key_algorithm, spin_run
     from hetflow.runtime.executor import spins
 
@@ -234,7 +257,8 @@ def test_layers_a_spinning_run_splits_have_keys_of_their_own(quick_profile):
         assert all(SPIN_MARK not in layer.algorithm for layer in report.layers)  # reports name algorithms
         keys = [key for key in _keys(session, quick_profile, batch) if key.endswith(SPIN_MARK)]
         assert bool(keys) is spinning
-        assert {key.split("/")[0] for key in keys} == ({"Conv", "MaxPool", "Gemm"} if spinning else set())
+        spin_ops = {"Conv", "MaxPool"} | ({"Gemm"} if batch == 1 else set())
+        assert {key.split("/")[0] for key in keys} == (spin_ops if spinning else set())
     assert key_algorithm("Conv/direct_fma" + SPIN_MARK) == "direct_fma"
 
 

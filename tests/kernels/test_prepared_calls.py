@@ -138,6 +138,31 @@ def test_direct_conv_bound_shares_one_image_over_spinning_threads(monkeypatch, x
     assert [chunks for _, chunks in jobs] == [2, 2]
 
 
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "strides"),
+    [((5, 20, 12, 12), (50, 20, 5, 5), (1, 1)), ((5, 64, 6, 6), (40, 64, 3, 3), (1, 1)),
+     ((5, 3, 17, 17), (16, 3, 3, 3), (2, 2))],
+    ids=["flat", "lanes", "phases"],
+)  # fmt: skip
+def test_direct_conv_bound_shares_a_batch_over_spinning_threads(monkeypatch, x_shape, w_shape, strides):
+    """Five images on two spinning threads: two chunks of a spin-pool job, each a run of whole images in
+    its own part of the scratch, same result (every variant)."""
+    from hetflow.devices.cpu import threads
+    from hetflow.devices.cpu.kernels import direct
+
+    monkeypatch.setattr(direct, "MIN_PRODUCTS_PER_SPIN_SHARE", 1)
+    monkeypatch.setattr(direct, "available_cores", lambda: 2)
+    jobs = record_spin_jobs(monkeypatch, min_outputs=None, python_pool=True)
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    b = rng.standard_normal(w_shape[0]).astype(np.float32)
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(pads=(1, 1, 1, 1), strides=strides, fused=RELU))
+    with threads.own_threads(2, spin=True):
+        _check_bound(DIRECT, node, [x, w, b], rtol=1e-5)
+    assert [chunks for _, chunks in jobs] == [2, 2]
+
+
 def test_direct_conv_does_not_bind_float16():
     node = Node("Conv", "conv", ["x", "w"], ["y"], ConvAttrs())
     infos = [TensorInfo((1, 2, 6, 6), np.dtype(np.float16)), TensorInfo((3, 2, 3, 3), np.dtype(np.float16))]

@@ -14,6 +14,7 @@ import hetflow
 from hetflow.cli import main
 from hetflow.devices.cpu import CPUDevice
 from hetflow.devices.cpu import threads as cpu_threads
+from hetflow.devices.cpu.kernels import jit_gemm
 from hetflow.frontends import load_model
 from hetflow.options import HOME_ENV
 from hetflow.passes import bind_batch
@@ -132,10 +133,13 @@ def test_a_record_timed_in_other_threads_does_not_decide():
     assert _algorithms(make_plan(graph, [CPUDevice()], Tuner()))[WIDE] == "im2col"
 
 
-@pytest.mark.parametrize(("batch", "threads", "owned"), [(16, 2, True), (16, 1, False), (2, 2, False)])
-def test_tuning_measures_in_the_threads_a_run_holds(monkeypatch: pytest.MonkeyPatch, batch, threads, owned):
-    """A batch of a large network multiplies on hetflow's own threads (BLAS at one): its candidates
-    are timed there, and the records say so."""
+@pytest.mark.parametrize(
+    ("batch", "threads", "kind"), [(16, 2, "own"), (16, 1, "blas"), (2, 2, "spin" if jit_gemm.available() else "blas")]
+)
+def test_tuning_measures_in_the_threads_a_run_holds(monkeypatch: pytest.MonkeyPatch, batch, threads, kind):
+    """A batch of a large network multiplies on hetflow's own threads (BLAS at one), a small batch on the
+    spinning pool: its candidates are timed there, and the records say so."""
+    owned = kind != "blas"
     seen: list[bool] = []
 
     def spy(*args, **kwargs):
@@ -150,7 +154,7 @@ def test_tuning_measures_in_the_threads_a_run_holds(monkeypatch: pytest.MonkeyPa
     assert seen == [owned, owned]
     label = run_arrangement(graph, threads).label
     assert {layer.record.workload.params["threads"] for layer in layers} == {label}
-    assert label.startswith("own:") is owned
+    assert label.startswith(f"{kind}:")
     assert not cpu_threads.owns_threads()  # released after tuning
 
 

@@ -104,8 +104,8 @@ def _direct(
 #: 16x16 (7.4M) 139 -> 80, 32 -> 64 5x5 at 8x8 (3.3M, lanes) 47 -> 28, 3 -> 32 5x5 at 32x32 (2.6M) 45 ->
 #: 36; 64 -> 40 3x3 at 6x6 (1.5M) 22 -> 23 lost, 1 -> 20 5x5 at 28x28 (0.4M) 11 -> 10.
 MIN_PRODUCTS_PER_NATIVE_SHARE = 1_000_000
-#: From this many computed products a share of one image's kernel blocks splits on spinning threads
-#: (``threads.spinning``).
+#: From this many computed products a share of one image's kernel blocks, or of a batch's images, splits
+#: on spinning threads (``threads.spinning``).
 MIN_PRODUCTS_PER_SPIN_SHARE = 500_000
 
 
@@ -141,7 +141,8 @@ def _prepare(
     native_parts = min(parts, products_computed // MIN_PRODUCTS_PER_NATIVE_SHARE)
     # On spinning threads (``own_threads(spin=True)``), likewise from MIN_PRODUCTS_PER_SPIN_SHARE a share.
     spin_parts = min(parts, products_computed // MIN_PRODUCTS_PER_SPIN_SHARE)
-    split = variant.bind_block_split(x_shape, kernels, geo, relu, buffers) if y_shape[0] < spin_parts else None
+    # A batch of at least as many images as threads splits on the spinning pool by whole images.
+    split = variant.bind_block_split(x_shape, kernels, geo, relu, buffers) if spin_parts > 1 else None
     blocks = jit_direct.round_up(kernels, block) // block
     most = jit_direct.most_threads(products_computed, y_shape[0], blocks)
     target = out[0] if out is not None else None
@@ -159,7 +160,7 @@ def _prepare(
         wt = BLOCKED_WEIGHTS.get(w, block)
         threads = intra_op_threads()
         pool = spinning()
-        if split is not None and pool is not None and threads > y_shape[0] and spin_target:
+        if split is not None and pool is not None and spin_target:
             split(np.ascontiguousarray(x), wt, bias, y, min(threads, spin_parts), pool)
         elif split is not None and y_shape[0] < native_parts and threads > y_shape[0] and in_numba_pool():
             split(np.ascontiguousarray(x), wt, bias, y, min(threads, native_parts))

@@ -363,10 +363,21 @@ def loop_window(geom: Geometry) -> tuple[tuple[int, int], int, np.ndarray]:
 
 def block_shares(parts: int, batch: int, buffers: PartBuffers) -> int:
     """Shares of each image's kernel blocks when ``batch`` images split over ``parts`` parts of
-    ``buffers`` (``bind_block_split``): every share one part of the scratch."""
-    shares = max(1, min(parts, buffers.planes.shape[0]) // batch)
-    assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
-    return shares
+    ``buffers`` (``bind_block_split``): every share one part of the scratch; one share an image when
+    there are at least as many images as parts."""
+    return max(1, min(parts, buffers.planes.shape[0]) // batch)
+
+
+def spin_chunks(parts: int, batch: int, shares: int, buffers: PartBuffers) -> int:
+    """Chunks of a spin job over ``batch * shares`` parts of work: one a scratch part, each taking a
+    contiguous run of the work's parts (``chunk_parts``), no more chunks than ``parts`` threads."""
+    return max(1, min(batch * shares, parts, buffers.planes.shape[0]))
+
+
+@numba.njit(nogil=True, cache=True)
+def chunk_parts(total, chunk, chunks):  # noqa: ANN001, ANN201
+    """The parts ``first .. last - 1`` of ``total`` that chunk ``chunk`` of ``chunks`` runs."""
+    return total * chunk // chunks, total * (chunk + 1) // chunks
 
 
 def bind_one_part(
@@ -389,8 +400,9 @@ def bind_block_split(
 ) -> Callable[..., None]:
     """``conv2d`` without a mask, each image's kernel blocks shared out over ``parts`` parts of
     ``buffers``: ``run(x, wt, bias, y, parts, pool=None)``, the parts run by numba's threads
-    (``_split_blocks``), or as the chunks of a job on the spinning ``pool`` (X and Y C-contiguous). For a
-    batch smaller than the threads, where splitting images leaves threads idle."""
+    (``_split_blocks``, a batch smaller than the threads, where splitting images leaves threads idle),
+    or as the chunks of a job on the spinning ``pool`` (X and Y C-contiguous; a batch of at least as
+    many images as parts gives each chunk a run of whole images)."""
     pads, width, offsets = loop_window(geom)
     batch = int(x_shape[0])
     block = np.empty(SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
@@ -398,10 +410,11 @@ def bind_block_split(
     def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int, pool: SpinPool | None = None) -> None:
         shares = block_shares(parts, batch, buffers)
         if pool is None:
+            assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
             _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, y, buffers.planes, buffers.products)
             return
         pack_share(block, (shares, int(relu), *pads, width), x, (offsets,), wt, bias, y, buffers.planes, buffers.products)
-        pool.run(_share_address(), block, batch * shares)
+        pool.run(_share_address(), block, spin_chunks(parts, batch, shares, buffers))
 
     return run
 
@@ -410,19 +423,18 @@ def bind_block_split(
 def _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
     """Every image's kernel blocks in ``shares`` shares (``_share``), the parts run by numba's threads."""
     for part in numba.prange(x.shape[0] * shares):
-        _share(part, shares, x, pads, width, offsets, wt, bias, relu, y, planes, products)
+        _share(part, shares, x, pads, width, offsets, wt, bias, relu, y, planes[part], products[part])
 
 
 @numba.njit(nogil=True, cache=True)
-def _share(part, shares, x, pads, width, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
+def _share(part, shares, x, pads, width, offsets, wt, bias, relu, y, xp, products):  # noqa: ANN001
     """Part ``part``: image ``part // shares``, its kernel-block share ``part % shares``, padding into
-    ``planes[part]`` and multiplying into ``products[part]``."""
+    ``xp`` and multiplying into ``products`` (one part of the scratch)."""
     blocks = wt.shape[0]
     image, share = part // shares, part % shares
     first, last = blocks * share // shares, blocks * (share + 1) // shares
-    xp = planes[part]
     pad_image(x, x, False, image, pads, width, xp)
-    yb = products[part][: (last - first) * KERNEL_BLOCK]
+    yb = products[: (last - first) * KERNEL_BLOCK]
     multiply_blocks(xp, xp.shape[1], offsets, wt, first, last, yb.shape[1], yb)
     crop_products(yb, first * KERNEL_BLOCK, width, bias, relu, y[image])
 
@@ -445,9 +457,13 @@ def pack_share(block, numbers, x, tables, wt, bias, y, planes, products):  # noq
 
 
 def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
-    """``_share`` as a spin-pool job (``pack_share``'s block)."""
-    _share(chunk, args[0], float32_4d(args, 5), (args[2], args[3]), args[4], int64_1d(args, 10), float32_4d(args, 12),
-           float32_1d(args, 17), args[1] != 0, float32_4d(args, 19), float32_3d(args, 24), float32_3d(args, 28))  # fmt: skip
+    """``_share`` over chunk ``chunk``'s run of parts as a spin-pool job (``pack_share``'s block), in
+    the chunk's part of the scratch."""
+    x, planes, products = float32_4d(args, 5), float32_3d(args, 24), float32_3d(args, 28)
+    first, last = chunk_parts(x.shape[0] * args[0], chunk, chunks)
+    for part in range(first, last):
+        _share(part, args[0], x, (args[2], args[3]), args[4], int64_1d(args, 10), float32_4d(args, 12),
+               float32_1d(args, 17), args[1] != 0, float32_4d(args, 19), planes[chunk], products[chunk])  # fmt: skip
 
 
 @functools.cache

@@ -35,6 +35,7 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     PartBuffers,
     block_shares,
     blocked_weights,
+    chunk_parts,
     conv_inputs,
     fit_buffers,
     flat_layout,
@@ -42,6 +43,7 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     pack_share,
     pad_image,
     round_up,
+    spin_chunks,
     split_threads,
 )
 from hetflow.devices.cpu.spin_pool import (
@@ -251,11 +253,12 @@ def bind_block_split(
         shares = block_shares(parts, batch, buffers)
         planes = y.reshape(batch, kernels, -1)
         if pool is None:
+            assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
             _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, planes, buffers.planes, products)
             return
         numbers = (shares, int(relu), *pads, width)
         pack_share(block, numbers, x, (positions, offsets), wt, bias, planes, buffers.planes, products)
-        pool.run(_share_address(), block, batch * shares)
+        pool.run(_share_address(), block, spin_chunks(parts, batch, shares, buffers))
 
     return run
 
@@ -264,20 +267,20 @@ def bind_block_split(
 def _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
     """Every image's kernel blocks in ``shares`` shares (``_share``), the parts run by numba's threads."""
     for part in numba.prange(x.shape[0] * shares):
-        _share(part, shares, x, pads, width, positions, offsets, wt, bias, relu, y, planes, products)
+        _share(part, shares, x, pads, width, positions, offsets, wt, bias, relu, y, planes[part], products[part])
 
 
 @numba.njit(nogil=True, cache=True)
-def _share(part, shares, x, pads, width, positions, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
+def _share(part, shares, x, pads, width, positions, offsets, wt, bias, relu, y, xp, products):  # noqa: ANN001
     """Part ``part``: image ``part // shares``, its kernel-block share ``part % shares``, padding into
-    ``planes[part]`` and multiplying into ``products[part]`` (flat)."""
+    ``xp`` and multiplying into ``products`` (one part of the scratch, flat)."""
     blocks = wt.shape[0]
     image, share = part // shares, part % shares
     first, last = blocks * share // shares, blocks * (share + 1) // shares
     columns_here = (last - first) * BLOCK_KERNELS
-    yt = products[part][: positions.shape[0] * columns_here].reshape((positions.shape[0], columns_here))
-    _images(x, x, False, image, image + 1, pads, width, positions, offsets, wt, first, last, bias, relu, y,
-            planes[part], yt)  # fmt: skip
+    yt = products[: positions.shape[0] * columns_here].reshape((positions.shape[0], columns_here))
+    _images(x, x, False, image, image + 1, pads, width, positions, offsets, wt, first, last, bias, relu, y, xp,
+            yt)  # fmt: skip
 
 
 #: Slots of a share job's argument block (``jit_direct.pack_share``): 5 numbers, then x (4-D), positions and
@@ -286,10 +289,14 @@ _SHARE_BLOCK_SLOTS = 5 + 5 + 2 + 2 + 5 + 2 + 4 + 4 + 3
 
 
 def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
-    """``_share`` as a spin-pool job (``jit_direct.pack_share``'s block, the positions before the offsets)."""
-    _share(chunk, args[0], float32_4d(args, 5), (args[2], args[3]), args[4], int64_1d(args, 10), int64_1d(args, 12),
-           float32_4d(args, 14), float32_1d(args, 19), args[1] != 0, float32_3d(args, 21), float32_3d(args, 25),
-           float32_2d(args, 29))  # fmt: skip
+    """``_share`` over chunk ``chunk``'s run of parts as a spin-pool job (``jit_direct.pack_share``'s
+    block, the positions before the offsets), in the chunk's part of the scratch."""
+    x, planes, products = float32_4d(args, 5), float32_3d(args, 25), float32_2d(args, 29)
+    first, last = chunk_parts(x.shape[0] * args[0], chunk, chunks)
+    for part in range(first, last):
+        _share(part, args[0], x, (args[2], args[3]), args[4], int64_1d(args, 10), int64_1d(args, 12),
+               float32_4d(args, 14), float32_1d(args, 19), args[1] != 0, float32_3d(args, 21), planes[chunk],
+               products[chunk])  # fmt: skip
 
 
 @functools.cache

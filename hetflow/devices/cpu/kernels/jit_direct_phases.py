@@ -35,11 +35,13 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     PartBuffers,
     block_shares,
     blocked_weights,
+    chunk_parts,
     crop_products,
     fit_buffers,
     multiply_blocks,
     pack_share,
     round_up,
+    spin_chunks,
     split_threads,
 )
 from hetflow.devices.cpu.spin_pool import SpinPool, float32_1d, float32_3d, float32_4d, int64_1d
@@ -169,13 +171,14 @@ def bind_block_split(
     def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int, pool: SpinPool | None = None) -> None:
         shares = block_shares(parts, batch, buffers)
         if pool is None:
+            assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
             _split_blocks(shares, x, layout.window, layout.width, layout.offset_array, wt, bias, relu, y,
                           buffers.planes, buffers.products)  # fmt: skip
             return
         numbers = (shares, int(relu), layout.width, 0, 0)
         pack_share(block, numbers, x, (layout.window, layout.offset_array), wt, bias, y, buffers.planes,
                    buffers.products)  # fmt: skip
-        pool.run(_share_address(), block, batch * shares)
+        pool.run(_share_address(), block, spin_chunks(parts, batch, shares, buffers))
 
     return run
 
@@ -184,18 +187,17 @@ def bind_block_split(
 def _split_blocks(shares, x, window, width, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
     """Every image's kernel blocks in ``shares`` shares (``_share``), the parts run by numba's threads."""
     for part in numba.prange(x.shape[0] * shares):
-        _share(part, shares, x, window, width, offsets, wt, bias, relu, y, planes, products)
+        _share(part, shares, x, window, width, offsets, wt, bias, relu, y, planes[part], products[part])
 
 
 @numba.njit(nogil=True, cache=True)
-def _share(part, shares, x, window, width, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
+def _share(part, shares, x, window, width, offsets, wt, bias, relu, y, xp, yb):  # noqa: ANN001
     """Part ``part``: image ``part // shares``, its kernel-block share ``part % shares``, its phase planes
-    in ``planes[part]`` and its products in ``products[part]``."""
+    in ``xp`` and its products in ``yb`` (one part of the scratch)."""
     blocks = wt.shape[0]
     image, share = part // shares, part % shares
     first, last = blocks * share // shares, blocks * (share + 1) // shares
-    _images(x, image, image + 1, window, width, offsets, wt, first, last, bias, relu, y, planes[part],
-            products[part])  # fmt: skip
+    _images(x, image, image + 1, window, width, offsets, wt, first, last, bias, relu, y, xp, yb)
 
 
 #: Slots of a share job's argument block (``jit_direct.pack_share``): 5 numbers (shares, relu, width and
@@ -205,9 +207,13 @@ _SHARE_BLOCK_SLOTS = 5 + 5 + 2 + 2 + 5 + 2 + 5 + 4 + 4
 
 
 def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
-    """``_share`` as a spin-pool job (``pack_share``'s block, the window before the offsets)."""
-    _share(chunk, args[0], float32_4d(args, 5), int64_1d(args, 10), args[2], int64_1d(args, 12), float32_4d(args, 14),
-           float32_1d(args, 19), args[1] != 0, float32_4d(args, 21), float32_3d(args, 26), float32_3d(args, 30))  # fmt: skip
+    """``_share`` over chunk ``chunk``'s run of parts as a spin-pool job (``pack_share``'s block, the
+    window before the offsets), in the chunk's part of the scratch."""
+    x, planes, products = float32_4d(args, 5), float32_3d(args, 26), float32_3d(args, 30)
+    first, last = chunk_parts(x.shape[0] * args[0], chunk, chunks)
+    for part in range(first, last):
+        _share(part, args[0], x, int64_1d(args, 10), args[2], int64_1d(args, 12), float32_4d(args, 14),
+               float32_1d(args, 19), args[1] != 0, float32_4d(args, 21), planes[chunk], products[chunk])  # fmt: skip
 
 
 @functools.cache
