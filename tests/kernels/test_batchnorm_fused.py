@@ -129,7 +129,8 @@ def test_backward_refuses_a_fused_node():
                          ids=["none", "relu", "clip"])  # fmt: skip
 def test_a_spinning_run_shares_the_planes_out_on_its_pool(monkeypatch, fused):
     """On spinning threads the planes are chunks of one spin-pool job, never the Python pool's ranges,
-    with the one-thread result; a strided Y (a Concat's slice) stays on the calling thread."""
+    with the one-thread result; so are those of a Concat's channel slices (images apart), read or
+    written, and nothing else of the Concat's buffer is written."""
     from hetflow.devices.cpu import threads
 
     x = RNG.standard_normal((2, 12, 9, 9)).astype(np.float32)  # two images: a channel slice is strided
@@ -138,10 +139,14 @@ def test_a_spinning_run_shares_the_planes_out_on_its_pool(monkeypatch, fused):
         single = _run(x, params, fused)
     jobs = record_spin_jobs(monkeypatch)
     concat = np.full((2, 15, 9, 9), np.nan, np.float32)
+    source = np.full((2, 14, 9, 9), np.inf, np.float32)
+    source[:, 2:] = x
     with threads.own_threads(2, spin=True):
         spun = _run(x, params, fused)
         _run(x, params, fused, out=concat[:, 1:13])
-    assert [chunks for _, chunks in jobs] == [4]
+        from_slice = _run(source[:, 2:], params, fused)
+    assert [chunks for _, chunks in jobs] == [4, 4, 4]
     np.testing.assert_array_equal(spun, single)
     np.testing.assert_array_equal(concat[:, 1:13], single)
+    np.testing.assert_array_equal(from_slice, single)
     assert np.isnan(concat[:, 0]).all() and np.isnan(concat[:, 13:]).all()

@@ -163,6 +163,39 @@ def test_direct_conv_bound_shares_a_batch_over_spinning_threads(monkeypatch, x_s
     assert [chunks for _, chunks in jobs] == [2, 2]
 
 
+@pytest.mark.parametrize("batch", [1, 5])
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "strides"),
+    [((20, 12, 12), (50, 20, 5, 5), (1, 1)), ((64, 6, 6), (40, 64, 3, 3), (1, 1)), ((3, 17, 17), (16, 3, 3, 3), (2, 2))],
+    ids=["flat", "lanes", "phases"],
+)  # fmt: skip
+def test_direct_conv_on_spinning_threads_writes_into_a_concat_slice(monkeypatch, x_shape, w_shape, strides, batch):
+    """Y a Concat's channel slice (its images apart): the spin job writes each image's channels there and
+    nothing else of the Concat's output, one image shared out by kernel blocks or a batch by images."""
+    from hetflow.devices.cpu import threads
+    from hetflow.devices.cpu.kernels import direct
+
+    monkeypatch.setattr(direct, "MIN_PRODUCTS_PER_SPIN_SHARE", 1)
+    monkeypatch.setattr(direct, "available_cores", lambda: 2)
+    jobs = record_spin_jobs(monkeypatch, min_outputs=None)
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((batch, *x_shape)).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    b = rng.standard_normal(w_shape[0]).astype(np.float32)
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(pads=(1, 1, 1, 1), strides=strides, fused=RELU))
+    (expected,) = DIRECT.fn(node, [x, w, b])
+    kernels = w_shape[0]
+    concat = np.full((batch, kernels + 7, *expected.shape[2:]), -5.0, np.float32)
+    target = concat[:, 3 : 3 + kernels]
+    _, workspace = _buffers(DIRECT, node, [x, w, b])
+    call = DIRECT.bind(node, array_infos([x, w, b]), [target], workspace)
+    with threads.own_threads(2, spin=True):
+        (y,) = call([x, w, b])
+    assert y is target and len(jobs) == 1
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5 * float(np.abs(expected).max()))
+    assert (concat[:, :3] == -5.0).all() and (concat[:, 3 + kernels :] == -5.0).all()
+
+
 def test_direct_conv_does_not_bind_float16():
     node = Node("Conv", "conv", ["x", "w"], ["y"], ConvAttrs())
     infos = [TensorInfo((1, 2, 6, 6), np.dtype(np.float16)), TensorInfo((3, 2, 3, 3), np.dtype(np.float16))]

@@ -150,7 +150,6 @@ def _prepare(
     if not fits or not image_contiguous(target):
         target = None
     no_bias = np.zeros(kernels, np.float32)
-    spin_target = target is not None and target.flags.c_contiguous  # the spin job reads Y by its shape
 
     def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         x, w = arrays[0], arrays[1]
@@ -160,7 +159,7 @@ def _prepare(
         wt = BLOCKED_WEIGHTS.get(w, block)
         threads = intra_op_threads()
         pool = spinning()
-        if split is not None and pool is not None and spin_target:
+        if split is not None and pool is not None:
             split(np.ascontiguousarray(x), wt, bias, y, min(threads, spin_parts), pool)
         elif split is not None and y_shape[0] < native_parts and threads > y_shape[0] and in_numba_pool():
             split(np.ascontiguousarray(x), wt, bias, y, min(threads, native_parts))

@@ -15,15 +15,15 @@ import numba
 import numpy as np
 
 from hetflow.devices.cpu import spin_pool
+from hetflow.devices.cpu.kernels.buffers import flat_images, image_contiguous
 from hetflow.devices.cpu.kernels.jit_epilogue import (
     CLIP,
     LEAKY_RELU,
     NO_ACTIVATION,
     RELU,
     activation_code,
-    planes_view,
 )
-from hetflow.devices.cpu.spin_pool import argument_block, float32_1d, float32_3d
+from hetflow.devices.cpu.spin_pool import argument_block, float32_1d
 from hetflow.devices.cpu.threads import spin_split, split_planes
 from hetflow.ops.activation import FusedActivation
 
@@ -32,79 +32,94 @@ def channel_affine(
     x: np.ndarray, factor: np.ndarray, shift: np.ndarray, y: np.ndarray, fused: FusedActivation | None
 ) -> bool:
     """``y[n, c] = activation(x[n, c] * factor[c] + shift[c])`` for ``x`` ``[N, C, ...]`` (y may be x;
-    each must be viewable as ``[N, C, P]``).
+    each image of each must be C-contiguous: ``takes``).
 
     Returns whether the activation was applied (Relu, Clip and LeakyRelu are; the caller applies any
     other).
     """
     code, alpha, beta = activation_code(fused)
     constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
-    planes, targets = planes_view(x), planes_view(y)
-    assert planes is not None and targets is not None
+    x_images, y_images = flat_images(x), flat_images(y)
+    assert x_images is not None and y_images is not None, "each image of X and Y must be contiguous"
+    (x_flat, x_stride), (y_flat, y_stride) = x_images, y_images
     factor = np.ascontiguousarray(factor, y.dtype)
     shift = np.ascontiguousarray(shift, y.dtype)
+    batch, channels = x.shape[0], x.shape[1]
+    size = x.size // max(1, batch * channels)
+    layout = (channels, size, x_stride, y_stride)
 
-    count, size = planes.shape[0] * planes.shape[1], planes.shape[2]
-    found = spin_split(count, size, (planes, factor, shift, targets, constants))
+    count = batch * channels
+    found = spin_split(count, size, (x_flat, factor, shift, y_flat, constants))
     if found is not None:
         pool, shares = found
-        arrays = (planes, factor, shift, targets, constants)
-        pool.run(_job_address(), argument_block(_BLOCK_SLOTS, arrays, (code,)), shares)
+        arrays = (x_flat, factor, shift, y_flat, constants)
+        pool.run(_job_address(), argument_block(_BLOCK_SLOTS, arrays, (code, count, *layout)), shares)
         return code != NO_ACTIVATION or fused is None
     split_planes(
-        lambda first, last: _planes(planes, factor, shift, targets, first, last, code, constants),
-        lambda parts: _split(parts, planes, factor, shift, targets, code, constants),
-        planes.shape[0] * planes.shape[1], planes.shape[2],
+        lambda first, last: _planes(x_flat, factor, shift, y_flat, layout, first, last, code, constants),
+        lambda parts: _split(parts, count, x_flat, factor, shift, y_flat, layout, code, constants),
+        count, size,
     )  # fmt: skip
     return code != NO_ACTIVATION or fused is None
 
 
+def takes(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether ``channel_affine`` takes X and Y: rank 3 or more, each image C-contiguous (a Concat's
+    channel slice is)."""
+    return x.ndim >= 3 and image_contiguous(x) and image_contiguous(y)
+
+
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _split(parts, x, factor, shift, y, code, constants):  # noqa: ANN001
-    """``_planes`` over ``parts`` ranges of the planes, run by numba's threads."""
-    planes = x.shape[0] * x.shape[1]
+def _split(parts, planes, x, factor, shift, y, layout, code, constants):  # noqa: ANN001
+    """``_planes`` over ``parts`` ranges of the ``planes`` planes, run by numba's threads."""
     for part in numba.prange(parts):
-        _planes(x, factor, shift, y, planes * part // parts, planes * (part + 1) // parts, code, constants)
+        _planes(x, factor, shift, y, layout, planes * part // parts, planes * (part + 1) // parts, code, constants)
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True)
-def _planes(x, factor, shift, y, first, last, code, constants):  # noqa: ANN001
-    """Planes ``first .. last - 1`` (plane p = image p // C, channel p % C) of ``[N, C, P]`` arrays."""
-    channels, size = x.shape[1], x.shape[2]
+def _planes(x, factor, shift, y, layout, first, last, code, constants):  # noqa: ANN001
+    """Planes ``first .. last - 1`` (plane p = image p // C, channel p % C) of the flat images X and Y
+    (``buffers.flat_images``); ``layout``: (C, the plane's size, X's image stride, Y's image stride)."""
+    channels, size, x_stride, y_stride = layout
     alpha, beta, zero = constants[0], constants[1], constants[2]
+    count = np.uint64(size)
     for plane in range(first, last):
         image, channel = plane // channels, plane % channels
         a, b = factor[channel], shift[channel]
+        # NOTE: unsigned offsets: numba's wraparound test on signed ones keeps the loops scalar.
+        xo = np.uint64(image * x_stride + channel * size)
+        yo = np.uint64(image * y_stride + channel * size)
         if code == RELU:
-            for p in range(size):
-                value = x[image, channel, p] * a + b
-                y[image, channel, p] = zero if value < zero else value
+            for p in range(count):
+                value = x[xo + p] * a + b
+                y[yo + p] = zero if value < zero else value
         elif code == CLIP:
-            for p in range(size):
-                value = x[image, channel, p] * a + b
+            for p in range(count):
+                value = x[xo + p] * a + b
                 value = alpha if value < alpha else value
-                y[image, channel, p] = beta if value > beta else value
+                y[yo + p] = beta if value > beta else value
         elif code == LEAKY_RELU:
-            for p in range(size):
-                value = x[image, channel, p] * a + b
-                y[image, channel, p] = value * alpha if value < zero else value
+            for p in range(count):
+                value = x[xo + p] * a + b
+                y[yo + p] = value * alpha if value < zero else value
         else:
-            for p in range(size):
-                y[image, channel, p] = x[image, channel, p] * a + b
+            for p in range(count):
+                y[yo + p] = x[xo + p] * a + b
 
 
 # -- on the spinning pool ----------------------------------------------------------------------------
-#: Slots of a job's argument block: X (3-D), the factor, the shift (1-D), Y (3-D), the activation's
-#: constants (1-D), then its code.
-_BLOCK_SLOTS = 4 + 2 + 2 + 4 + 2 + 1
+#: Slots of a job's argument block: X's flat images, the factor, the shift, Y's flat images, the
+#: activation's constants (1-D each), then its code, the planes and ``_planes``' layout (4 numbers).
+_BLOCK_SLOTS = 2 * 5 + 2 + 4
 
 
 def _job(args, chunk, chunks):  # noqa: ANN001, ANN202
     """A range of the planes through ``_planes``, as a spin-pool job."""
-    x, factor, shift, y = float32_3d(args, 0), float32_1d(args, 4), float32_1d(args, 6), float32_3d(args, 8)
-    planes = x.shape[0] * x.shape[1]
-    _planes(x, factor, shift, y, planes * chunk // chunks, planes * (chunk + 1) // chunks, args[14],
-            float32_1d(args, 12))  # fmt: skip
+    x, factor, shift, y = float32_1d(args, 0), float32_1d(args, 2), float32_1d(args, 4), float32_1d(args, 6)
+    planes = args[11]
+    layout = (args[12], args[13], args[14], args[15])
+    _planes(x, factor, shift, y, layout, planes * chunk // chunks, planes * (chunk + 1) // chunks, args[10],
+            float32_1d(args, 8))  # fmt: skip
 
 
 @functools.cache

@@ -42,6 +42,7 @@ from numba.extending import intrinsic
 
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
+from hetflow.devices.cpu.kernels.buffers import flat_images
 from hetflow.devices.cpu.spin_pool import (
     SpinPool,
     float32_1d,
@@ -401,69 +402,122 @@ def bind_block_split(
     """``conv2d`` without a mask, each image's kernel blocks shared out over ``parts`` parts of
     ``buffers``: ``run(x, wt, bias, y, parts, pool=None)``, the parts run by numba's threads
     (``_split_blocks``, a batch smaller than the threads, where splitting images leaves threads idle),
-    or as the chunks of a job on the spinning ``pool`` (X and Y C-contiguous; a batch of at least as
-    many images as parts gives each chunk a run of whole images)."""
+    or as the chunks of a job on the spinning ``pool`` (a batch of at least as many images as parts
+    gives each chunk a run of whole images). X C-contiguous; each image of Y contiguous (a Concat's
+    image-strided slice too)."""
     pads, width, offsets = loop_window(geom)
     batch = int(x_shape[0])
     block = np.empty(SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
 
     def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int, pool: SpinPool | None = None) -> None:
         shares = block_shares(parts, batch, buffers)
+        images = output_images(y)
         if pool is None:
             assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
-            _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, y, buffers.planes, buffers.products)
+            _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, images.flat, images.stride, images.shape,
+                          buffers.planes, buffers.products)  # fmt: skip
             return
-        pack_share(block, (shares, int(relu), *pads, width), x, (offsets,), wt, bias, y, buffers.planes, buffers.products)
+        pack_share(block, (shares, int(relu), *pads, width, *images.numbers), x, (offsets,), wt, bias, images.flat,
+                   buffers.planes, buffers.products)  # fmt: skip
         pool.run(_share_address(), block, spin_chunks(parts, batch, shares, buffers))
 
     return run
 
 
+@dataclass(frozen=True)
+class OutputImages:
+    """Y as a share job reads it: ``flat`` its memory from its first element to its last
+    (``buffers.flat_images``), ``stride`` the elements between its images, ``shape`` one image's."""
+
+    flat: np.ndarray
+    stride: int
+    shape: tuple[int, ...]
+
+    @property
+    def numbers(self) -> tuple[int, ...]:
+        """The stride, then the image's shape: what an argument block holds of Y beside ``flat``."""
+        return (self.stride, *self.shape)
+
+
+def output_images(y: np.ndarray) -> OutputImages:
+    """``OutputImages`` of a Y whose images are each C-contiguous."""
+    found = flat_images(y)
+    assert found is not None, "each image of Y must be contiguous"
+    return OutputImages(found[0], found[1], tuple(int(d) for d in y.shape[1:]))
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def image_of(flat, stride, shape, image):  # noqa: ANN001, ANN201
+    """Image ``image`` of Y held as ``OutputImages`` (``flat``, ``stride``, ``shape``): a C-contiguous view."""
+    size = 1
+    for extent in shape:
+        size *= extent
+    start = image * stride
+    return flat[start : start + size].reshape(shape)
+
+
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
+def _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, y_flat, y_stride, y_shape, planes, products):  # noqa: ANN001
     """Every image's kernel blocks in ``shares`` shares (``_share``), the parts run by numba's threads."""
     for part in numba.prange(x.shape[0] * shares):
-        _share(part, shares, x, pads, width, offsets, wt, bias, relu, y, planes[part], products[part])
+        _share(part, shares, x, pads, width, offsets, wt, bias, relu, y_flat, y_stride, y_shape, planes[part],
+               products[part])  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True)
-def _share(part, shares, x, pads, width, offsets, wt, bias, relu, y, xp, products):  # noqa: ANN001
+def _share(part, shares, x, pads, width, offsets, wt, bias, relu, y_flat, y_stride, y_shape, xp, products):  # noqa: ANN001
     """Part ``part``: image ``part // shares``, its kernel-block share ``part % shares``, padding into
-    ``xp`` and multiplying into ``products`` (one part of the scratch)."""
+    ``xp`` and multiplying into ``products`` (one part of the scratch); Y as ``OutputImages``."""
     blocks = wt.shape[0]
     image, share = part // shares, part % shares
     first, last = blocks * share // shares, blocks * (share + 1) // shares
     pad_image(x, x, False, image, pads, width, xp)
     yb = products[: (last - first) * KERNEL_BLOCK]
     multiply_blocks(xp, xp.shape[1], offsets, wt, first, last, yb.shape[1], yb)
-    crop_products(yb, first * KERNEL_BLOCK, width, bias, relu, y[image])
+    crop_products(yb, first * KERNEL_BLOCK, width, bias, relu, image_of(y_flat, y_stride, y_shape, image))
 
 
-#: Slots of a direct Conv share job's argument block (``pack_share``): 5 numbers, then x (4-D),
-#: offsets (1-D), wt (4-D), bias (1-D), y (4-D or 3-D) and the scratch's planes and products (3-D or 2-D).
-SHARE_BLOCK_SLOTS = 5 + 5 + 2 + 5 + 2 + 5 + 4 + 4
+#: Slots of a direct Conv share job's argument block (``pack_share``): 9 numbers (5 of the variant's, then
+#: Y's image stride and image shape, padded to 4 with zeros), then x (4-D), the int64 tables (1-D each;
+#: the lanes variant's two and the phases' two), wt (4-D), bias (1-D), Y's flat memory (1-D) and the
+#: scratch's planes and products (3-D, or the lanes' 2-D).
+SHARE_BLOCK_SLOTS = 9 + 5 + 2 * 2 + 5 + 2 + 2 + 4 + 4
+#: Where a share job's block holds Y's image stride (``pack_share``'s numbers), then its image shape.
+IMAGE_STRIDE_SLOT = 5
+#: Where a share job's block holds X (the first array).
+X_SLOT = 9
 
 
 @numba.njit(nogil=True, cache=True)
-def pack_share(block, numbers, x, tables, wt, bias, y, planes, products):  # noqa: ANN001, ANN201
-    """The argument block of a direct Conv share job: ``numbers`` (shares, relu, the two pads, width),
-    then X, the int64 ``tables`` (the taps' offsets; the lanes variant's positions first), the weights,
-    the bias, Y and the scratch (``put_array`` each)."""
-    slot = put_values(block, 0, numbers)
-    slot = put_array(block, slot, x)
+def pack_share(block, numbers, x, tables, wt, bias, y_flat, planes, products):  # noqa: ANN001, ANN201
+    """The argument block of a direct Conv share job (``SHARE_BLOCK_SLOTS``): ``numbers`` (shares, relu and
+    three of the variant's, then Y's image stride and image shape, ``OutputImages.numbers``) from slot 0,
+    then from ``X_SLOT`` X, the int64 ``tables`` (the taps' offsets; the lanes variant's positions first,
+    the phases' window first), the weights, the bias, Y's flat memory and the scratch (``put_array`` each)."""
+    block[:X_SLOT] = 0
+    put_values(block, 0, numbers)
+    slot = put_array(block, X_SLOT, x)
     for table in tables:
         slot = put_array(block, slot, table)
-    put_arrays(block, slot, (wt, bias, y, planes, products))
+    put_arrays(block, slot, (wt, bias, y_flat, planes, products))
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def job_image_shape_3d(args):  # noqa: ANN001, ANN201
+    """Y's image stride and 3-D image shape as ``pack_share`` wrote them."""
+    return args[IMAGE_STRIDE_SLOT], (args[IMAGE_STRIDE_SLOT + 1], args[IMAGE_STRIDE_SLOT + 2], args[IMAGE_STRIDE_SLOT + 3])
 
 
 def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
     """``_share`` over chunk ``chunk``'s run of parts as a spin-pool job (``pack_share``'s block), in
     the chunk's part of the scratch."""
-    x, planes, products = float32_4d(args, 5), float32_3d(args, 24), float32_3d(args, 28)
+    x, planes, products = float32_4d(args, 9), float32_3d(args, 25), float32_3d(args, 29)
+    stride, shape = job_image_shape_3d(args)
     first, last = chunk_parts(x.shape[0] * args[0], chunk, chunks)
     for part in range(first, last):
-        _share(part, args[0], x, (args[2], args[3]), args[4], int64_1d(args, 10), float32_4d(args, 12),
-               float32_1d(args, 17), args[1] != 0, float32_4d(args, 19), planes[chunk], products[chunk])  # fmt: skip
+        _share(part, args[0], x, (args[2], args[3]), args[4], int64_1d(args, 14), float32_4d(args, 16),
+               float32_1d(args, 21), args[1] != 0, float32_1d(args, 23), stride, shape, planes[chunk],
+               products[chunk])  # fmt: skip
 
 
 @functools.cache

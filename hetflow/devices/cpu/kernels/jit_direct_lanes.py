@@ -32,6 +32,9 @@ from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import jit_direct, jit_direct_phases
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels.jit_direct import (
+    IMAGE_STRIDE_SLOT,
+    SHARE_BLOCK_SLOTS,
+    X_SLOT,
     PartBuffers,
     block_shares,
     blocked_weights,
@@ -39,7 +42,9 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     conv_inputs,
     fit_buffers,
     flat_layout,
+    image_of,
     loop_window,
+    output_images,
     pack_share,
     pad_image,
     round_up,
@@ -241,62 +246,64 @@ def bind_block_split(
     x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
 ) -> Callable[..., None]:
     """``jit_direct.bind_block_split`` for this variant: ``run(x, wt, bias, y, parts, pool=None)``, each
-    image's kernel blocks shared out over ``parts`` parts of ``buffers``, run by numba's threads or on
-    the spinning ``pool``."""
+    image's kernel blocks shared out over ``parts`` parts of ``buffers`` (a batch's images on the spinning
+    ``pool``), run by numba's threads or on that pool."""
     pads, width, offsets = loop_window(geom)
     positions = position_offsets(geom)
     batch = int(x_shape[0])
     products = buffers.products.reshape(buffers.products.shape[0], -1)
-    block = np.empty(_SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
+    block = np.empty(SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
 
     def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int, pool: SpinPool | None = None) -> None:
         shares = block_shares(parts, batch, buffers)
-        planes = y.reshape(batch, kernels, -1)
+        # Y as [N, K, P] images: each image's planes are contiguous (also in a Concat's image-strided output).
+        images = output_images(y.reshape(batch, kernels, -1))
         if pool is None:
             assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
-            _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, planes, buffers.planes, products)
+            _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, images.flat, images.stride,
+                          images.shape, buffers.planes, products)  # fmt: skip
             return
-        numbers = (shares, int(relu), *pads, width)
-        pack_share(block, numbers, x, (positions, offsets), wt, bias, planes, buffers.planes, products)
+        numbers = (shares, int(relu), *pads, width, *images.numbers)
+        pack_share(block, numbers, x, (positions, offsets), wt, bias, images.flat, buffers.planes, products)
         pool.run(_share_address(), block, spin_chunks(parts, batch, shares, buffers))
 
     return run
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
+def _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, y_flat, y_stride, y_shape, planes,  # noqa: ANN001
+                  products):  # fmt: skip
     """Every image's kernel blocks in ``shares`` shares (``_share``), the parts run by numba's threads."""
     for part in numba.prange(x.shape[0] * shares):
-        _share(part, shares, x, pads, width, positions, offsets, wt, bias, relu, y, planes[part], products[part])
+        _share(part, shares, x, pads, width, positions, offsets, wt, bias, relu, y_flat, y_stride, y_shape,
+               planes[part], products[part])  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True)
-def _share(part, shares, x, pads, width, positions, offsets, wt, bias, relu, y, xp, products):  # noqa: ANN001
+def _share(part, shares, x, pads, width, positions, offsets, wt, bias, relu, y_flat, y_stride, y_shape, xp,  # noqa: ANN001
+           products):  # fmt: skip
     """Part ``part``: image ``part // shares``, its kernel-block share ``part % shares``, padding into
-    ``xp`` and multiplying into ``products`` (one part of the scratch, flat)."""
+    ``xp`` and multiplying into ``products`` (one part of the scratch, flat); Y as
+    ``jit_direct.OutputImages`` of ``[N, K, P]``."""
     blocks = wt.shape[0]
     image, share = part // shares, part % shares
     first, last = blocks * share // shares, blocks * (share + 1) // shares
     columns_here = (last - first) * BLOCK_KERNELS
     yt = products[: positions.shape[0] * columns_here].reshape((positions.shape[0], columns_here))
-    _images(x, x, False, image, image + 1, pads, width, positions, offsets, wt, first, last, bias, relu, y, xp,
-            yt)  # fmt: skip
-
-
-#: Slots of a share job's argument block (``jit_direct.pack_share``): 5 numbers, then x (4-D), positions and
-#: offsets (1-D), wt (4-D), bias (1-D), y (3-D), the scratch's planes (3-D) and products (2-D).
-_SHARE_BLOCK_SLOTS = 5 + 5 + 2 + 2 + 5 + 2 + 4 + 4 + 3
+    _image(x, x, False, image, pads, width, positions, offsets, wt, first, last, bias, relu,
+           image_of(y_flat, y_stride, y_shape, image), xp, yt)  # fmt: skip
 
 
 def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
     """``_share`` over chunk ``chunk``'s run of parts as a spin-pool job (``jit_direct.pack_share``'s
     block, the positions before the offsets), in the chunk's part of the scratch."""
-    x, planes, products = float32_4d(args, 5), float32_3d(args, 25), float32_2d(args, 29)
+    x, planes, products = float32_4d(args, X_SLOT), float32_3d(args, 27), float32_2d(args, 31)
+    stride, shape = args[IMAGE_STRIDE_SLOT], (args[IMAGE_STRIDE_SLOT + 1], args[IMAGE_STRIDE_SLOT + 2])
     first, last = chunk_parts(x.shape[0] * args[0], chunk, chunks)
     for part in range(first, last):
-        _share(part, args[0], x, (args[2], args[3]), args[4], int64_1d(args, 10), int64_1d(args, 12),
-               float32_4d(args, 14), float32_1d(args, 19), args[1] != 0, float32_3d(args, 21), planes[chunk],
-               products[chunk])  # fmt: skip
+        _share(part, args[0], x, (args[2], args[3]), args[4], int64_1d(args, 14), int64_1d(args, 16),
+               float32_4d(args, 18), float32_1d(args, 23), args[1] != 0, float32_1d(args, 25), stride, shape,
+               planes[chunk], products[chunk])  # fmt: skip
 
 
 @functools.cache
@@ -328,24 +335,31 @@ def variant(geom: Geometry, kernels: int) -> ModuleType:
 @numba.njit(nogil=True, cache=True)
 def _images(x, mask, masking, first, last, pads, width, positions, offsets, wt, block_first, block_last,  # noqa: ANN001
             bias, relu, y, xp, yt):  # fmt: skip
-    """Images ``first .. last - 1``: pad their planes into ``xp``, multiply kernel blocks ``block_first ..
-    block_last - 1`` position block by position block into ``yt``, copy the products into ``y [N, K,
-    P]``."""
+    """Images ``first .. last - 1`` (``_image``) into ``y [N, K, P]``."""
+    for image in range(first, last):
+        _image(x, mask, masking, image, pads, width, positions, offsets, wt, block_first, block_last, bias, relu,
+               y[image], xp, yt)  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True)
+def _image(x, mask, masking, image, pads, width, positions, offsets, wt, block_first, block_last,  # noqa: ANN001
+           bias, relu, y_image, xp, yt):  # fmt: skip
+    """Image ``image``: pad its planes into ``xp``, multiply kernel blocks ``block_first .. block_last - 1``
+    position block by position block into ``yt``, copy the products into ``y_image [K, P]``."""
     channels, plane = xp.shape[0], xp.shape[1]
     kernels = yt.shape[1]
     flat_x = xp.reshape(xp.size)
     flat_w = wt.reshape(wt.size)
     flat_y = yt.reshape(yt.size)
     block_weights = channels * offsets.shape[0] * BLOCK_KERNELS
-    for image in range(first, last):
-        pad_image(x, mask, masking, image, pads, width, xp)
-        for block in range(block_first, block_last):
-            y_block = (block - block_first) * BLOCK_KERNELS
-            for p in range(0, positions.shape[0], POSITION_BLOCK):
-                _position_block(flat_x, np.int64(channels), np.int64(plane), positions, np.int64(p), offsets, flat_w,
-                                np.int64(block * block_weights), flat_y, np.int64(p * kernels + y_block),
-                                np.int64(kernels))  # fmt: skip
-        _planes(yt, block_first * BLOCK_KERNELS, bias, relu, y[image])
+    pad_image(x, mask, masking, image, pads, width, xp)
+    for block in range(block_first, block_last):
+        y_block = (block - block_first) * BLOCK_KERNELS
+        for p in range(0, positions.shape[0], POSITION_BLOCK):
+            _position_block(flat_x, np.int64(channels), np.int64(plane), positions, np.int64(p), offsets, flat_w,
+                            np.int64(block * block_weights), flat_y, np.int64(p * kernels + y_block),
+                            np.int64(kernels))  # fmt: skip
+    _planes(yt, block_first * BLOCK_KERNELS, bias, relu, y_image)
 
 
 @numba.njit(nogil=True, cache=True)

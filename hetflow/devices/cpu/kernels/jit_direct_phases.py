@@ -32,13 +32,18 @@ from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels.jit_direct import (
     BLOCK_POSITIONS,
     KERNEL_BLOCK,
+    SHARE_BLOCK_SLOTS,
+    X_SLOT,
     PartBuffers,
     block_shares,
     blocked_weights,
     chunk_parts,
     crop_products,
     fit_buffers,
+    image_of,
+    job_image_shape_3d,
     multiply_blocks,
+    output_images,
     pack_share,
     round_up,
     spin_chunks,
@@ -163,20 +168,21 @@ def bind_block_split(
 ) -> Callable[..., None]:
     """``jit_direct.bind_block_split`` for strided windows: ``run(x, wt, bias, y, parts, pool=None)``,
     each image's kernel blocks shared out over ``parts`` parts of ``buffers`` (each share fills its own
-    phase planes), run by numba's threads or on the spinning ``pool``."""
+    phase planes; a batch's images on the spinning ``pool``), run by numba's threads or on that pool."""
     layout = phase_layout(geom)
     batch = int(x_shape[0])
-    block = np.empty(_SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
+    block = np.empty(SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
 
     def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int, pool: SpinPool | None = None) -> None:
         shares = block_shares(parts, batch, buffers)
+        images = output_images(y)
         if pool is None:
             assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
-            _split_blocks(shares, x, layout.window, layout.width, layout.offset_array, wt, bias, relu, y,
-                          buffers.planes, buffers.products)  # fmt: skip
+            _split_blocks(shares, x, layout.window, layout.width, layout.offset_array, wt, bias, relu, images.flat,
+                          images.stride, images.shape, buffers.planes, buffers.products)  # fmt: skip
             return
-        numbers = (shares, int(relu), layout.width, 0, 0)
-        pack_share(block, numbers, x, (layout.window, layout.offset_array), wt, bias, y, buffers.planes,
+        numbers = (shares, int(relu), layout.width, 0, 0, *images.numbers)
+        pack_share(block, numbers, x, (layout.window, layout.offset_array), wt, bias, images.flat, buffers.planes,
                    buffers.products)  # fmt: skip
         pool.run(_share_address(), block, spin_chunks(parts, batch, shares, buffers))
 
@@ -184,36 +190,34 @@ def bind_block_split(
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _split_blocks(shares, x, window, width, offsets, wt, bias, relu, y, planes, products):  # noqa: ANN001
+def _split_blocks(shares, x, window, width, offsets, wt, bias, relu, y_flat, y_stride, y_shape, planes, products):  # noqa: ANN001
     """Every image's kernel blocks in ``shares`` shares (``_share``), the parts run by numba's threads."""
     for part in numba.prange(x.shape[0] * shares):
-        _share(part, shares, x, window, width, offsets, wt, bias, relu, y, planes[part], products[part])
+        _share(part, shares, x, window, width, offsets, wt, bias, relu, y_flat, y_stride, y_shape, planes[part],
+               products[part])  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True)
-def _share(part, shares, x, window, width, offsets, wt, bias, relu, y, xp, yb):  # noqa: ANN001
+def _share(part, shares, x, window, width, offsets, wt, bias, relu, y_flat, y_stride, y_shape, xp, yb):  # noqa: ANN001
     """Part ``part``: image ``part // shares``, its kernel-block share ``part % shares``, its phase planes
-    in ``xp`` and its products in ``yb`` (one part of the scratch)."""
+    in ``xp`` and its products in ``yb`` (one part of the scratch); Y as ``jit_direct.OutputImages``."""
     blocks = wt.shape[0]
     image, share = part // shares, part % shares
     first, last = blocks * share // shares, blocks * (share + 1) // shares
-    _images(x, image, image + 1, window, width, offsets, wt, first, last, bias, relu, y, xp, yb)
-
-
-#: Slots of a share job's argument block (``jit_direct.pack_share``): 5 numbers (shares, relu, width and
-#: two unused), then x (4-D), the window and the offsets (1-D), wt (4-D), bias (1-D), y (4-D) and the
-#: scratch's planes and products (3-D).
-_SHARE_BLOCK_SLOTS = 5 + 5 + 2 + 2 + 5 + 2 + 5 + 4 + 4
+    _image(x, image, window, width, offsets, wt, first, last, bias, relu, image_of(y_flat, y_stride, y_shape, image),
+           xp, yb)  # fmt: skip
 
 
 def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
     """``_share`` over chunk ``chunk``'s run of parts as a spin-pool job (``pack_share``'s block, the
     window before the offsets), in the chunk's part of the scratch."""
-    x, planes, products = float32_4d(args, 5), float32_3d(args, 26), float32_3d(args, 30)
+    x, planes, products = float32_4d(args, X_SLOT), float32_3d(args, 27), float32_3d(args, 31)
+    stride, shape = job_image_shape_3d(args)
     first, last = chunk_parts(x.shape[0] * args[0], chunk, chunks)
     for part in range(first, last):
-        _share(part, args[0], x, int64_1d(args, 10), args[2], int64_1d(args, 12), float32_4d(args, 14),
-               float32_1d(args, 19), args[1] != 0, float32_4d(args, 21), planes[chunk], products[chunk])  # fmt: skip
+        _share(part, args[0], x, int64_1d(args, 14), args[2], int64_1d(args, 16), float32_4d(args, 18),
+               float32_1d(args, 23), args[1] != 0, float32_1d(args, 25), stride, shape, planes[chunk],
+               products[chunk])  # fmt: skip
 
 
 @functools.cache
@@ -223,15 +227,21 @@ def _share_address() -> int:
 
 @numba.njit(nogil=True, cache=True)
 def _images(x, first, last, window, width, offsets, wt, block_first, block_last, bias, relu, y, xp, yb):  # noqa: ANN001
-    """Images ``first .. last - 1``: fill their phase planes into ``xp``, then each of the kernel blocks
-    ``block_first .. block_last - 1`` multiplied into ``yb`` and cropped into ``y``. A block at a time, so
-    the products take one block's scratch (0.4 MB for a 224x224 stem, against 3.3 MB for its 64 kernels:
-    measured as fast, the copy-out reading them from L2)."""
+    """Images ``first .. last - 1`` (``_image``) into ``y``."""
     for image in range(first, last):
-        fill_phase_planes(x, image, window, width, xp)
-        for block in range(block_first, block_last):
-            multiply_blocks(xp, xp.shape[1], offsets, wt, block, block + 1, yb.shape[1], yb)
-            crop_products(yb, block * KERNEL_BLOCK, width, bias, relu, y[image])
+        _image(x, image, window, width, offsets, wt, block_first, block_last, bias, relu, y[image], xp, yb)
+
+
+@numba.njit(nogil=True, cache=True)
+def _image(x, image, window, width, offsets, wt, block_first, block_last, bias, relu, y_image, xp, yb):  # noqa: ANN001
+    """Image ``image``: fill its phase planes into ``xp``, then each of the kernel blocks ``block_first ..
+    block_last - 1`` multiplied into ``yb`` and cropped into ``y_image``. A block at a time, so the
+    products take one block's scratch (0.4 MB for a 224x224 stem, against 3.3 MB for its 64 kernels:
+    measured as fast, the copy-out reading them from L2)."""
+    fill_phase_planes(x, image, window, width, xp)
+    for block in range(block_first, block_last):
+        multiply_blocks(xp, xp.shape[1], offsets, wt, block, block + 1, yb.shape[1], yb)
+        crop_products(yb, block * KERNEL_BLOCK, width, bias, relu, y_image)
 
 
 @numba.njit(nogil=True, cache=True)

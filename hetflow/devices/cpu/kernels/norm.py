@@ -13,8 +13,8 @@ import numpy as np
 from hetflow.devices.cpu.kernels import jit_lrn
 from hetflow.devices.cpu.kernels.buffers import Out, deliver, output
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
-from hetflow.devices.cpu.kernels.jit_affine import channel_affine
-from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES, planes_view
+from hetflow.devices.cpu.kernels.jit_affine import channel_affine, takes
+from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
 from hetflow.ops.norm import batchnorm_reduce_axes, lrn_window
@@ -87,7 +87,5 @@ def batch_normalization(
 
 def _compiled(x: np.ndarray, y: np.ndarray, spatial: int) -> bool:
     """Whether the compiled one-pass kernel takes this BatchNormalization: per-channel parameters, a float
-    dtype it compiles, and X and Y each viewable as ``[N, C, P]`` (a Concat slice is, per image)."""
-    if not spatial or x.ndim < 3 or x.dtype not in COMPILED_DTYPES:
-        return False
-    return planes_view(x) is not None and planes_view(y) is not None
+    dtype it compiles, and each image of X and Y contiguous (a Concat slice's is: ``jit_affine.takes``)."""
+    return bool(spatial) and x.dtype in COMPILED_DTYPES and takes(x, y)
