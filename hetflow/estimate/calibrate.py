@@ -50,6 +50,7 @@ from hetflow.estimate.models import (
 from hetflow.estimate.predict import (
     COLUMNS_MARK,
     OWN_GEMM_MARK,
+    SPIN_IMAGES_MARK,
     SPIN_MARK,
     TILES_MARK,
     kernel_cost,
@@ -534,7 +535,7 @@ def _time_probe_nodes(
             if candidate.algorithm in SKIPPED_ALGORITHMS:
                 continue
             calls_blas = _may_call_blas(node, candidate.algorithm, key)
-            if spin and not key.endswith((SPIN_MARK, OWN_GEMM_MARK, COLUMNS_MARK)):
+            if spin and not key.endswith((SPIN_MARK, SPIN_IMAGES_MARK, OWN_GEMM_MARK, COLUMNS_MARK)):
                 # NOTE: a spinning probe times only what a spinning run splits: the others have probes
                 # of their own, and one of them run here (an im2col GEMM on OpenBLAS's threads) left
                 # those threads spinning on the cores: the direct Conv timed after it took 2x.

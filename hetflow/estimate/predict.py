@@ -227,6 +227,10 @@ SPIN_SPLIT_KEYS = frozenset({
 })  # fmt: skip
 
 
+#: Marks the key of a batch's direct Conv in a spinning run (``executor.spins``), which shares out whole
+#: images (one image shares out its kernel blocks): fitted together, the batch-16 samples pulled the
+#: ``@spin`` model of the batch-1 layers 10-20% low (lenet and mentee at batch 1 came out -30%).
+SPIN_IMAGES_MARK = "@spin-images"
 #: Marks the key of a pointwise Conv that a run on its own or spinning threads gives to hetflow's own
 #: GEMM (``kernels.own_gemm``), of one image's im2col Conv that a spinning run multiplies there in
 #: bands, and of a fully connected layer at a batch on the dense kernel (``kernels.dense``): its epilogue
@@ -259,7 +263,7 @@ THREADS_KEYS = frozenset({
 #: 1.3, and VGG-19's 3 -> 64 first layer at batch 16 came out +98%.
 PHASES_MARK = "@phases"
 #: Every mark a key may end with.
-MARKS = (SPIN_MARK, OWN_GEMM_MARK, COLUMNS_MARK, TILES_MARK, THREADS_MARK, PHASES_MARK)
+MARKS = (SPIN_IMAGES_MARK, SPIN_MARK, OWN_GEMM_MARK, COLUMNS_MARK, TILES_MARK, THREADS_MARK, PHASES_MARK)
 
 
 def key_algorithm(key: str) -> str:
@@ -282,8 +286,9 @@ def layer_key(
     (``split``) or a spinning one gives a pointwise Conv to hetflow's own GEMM, or a spinning run an
     im2col Conv in bands, ``COLUMNS_MARK`` where a spinning run gives it there as whole columns,
     ``TILES_MARK`` where a run on its own threads multiplies an im2col or Winograd Conv there,
-    ``THREADS_MARK`` where such a run shares a pool's or an LRN's planes out over its threads, and
-    ``PHASES_MARK`` for a direct Conv over a strided window, however the run splits it.
+    ``THREADS_MARK`` where such a run shares a pool's or an LRN's planes out over its threads,
+    ``SPIN_IMAGES_MARK`` for a batch's stride-1 direct Conv in a spinning run, and ``PHASES_MARK`` for a
+    direct Conv over a strided window, however the run splits it.
 
     The algorithm is the kernel's own. A kernel that covers several methods (``default``, ``auto``) is
     refined by the method the op's cost model would pick (Conv's heuristic), so pointwise, depthwise,
@@ -308,7 +313,17 @@ def layer_key(
         return key + TILES_MARK
     if split and not spinning and key in THREADS_KEYS:
         return key + THREADS_MARK
+    if spinning and key == "Conv/direct_fma" and graph is not None and _batch_of(node, graph) > 1:
+        return key + SPIN_IMAGES_MARK
     return key + SPIN_MARK if spinning and key in SPIN_SPLIT_KEYS else key
+
+
+def _batch_of(node: Node, graph: Graph) -> int:
+    """The leading dimension of ``node``'s first input where it is concrete, else 1."""
+    value = graph.values.get(node.inputs[0])
+    if value is None or not value.shape or not isinstance(value.shape[0], int):
+        return 1
+    return int(value.shape[0])
 
 
 def _im2col_on_tiles(node: Node, graph: Graph) -> str | None:

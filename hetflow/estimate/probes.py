@@ -334,6 +334,8 @@ def _conv_probes() -> list[Probe]:
         probes.append(Probe(_conv_label(args, kwargs) + " split", conv(*args, **kwargs), split=True))
     for args, kwargs in SPIN_RUN_CONVS:
         probes.append(Probe(_conv_label(args, kwargs) + " spin", conv(*args, **kwargs), spin=True))
+    for args, kwargs, hold in SPIN_BATCH_CONVS:
+        probes.append(Probe(_conv_label(args, kwargs) + " spin", conv(*args, **kwargs), spin=True, hold_blas=hold))
     return probes
 
 
@@ -367,6 +369,19 @@ SPIN_RUN_CONVS: list[tuple[tuple, dict]] = [
     ((32, 32, 32, 3), {}),
     ((64, 16, 64, 3), {}),
     ((64, 8, 128, 3), {}),
+]
+
+
+#: The small networks' direct Convs at batch 16, spinning as their batch runs do (``executor.spins``), BLAS
+#: held at one thread where the network is past ``executor.SPIN_BLAS_MAX_CONV_MACS`` (cifar10-quick,
+#: mentee; not lenet). Each image a share: with only the batch-1 samples (kernel blocks shared out), the
+#: ``@spin`` fit priced lenet's and mentee's batch runs 11-23% over.
+SPIN_BATCH_CONVS: list[tuple[tuple, dict, bool]] = [
+    ((1, 28, 20, 5, 1, 0), {"batch": 16}, False),
+    ((20, 12, 50, 5, 1, 0), {"batch": 16}, False),
+    ((32, 16, 32, 5), {"batch": 16}, True),
+    ((32, 32, 32, 3), {"batch": 16}, True),
+    ((64, 16, 64, 3), {"batch": 16}, True),
 ]
 
 
@@ -482,6 +497,15 @@ def catalogue() -> list[Probe]:
         Probe("avgpool 3x3/1 576x14 spin", pool("AveragePool", 576, 14, 3, 1, 1), spin=True),
         Probe("avgpool 3x3/2 240x56 spin", pool("AveragePool", 240, 56, 3, 2, 1), spin=True),
         Probe("avgpool 3x3/2 48x16 spin", pool("AveragePool", 48, 16, 3, 2, 1), spin=True),
+        # The small networks' pools at batch 16, which spin too: the batch-1 samples above, all 3x3,
+        # priced lenet's 2x2 pools at 3-19x their time.
+        Probe("maxpool 2x2/2 20x24 b16 spin", pool("MaxPool", 20, 24, 2, 2, batch=16), spin=True),
+        Probe("maxpool 2x2/2 50x8 b16 spin", pool("MaxPool", 50, 8, 2, 2, batch=16), spin=True),
+        Probe("maxpool 2x2/2 32x32 b16 spin", pool("MaxPool", 32, 32, 2, 2, batch=16), spin=True, hold_blas=True),
+        Probe("maxpool 2x2/2 64x16 b16 spin", pool("MaxPool", 64, 16, 2, 2, batch=16), spin=True, hold_blas=True),
+        Probe("maxpool 3x3/2 32x32 b16 spin", pool("MaxPool", 32, 32, 3, 2, batch=16), spin=True, hold_blas=True),
+        Probe("avgpool 3x3/2 32x16 b16 spin", pool("AveragePool", 32, 16, 3, 2, batch=16), spin=True,
+              hold_blas=True),
         # Pools and LRN as batch runs on their own threads share their planes out (``@threads`` keys).
         Probe("maxpool 3x3/2 64x112 b8 split", pool("MaxPool", 64, 112, 3, 2, 1, batch=8), split=True),
         Probe("maxpool 3x3/2 96x55 b8 split", pool("MaxPool", 96, 55, 3, 2, batch=8), split=True),

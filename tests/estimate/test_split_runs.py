@@ -242,24 +242,31 @@ def test_the_compiled_lstm_scratch_counts_every_driver_and_output(batch, pool_he
 
 
 def test_layers_a_spinning_run_splits_have_keys_of_their_own(quick_profile):
-    """lenet spins (``executor.spins``) at batch 1 and 16: its direct Convs and pools are predicted from
-    the ``@spin`` models, and so are its fully connected layers at batch 1 (at 16 they run the dense
-    kernel, ``@own``)."""
-    from hetflow.estimate.predict import SPIN_MARK, key_algorithm, spin_run
+    """lenet spins (``executor.spins``) at batch 1 and 16. At batch 1 its direct Convs, pools and fully
+    connected layers are predicted from the ``@spin`` models; at 16 its pools are, its direct Convs (each
+    image a share) from ``@spin-images``, and its fully connected layers run the dense kernel (``@own``)."""
+    from hetflow.estimate.predict import OWN_GEMM_MARK, SPIN_IMAGES_MARK, SPIN_MARK, key_algorithm, spin_run
     from hetflow.runtime.executor import spins
 
     session = InferenceSession("zoo:lenet")
+    expected = {
+        1: {"Conv/direct_fma@spin", "MaxPool/default@spin", "Gemm/default@spin"},
+        16: {"Conv/direct_fma@spin-images", "MaxPool/default@spin", "Gemm/default@own"},
+    }
     for batch in (1, 16):
         plan = session.plan_for(batch_bindings(session.graph, batch))
         spinning = spins(plan_conv_macs(plan), batch > 1, quick_profile.threads)
         assert spin_run(quick_profile, plan, batch, None) is spinning
         report = estimate(session, quick_profile, batch)
-        assert all(SPIN_MARK not in layer.algorithm for layer in report.layers)  # reports name algorithms
-        keys = [key for key in _keys(session, quick_profile, batch) if key.endswith(SPIN_MARK)]
-        assert bool(keys) is spinning
-        spin_ops = {"Conv", "MaxPool"} | ({"Gemm"} if batch == 1 else set())
-        assert {key.split("/")[0] for key in keys} == (spin_ops if spinning else set())
+        assert all("@" not in layer.algorithm for layer in report.layers)  # reports name algorithms
+        marks = (SPIN_MARK, SPIN_IMAGES_MARK, OWN_GEMM_MARK)
+        keys = {key for key in _keys(session, quick_profile, batch) if key.endswith(marks)}
+        if spinning:
+            assert keys == expected[batch]
+        else:
+            assert not any(key.endswith((SPIN_MARK, SPIN_IMAGES_MARK)) for key in keys)
     assert key_algorithm("Conv/direct_fma" + SPIN_MARK) == "direct_fma"
+    assert key_algorithm("Conv/direct_fma" + SPIN_IMAGES_MARK) == "direct_fma"
 
 
 def test_a_batch_stem_on_phase_planes_has_a_key_of_its_own(quick_profile):
@@ -407,14 +414,17 @@ def test_one_images_im2col_on_the_tiles_has_a_key_of_its_own(kernels, channels, 
 
 def test_batch_1_conv_probes_are_timed_spinning_as_batch_1_runs_are() -> None:
     """Every batch-1 run of a convolutional network spins (``executor.spins``): its Conv probes are timed
-    so, BLAS held at one thread for a large network's layers; batches keep BLAS's threads or split."""
+    so, BLAS held at one thread for a large network's layers; batches keep BLAS's threads or split, but
+    the small networks' direct Convs at batch 16, which spin as their runs do (``SPIN_BATCH_CONVS``)."""
     from hetflow.estimate import probes
 
     catalogue = probes.catalogue()
     convs = [p for p in catalogue if p.name.startswith("conv ")]
+    spinning_batches = {probes._conv_label(args, kwargs) + " spin" for args, kwargs, _ in probes.SPIN_BATCH_CONVS}
+    assert len(spinning_batches) == len(probes.SPIN_BATCH_CONVS) > 0
     for probe in convs:
         batched = "batch=" in probe.name
-        assert probe.spin is (not batched and not probe.split), probe.name
+        assert probe.spin is ((not batched and not probe.split) or probe.name in spinning_batches), probe.name
         assert not (probe.hold_blas and not probe.spin), probe.name
     by_name = {p.name: p for p in convs}
     assert by_name["conv 64x56x56 -> 64 k3 spin"].hold_blas  # 115 M multiply-adds: a large network's
