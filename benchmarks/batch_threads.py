@@ -1,0 +1,76 @@
+"""A batch of each zoo model in the thread arrangement the executor picks vs on the spinning pool, in one
+process, alternating: what spinning every batch would do (``executor.thread_arrangement``).
+
+Usage: python benchmarks/batch_threads.py [--models squeezenet,shufflenet] [--batch 16] [--alternations 3]
+                                          [--runs 4] [--threads 2]
+
+The executor spins one example and small batches (under ``executor.OWN_THREADS_MIN_CONV_MACS`` Conv
+multiply-adds); a larger batch splits on hetflow's own (Python-pool) threads. The "spin" setting raises
+that threshold for the session's runs, so every batch spins. Each alternation times ``--runs`` calls of
+each setting after two warm-up calls; the script prints each setting's minimum and median and the ratio
+of minimums (spin / picked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import hetflow
+from hetflow.runtime import executor
+
+MODELS = "squeezenet,shufflenet,mobilenetv2,googlenet,inception_v2,resnet50,densenet121,alexnet,zfnet512,vgg19"
+#: Conv multiply-adds no batch reaches: every batch spins.
+EVERY_BATCH = 1 << 62
+
+
+def timed_runs(session: hetflow.InferenceSession, feeds: dict[str, np.ndarray], runs: int) -> list[float]:
+    """Seconds of ``runs`` calls after two warm-up calls."""
+    for _ in range(2):
+        session.run(None, feeds)
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def compare(model: str, batch: int, threads: int, alternations: int, runs: int) -> dict[str, list[float]]:
+    """Run times of ``model`` at ``batch`` per setting ("picked", "spin"), alternating."""
+    session = hetflow.InferenceSession(f"zoo:{model}", threads=threads)
+    arg = session.get_inputs()[0]
+    shape = [batch if isinstance(d, str) else d for d in arg.shape]
+    feeds = {arg.name: np.random.default_rng(1).standard_normal(shape).astype(np.float32)}
+    picked = executor.OWN_THREADS_MIN_CONV_MACS
+    times: dict[str, list[float]] = {"picked": [], "spin": []}
+    try:
+        for _ in range(alternations):
+            for setting in times:
+                executor.OWN_THREADS_MIN_CONV_MACS = picked if setting == "picked" else EVERY_BATCH
+                times[setting] += timed_runs(session, feeds, runs)
+    finally:
+        executor.OWN_THREADS_MIN_CONV_MACS = picked
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=MODELS)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--alternations", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=4)
+    args = parser.parse_args()
+    print(f"batch {args.batch}, {args.threads} threads, {args.alternations} alternations x {args.runs} runs")
+    for model in args.models.split(","):
+        times = compare(model, args.batch, args.threads, args.alternations, args.runs)
+        cells = [f"{name} min {min(v) * 1e3:9.2f} med {np.median(v) * 1e3:9.2f} ms" for name, v in times.items()]
+        ratio = min(times["spin"]) / min(times["picked"])
+        print(f"{model:<14} " + " | ".join(cells) + f" | spin / picked {ratio:.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
