@@ -14,9 +14,9 @@ of minimums (spin / picked).
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
+from runners import timed_session_runs
 
 import hetflow
 from hetflow.runtime import executor
@@ -24,18 +24,6 @@ from hetflow.runtime import executor
 MODELS = "squeezenet,shufflenet,mobilenetv2,googlenet,inception_v2,resnet50,densenet121,alexnet,zfnet512,vgg19"
 #: Conv multiply-adds no batch reaches: every batch spins.
 EVERY_BATCH = 1 << 62
-
-
-def timed_runs(session: hetflow.InferenceSession, feeds: dict[str, np.ndarray], runs: int) -> list[float]:
-    """Seconds of ``runs`` calls after two warm-up calls."""
-    for _ in range(2):
-        session.run(None, feeds)
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        session.run(None, feeds)
-        times.append(time.perf_counter() - started)
-    return times
 
 
 def compare(model: str, batch: int, threads: int, alternations: int, runs: int) -> dict[str, list[float]]:
@@ -50,7 +38,7 @@ def compare(model: str, batch: int, threads: int, alternations: int, runs: int) 
         for _ in range(alternations):
             for setting in times:
                 executor.OWN_THREADS_MIN_CONV_MACS = picked if setting == "picked" else EVERY_BATCH
-                times[setting] += timed_runs(session, feeds, runs)
+                times[setting] += timed_session_runs(session, feeds, runs)
     finally:
         executor.OWN_THREADS_MIN_CONV_MACS = picked
     return times

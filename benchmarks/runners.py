@@ -122,3 +122,18 @@ def table_of_cases(
     if json_path is not None:
         json_path.write_text(json.dumps(rows, indent=1))
     return rows
+
+
+def timed_session_runs(session: Any, feeds: dict[str, Any], runs: int, warmup: int = 2) -> list[float]:
+    """Seconds of ``runs`` calls of ``session.run`` on ``feeds`` after ``warmup`` untimed ones (scripts
+    that time one runtime's settings against each other, in one process)."""
+    import time
+
+    for _ in range(warmup):
+        session.run(None, feeds)
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - started)
+    return times

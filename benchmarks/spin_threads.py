@@ -12,11 +12,11 @@ run uncapped at 16 threads (``benchmarks/results/2026-11-24-h100/spin_cap.txt``)
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from runners import timed_session_runs
 
 import hetflow
 from hetflow.runtime import executor
@@ -45,14 +45,7 @@ CASES: dict[str, str | onnx.ModelProto] = {
 
 
 def fastest_of(session: hetflow.InferenceSession, feeds: dict[str, np.ndarray], runs: int = 5) -> float:
-    for _ in range(3):
-        session.run(None, feeds)
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        session.run(None, feeds)
-        times.append(time.perf_counter() - started)
-    return min(times)
+    return min(timed_session_runs(session, feeds, runs, warmup=3))
 
 
 def main() -> None:

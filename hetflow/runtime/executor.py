@@ -214,8 +214,8 @@ def spins(conv_macs: int, batched: bool, threads: int | None = None) -> bool:
     every product). Measured at batch 1, 2 threads, one process alternating arrangements (minimums of
     30 runs, 3 rounds), BLAS's threads -> spinning: squeezenet 6.06 -> 4.86 ms, inception_v2 31.0 ->
     27.1, googlenet 23.4 -> 20.6, shufflenet 4.63 -> 4.10, mobilenetv2 7.89 -> 7.19, densenet121 45.0 ->
-    42.9, resnet50 51.3 -> 49.9. At batch 16, hetflow's Python pool -> spinning (``prof``, minimums of 30
-    runs): lenet 1.21 -> 0.86 ms, cifar10-quick 2.70 -> 2.10, mentee 6.13 -> 5.08."""
+    42.9, resnet50 51.3 -> 49.9. At batch 16, hetflow's Python pool -> spinning (one process, minimums of
+    30 runs): lenet 1.21 -> 0.86 ms, cifar10-quick 2.70 -> 2.10, mentee 6.13 -> 5.08."""
     count = available_cores() if threads is None else threads
     small = not batched or conv_macs < OWN_THREADS_MIN_CONV_MACS
     return count > 1 and small and conv_macs > 0 and jit_gemm.available()

@@ -91,106 +91,56 @@ def test_direct_conv_bound_splits_a_large_call_over_threads(monkeypatch):
     _check_bound(DIRECT, Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(pads=(2, 1, 2, 1))), [x, w, b], 1e-5)
 
 
-@pytest.mark.parametrize(
-    ("x_shape", "w_shape"), [((1, 20, 12, 12), (50, 20, 5, 5)), ((1, 64, 6, 6), (40, 64, 3, 3))], ids=["flat", "lanes"]
-)
-def test_direct_conv_bound_shares_one_image_over_numba_threads(monkeypatch, x_shape, w_shape):
-    """One image on two threads of numba's pool: its kernel blocks are shared out there, same result."""
-    from hetflow.devices.cpu.kernels import direct, jit_direct, jit_direct_lanes
-
-    monkeypatch.setattr(direct, "MIN_PRODUCTS_PER_NATIVE_SHARE", 1)
-    monkeypatch.setattr(direct, "MIN_PRODUCTS_PER_SPIN_SHARE", 1)
-    monkeypatch.setattr(direct, "available_cores", lambda: 2)
-    monkeypatch.setattr(direct, "intra_op_threads", lambda: 2)
-    monkeypatch.setattr(direct, "in_numba_pool", lambda: True)
-    shared = []
-    for module in (jit_direct, jit_direct_lanes):
-        original = module._split_blocks
-        monkeypatch.setattr(module, "_split_blocks", lambda shares, *rest, original=original: (
-            shared.append(shares), original(shares, *rest))[1])  # fmt: skip
-    rng = np.random.default_rng(13)
-    x = rng.standard_normal(x_shape).astype(np.float32)
-    w = rng.standard_normal(w_shape).astype(np.float32)
-    b = rng.standard_normal(w_shape[0]).astype(np.float32)
-    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(pads=(1, 1, 1, 1), fused=RELU))
-    _check_bound(DIRECT, node, [x, w, b], rtol=1e-5)
-    assert shared == [2, 2]
-
-
-@pytest.mark.parametrize(
-    ("x_shape", "w_shape"), [((1, 20, 12, 12), (50, 20, 5, 5)), ((1, 64, 6, 6), (40, 64, 3, 3))], ids=["flat", "lanes"]
-)
-def test_direct_conv_bound_shares_one_image_over_spinning_threads(monkeypatch, x_shape, w_shape):
-    """One image on two spinning threads: its kernel blocks are two chunks of a spin-pool job, same result."""
-    from hetflow.devices.cpu import threads
+def _spinning_direct_conv(monkeypatch, x_shape, w_shape, strides, python_pool=True):  # noqa: ANN001, ANN202
+    """A direct Conv (Relu fused) on seeded X, W and B, split over two spinning threads from one computed
+    product on: (the spin jobs recorded from here on, the node, the arrays)."""
     from hetflow.devices.cpu.kernels import direct
 
     monkeypatch.setattr(direct, "MIN_PRODUCTS_PER_SPIN_SHARE", 1)
     monkeypatch.setattr(direct, "available_cores", lambda: 2)
-    jobs = record_spin_jobs(monkeypatch, min_outputs=None, python_pool=True)
+    jobs = record_spin_jobs(monkeypatch, min_outputs=None, python_pool=python_pool)
     rng = np.random.default_rng(14)
     x = rng.standard_normal(x_shape).astype(np.float32)
     w = rng.standard_normal(w_shape).astype(np.float32)
     b = rng.standard_normal(w_shape[0]).astype(np.float32)
-    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(pads=(1, 1, 1, 1), fused=RELU))
-    with threads.own_threads(2, spin=True):
-        _check_bound(DIRECT, node, [x, w, b], rtol=1e-5)
-    assert [chunks for _, chunks in jobs] == [2, 2]
-
-
-@pytest.mark.parametrize(
-    ("x_shape", "w_shape", "strides"),
-    [((5, 20, 12, 12), (50, 20, 5, 5), (1, 1)), ((5, 64, 6, 6), (40, 64, 3, 3), (1, 1)),
-     ((5, 3, 17, 17), (16, 3, 3, 3), (2, 2))],
-    ids=["flat", "lanes", "phases"],
-)  # fmt: skip
-def test_direct_conv_bound_shares_a_batch_over_spinning_threads(monkeypatch, x_shape, w_shape, strides):
-    """Five images on two spinning threads: two chunks of a spin-pool job, each a run of whole images in
-    its own part of the scratch, same result (every variant)."""
-    from hetflow.devices.cpu import threads
-    from hetflow.devices.cpu.kernels import direct
-
-    monkeypatch.setattr(direct, "MIN_PRODUCTS_PER_SPIN_SHARE", 1)
-    monkeypatch.setattr(direct, "available_cores", lambda: 2)
-    jobs = record_spin_jobs(monkeypatch, min_outputs=None, python_pool=True)
-    rng = np.random.default_rng(15)
-    x = rng.standard_normal(x_shape).astype(np.float32)
-    w = rng.standard_normal(w_shape).astype(np.float32)
-    b = rng.standard_normal(w_shape[0]).astype(np.float32)
     node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(pads=(1, 1, 1, 1), strides=strides, fused=RELU))
+    return jobs, node, [x, w, b]
+
+
+SPIN_CONV_CASES = [((20, 12, 12), (50, 20, 5, 5), (1, 1)), ((64, 6, 6), (40, 64, 3, 3), (1, 1)),
+                   ((3, 17, 17), (16, 3, 3, 3), (2, 2))]  # fmt: skip
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+@pytest.mark.parametrize(("x_shape", "w_shape", "strides"), SPIN_CONV_CASES, ids=["flat", "lanes", "phases"])
+def test_direct_conv_bound_splits_over_spinning_threads(monkeypatch, x_shape, w_shape, strides, batch):
+    """On two spinning threads one image's kernel blocks, or a batch's runs of whole images (each chunk
+    in its own part of the scratch), are two chunks of a spin-pool job, with the same result (every
+    variant)."""
+    from hetflow.devices.cpu import threads
+
+    jobs, node, arrays = _spinning_direct_conv(monkeypatch, (batch, *x_shape), w_shape, strides)
     with threads.own_threads(2, spin=True):
-        _check_bound(DIRECT, node, [x, w, b], rtol=1e-5)
+        _check_bound(DIRECT, node, arrays, rtol=1e-5)
     assert [chunks for _, chunks in jobs] == [2, 2]
 
 
 @pytest.mark.parametrize("batch", [1, 5])
-@pytest.mark.parametrize(
-    ("x_shape", "w_shape", "strides"),
-    [((20, 12, 12), (50, 20, 5, 5), (1, 1)), ((64, 6, 6), (40, 64, 3, 3), (1, 1)), ((3, 17, 17), (16, 3, 3, 3), (2, 2))],
-    ids=["flat", "lanes", "phases"],
-)  # fmt: skip
+@pytest.mark.parametrize(("x_shape", "w_shape", "strides"), SPIN_CONV_CASES, ids=["flat", "lanes", "phases"])
 def test_direct_conv_on_spinning_threads_writes_into_a_concat_slice(monkeypatch, x_shape, w_shape, strides, batch):
     """Y a Concat's channel slice (its images apart): the spin job writes each image's channels there and
     nothing else of the Concat's output, one image shared out by kernel blocks or a batch by images."""
     from hetflow.devices.cpu import threads
-    from hetflow.devices.cpu.kernels import direct
 
-    monkeypatch.setattr(direct, "MIN_PRODUCTS_PER_SPIN_SHARE", 1)
-    monkeypatch.setattr(direct, "available_cores", lambda: 2)
-    jobs = record_spin_jobs(monkeypatch, min_outputs=None)
-    rng = np.random.default_rng(16)
-    x = rng.standard_normal((batch, *x_shape)).astype(np.float32)
-    w = rng.standard_normal(w_shape).astype(np.float32)
-    b = rng.standard_normal(w_shape[0]).astype(np.float32)
-    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], ConvAttrs(pads=(1, 1, 1, 1), strides=strides, fused=RELU))
-    (expected,) = DIRECT.fn(node, [x, w, b])
+    jobs, node, arrays = _spinning_direct_conv(monkeypatch, (batch, *x_shape), w_shape, strides, python_pool=False)
+    (expected,) = DIRECT.fn(node, arrays)
     kernels = w_shape[0]
     concat = np.full((batch, kernels + 7, *expected.shape[2:]), -5.0, np.float32)
     target = concat[:, 3 : 3 + kernels]
-    _, workspace = _buffers(DIRECT, node, [x, w, b])
-    call = DIRECT.bind(node, array_infos([x, w, b]), [target], workspace)
+    _, workspace = _buffers(DIRECT, node, arrays)
+    call = DIRECT.bind(node, array_infos(arrays), [target], workspace)
     with threads.own_threads(2, spin=True):
-        (y,) = call([x, w, b])
+        (y,) = call(arrays)
     assert y is target and len(jobs) == 1
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5 * float(np.abs(expected).max()))
     assert (concat[:, :3] == -5.0).all() and (concat[:, 3 + kernels :] == -5.0).all()

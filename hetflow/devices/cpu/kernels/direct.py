@@ -141,7 +141,7 @@ def _prepare(
     native_parts = min(parts, products_computed // MIN_PRODUCTS_PER_NATIVE_SHARE)
     # On spinning threads (``own_threads(spin=True)``), likewise from MIN_PRODUCTS_PER_SPIN_SHARE a share.
     spin_parts = min(parts, products_computed // MIN_PRODUCTS_PER_SPIN_SHARE)
-    # A batch of at least as many images as threads splits on the spinning pool by whole images.
+    # On the spinning pool: one image's kernel blocks, or (as many images as threads or more) runs of images.
     split = variant.bind_block_split(x_shape, kernels, geo, relu, buffers) if spin_parts > 1 else None
     blocks = jit_direct.round_up(kernels, block) // block
     most = jit_direct.most_threads(products_computed, y_shape[0], blocks)
