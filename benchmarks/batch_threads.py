@@ -1,14 +1,13 @@
-"""A batch of each zoo model in the thread arrangement the executor picks vs on the spinning pool, in one
-process, alternating: what spinning every batch would do (``executor.thread_arrangement``).
+"""A batch of each zoo model on the spinning pool vs on hetflow's own (Python-pool) threads, in one
+process, alternating: what ``executor.BATCHES_SPIN`` does.
 
 Usage: python benchmarks/batch_threads.py [--models squeezenet,shufflenet] [--batch 16] [--alternations 3]
                                           [--runs 4] [--threads 2]
 
-The executor spins one example and small batches (under ``executor.OWN_THREADS_MIN_CONV_MACS`` Conv
-multiply-adds); a larger batch splits on hetflow's own (Python-pool) threads. The "spin" setting raises
-that threshold for the session's runs, so every batch spins. Each alternation times ``--runs`` calls of
-each setting after two warm-up calls; the script prints each setting's minimum and median and the ratio
-of minimums (spin / picked).
+With ``BATCHES_SPIN`` every batch spins, as one example does; without it a batch from
+``executor.OWN_THREADS_MIN_CONV_MACS`` Conv multiply-adds splits on hetflow's own threads ("own"; smaller
+ones spin either way). Each alternation times ``--runs`` calls of each setting after two warm-up calls;
+the script prints each setting's minimum and median and the ratio of minimums (spin / own).
 """
 
 from __future__ import annotations
@@ -22,25 +21,21 @@ import hetflow
 from hetflow.runtime import executor
 
 MODELS = "squeezenet,shufflenet,mobilenetv2,googlenet,inception_v2,resnet50,densenet121,alexnet,zfnet512,vgg19"
-#: Conv multiply-adds no batch reaches: every batch spins.
-EVERY_BATCH = 1 << 62
-
-
 def compare(model: str, batch: int, threads: int, alternations: int, runs: int) -> dict[str, list[float]]:
-    """Run times of ``model`` at ``batch`` per setting ("picked", "spin"), alternating."""
+    """Run times of ``model`` at ``batch`` per setting ("own", "spin"), alternating."""
     session = hetflow.InferenceSession(f"zoo:{model}", threads=threads)
     arg = session.get_inputs()[0]
     shape = [batch if isinstance(d, str) else d for d in arg.shape]
     feeds = {arg.name: np.random.default_rng(1).standard_normal(shape).astype(np.float32)}
-    picked = executor.OWN_THREADS_MIN_CONV_MACS
-    times: dict[str, list[float]] = {"picked": [], "spin": []}
+    default = executor.BATCHES_SPIN
+    times: dict[str, list[float]] = {"own": [], "spin": []}
     try:
         for _ in range(alternations):
             for setting in times:
-                executor.OWN_THREADS_MIN_CONV_MACS = picked if setting == "picked" else EVERY_BATCH
+                executor.BATCHES_SPIN = setting == "spin"
                 times[setting] += timed_session_runs(session, feeds, runs)
     finally:
-        executor.OWN_THREADS_MIN_CONV_MACS = picked
+        executor.BATCHES_SPIN = default
     return times
 
 
@@ -56,8 +51,8 @@ def main() -> None:
     for model in args.models.split(","):
         times = compare(model, args.batch, args.threads, args.alternations, args.runs)
         cells = [f"{name} min {min(v) * 1e3:9.2f} med {np.median(v) * 1e3:9.2f} ms" for name, v in times.items()]
-        ratio = min(times["spin"]) / min(times["picked"])
-        print(f"{model:<14} " + " | ".join(cells) + f" | spin / picked {ratio:.2f}", flush=True)
+        ratio = min(times["spin"]) / min(times["own"])
+        print(f"{model:<14} " + " | ".join(cells) + f" | spin / own {ratio:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from hetflow.estimate.models import (
 from hetflow.estimate.predict import (
     COLUMNS_MARK,
     OWN_GEMM_MARK,
-    SPIN_IMAGES_MARK,
+    SPIN_BATCH_MARK,
     SPIN_MARK,
     TILES_MARK,
     kernel_cost,
@@ -429,8 +429,16 @@ class Terms:
         return features(cost, self.gemm, self.memory, strided, halves)
 
     def splits(self, probe: probe_catalogue.Probe) -> bool:
-        """Whether ``probe`` is timed as a run that splits its GEMMs (it asks to, and runs here do)."""
-        return probe.split and self.one_thread is not None
+        """Whether ``probe`` is timed as a run that splits its GEMMs (it asks to, and runs here do: a
+        batch that does not spin)."""
+        return probe.split and self.one_thread is not None and not self.batch_spins(probe)
+
+    def batch_spins(self, probe: probe_catalogue.Probe) -> bool:
+        """Whether a probe of a large network's batch run (``split``) is timed spinning, BLAS held at one
+        thread, as such runs spin here (``executor.spins``, ``executor.BATCHES_SPIN``)."""
+        from hetflow.runtime.executor import OWN_THREADS_MIN_CONV_MACS, spins
+
+        return probe.split and spins(OWN_THREADS_MIN_CONV_MACS, True, self.threads)
 
 
 class BlasSpin:
@@ -488,21 +496,24 @@ def _time_probe(
     blas: BlasSpin | None = None,
 ) -> list[Sample]:
     """Time every kernel of ``device`` for every node of one probe model, on real inputs; a ``split``
-    probe as a run that splits its GEMMs over its own threads (``own_threads``)."""
+    probe as a large network's batch runs here: spinning with BLAS held at one thread, or splitting its
+    GEMMs over its own threads (``own_threads``)."""
     from hetflow.devices.cpu.threads import own_threads
     from hetflow.runtime.executor import spin_threads
 
     split = terms.splits(probe)
+    spin = probe.spin or terms.batch_spins(probe)
+    hold_blas = probe.hold_blas or terms.batch_spins(probe)
     if split:
         context: Any = own_threads(terms.threads)
-    elif probe.spin and device.kind == "cpu":
-        context = own_threads(spin_threads(terms.threads), spin=True, hold_blas=probe.hold_blas)
+    elif spin and device.kind == "cpu":
+        context = own_threads(spin_threads(terms.threads), spin=True, hold_blas=hold_blas)
     else:
         context = contextlib.nullcontext()
     # BLAS keeps its threads where a probe neither splits on hetflow's threads nor holds BLAS at one.
-    threaded = terms.threads > 1 and not split and not (probe.spin and probe.hold_blas)
+    threaded = terms.threads > 1 and not split and not (spin and hold_blas)
     with context:
-        return _time_probe_nodes(probe.build(), settings, device, terms, split, probe.spin, settle, blas, threaded)
+        return _time_probe_nodes(probe.build(), settings, device, terms, split, spin, settle, blas, threaded)
 
 
 def _time_probe_nodes(
@@ -535,7 +546,7 @@ def _time_probe_nodes(
             if candidate.algorithm in SKIPPED_ALGORITHMS:
                 continue
             calls_blas = _may_call_blas(node, candidate.algorithm, key)
-            if spin and not key.endswith((SPIN_MARK, SPIN_IMAGES_MARK, OWN_GEMM_MARK, COLUMNS_MARK)):
+            if spin and not key.endswith((SPIN_MARK, SPIN_BATCH_MARK, OWN_GEMM_MARK, COLUMNS_MARK)):
                 # NOTE: a spinning probe times only what a spinning run splits: the others have probes
                 # of their own, and one of them run here (an im2col GEMM on OpenBLAS's threads) left
                 # those threads spinning on the cores: the direct Conv timed after it took 2x.

@@ -227,10 +227,11 @@ SPIN_SPLIT_KEYS = frozenset({
 })  # fmt: skip
 
 
-#: Marks the key of a batch's direct Conv in a spinning run (``executor.spins``), which shares out whole
-#: images (one image shares out its kernel blocks): fitted together, the batch-16 samples pulled the
-#: ``@spin`` model of the batch-1 layers 10-20% low (lenet and mentee at batch 1 came out -30%).
-SPIN_IMAGES_MARK = "@spin-images"
+#: Marks the key of a layer that a spinning run of a batch splits (``executor.spins``; ``SPIN_SPLIT_KEYS``):
+#: a batch's direct Conv shares out whole images where one image shares out its kernel blocks, and a
+#: batch's products and planes run nearer their peak. Fitted together with the batch-1 samples, the batch
+#: probes pulled the ``@spin`` models of one example 10-30% low (resnet50 at batch 1 -27%).
+SPIN_BATCH_MARK = "@spin-batch"
 #: Marks the key of a pointwise Conv that a run on its own or spinning threads gives to hetflow's own
 #: GEMM (``kernels.own_gemm``), of one image's im2col Conv that a spinning run multiplies there in
 #: bands, and of a fully connected layer at a batch on the dense kernel (``kernels.dense``): its epilogue
@@ -263,7 +264,7 @@ THREADS_KEYS = frozenset({
 #: 1.3, and VGG-19's 3 -> 64 first layer at batch 16 came out +98%.
 PHASES_MARK = "@phases"
 #: Every mark a key may end with.
-MARKS = (SPIN_IMAGES_MARK, SPIN_MARK, OWN_GEMM_MARK, COLUMNS_MARK, TILES_MARK, THREADS_MARK, PHASES_MARK)
+MARKS = (SPIN_BATCH_MARK, SPIN_MARK, OWN_GEMM_MARK, COLUMNS_MARK, TILES_MARK, THREADS_MARK, PHASES_MARK)
 
 
 def key_algorithm(key: str) -> str:
@@ -287,7 +288,7 @@ def layer_key(
     im2col Conv in bands, ``COLUMNS_MARK`` where a spinning run gives it there as whole columns,
     ``TILES_MARK`` where a run on its own threads multiplies an im2col or Winograd Conv there,
     ``THREADS_MARK`` where such a run shares a pool's or an LRN's planes out over its threads,
-    ``SPIN_IMAGES_MARK`` for a batch's stride-1 direct Conv in a spinning run, and ``PHASES_MARK`` for a
+    ``SPIN_BATCH_MARK`` where a spinning run of a batch splits the layer, and ``PHASES_MARK`` for a
     direct Conv over a strided window, however the run splits it.
 
     The algorithm is the kernel's own. A kernel that covers several methods (``default``, ``auto``) is
@@ -313,9 +314,9 @@ def layer_key(
         return key + TILES_MARK
     if split and not spinning and key in THREADS_KEYS:
         return key + THREADS_MARK
-    if spinning and key == "Conv/direct_fma" and graph is not None and _batch_of(node, graph) > 1:
-        return key + SPIN_IMAGES_MARK
-    return key + SPIN_MARK if spinning and key in SPIN_SPLIT_KEYS else key
+    if not spinning or key not in SPIN_SPLIT_KEYS:
+        return key
+    return key + (SPIN_BATCH_MARK if graph is not None and _batch_of(node, graph) > 1 else SPIN_MARK)
 
 
 def _batch_of(node: Node, graph: Graph) -> int:

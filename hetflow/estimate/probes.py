@@ -30,8 +30,9 @@ class Probe:
     build: Callable[[], onnx.ModelProto]
     #: part of the reduced (quick) calibration too.
     quick: bool = False
-    #: timed as a batch run of a big convolutional network runs: BLAS at one thread, each GEMM split
-    #: over the run's threads by hetflow (``hetflow.runtime.executor.splits_gemms``).
+    #: timed as a batch run of a big convolutional network runs: on the spinning pool with BLAS held at
+    #: one thread (``hetflow.runtime.executor.BATCHES_SPIN``), or else BLAS at one thread and each GEMM
+    #: split over the run's threads by hetflow (``hetflow.runtime.executor.splits_gemms``).
     split: bool = False
     #: timed as one example through a convolutional network runs: on the spinning pool
     #: (``hetflow.runtime.executor.spins``), its layers split there.

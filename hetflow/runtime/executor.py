@@ -124,23 +124,22 @@ def splits_gemms(conv_macs: int, batched: bool, threads: int | None = None, dire
     (``own_threads``), given its convolution multiply-adds, how many of them the direct kernel runs,
     and whether it holds a batch.
 
-    A batch of a large convolutional network does (from OWN_THREADS_MIN_CONV_MACS), so that OpenBLAS's
-    spinning workers never take the cores the compiled kernels' splits need; a smaller batch spins
-    (``spins``), and only without ``jit_gemm`` (no spinning pool) takes hetflow's Python pool where
-    the direct kernel runs OWN_THREADS_MIN_DIRECT_SHARE of its multiply-adds. With HETFLOW_NUMBA_POOL=1,
-    every run of a convolutional network does, in numba's pool (jit_gemm). Recurrent networks keep
-    OpenBLAS's threads for their many small products (lstm-gesture ran 1.4-2.9x slower on one BLAS
-    thread).
+    Every batch spins instead where there is a spinning pool (``spins``, ``BATCHES_SPIN``). Without one
+    (no ``jit_gemm``), a batch of a large convolutional network does (from OWN_THREADS_MIN_CONV_MACS), so
+    that OpenBLAS's spinning workers never take the cores the compiled kernels' splits need, and so does
+    a smaller batch where the direct kernel runs OWN_THREADS_MIN_DIRECT_SHARE of its multiply-adds. With
+    HETFLOW_NUMBA_POOL=1, every run of a convolutional network does, in numba's pool (jit_gemm).
+    Recurrent networks keep OpenBLAS's threads for their many small products (lstm-gesture ran 1.4-2.9x
+    slower on one BLAS thread).
     """
     count = available_cores() if threads is None else threads
     if count <= 1 or conv_macs <= 0:
         return False
     if NUMBA_POOL and jit_gemm.available():
         return True
-    if conv_macs >= OWN_THREADS_MIN_CONV_MACS:
-        return batched
-    direct_batch = batched and direct_macs >= OWN_THREADS_MIN_DIRECT_SHARE * conv_macs
-    return direct_batch and not jit_gemm.available()
+    if not batched or spins(conv_macs, batched, count):
+        return False
+    return conv_macs >= OWN_THREADS_MIN_CONV_MACS or direct_macs >= OWN_THREADS_MIN_DIRECT_SHARE * conv_macs
 
 
 @dataclass(frozen=True)
@@ -204,9 +203,20 @@ def spin_threads(count: int) -> int:
     return min(count, SPIN_MAX_THREADS)
 
 
+#: Whether every batch of a convolutional network spins (``spins``); else only those under
+#: OWN_THREADS_MIN_CONV_MACS multiply-adds, the larger ones splitting on hetflow's own threads
+#: (``splits_gemms``). Off: spinning is faster, but the estimator does not yet price such runs. Batch 16,
+#: 2 threads, spinning / own threads, one process alternating (``benchmarks/batch_threads.py``, minimums):
+#: squeezenet 0.94, shufflenet 0.83, mobilenetv2 0.91, googlenet 0.97, inception_v2 0.96, resnet50 0.97,
+#: densenet121 0.99, alexnet 0.97, zfnet512 0.93. Calibrated with their probes spinning (``@spin-batch``
+#: keys), the batch-16 predictions came out 17-40% under (mobilenetv2 -40%, shufflenet -35%), where the
+#: batch-1 ones, alike on the same day, were 17-36% under too (BENCHMARKS.md, thirty-fifth session).
+BATCHES_SPIN = False
+
+
 def spins(conv_macs: int, batched: bool, threads: int | None = None) -> bool:
     """Whether a run splits on spinning threads (``own_threads(spin=True)``): one example through a
-    convolutional network, or a batch of one under OWN_THREADS_MIN_CONV_MACS multiply-adds. A small
+    convolutional network, or a batch (``BATCHES_SPIN``; else one under OWN_THREADS_MIN_CONV_MACS). A small
     network's layers take microseconds, too few for a sleeping thread to wake; a large one's products
     split on the spinning pool as hetflow's own GEMM (``kernels.own_gemm``) and as single-threaded CBLAS
     parts (``jit_gemm``), and its direct Convs by kernel blocks (a batch's by images), where beside
@@ -217,7 +227,7 @@ def spins(conv_macs: int, batched: bool, threads: int | None = None) -> bool:
     42.9, resnet50 51.3 -> 49.9. At batch 16, hetflow's Python pool -> spinning (one process, minimums of
     30 runs): lenet 1.21 -> 0.86 ms, cifar10-quick 2.70 -> 2.10, mentee 6.13 -> 5.08."""
     count = available_cores() if threads is None else threads
-    small = not batched or conv_macs < OWN_THREADS_MIN_CONV_MACS
+    small = not batched or BATCHES_SPIN or conv_macs < OWN_THREADS_MIN_CONV_MACS
     return count > 1 and small and conv_macs > 0 and jit_gemm.available()
 
 

@@ -27,6 +27,7 @@ from hetflow.estimate.profile import GemmModel
 from hetflow.ops.base import GemmDims, TensorInfo
 from hetflow.ops.conv import DIRECT_FMA
 from hetflow.passes.infer_shapes import bind_batch
+from hetflow.runtime import executor
 from hetflow.runtime.executor import (
     OWN_THREADS_MIN_CONV_MACS,
     OWN_THREADS_MIN_DIRECT_SHARE,
@@ -82,12 +83,14 @@ def test_the_profile_has_a_one_thread_model_exactly_when_its_runs_can_split(quic
 
 
 SMALL = OWN_THREADS_MIN_CONV_MACS // 10
+#: Whether a batch splits on hetflow's own threads here (no spinning pool for it: ``executor.BATCHES_SPIN``).
+BATCHES_OWN = not (executor.BATCHES_SPIN and jit_gemm.available())
 
 
 @pytest.mark.parametrize(
     ("conv_macs", "direct_macs", "batched", "threads", "expected"),
     [
-        (OWN_THREADS_MIN_CONV_MACS, 0, True, 2, True),  # a batch of a big conv net
+        (OWN_THREADS_MIN_CONV_MACS, 0, True, 2, BATCHES_OWN),  # a batch of a big conv net, unless it spins
         (OWN_THREADS_MIN_CONV_MACS, 0, True, 1, False),  # one thread: nothing to split over
         (SMALL, 0, True, 2, False),  # a batch of a small net spins, or keeps BLAS's threads
         (SMALL, SMALL // 2, True, 2, not jit_gemm.available()),  # its direct Convs spin where they can
@@ -127,14 +130,22 @@ def test_a_batch_of_a_network_of_direct_convs_spins_or_splits_on_its_own_threads
     (OWN_THREADS_MIN_CONV_MACS // 10, False, "spin"),  # one example of any network spins
     (OWN_THREADS_MIN_CONV_MACS * 10, False, "spin"),
     (OWN_THREADS_MIN_CONV_MACS // 10, True, "spin"),  # so does a batch of a small one
-    (OWN_THREADS_MIN_CONV_MACS, True, "own"),  # a large batch splits on hetflow's own threads
+    (OWN_THREADS_MIN_CONV_MACS, True, "own" if BATCHES_OWN else "spin"),  # a large one (``BATCHES_SPIN``)
     (0, True, "blas"),  # no Conv: BLAS's threads
 ])  # fmt: skip
 def test_the_thread_arrangement_of_a_run(conv_macs, batched, expected):
-    if not jit_gemm.available():  # no spinning pool: what would spin keeps BLAS's threads
-        expected = "blas" if expected == "spin" else expected
+    if not jit_gemm.available():  # no spinning pool: a large batch splits on own threads, the rest keep BLAS's
+        expected = "own" if batched and conv_macs >= OWN_THREADS_MIN_CONV_MACS else "blas" if expected == "spin" else expected
     assert thread_arrangement(conv_macs, batched, 2).kind == expected
     assert thread_arrangement(conv_macs, batched, 1).kind == "blas"  # one thread: nothing to arrange
+
+
+@pytest.mark.parametrize("batches_spin", [False, True])
+def test_batches_spin_decides_where_a_large_batch_splits(monkeypatch, batches_spin):
+    monkeypatch.setattr(executor, "BATCHES_SPIN", batches_spin)
+    spinning = "spin" if jit_gemm.available() else None
+    assert thread_arrangement(OWN_THREADS_MIN_CONV_MACS, True, 2).kind == ((batches_spin and spinning) or "own")
+    assert thread_arrangement(OWN_THREADS_MIN_CONV_MACS // 10, True, 2).kind == (spinning or "blas")
 
 
 def test_a_layer_at_a_calibration_sample_takes_most_of_its_residual():
@@ -243,15 +254,16 @@ def test_the_compiled_lstm_scratch_counts_every_driver_and_output(batch, pool_he
 
 def test_layers_a_spinning_run_splits_have_keys_of_their_own(quick_profile):
     """lenet spins (``executor.spins``) at batch 1 and 16. At batch 1 its direct Convs, pools and fully
-    connected layers are predicted from the ``@spin`` models; at 16 its pools are, its direct Convs (each
-    image a share) from ``@spin-images``, and its fully connected layers run the dense kernel (``@own``)."""
-    from hetflow.estimate.predict import OWN_GEMM_MARK, SPIN_IMAGES_MARK, SPIN_MARK, key_algorithm, spin_run
+    connected layers are predicted from the ``@spin`` models; at 16 its direct Convs (each image a share)
+    and pools from the ``@spin-batch`` ones, and its fully connected layers run the dense kernel
+    (``@own``)."""
+    from hetflow.estimate.predict import OWN_GEMM_MARK, SPIN_BATCH_MARK, SPIN_MARK, key_algorithm, spin_run
     from hetflow.runtime.executor import spins
 
     session = InferenceSession("zoo:lenet")
     expected = {
         1: {"Conv/direct_fma@spin", "MaxPool/default@spin", "Gemm/default@spin"},
-        16: {"Conv/direct_fma@spin-images", "MaxPool/default@spin", "Gemm/default@own"},
+        16: {"Conv/direct_fma@spin-batch", "MaxPool/default@spin-batch", "Gemm/default@own"},
     }
     for batch in (1, 16):
         plan = session.plan_for(batch_bindings(session.graph, batch))
@@ -259,14 +271,14 @@ def test_layers_a_spinning_run_splits_have_keys_of_their_own(quick_profile):
         assert spin_run(quick_profile, plan, batch, None) is spinning
         report = estimate(session, quick_profile, batch)
         assert all("@" not in layer.algorithm for layer in report.layers)  # reports name algorithms
-        marks = (SPIN_MARK, SPIN_IMAGES_MARK, OWN_GEMM_MARK)
+        marks = (SPIN_MARK, SPIN_BATCH_MARK, OWN_GEMM_MARK)
         keys = {key for key in _keys(session, quick_profile, batch) if key.endswith(marks)}
         if spinning:
             assert keys == expected[batch]
         else:
-            assert not any(key.endswith((SPIN_MARK, SPIN_IMAGES_MARK)) for key in keys)
+            assert not any(key.endswith((SPIN_MARK, SPIN_BATCH_MARK)) for key in keys)
     assert key_algorithm("Conv/direct_fma" + SPIN_MARK) == "direct_fma"
-    assert key_algorithm("Conv/direct_fma" + SPIN_IMAGES_MARK) == "direct_fma"
+    assert key_algorithm("Conv/direct_fma" + SPIN_BATCH_MARK) == "direct_fma"
 
 
 def test_a_batch_stem_on_phase_planes_has_a_key_of_its_own(quick_profile):
@@ -390,14 +402,15 @@ def test_pointwise_layers_on_the_own_gemm_have_a_key_of_their_own(channels, side
 
 @pytest.mark.parametrize(("kernels", "channels", "kernel", "batch", "mark"), [
     (32, 3, 3, 1, "@own"),  # MobileNet v2's first layer: in bands
-    (32, 3, 3, 2, "@spin"),  # a batch: im2col split
+    (32, 3, 3, 2, "@spin-batch"),  # a batch: im2col split, a batch's key
     (32, 64, 3, 1, "@columns"),  # 576 column rows: past own_gemm.MAX_DEPTH, whole columns (590 KB)
     (32, 256, 5, 1, "@columns"),  # 6.5 MB of columns, whole
     (32, 700, 5, 1, "@spin"),  # 17.9 MB of columns: past own_gemm.COLUMNS_MAX_BYTES, on BLAS
 ])  # fmt: skip
 def test_one_images_im2col_on_the_tiles_has_a_key_of_its_own(kernels, channels, kernel, batch, mark) -> None:  # noqa: ANN001
     """A spinning run multiplies one image's im2col Conv on the tile GEMM, in bands (keyed ``@own``) or as
-    whole columns (``@columns``); any other im2col it splits (``@spin``); plain elsewhere."""
+    whole columns (``@columns``); any other im2col it splits (``@spin``, a batch's ``@spin-batch``); plain
+    elsewhere."""
     from hetflow.devices.cpu import CPUDevice
     from hetflow.estimate.predict import key_algorithm, layer_key
     from hetflow.ops.conv import IM2COL

@@ -18,6 +18,7 @@ from hetflow.devices.cpu.kernels import jit_gemm
 from hetflow.frontends import load_model
 from hetflow.options import HOME_ENV
 from hetflow.passes import bind_batch
+from hetflow.runtime import executor
 from hetflow.runtime.executor import ThreadArrangement
 from hetflow.runtime.planner import input_infos, make_plan, run_arrangement
 from hetflow.tuning import select
@@ -121,9 +122,10 @@ def test_a_recorded_algorithm_that_no_longer_applies_is_skipped():
 
 
 def test_a_record_timed_in_other_threads_does_not_decide():
-    """A batch of this graph runs on hetflow's own threads; a record timed on BLAS's says nothing of it."""
+    """A batch of this graph runs on the spinning pool or hetflow's own threads; a record timed on BLAS's
+    says nothing of it."""
     graph = _bound_graph(batch=16)
-    assert run_arrangement(graph) == ThreadArrangement("own", cpu_threads.available_cores())
+    assert run_arrangement(graph).kind in ("spin", "own")
     TuningCache(cache_path(), CPUDevice().fingerprint()).add(_record_for(
         graph, WIDE, {"im2col": 0.001, "winograd_f43": 0.002}, arrangement=ThreadArrangement("blas", 2)))
     assert _algorithms(make_plan(graph, [CPUDevice()], Tuner()))[WIDE] == "winograd_f43"
@@ -134,11 +136,13 @@ def test_a_record_timed_in_other_threads_does_not_decide():
 
 
 @pytest.mark.parametrize(
-    ("batch", "threads", "kind"), [(16, 2, "own"), (16, 1, "blas"), (2, 2, "spin" if jit_gemm.available() else "blas")]
+    ("batch", "threads", "kind"),
+    [(16, 2, "spin" if jit_gemm.available() and executor.BATCHES_SPIN else "own"), (16, 1, "blas"),
+     (2, 2, "spin" if jit_gemm.available() else "blas")],
 )
 def test_tuning_measures_in_the_threads_a_run_holds(monkeypatch: pytest.MonkeyPatch, batch, threads, kind):
-    """A batch of a large network multiplies on hetflow's own threads (BLAS at one), a small batch on the
-    spinning pool: its candidates are timed there, and the records say so."""
+    """A batch multiplies on the spinning pool (without one, a large network's on hetflow's own threads,
+    BLAS at one): its candidates are timed there, and the records say so."""
     owned = kind != "blas"
     seen: list[bool] = []
 
