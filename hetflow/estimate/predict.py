@@ -229,8 +229,8 @@ SPIN_SPLIT_KEYS = frozenset({
 
 #: Marks the key of a layer that a spinning run of a batch splits (``executor.spins``; ``SPIN_SPLIT_KEYS``):
 #: a batch's direct Conv shares out whole images where one image shares out its kernel blocks, and a
-#: batch's products and planes run nearer their peak. Fitted together with the batch-1 samples, the batch
-#: probes pulled the ``@spin`` models of one example 10-30% low (resnet50 at batch 1 -27%).
+#: batch's products and planes run nearer their peak, so the batch probes (``SPIN_BATCH_CONVS``, the
+#: small networks' pools at batch 16) are fitted apart from the batch-1 ones.
 SPIN_BATCH_MARK = "@spin-batch"
 #: Marks the key of a pointwise Conv that a run on its own or spinning threads gives to hetflow's own
 #: GEMM (``kernels.own_gemm``), of one image's im2col Conv that a spinning run multiplies there in

@@ -375,8 +375,8 @@ SPIN_RUN_CONVS: list[tuple[tuple, dict]] = [
 
 #: The small networks' direct Convs at batch 16, spinning as their batch runs do (``executor.spins``), BLAS
 #: held at one thread where the network is past ``executor.SPIN_BLAS_MAX_CONV_MACS`` (cifar10-quick,
-#: mentee; not lenet). Each image a share: with only the batch-1 samples (kernel blocks shared out), the
-#: ``@spin`` fit priced lenet's and mentee's batch runs 11-23% over.
+#: mentee; not lenet). Each image a share, where one image shares out its kernel blocks: priced from the
+#: batch-1 samples alone, mentee's batch run came out +18% (lenet's +66%, its pools most of it).
 SPIN_BATCH_CONVS: list[tuple[tuple, dict, bool]] = [
     ((1, 28, 20, 5, 1, 0), {"batch": 16}, False),
     ((20, 12, 50, 5, 1, 0), {"batch": 16}, False),
