@@ -29,6 +29,11 @@ WorkspaceFn = Callable[[Node, Sequence[TensorInfo | None]], int]
 #: A kernel call bound to one node, its input shapes and the runtime's buffers: ``call(inputs)`` returns
 #: what ``fn(node, inputs, out, workspace)`` would.
 BoundCall = Callable[[Sequence[Any]], Sequence[Any]]
+#: A bound call may also carry ``capture(inputs)``: for these very input arrays, the outputs the call
+#: would return and the compiled jobs (``spin_pool.Job``) that would compute them, nothing else being
+#: done (no Python work, no allocation a later call would repeat); None where the call cannot be
+#: captured. The executor replays captured steps without calling them (``executor._Replay``).
+CaptureFn = Callable[[Sequence[Any]], tuple[Sequence[Any], Sequence[Any]] | None]
 #: ``prepare(node, inputs, out, workspace)``: a ``BoundCall`` for concrete ``inputs`` (TensorInfos), or
 #: None where the kernel has nothing to gain from binding this node (see ``Kernel.prepare``).
 PrepareFn = Callable[[Node, Sequence[TensorInfo | None], Any, Any], BoundCall | None]
@@ -140,6 +145,20 @@ def guarded(bound: BoundCall, fallback: BoundCall, first: TensorInfo) -> BoundCa
             return bound(inputs)
         return fallback(inputs)
 
+    capture: CaptureFn | None = getattr(bound, "capture", None)
+    if capture is not None:
+
+        def capture_guarded(inputs: Sequence[Any]) -> tuple[Sequence[Any], Sequence[Any]] | None:
+            x = inputs[0]
+            return capture(inputs) if x.shape == shape and x.dtype == dtype else None
+
+        call.capture = capture_guarded  # type: ignore[attr-defined]
+    return call
+
+
+def with_capture(call: BoundCall, capture: CaptureFn) -> BoundCall:
+    """``call`` carrying ``capture`` (see ``CaptureFn``)."""
+    call.capture = capture  # type: ignore[attr-defined]
     return call
 
 

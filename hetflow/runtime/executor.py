@@ -31,9 +31,10 @@ device's pool after the last step that reads it or any view of it.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
@@ -43,7 +44,14 @@ import numpy as np
 from hetflow.devices.base import BoundCall, Device
 from hetflow.devices.cpu.kernels import jit_gemm, jit_lstm
 from hetflow.devices.cpu.kernels.rnn import spinning_lstm_batch
-from hetflow.devices.cpu.threads import NUMBA_POOL, available_cores, blas_threads, own_threads
+from hetflow.devices.cpu.threads import (
+    NUMBA_POOL,
+    available_cores,
+    blas_threads,
+    intra_op_threads,
+    own_threads,
+    spinning,
+)
 from hetflow.devices.opencl import DeviceArray
 from hetflow.errors import HetflowError
 from hetflow.graph import Graph, Node, Value
@@ -51,6 +59,7 @@ from hetflow.ops.base import planned_infos
 from hetflow.ops.conv import DIRECT_FMA
 from hetflow.runtime.memory import MemoryPlan, Order, plan_memory
 from hetflow.runtime.plan import Plan, Step, StreamedWeight
+from hetflow.runtime.replay import Replay, StepFailed, capture
 
 ExecutionMode = Literal["sequential", "parallel"]
 EXECUTION_MODES: tuple[str, ...] = ("sequential", "parallel")
@@ -96,12 +105,15 @@ def execute(
     *,
     threads: int | None = None,
     mode: ExecutionMode = "sequential",
+    replays: bool = True,
 ) -> dict[str, np.ndarray]:
     """Run ``plan`` on ``feeds`` and return the requested outputs (all graph outputs by default).
 
     Args:
         threads: BLAS threads during the run (and, in parallel mode, concurrent steps); None: all cores.
         mode: ``"sequential"`` or ``"parallel"`` (see the module docstring).
+        replays: a sequential run may be captured and replayed (``hetflow.runtime.replay``); off where
+            memory is budgeted (a replay keeps the feeds' copies and some kernels' outputs).
 
     Every call keeps its values in a local environment, so one Plan may be executed from several threads
     at once. The plan must not be edited after its first execution (its compiled form is cached).
@@ -115,8 +127,13 @@ def execute(
         elif mode == "parallel" and count > 1 and program.branches:
             env = program.run_parallel(feeds, count)
         else:
-            env = program.run(feeds)
+            env = program.run(feeds, replays and REPLAYS)
     return {name: env[slot] for name, slot in zip(wanted, program.output_slots)}
+
+
+#: Whether sequential runs are captured and replayed (``hetflow.runtime.replay``); ``HETFLOW_REPLAY=0``
+#: turns it off (to compare).
+REPLAYS = os.environ.get("HETFLOW_REPLAY", "1") != "0"
 
 
 def splits_gemms(conv_macs: int, batched: bool, threads: int | None = None, direct_macs: int = 0) -> bool:
@@ -354,6 +371,9 @@ class Program:
             for name in (*step.node.inputs, *step.node.outputs):
                 self._slot(name)
         self.output_slots = tuple(self.slots[name] for name in wanted)
+        self.input_slots = tuple(self.slots[name] for name in graph.inputs)
+        #: Slots whose values stay put from run to run (what a captured run may read by address).
+        self.stable_slots = frozenset(self.slots[name] for name in graph.initializers if name not in plan.streamed) | {_NONE}
         pinned = {self.slots[name] for name in (*graph.initializers, *wanted)} | {_NONE}
         self.ops = _compile_steps(plan, self.slots, pinned, {self.slots[n] for n in graph.initializers})
         self.resident_devices = tuple({id(op.device): op.device for op in self.ops if op.device}.values())
@@ -413,22 +433,36 @@ class Program:
         return env
 
     # -- sequential ------------------------------------------------------------------------------
-    def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray | None]:
+    def run(self, feeds: Mapping[str, np.ndarray], replays: bool = True) -> list[np.ndarray | None]:
+        """The steps one after the other; with ``replays``, as a captured run where the thread arrangement
+        allows one (``hetflow.runtime.replay``): the arena's first such run captures, later ones replay."""
         if self.resident_devices:
             return self.run_resident(feeds)
         env = self.environment(feeds)
         arena = self._acquire("sequential")
         node = None
+        key = replay_key() if replays else None
+        found = arena.replays.get(key) if key is not None else None
         try:
-            for call, node, inputs, outputs, release in arena.hot:  # noqa: B007  (node: for the error)
-                results = call([env[slot] for slot in inputs])
-                for slot, array in zip(outputs, results):
-                    env[slot] = array
-                for slot in release:
-                    env[slot] = None
+            if key is not None and key not in arena.replays:
+                found = arena.replays[key] = capture(arena.hot, env, self.input_slots, self.stable_slots, spinning())
+            elif found is not None:
+                found.run(env, spinning())
+            else:
+                for call, node, inputs, outputs, release in arena.hot:  # noqa: B007  (node: for the error)
+                    results = call([env[slot] for slot in inputs])
+                    for slot, array in zip(outputs, results):
+                        env[slot] = array
+                    for slot in release:
+                        env[slot] = None
+            if found is not None:
+                _copy_held(env, self.output_slots, found.held)
             arena.copy_out(env)
         except HetflowError:
             raise
+        except StepFailed as failed:
+            op = next(op for op in self.ops if op.step.node is failed.node)
+            raise _kernel_error(op, env, failed.__cause__) from failed.__cause__  # type: ignore[arg-type]
         except Exception as error:  # noqa: BLE001  (re-raised with the node's context)
             op = next(op for op in self.ops if op.step.node is node)
             raise _kernel_error(op, env, error) from error
@@ -540,6 +574,8 @@ class _Arena:
         self.hot = tuple(
             (call, op.step.node, op.inputs, op.outputs, op.release) for op, call in zip(program.ops, self.calls)
         )
+        #: Captured runs by thread arrangement (``replay_key``); None: that arrangement captured nothing.
+        self.replays: dict[Hashable, Replay | None] = {}
         copy = memory.copy_out if memory is not None else frozenset()
         self.copy_slots = tuple(program.slots[name] for name in copy if name in program.slots)
 
@@ -549,6 +585,24 @@ class _Arena:
             value = env[slot]
             if value is not None and np.may_share_memory(value, self.array):
                 env[slot] = value.copy()
+
+
+def replay_key() -> Hashable | None:
+    """What a captured run depends on in the running thread arrangement (the spinning pool and the
+    threads the kernels split over), or None where runs are not captured: they split on numba's or the
+    Python pool, which no job can replay."""
+    pool, threads = spinning(), intra_op_threads()
+    if pool is None and threads > 1:
+        return None
+    return id(pool), threads
+
+
+def _copy_held(env: list[np.ndarray | None], slots: Sequence[int], held: frozenset[int]) -> None:
+    """Replace the returned values a captured run owns by copies (the next run writes them again)."""
+    for slot in slots:
+        value = env[slot]
+        if slot in held and value is not None:
+            env[slot] = value.copy()
 
 
 def _compile_steps(plan: Plan, slots: dict[str, int], pinned: set[int], weights: set[int]) -> list[_Op]:

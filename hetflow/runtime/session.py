@@ -375,7 +375,7 @@ class InferenceSession:
         if self._budget is not None:
             # NOTE: one arena in all, so the budget holds: runs take turns, sequentially.
             with self._run_lock:
-                results = execute(plan, feeds, names, observer, threads=self._threads, mode="sequential")
+                results = execute(plan, feeds, names, observer, threads=self._threads, mode="sequential", replays=False)
         else:
             results = execute(plan, feeds, names, observer, threads=self._threads, mode=self._mode)
         return [results[name] for name in names]

@@ -86,9 +86,9 @@ def test_the_spinning_pool_runs_the_shares() -> None:
     panels = jit_dense.packed_panels(w)
     y = np.full((16, 200), np.nan, np.float32)
     constants = activation_constants(RELU, 0.0, 0.0)
-    block = jit_dense.new_job_block()
-    jit_dense.pack_job(block, a.reshape(-1), 300, panels, 64, 64 * 300, y.reshape(-1), 200, bias, constants, 16, 200, 300)
-    threads.spin_pool(2).run(jit_dense.job_address(), block, jit_dense.shares_for(200, 2))
+    job = jit_dense.share_job(a.reshape(-1), 300, panels, 64, 64 * 300, y.reshape(-1), 200, bias, constants, 16, 200,
+                              300, jit_dense.shares_for(200, 2))  # fmt: skip
+    job.run(threads.spin_pool(2))
     np.testing.assert_allclose(y, _reference(a, w, bias, "relu"), rtol=1e-4, atol=1e-4)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -176,8 +177,14 @@ def _serve(state, seen, grace):  # noqa: ANN001, ANN202
 def _dispatch(state, job, block, chunks):  # noqa: ANN001, ANN202
     """Announce a job on the argument block ``block``, claim its chunks beside the workers, and wait
     until every chunk is done."""
+    _dispatch_at(state, job, block.ctypes.data, chunks)
+
+
+@numba.njit(nogil=True, cache=True)
+def _dispatch_at(state, job, args, chunks):  # noqa: ANN001, ANN202
+    """``_dispatch`` with the argument block at address ``args``."""
     _store(state, _JOB, job)
-    _store(state, _ARGS, block.ctypes.data)
+    _store(state, _ARGS, args)
     _store(state, _CHUNKS, chunks)
     _store(state, _DONE, 0)
     word = ((_load(state, _WORD) >> _SEQUENCE_SHIFT) + 1) << _SEQUENCE_SHIFT
@@ -210,6 +217,20 @@ def _dispatch_steps(state, job, block, chunks, steps, step_slot, alone):  # noqa
             _run_alone(job, block, chunks)
         else:
             _dispatch(state, job, block, chunks)
+
+
+@numba.njit(nogil=True, cache=True)
+def _replay(state, jobs, blocks, chunks, alone):  # noqa: ANN001, ANN202
+    """Job ``i`` (at address ``jobs[i]``, its argument block at ``blocks[i]``) in ``chunks[i]`` chunks, for
+    every ``i`` in order: on the workers beside the caller, or on the caller ``alone``; one chunk always
+    on the caller. Every chunk of a job has finished before the next job starts."""
+    for index in range(jobs.shape[0]):
+        count = chunks[index]
+        if alone or count == 1:
+            for chunk in range(count):
+                _call_job(jobs[index], blocks[index], chunk, count)
+        else:
+            _dispatch_at(state, jobs[index], blocks[index], count)
 
 
 # -- argument blocks --------------------------------------------------------------------------------
@@ -321,6 +342,52 @@ def job_arguments(items: Sequence[ArgumentItem]) -> np.ndarray:
     return np.array(block, dtype=np.int64)
 
 
+# -- jobs bound to their arrays, and scripts of them ------------------------------------------------
+@dataclass(frozen=True)
+class Job:
+    """One call of a compiled job (``job``) on its own argument block: what a captured run replays
+    (``JobScript``). ``keep`` holds the arrays the block's addresses point into, alive as long as the job."""
+
+    address: int
+    block: np.ndarray
+    chunks: int
+    keep: tuple[object, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.chunks <= MAX_CHUNKS:
+            raise ValueError(f"a job has 1 to {MAX_CHUNKS} chunks, not {self.chunks}")
+
+    def run(self, pool: SpinPool | None) -> None:
+        """Run the job now: its chunks on ``pool`` beside the caller, or on the caller alone (None)."""
+        if pool is None:
+            _run_alone(self.address, self.block, self.chunks)
+        else:
+            pool.run(self.address, self.block, self.chunks)
+
+
+class JobScript:
+    """Jobs that one compiled call runs in order (``SpinPool.replay``, ``replay_alone``): layers of a
+    captured run with no Python between them."""
+
+    def __init__(self, jobs: Sequence[Job]):
+        self.jobs = tuple(jobs)
+        self.addresses = np.array([job.address for job in self.jobs], np.int64)
+        self.blocks = np.array([job.block.ctypes.data for job in self.jobs], np.int64)
+        self.chunks = np.array([job.chunks for job in self.jobs], np.int64)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+
+def replay_alone(script: JobScript) -> None:
+    """Every job of ``script`` in order, every chunk on the calling thread."""
+    _replay(_NO_STATE, script.addresses, script.blocks, script.chunks, True)
+
+
+#: The state ``_replay`` is given when it runs alone (it never reads it then).
+_NO_STATE = np.zeros(_STATE_SLOTS, dtype=np.int64)
+
+
 # -- the pool ------------------------------------------------------------------------------------
 class SpinPool:
     """``workers`` spinning threads beside the caller (``run``), started on first use."""
@@ -354,6 +421,18 @@ class SpinPool:
         try:
             self._start()
             _dispatch_steps(self.state, job, args, chunks, steps, step_slot, False)
+        finally:
+            self._busy.release()
+
+    def replay(self, script: JobScript) -> None:
+        """Run ``script``'s jobs in order, each split over the workers and the caller, from one compiled
+        call (on the caller alone while the pool is busy)."""
+        if self.workers < 1 or not self._busy.acquire(blocking=False):
+            replay_alone(script)
+            return
+        try:
+            self._start()
+            _replay(self.state, script.addresses, script.blocks, script.chunks, False)
         finally:
             self._busy.release()
 

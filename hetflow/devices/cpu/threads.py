@@ -258,6 +258,15 @@ def _jit_gemm() -> ModuleType:
     return jit_gemm
 
 
+def spin_product_parts(macs: int, columns: int) -> int:
+    """The column blocks a 2-D product of ``macs`` multiply-adds into ``columns`` columns splits into on a
+    spinning run (``split_matmul``; 1 where it is not split, or the run does not spin)."""
+    threads = _own_threads or 1
+    if _spinning is None or threads <= 1 or macs < MIN_MACS_PER_NATIVE_SPLIT:
+        return 1
+    return min(threads, max(1, columns // 16))
+
+
 def _native_split(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -> bool:
     """A single product (2-D, or one image of a stack or of a grouped product) split in numba's pool or on
     the spinning one (by columns, or by rows where A outweighs B: ``jit_gemm.split_product``), where it

@@ -26,6 +26,7 @@ from hetflow.devices.cpu.kernels.jit_depthwise_lanes import activation_constants
 from hetflow.devices.cpu.kernels.jit_epilogue import activation_code
 from hetflow.devices.cpu.kernels.own_gemm import zero_bias
 from hetflow.devices.cpu.kernels.weight_cache import WeightCache
+from hetflow.devices.cpu.spin_pool import Job, SpinPool
 from hetflow.devices.cpu.threads import intra_op_threads, parallel_for, spinning
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo, WeightInfo
@@ -97,36 +98,60 @@ class DenseCall:
         code, alpha, beta = activation_code(attrs.fused)
         self.constants = activation_constants(code, alpha, beta)
         self.after = attrs.fused if code == 0 else None  # an activation the tiles cannot apply
-        self.block = jit_dense.new_job_block()
         self.macs = self.m * self.n * self.k
 
     def __call__(self, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-        a, b = arrays[0], arrays[1]
-        c = arrays[2] if len(arrays) > 2 and self.has_bias else None
+        a = arrays[0]
         if not a.flags.c_contiguous or a.dtype != np.float32:  # type: ignore[union-attr]
             return self.fallback(arrays)  # type: ignore[operator]
-        panels = PANELS.get(b, int(self.trans_b))  # type: ignore[arg-type]
-        bias = zero_bias(self.n) if c is None else np.ascontiguousarray(c, np.float32).reshape(-1)
-        y = np.empty((self.m, self.n), np.float32) if self.target is None else self.target
+        y, panels, bias = self._operands(arrays)
         self._multiply(a.reshape(-1), panels, y.reshape(-1), bias)  # type: ignore[union-attr]
         apply_activation(y, self.after)
         return [y]
+
+    def capture(self, arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
+        """The product as one spin-pool job, shared out as a spinning run shares it (``BoundCall``'s
+        capture); None where the call would split on the Python pool or apply an activation after."""
+        a = arrays[0]
+        if self.after is not None or not a.flags.c_contiguous or a.dtype != np.float32:  # type: ignore[union-attr]
+            return None
+        pool = spinning()
+        shares = self._shares(pool)
+        if shares > 1 and pool is None:
+            return None
+        y, panels, bias = self._operands(arrays)
+        return [y], [self._job(a.reshape(-1), panels, y.reshape(-1), bias, shares)]  # type: ignore[union-attr]
+
+    def _operands(self, arrays: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Y, B's packed panels and the bias of a call."""
+        c = arrays[2] if len(arrays) > 2 and self.has_bias else None
+        panels = PANELS.get(arrays[1], int(self.trans_b))  # type: ignore[arg-type]
+        bias = zero_bias(self.n) if c is None else np.ascontiguousarray(c, np.float32).reshape(-1)
+        y = np.empty((self.m, self.n), np.float32) if self.target is None else self.target
+        return y, panels, bias
+
+    def _shares(self, pool: SpinPool | None) -> int:
+        threads = pool.workers + 1 if pool is not None else intra_op_threads()
+        return jit_dense.shares_for(self.n, threads) if self.macs >= MIN_MACS_PER_SPLIT or pool is not None else 1
+
+    def _job(self, a: np.ndarray, panels: np.ndarray, y: np.ndarray, bias: np.ndarray, shares: int) -> Job:
+        m, n, k = self.m, self.n, self.k
+        panel, row = jit_dense.TILE_COLUMNS * k, jit_dense.TILE_COLUMNS
+        return jit_dense.share_job(a, k, panels, row, panel, y, n, bias, self.constants, m, n, k, shares)
 
     def _multiply(self, a: np.ndarray, panels: np.ndarray, y: np.ndarray, bias: np.ndarray) -> None:
         """The product shared out on the spinning pool, the Python pool, or on this thread alone."""
         m, n, k = self.m, self.n, self.k
         panel, row = jit_dense.TILE_COLUMNS * k, jit_dense.TILE_COLUMNS
         pool = spinning()
-        threads = pool.workers + 1 if pool is not None else intra_op_threads()
-        shares = jit_dense.shares_for(n, threads) if self.macs >= MIN_MACS_PER_SPLIT or pool is not None else 1
+        shares = self._shares(pool)
         if shares > 1 and pool is not None:
-            jit_dense.pack_job(self.block, a, k, panels, row, panel, y, n, bias, self.constants, m, n, k)
-            pool.run(jit_dense.job_address(), self.block, shares)
+            self._job(a, panels, y, bias, shares).run(pool)
         elif shares > 1:
 
             def part(index: int) -> None:
                 jit_dense.dense_share(a, k, panels, row, panel, y, n, bias, self.constants, m, n, k, index, shares)
 
-            parallel_for(part, shares, threads)
+            parallel_for(part, shares, intra_op_threads())
         else:
             jit_dense.dense_share(a, k, panels, row, panel, y, n, bias, self.constants, m, n, k, 0, 1)

@@ -20,12 +20,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetflow.devices.base import BoundCall, InputInfos
+from hetflow.devices.base import BoundCall, InputInfos, with_capture
 from hetflow.devices.cpu.kernels import jit_direct, jit_direct_lanes
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, aligned, image_contiguous
 from hetflow.devices.cpu.kernels.conv import FINISHING, conv_kernel, target_y, window_of
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.kernels.weight_cache import WeightCache
+from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.threads import available_cores, in_numba_pool, intra_op_threads, spinning
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
@@ -142,7 +143,8 @@ def _prepare(
     # On spinning threads (``own_threads(spin=True)``), likewise from MIN_PRODUCTS_PER_SPIN_SHARE a share.
     spin_parts = min(parts, products_computed // MIN_PRODUCTS_PER_SPIN_SHARE)
     # On the spinning pool: one image's kernel blocks, or (as many images as threads or more) runs of images.
-    split = variant.bind_block_split(x_shape, kernels, geo, relu, buffers) if spin_parts > 1 else None
+    split = variant.bind_block_split(x_shape, kernels, geo, relu, buffers)
+    splits = spin_parts > 1
     blocks = jit_direct.round_up(kernels, block) // block
     most = jit_direct.most_threads(products_computed, y_shape[0], blocks)
     target = out[0] if out is not None else None
@@ -159,9 +161,9 @@ def _prepare(
         wt = BLOCKED_WEIGHTS.get(w, block)
         threads = intra_op_threads()
         pool = spinning()
-        if split is not None and pool is not None:
+        if splits and pool is not None:
             split(np.ascontiguousarray(x), wt, bias, y, min(threads, spin_parts), pool)
-        elif split is not None and y_shape[0] < native_parts and threads > y_shape[0] and in_numba_pool():
+        elif splits and y_shape[0] < native_parts and threads > y_shape[0] and in_numba_pool():
             split(np.ascontiguousarray(x), wt, bias, y, min(threads, native_parts))
         elif most == 1 or threads == 1:
             one_part(np.ascontiguousarray(x), wt, bias, y)
@@ -170,7 +172,18 @@ def _prepare(
         apply_activation(y, after)
         return [y]
 
-    return call
+    def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
+        """The call as one share job: split on the spinning pool as ``call`` splits, else in one chunk."""
+        x, w = arrays[0], arrays[1]
+        if after is not None or not x.flags.c_contiguous:  # type: ignore[union-attr]
+            return None
+        b = arrays[2] if len(arrays) > 2 else None
+        bias = no_bias if b is None else np.ascontiguousarray(b, np.float32)
+        y = np.empty(y_shape, np.float32) if target is None else target
+        parts = min(intra_op_threads(), spin_parts) if splits and spinning() is not None else 1
+        return [y], [split.job(x, BLOCKED_WEIGHTS.get(w, block), bias, y, parts)]
+
+    return with_capture(call, capture)
 
 
 @conv_kernel(DIRECT_FMA, supports=_supports_direct, workspace=_workspace, prepare=_prepare)

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetflow.devices.base import BoundCall
+from hetflow.devices.base import BoundCall, with_capture
+from hetflow.devices.cpu.kernels import jit_gemm
 from hetflow.devices.cpu.kernels.buffers import Out, deliver, output
 from hetflow.devices.cpu.kernels.dense import DenseCall, runs_dense
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
@@ -15,9 +16,11 @@ from hetflow.devices.cpu.kernels.jit_epilogue import (
     NO_ACTIVATION,
     activation_code,
     finish_rows,
+    finish_rows_job,
 )
+from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.table import cpu_kernel
-from hetflow.devices.cpu.threads import matmul_for, split_matmul
+from hetflow.devices.cpu.threads import matmul_for, spin_product_parts, split_matmul
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
 
@@ -49,7 +52,8 @@ def _prepare_gemm(
     compiled = row_bias and dtype in COMPILED_DTYPES and (fused is None or code != NO_ACTIVATION)
     constants = np.array([alpha, limit, 0.0], dtype)
     no_bias = np.zeros(shape[1], dtype)
-    product = matmul_for(shape[0] * shape[1] * int(a_info.shape[0 if trans_a else 1]))
+    macs = shape[0] * shape[1] * int(a_info.shape[0 if trans_a else 1])
+    product = matmul_for(macs)
 
     def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         a, b = arrays[0], arrays[1]
@@ -65,9 +69,27 @@ def _prepare_gemm(
         apply_activation(y, fused)
         return [y]
 
+    def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
+        """The product as a spin-pool job (split as ``split_matmul`` splits it on a spinning run), then
+        the bias and activation as another."""
+        a, b = arrays[0], arrays[1]
+        c = arrays[2] if len(arrays) > 2 and beta != 0 else None
+        finishes = c is not None or code != NO_ACTIVATION
+        if finishes and (not compiled or dtype != np.float32):
+            return None
+        y = np.empty(shape, dtype) if target is None else target
+        parts = spin_product_parts(macs, shape[1])
+        job = jit_gemm.product_job(a.T if trans_a else a, b.T if trans_b else b, y, parts)  # type: ignore[union-attr]
+        if job is None or not y.flags.c_contiguous:
+            return None
+        if not finishes:
+            return [y], [job]
+        bias = no_bias if c is None else np.ascontiguousarray(c.reshape(-1))
+        return [y], [job, finish_rows_job(y, bias, c is not None, code, constants)]
+
     if runs_dense(node, inputs):
         return DenseCall(node, a_info, b_info, out, call)
-    return call
+    return with_capture(call, capture)
 
 
 @cpu_kernel("Gemm", writes_out=True, prepare=_prepare_gemm)

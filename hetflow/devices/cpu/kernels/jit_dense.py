@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import jit_lane_gemm
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
-from hetflow.devices.cpu.spin_pool import float32_1d, put_arrays, put_values
+from hetflow.devices.cpu.spin_pool import Job, float32_1d, put_arrays, put_values
 
 #: Rows of A (examples) per tile: each element broadcast feeds one FMA per vector of the tile.
 ROWS = 6
@@ -172,9 +172,12 @@ def shares_for(n: int, threads: int) -> int:
 JOB_SLOTS = 17
 
 
-def new_job_block() -> np.ndarray:
-    """An argument block for ``pack_job`` (one job at a time uses it)."""
-    return np.empty(JOB_SLOTS, np.int64)
+def share_job(a, lda, b, ldb, panel, y, ldy, bias, constants, m, n, k, shares) -> Job:  # noqa: ANN001
+    """``dense_share``'s product (A, B, Y flat; see there) as a spin-pool job of ``shares`` chunks, on its
+    own block."""
+    block = np.empty(JOB_SLOTS, np.int64)
+    pack_job(block, a, lda, b, ldb, panel, y, ldy, bias, constants, m, n, k)
+    return Job(job_address(), block, shares, (a, b, y, bias, constants))
 
 
 @numba.njit(nogil=True, cache=True)

@@ -44,6 +44,7 @@ from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels.buffers import flat_images
 from hetflow.devices.cpu.spin_pool import (
+    Job,
     SpinPool,
     float32_1d,
     float32_3d,
@@ -396,32 +397,60 @@ def bind_one_part(
     return run
 
 
+class BlockSplit:
+    """A direct Conv bound to shares of each image's kernel blocks (``bind_block_split``):
+    ``split(x, wt, bias, y, parts, pool=None)`` runs it in ``parts`` parts of its scratch, on numba's
+    threads (``native``) or as the chunks of a spin-pool job (``job``, which a captured run replays)."""
+
+    def __init__(self, native: Callable[..., None], job: Callable[..., Job]):
+        self.native = native
+        self.job = job
+
+    def __call__(
+        self, x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int, pool: SpinPool | None = None
+    ) -> None:
+        if pool is None:
+            self.native(x, wt, bias, y, parts)
+        else:
+            self.job(x, wt, bias, y, parts).run(pool)
+
+
+def share_job(
+    address: int, numbers: tuple[int, ...], x: np.ndarray, tables: tuple[np.ndarray, ...], wt: np.ndarray,
+    bias: np.ndarray, y_flat: np.ndarray, planes: np.ndarray, products: np.ndarray, chunks: int,
+) -> Job:  # fmt: skip
+    """A direct Conv share job (``pack_share``'s block, its own) in ``chunks`` chunks."""
+    block = np.empty(SHARE_BLOCK_SLOTS, np.int64)
+    pack_share(block, numbers, x, tables, wt, bias, y_flat, planes, products)
+    return Job(address, block, chunks, (x, *tables, wt, bias, y_flat, planes, products))
+
+
 def bind_block_split(
     x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
-) -> Callable[..., None]:
+) -> BlockSplit:
     """``conv2d`` without a mask, each image's kernel blocks shared out over ``parts`` parts of
-    ``buffers``: ``run(x, wt, bias, y, parts, pool=None)``, the parts run by numba's threads
-    (``_split_blocks``, a batch smaller than the threads, where splitting images leaves threads idle),
-    or as the chunks of a job on the spinning ``pool`` (a batch of at least as many images as parts
-    gives each chunk a run of whole images). X C-contiguous; each image of Y contiguous (a Concat's
-    image-strided slice too)."""
+    ``buffers``: the parts run by numba's threads (``_split_blocks``, a batch smaller than the threads,
+    where splitting images leaves threads idle), or as the chunks of a job on the spinning pool (a batch
+    of at least as many images as parts gives each chunk a run of whole images). X C-contiguous; each
+    image of Y contiguous (a Concat's image-strided slice too)."""
     pads, width, offsets = loop_window(geom)
     batch = int(x_shape[0])
-    block = np.empty(SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
 
-    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int, pool: SpinPool | None = None) -> None:
+    def native(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> None:
+        shares = block_shares(parts, batch, buffers)
+        assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
+        images = output_images(y)
+        _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, images.flat, images.stride, images.shape,
+                      buffers.planes, buffers.products)  # fmt: skip
+
+    def job(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> Job:
         shares = block_shares(parts, batch, buffers)
         images = output_images(y)
-        if pool is None:
-            assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
-            _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, images.flat, images.stride, images.shape,
-                          buffers.planes, buffers.products)  # fmt: skip
-            return
-        pack_share(block, (shares, int(relu), *pads, width, *images.numbers), x, (offsets,), wt, bias, images.flat,
-                   buffers.planes, buffers.products)  # fmt: skip
-        pool.run(_share_address(), block, spin_chunks(parts, batch, shares, buffers))
+        return share_job(_share_address(), (shares, int(relu), *pads, width, *images.numbers), x, (offsets,), wt,
+                         bias, images.flat, buffers.planes, buffers.products,
+                         spin_chunks(parts, batch, shares, buffers))  # fmt: skip
 
-    return run
+    return BlockSplit(native, job)
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,9 @@ from hetflow.devices.cpu.kernels import jit_direct, jit_direct_phases
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels.jit_direct import (
     IMAGE_STRIDE_SLOT,
-    SHARE_BLOCK_SLOTS,
     X_SLOT,
+    BlockSplit,
+    OutputImages,
     PartBuffers,
     block_shares,
     blocked_weights,
@@ -45,14 +46,14 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     image_of,
     loop_window,
     output_images,
-    pack_share,
     pad_image,
     round_up,
+    share_job,
     spin_chunks,
     split_threads,
 )
 from hetflow.devices.cpu.spin_pool import (
-    SpinPool,
+    Job,
     float32_1d,
     float32_2d,
     float32_3d,
@@ -244,30 +245,34 @@ def bind_one_part(
 
 def bind_block_split(
     x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
-) -> Callable[..., None]:
-    """``jit_direct.bind_block_split`` for this variant: ``run(x, wt, bias, y, parts, pool=None)``, each
-    image's kernel blocks shared out over ``parts`` parts of ``buffers`` (a batch's images on the spinning
-    ``pool``), run by numba's threads or on that pool."""
+) -> BlockSplit:
+    """``jit_direct.bind_block_split`` for this variant: each image's kernel blocks shared out over
+    ``parts`` parts of ``buffers`` (a batch's images on the spinning pool), run by numba's threads or as
+    a spin-pool job."""
     pads, width, offsets = loop_window(geom)
     positions = position_offsets(geom)
     batch = int(x_shape[0])
     products = buffers.products.reshape(buffers.products.shape[0], -1)
-    block = np.empty(SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
 
-    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int, pool: SpinPool | None = None) -> None:
-        shares = block_shares(parts, batch, buffers)
+    def images_of(y: np.ndarray) -> OutputImages:
         # Y as [N, K, P] images: each image's planes are contiguous (also in a Concat's image-strided output).
-        images = output_images(y.reshape(batch, kernels, -1))
-        if pool is None:
-            assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
-            _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, images.flat, images.stride,
-                          images.shape, buffers.planes, products)  # fmt: skip
-            return
-        numbers = (shares, int(relu), *pads, width, *images.numbers)
-        pack_share(block, numbers, x, (positions, offsets), wt, bias, images.flat, buffers.planes, products)
-        pool.run(_share_address(), block, spin_chunks(parts, batch, shares, buffers))
+        return output_images(y.reshape(batch, kernels, -1))
 
-    return run
+    def native(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> None:
+        shares = block_shares(parts, batch, buffers)
+        assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
+        images = images_of(y)
+        _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, images.flat, images.stride,
+                      images.shape, buffers.planes, products)  # fmt: skip
+
+    def job(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> Job:
+        shares = block_shares(parts, batch, buffers)
+        images = images_of(y)
+        return share_job(_share_address(), (shares, int(relu), *pads, width, *images.numbers), x,
+                         (positions, offsets), wt, bias, images.flat, buffers.planes, products,
+                         spin_chunks(parts, batch, shares, buffers))  # fmt: skip
+
+    return BlockSplit(native, job)
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)

@@ -32,8 +32,8 @@ from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels.jit_direct import (
     BLOCK_POSITIONS,
     KERNEL_BLOCK,
-    SHARE_BLOCK_SLOTS,
     X_SLOT,
+    BlockSplit,
     PartBuffers,
     block_shares,
     blocked_weights,
@@ -44,12 +44,12 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     job_image_shape_3d,
     multiply_blocks,
     output_images,
-    pack_share,
     round_up,
+    share_job,
     spin_chunks,
     split_threads,
 )
-from hetflow.devices.cpu.spin_pool import SpinPool, float32_1d, float32_3d, float32_4d, int64_1d
+from hetflow.devices.cpu.spin_pool import Job, float32_1d, float32_3d, float32_4d, int64_1d
 from hetflow.devices.cpu.threads import parallel_for
 from hetflow.ops.spatial import Geometry
 
@@ -165,28 +165,28 @@ def bind_one_part(
 
 def bind_block_split(
     x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
-) -> Callable[..., None]:
-    """``jit_direct.bind_block_split`` for strided windows: ``run(x, wt, bias, y, parts, pool=None)``,
-    each image's kernel blocks shared out over ``parts`` parts of ``buffers`` (each share fills its own
-    phase planes; a batch's images on the spinning ``pool``), run by numba's threads or on that pool."""
+) -> BlockSplit:
+    """``jit_direct.bind_block_split`` for strided windows: each image's kernel blocks shared out over
+    ``parts`` parts of ``buffers`` (each share fills its own phase planes; a batch's images on the
+    spinning pool), run by numba's threads or as a spin-pool job."""
     layout = phase_layout(geom)
     batch = int(x_shape[0])
-    block = np.empty(SHARE_BLOCK_SLOTS, np.int64)  # NOTE: one job at a time per bound call (its arena's)
 
-    def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int, pool: SpinPool | None = None) -> None:
+    def native(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> None:
+        shares = block_shares(parts, batch, buffers)
+        assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
+        images = output_images(y)
+        _split_blocks(shares, x, layout.window, layout.width, layout.offset_array, wt, bias, relu, images.flat,
+                      images.stride, images.shape, buffers.planes, buffers.products)  # fmt: skip
+
+    def job(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> Job:
         shares = block_shares(parts, batch, buffers)
         images = output_images(y)
-        if pool is None:
-            assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
-            _split_blocks(shares, x, layout.window, layout.width, layout.offset_array, wt, bias, relu, images.flat,
-                          images.stride, images.shape, buffers.planes, buffers.products)  # fmt: skip
-            return
-        numbers = (shares, int(relu), layout.width, 0, 0, *images.numbers)
-        pack_share(block, numbers, x, (layout.window, layout.offset_array), wt, bias, images.flat, buffers.planes,
-                   buffers.products)  # fmt: skip
-        pool.run(_share_address(), block, spin_chunks(parts, batch, shares, buffers))
+        return share_job(_share_address(), (shares, int(relu), layout.width, 0, 0, *images.numbers), x,
+                         (layout.window, layout.offset_array), wt, bias, images.flat, buffers.planes,
+                         buffers.products, spin_chunks(parts, batch, shares, buffers))  # fmt: skip
 
-    return run
+    return BlockSplit(native, job)
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)

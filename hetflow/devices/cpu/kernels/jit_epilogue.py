@@ -8,9 +8,13 @@ kernels that fuse them) are left to ``epilogue.apply_activation`` afterwards.
 
 from __future__ import annotations
 
+import functools
+
 import numba
 import numpy as np
 
+from hetflow.devices.cpu import spin_pool
+from hetflow.devices.cpu.spin_pool import Job, float32_1d, float32_2d, put_arrays, put_values
 from hetflow.devices.cpu.threads import owns_threads, run_planes
 from hetflow.ops.activation import FusedActivation
 
@@ -125,6 +129,27 @@ def finish_rows(y, bias, has_bias, code, constants):  # noqa: ANN001, ANN202
             for j in range(row.shape[0]):
                 row[j] += bias[j]
         store_activated(row, row, code, constants)
+
+
+#: Slots of ``finish_rows_job``'s block: Y (2-D), the bias and the constants (1-D), has_bias, the code.
+_ROWS_BLOCK_SLOTS = 9
+
+
+def finish_rows_job(y: np.ndarray, bias: np.ndarray, has_bias: bool, code: int, constants: np.ndarray) -> Job:
+    """``finish_rows`` on float32 arrays (``y`` C-contiguous) as a spin-pool job of one chunk."""
+    block = np.empty(_ROWS_BLOCK_SLOTS, np.int64)
+    put_values(block, put_arrays(block, 0, (y, bias, constants)), (int(has_bias), code))
+    return Job(_rows_address(), block, 1, (y, bias, constants))
+
+
+def _rows_job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """``finish_rows`` as a spin-pool job (``finish_rows_job``'s block)."""
+    finish_rows(float32_2d(args, 0), float32_1d(args, 3), args[7] != 0, args[8], float32_1d(args, 5))
+
+
+@functools.cache
+def _rows_address() -> int:
+    return spin_pool.job(_rows_job)
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy", inline="always")

@@ -33,7 +33,7 @@ import numpy as np
 from numba import types
 
 from hetflow.devices.cpu import spin_pool
-from hetflow.devices.cpu.spin_pool import SpinPool, float32_matrix, put_values
+from hetflow.devices.cpu.spin_pool import Job, SpinPool, float32_matrix, put_values
 
 #: (prefix, suffix) of the 64-bit-integer CBLAS builds numpy ships or links: numpy's wheels bundle
 #: scipy-openblas with prefixed and suffixed names.
@@ -119,14 +119,10 @@ def split_product(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int, poo
     B (``_column_block``), one single-threaded GEMM each, run by numba's threads, or by ``pool``'s.
     Returns False, having done nothing, when the operands do not fit CBLAS."""
     if pool is not None:
-        if not _one_float_dtype(a, b, out):
+        job = product_job(a, b, out, parts)
+        if job is None:
             return False
-        # NOTE: the layouts are worked out in compiled code with the block: ~2 us less than ``_fits``.
-        block = np.empty(_BLOCK_SLOTS, np.int64)
-        job = _pack_product(block, a, b, out)
-        if job < 0:
-            return False
-        pool.run(_spin_jobs()[job], block, parts)
+        job.run(pool)
         return True
     layouts = _fits(a, b, out)
     if layouts is None:
@@ -140,6 +136,17 @@ def split_product(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int, poo
     else:
         _columns(parts, a.shape[0], b.shape[1], a.shape[1], a, trans_a, lda, b, trans_b, ldb, out, ldc)
     return True
+
+
+def product_job(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int) -> Job | None:
+    """``out = a @ b`` (2-D, one float dtype) as a spin-pool job in ``parts`` blocks of columns, or of rows
+    where A outweighs B (``split_product``'s parts); None when the operands do not fit CBLAS."""
+    if not _one_float_dtype(a, b, out):
+        return None
+    # NOTE: the layouts are worked out in compiled code with the block: ~2 us less than ``_fits``.
+    block = np.empty(_BLOCK_SLOTS, np.int64)
+    job = _pack_product(block, a, b, out)
+    return None if job < 0 else Job(_spin_jobs()[job], block, parts, (a, b, out))
 
 
 def split_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int, pool: SpinPool | None = None) -> bool:

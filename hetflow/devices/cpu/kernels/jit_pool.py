@@ -56,6 +56,7 @@ from hetflow.devices.cpu.kernels import jit_pool_lanes
 from hetflow.devices.cpu.kernels.buffers import aligned, flat_images, flat_target
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.jit_phases import BLOCK_ELEMENTS, fill_phases, layout, tap_start
+from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.threads import (
     MIN_ELEMENTS_PER_PART,
     intra_op_threads,
@@ -105,38 +106,52 @@ def pool_2d(
         np.copyto(y, target)
 
 
+class SmallPool:
+    """A pool too small ever to split on numba's or the Python pool, bound to its shapes and Y
+    (``bind_small_pool``): ``pool(x)`` is the compiled loop, its arguments worked out once (~4 us of
+    LeNet's 8 us pool1), or, on a spinning run (``threads.spinning``), the loop split there
+    (``threads.spin_split``); ``job(x)`` is the same as a spin-pool job (what a captured run replays)."""
+
+    def __init__(self, x_shape: tuple[int, ...], flat: tuple[np.ndarray, int], geo: Geometry, is_max: bool,
+                 weights: np.ndarray):  # fmt: skip
+        self.planes = int(x_shape[0]) * int(x_shape[1])
+        self.per_plane = geo.out[0] * geo.out[1]
+        self.y_flat = flat[0]
+        self.head = (flat[0], flat[1], *geo.out, 0, self.planes)
+        self.tail = (*_window(geo), is_max, weights)
+        self.numbers = (flat[1], *geo.out, *_window(geo), int(is_max))
+        self.weights = weights
+
+    def __call__(self, x: np.ndarray) -> None:
+        found = spin_split(self.planes, self.per_plane, (x,))
+        if found is not None:
+            self._job(x, found[1]).run(found[0])
+            return
+        jit_pool_lanes.vector_planes(x, *self.head, *self.tail)
+
+    def job(self, x: np.ndarray) -> Job:
+        found = spin_split(self.planes, self.per_plane, (x,))
+        return self._job(x, 1 if found is None else found[1])
+
+    def _job(self, x: np.ndarray, parts: int) -> Job:
+        return jit_pool_lanes.planes_job(x, self.y_flat, self.numbers, self.weights, parts)
+
+
 def bind_small_pool(
     x_shape: tuple[int, ...], y: np.ndarray, geo: Geometry, scale: np.ndarray | None
-) -> Callable[[np.ndarray], None] | None:
-    """``pool_2d`` into ``y`` bound once, for a pool ``jit_pool_lanes`` runs and too small ever to split
-    on numba's or the Python pool (under twice ``MIN_ELEMENTS_PER_PART`` outputs): a call is the
-    compiled loop, its arguments worked out here (~4 us of LeNet's 8 us pool1), or, on a spinning run
-    (``threads.spinning``), the loop split there (``threads.spin_split``).
-    None where ``pool_2d`` decides per call."""
+) -> SmallPool | None:
+    """``pool_2d`` into ``y`` bound once (``SmallPool``), for a pool ``jit_pool_lanes`` runs that has
+    under twice ``MIN_ELEMENTS_PER_PART`` outputs; None where ``pool_2d`` decides per call."""
     is_max = scale is None
     dtype = y.dtype
     if not jit_pool_lanes.applies(geo, dtype) or (is_max and y.flags.c_contiguous and runs_tiles(geo, dtype)):
         return None
     flat = flat_images(y)
-    planes = int(x_shape[0]) * int(x_shape[1])
-    per_plane = geo.out[0] * geo.out[1]
-    outputs = planes * per_plane
+    outputs = int(x_shape[0]) * int(x_shape[1]) * geo.out[0] * geo.out[1]
     if flat is None or outputs >= 2 * MIN_ELEMENTS_PER_PART:
         return None
     weights = _UNUSED_SCALE[dtype] if is_max else np.ascontiguousarray(scale, dtype)
-    head = (flat[0], flat[1], *geo.out, 0, planes)
-    tail = (*_window(geo), is_max, weights)
-    numbers = (flat[1], *geo.out, *_window(geo), int(is_max))
-    block = jit_pool_lanes.new_planes_block()  # NOTE: one job at a time per bound call (its arena's)
-
-    def run(x: np.ndarray) -> None:
-        found = spin_split(planes, per_plane, (x,))
-        if found is not None:
-            jit_pool_lanes.spin_planes(x, flat[0], numbers, weights, found[1], found[0], block)
-            return
-        jit_pool_lanes.vector_planes(x, *head, *tail)
-
-    return run
+    return SmallPool(x_shape, flat, geo, is_max, weights)
 
 
 def runs_tiles(geo: Geometry, dtype: np.dtype) -> bool:

@@ -53,7 +53,7 @@ from hetflow.devices.cpu.kernels.window_lanes import (
     walk_taps,
 )
 from hetflow.devices.cpu.spin_pool import (
-    SpinPool,
+    Job,
     float32_1d,
     float32_2d,
     float32_4d,
@@ -87,7 +87,7 @@ def pool(
     found = spin_split(planes, out[0] * out[1], (x, y, scale))
     if found is not None:
         pool, shares = found
-        spin_planes(x, y, (image_stride, *out, *window, int(is_max)), scale, shares, pool, new_planes_block())
+        planes_job(x, y, (image_stride, *out, *window, int(is_max)), scale, shares).run(pool)
         return
     head = (x, y, image_stride, *out)
     tail = (*window, is_max, scale)
@@ -271,27 +271,19 @@ def _split(parts, x, y, image_stride, out_h, out_w,  # noqa: ANN001, ANN201
 _PLANES_BLOCK_SLOTS = 24
 
 
-def spin_planes(
-    x: np.ndarray, y: np.ndarray, numbers: tuple[int, ...], scale: np.ndarray, parts: int, pool: SpinPool,
-    block: np.ndarray,
-) -> None:  # fmt: skip
-    """``vector_planes`` over every plane of ``x`` in ``parts`` contiguous ranges, run on the spinning
-    ``pool`` (the caller taking ranges too). ``numbers``: image_stride, out_h, out_w, then the window
-    (kh, kw, sh, sw, dh, dw, pad_top, pad_left), then is_max (0 or 1); ``block``: ``new_planes_block()``,
-    which one job at a time uses.
+def planes_job(x: np.ndarray, y: np.ndarray, numbers: tuple[int, ...], scale: np.ndarray, parts: int) -> Job:
+    """``vector_planes`` over every plane of ``x`` in ``parts`` contiguous ranges, as a spin-pool job on
+    its own block. ``numbers``: image_stride, out_h, out_w, then the window (kh, kw, sh, sw, dh, dw,
+    pad_top, pad_left), then is_max (0 or 1).
 
-    Why: at batch 1 the Conv before a pool splits its channels over the same pool, so each thread pools
-    the planes its own Conv share left in its caches; cifar10-quick's 3x3/2 max on 32x32x32 took 12 us
-    on the caller alone, half of its input coming from the other core. A large pool split on the Python
-    pool instead waits for a thread that has no core beside the spinning worker.
+    Why split on the spinning pool: at batch 1 the Conv before a pool splits its channels over the same
+    pool, so each thread pools the planes its own Conv share left in its caches; cifar10-quick's 3x3/2
+    max on 32x32x32 took 12 us on the caller alone, half of its input coming from the other core. A large
+    pool split on the Python pool instead waits for a thread that has no core beside the spinning worker.
     """
+    block = np.empty(_PLANES_BLOCK_SLOTS, np.int64)
     _pack_planes(block, x, y, numbers, scale)
-    pool.run(_planes_address(), block, parts)
-
-
-def new_planes_block() -> np.ndarray:
-    """An argument block for ``spin_planes``."""
-    return np.empty(_PLANES_BLOCK_SLOTS, np.int64)
+    return Job(_planes_address(), block, parts, (x, y, scale))
 
 
 @numba.njit(nogil=True, cache=True)

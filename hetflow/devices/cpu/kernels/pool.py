@@ -14,12 +14,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hetflow.devices.base import BoundCall
+from hetflow.devices.base import BoundCall, with_capture
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, output, scratch_bytes
 from hetflow.devices.cpu.kernels.conv import pad_into, padding_scratch
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.jit_pool import bind_small_pool, compiled_window, pool_2d
 from hetflow.devices.cpu.kernels.jit_pool import workspace_bytes as pool_workspace_bytes
+from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.devices.cpu.threads import available_cores
 from hetflow.graph import Node
@@ -88,7 +89,13 @@ def _prepare_pool(
             small(np.ascontiguousarray(arrays[0]))
             return [target, *second]
 
-        return call_small
+        def capture_small(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray | None], list[Job]] | None:
+            x = arrays[0]
+            if not x.flags.c_contiguous:  # type: ignore[union-attr]
+                return None
+            return [target, *second], [small.job(x)]  # type: ignore[arg-type]
+
+        return with_capture(call_small, capture_small)
 
     def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
         y = np.empty(y_shape, dtype) if target is None else target

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
 import numba
 import numpy as np
 
-from hetflow.devices.base import BoundCall
+from hetflow.devices.base import BoundCall, with_capture
+from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, output, scratch_bytes
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
+from hetflow.devices.cpu.spin_pool import Job, float32_2d, put_arrays
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
@@ -40,7 +43,30 @@ def _prepare_softmax(
         _softmax_rows(x.reshape(rows), y.reshape(rows))  # type: ignore[union-attr]
         return [y]
 
-    return call
+    def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
+        x = arrays[0]
+        if dtype != np.float32 or not x.flags.c_contiguous:  # type: ignore[union-attr]
+            return None
+        y = np.empty(shape, dtype) if target is None else target
+        return [y], [_rows_job(x.reshape(rows), y.reshape(rows))]  # type: ignore[union-attr]
+
+    return with_capture(call, capture)
+
+
+def _rows_job(x: np.ndarray, y: np.ndarray) -> Job:
+    """``_softmax_rows`` on float32 C-contiguous 2-D arrays as a spin-pool job of one chunk."""
+    block = np.empty(6, np.int64)
+    put_arrays(block, 0, (x, y))
+    return Job(_rows_address(), block, 1, (x, y))
+
+
+def _softmax_job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    _softmax_rows(float32_2d(args, 0), float32_2d(args, 3))
+
+
+@functools.cache
+def _rows_address() -> int:
+    return spin_pool.job(_softmax_job)
 
 
 @numba.njit(nogil=True, cache=True)

@@ -1,0 +1,220 @@
+"""Captured runs: a sequential run's compiled work replayed with no Python between its layers.
+
+Why: at batch 1 a small network's layers take microseconds, and the Python around each kernel call (the
+bound call's checks, numba's dispatch, the argument blocks, interpreter code that is cold by the time
+the next layer runs) costs as much again. LeNet's eight layers took 65 us called one at a time in
+loops and 106 us called in a row, in a run of 150-190 us, where ONNX Runtime ran the whole network in
+90 us.
+
+How: the first sequential run of an arena under a thread arrangement is a capture. Each step's bound
+call is asked to ``capture`` itself (``devices.base.CaptureFn``): the outputs it would return and the
+compiled jobs (``spin_pool.Job``) that compute them. A step that captures and reads only memory that
+stays put from run to run (the weights, the feeds, copied into buffers the replay owns, and the outputs
+of captured steps) runs through its jobs; consecutive such steps form a segment, which later runs
+replay in one compiled call (``SpinPool.replay``). View steps (Flatten, Reshape ...) whose outputs are
+views of their whole input capture with no job. Every other step is called as usual between segments;
+where a captured step reads a value such a step makes, a later run that returns another array for it
+has it copied into the array seen at capture (a guard), so that the jobs' addresses still hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hetflow.devices.base import BoundCall
+from hetflow.devices.cpu.spin_pool import Job, JobScript, SpinPool, replay_alone
+from hetflow.errors import HetflowError
+from hetflow.graph import Node
+
+#: Op types whose CPU kernels return views of their input: such a step captures with no job where its
+#: outputs are views of the whole of its first input.
+VIEW_OPS = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity"})
+
+#: One step as the executor's sequential loop holds it: (call, node, input slots, output slots, slots
+#: released after it).
+HotStep = tuple[BoundCall, Node, tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """Consecutive captured steps: their jobs, the values they leave, the slots released after them."""
+
+    script: JobScript
+    results: tuple[tuple[int, np.ndarray], ...]
+    release: tuple[int, ...]
+
+
+@dataclass
+class _Called:
+    """A step a replay calls as usual, with the values it makes that captured steps read (``guards``:
+    slot, the array seen at capture)."""
+
+    step: HotStep
+    guards: list[tuple[int, np.ndarray]] = field(default_factory=list)
+
+
+class StepFailed(Exception):
+    """A step's kernel raised during a capture or a replay (the error is the ``__cause__``)."""
+
+    def __init__(self, node: Node):
+        super().__init__(node.name)
+        self.node = node
+
+
+def _call(step: HotStep, env: list[Any]) -> None:
+    """Call a step as the executor's loop does, its outputs stored and its dead values released."""
+    call, node, inputs, outputs, release = step
+    try:
+        results = call([env[slot] for slot in inputs])
+    except HetflowError:
+        raise
+    except Exception as error:  # noqa: BLE001  (re-raised with the node by the executor)
+        raise StepFailed(node) from error
+    for slot, value in zip(outputs, results):
+        env[slot] = value
+    for slot in release:
+        env[slot] = None
+
+
+class Replay:
+    """A captured sequential run (see the module docstring): ``run`` repeats it on new feeds."""
+
+    def __init__(self, feeds: tuple[tuple[int, np.ndarray], ...], entries: tuple[_Segment | _Called, ...],
+                 held: frozenset[int]):  # fmt: skip
+        self.feeds = feeds
+        self.entries = entries
+        #: Slots whose values the replay owns (it writes them again on the next run).
+        self.held = held
+
+    @property
+    def jobs(self) -> int:
+        """How many jobs a replay runs from compiled code."""
+        return sum(len(entry.script) for entry in self.entries if isinstance(entry, _Segment))
+
+    @property
+    def called(self) -> int:
+        """How many steps a replay still calls from Python."""
+        return sum(isinstance(entry, _Called) for entry in self.entries)
+
+    def run(self, env: list[Any], pool: SpinPool | None) -> None:
+        """The captured run on the feeds in ``env`` (its values left in ``env`` as a run leaves them)."""
+        for slot, buffer in self.feeds:
+            np.copyto(buffer, env[slot])
+            env[slot] = buffer
+        for entry in self.entries:
+            if isinstance(entry, _Segment):
+                _replay(entry.script, pool)
+                for slot, value in entry.results:
+                    env[slot] = value
+                for slot in entry.release:
+                    env[slot] = None
+                continue
+            # NOTE: a guarded value is read after its step: its last reader, a captured step, comes later.
+            _call(entry.step, env)
+            for slot, expected in entry.guards:
+                value = env[slot]
+                if value is not expected:
+                    np.copyto(expected, value)
+                    env[slot] = expected
+
+
+def capture(
+    steps: Sequence[HotStep], env: list[Any], feeds: Sequence[int], stable: set[int], pool: SpinPool | None
+) -> Replay | None:
+    """Run ``steps`` on ``env`` as a capture (see the module docstring) and return the replay, or None
+    where no step captured. ``feeds``: the graph inputs' slots; ``stable``: slots whose values stay put
+    from run to run (weights, the empty slot)."""
+    stable = set(stable)
+    buffers = []
+    for slot in feeds:
+        value = env[slot]
+        if isinstance(value, np.ndarray):
+            env[slot] = buffer = np.array(value, order="C", copy=True)
+            buffers.append((slot, buffer))
+            stable.add(slot)
+    held = {slot for slot, _ in buffers}
+    made_by: dict[int, _Called] = {}
+    entries: list[_Segment | _Called] = []
+    jobs: list[Job] = []
+    results: list[tuple[int, np.ndarray]] = []
+    released: list[int] = []
+    captured = False
+
+    def close_segment() -> None:
+        if results or jobs:
+            entries.append(_Segment(JobScript(jobs), tuple(results), tuple(released)))
+        jobs.clear()
+        results.clear()
+        released.clear()
+
+    for step in steps:
+        inputs, outputs, release = step[2], step[3], step[4]
+        values = [env[slot] for slot in inputs]
+        found = _captured(step, values) if all(s in stable or s in made_by for s in inputs) else None
+        if found is None:
+            close_segment()
+            called = _Called(step)
+            entries.append(called)
+            _call(step, env)
+            made_by.update((slot, called) for slot in outputs if isinstance(env[slot], np.ndarray))
+            continue
+        captured = True
+        for slot in inputs:
+            if slot not in stable:  # made by a called step: guarded from now on
+                made_by[slot].guards.append((slot, env[slot]))
+                stable.add(slot)
+                held.add(slot)
+        made, step_jobs = found
+        for job in step_jobs:
+            job.run(pool)
+        jobs.extend(step_jobs)
+        for slot, value in zip(outputs, made):
+            env[slot] = value
+            results.append((slot, value))
+            stable.add(slot)
+            held.add(slot)
+        released.extend(release)
+        for slot in release:
+            env[slot] = None
+    close_segment()
+    return Replay(tuple(buffers), tuple(entries), frozenset(held)) if captured else None
+
+
+def _captured(step: HotStep, values: list[Any]) -> tuple[Sequence[Any], Sequence[Job]] | None:
+    """The step's capture (outputs, jobs), or None where it has none for these inputs."""
+    call, node = step[0], step[1]
+    try:
+        capture = getattr(call, "capture", None)
+        if capture is not None:
+            return capture(values)
+        if node.op_type in VIEW_OPS and values and isinstance(values[0], np.ndarray):
+            made = call(values)
+            if all(_whole_view(value, values[0]) for value in made):
+                return made, ()
+    except HetflowError:
+        raise
+    except Exception as error:  # noqa: BLE001  (re-raised with the node by the executor)
+        raise StepFailed(node) from error
+    return None
+
+
+def _whole_view(value: Any, source: np.ndarray) -> bool:
+    """Whether ``value`` is a view of all of ``source``'s memory (no copy was made)."""
+    return (
+        isinstance(value, np.ndarray)
+        and value.nbytes == source.nbytes
+        and value.__array_interface__["data"][0] == source.__array_interface__["data"][0]
+    )
+
+
+def _replay(script: JobScript, pool: SpinPool | None) -> None:
+    if len(script) == 0:
+        return
+    if pool is None:
+        replay_alone(script)
+    else:
+        pool.replay(script)
