@@ -109,9 +109,18 @@ class Kernel:
         this call, so a measured time is what a run pays. ``outputs``: a result of this call already
         computed (its shapes size the buffers; otherwise the kernel runs once here).
         """
+        return functools.partial(self.steady_bound(node, inputs, outputs), inputs)
+
+    def steady_bound(
+        self,
+        node: Node,
+        inputs: Sequence[np.ndarray | None],
+        outputs: Sequence[np.ndarray | None] | None = None,
+    ) -> BoundCall:
+        """The bound call ``steady_call`` makes on ``inputs`` (see there), to be called with them."""
         infos = array_infos(inputs)
         if not self.writes_out:
-            return functools.partial(self.bind(node, infos), inputs)
+            return self.bind(node, infos)
         if outputs is None:
             outputs = self.fn(node, inputs)
         out = [None if y is None else _touched(np.empty_like(y)) for y in outputs]
@@ -119,7 +128,7 @@ class Kernel:
         if self.workspace is not None:
             nbytes = int(self.workspace(node, infos))
             scratch = _touched(np.empty(nbytes, dtype=np.uint8)) if nbytes > 0 else None
-        return functools.partial(self.bind(node, infos, out, scratch), inputs)
+        return self.bind(node, infos, out, scratch)
 
 
 def unbound(kernel: Kernel, node: Node, out: Any = None, workspace: Any = None) -> BoundCall:

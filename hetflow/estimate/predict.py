@@ -743,6 +743,17 @@ def spin_run(profile: DeviceProfile, plan: Any, batch: int, threads: int | None)
     return spins(plan_conv_macs(plan), batch > 1, count) or spins_recurrent(plan_recurrent_batch(plan), count)
 
 
+def called_steps(plan: Any, outputs: Sequence[str], profile: DeviceProfile, spinning: bool, threads: int | None) -> int:
+    """How many of ``plan``'s steps a run calls from Python, each at the profile's ``dispatch_s``: all,
+    but those a captured run replays from compiled code where runs are captured (a CPU profile, a run
+    that spins or has one thread; ``hetflow.runtime.replay``)."""
+    from hetflow.runtime.executor import REPLAYS, compiled
+
+    if profile.device != "cpu" or not REPLAYS or not (spinning or (threads or profile.threads) == 1):
+        return len(plan.steps)
+    return len(plan.steps) - sum(compiled(plan, tuple(outputs)).replayed_steps())
+
+
 # -- the estimate ----------------------------------------------------------------------------------
 def batch_bindings(graph: Graph, batch: int) -> dict[str, int]:
     """Every symbolic dimension of the graph's inputs, set to ``batch``."""
@@ -818,7 +829,8 @@ def estimate(
         memory.peak_layer = "the arena" if not own else f"the arena, plus {layer}'s own allocations"
     memory.workspace_bytes = sum(im2col_bytes(node, graph) if node.op_type == "Conv" else raw[node.name].workspace_bytes
                                  for node, _ in steps)
-    overhead = (len(steps) * profile.dispatch_s + profile.run_overhead_s) * 1e3
+    called = called_steps(plan, [v.name for v in session.get_outputs()], profile, spinning, threads)
+    overhead = (called * profile.dispatch_s + profile.run_overhead_s) * 1e3
     notes = _notes(profile, keys)
     if threads is not None and profile.device == "cpu" and threads != profile.threads:
         notes.append(f"the profile was calibrated with {profile.threads} thread(s); the session runs {threads}")

@@ -494,6 +494,11 @@ def catalogue() -> list[Probe]:
         Probe("maxpool 3x3/1 192x28 spin", pool("MaxPool", 192, 28, 3, 1, 1), spin=True),
         Probe("maxpool 3x3/1 832x7 spin", pool("MaxPool", 832, 7, 3, 1, 1), spin=True),
         Probe("maxpool 3x3/2 24x32 spin", pool("MaxPool", 24, 32, 3, 2, 1), spin=True),
+        # The small networks' 2x2/2 pools at batch 1 (LeNet's, mentee's), replayed in a few microseconds.
+        Probe("maxpool 2x2/2 20x24 spin", pool("MaxPool", 20, 24, 2, 2), spin=True),
+        Probe("maxpool 2x2/2 50x8 spin", pool("MaxPool", 50, 8, 2, 2), spin=True),
+        Probe("maxpool 2x2/2 64x16 spin", pool("MaxPool", 64, 16, 2, 2), spin=True),
+        Probe("maxpool 2x2/2 128x8 spin", pool("MaxPool", 128, 8, 2, 2), spin=True),
         Probe("avgpool 3x3/1 256x28 spin", pool("AveragePool", 256, 28, 3, 1, 1), spin=True),
         Probe("avgpool 3x3/1 576x14 spin", pool("AveragePool", 576, 14, 3, 1, 1), spin=True),
         Probe("avgpool 3x3/2 240x56 spin", pool("AveragePool", 240, 56, 3, 2, 1), spin=True),

@@ -48,8 +48,8 @@ from hetflow.devices.cpu.threads import (
     NUMBA_POOL,
     available_cores,
     blas_threads,
-    intra_op_threads,
     own_threads,
+    replay_key,
     spinning,
 )
 from hetflow.devices.opencl import DeviceArray
@@ -59,7 +59,7 @@ from hetflow.ops.base import planned_infos
 from hetflow.ops.conv import DIRECT_FMA
 from hetflow.runtime.memory import MemoryPlan, Order, plan_memory
 from hetflow.runtime.plan import Plan, Step, StreamedWeight
-from hetflow.runtime.replay import Replay, StepFailed, capture
+from hetflow.runtime.replay import VIEW_OPS, Replay, StepFailed, capture
 
 ExecutionMode = Literal["sequential", "parallel"]
 EXECUTION_MODES: tuple[str, ...] = ("sequential", "parallel")
@@ -397,6 +397,18 @@ class Program:
         self._arenas: dict[Order, list[_Arena]] = {"sequential": [], "parallel": []}
         self._memory_lock = threading.Lock()
 
+    def replayed_steps(self) -> tuple[bool, ...]:
+        """Per step, whether a captured run replays it from compiled code (its bound call captures, or it
+        is a view step; ``hetflow.runtime.replay``), where the estimator charges no dispatch. Binds an
+        arena (kept for later runs)."""
+        if self.resident_devices:
+            return (False,) * len(self.ops)
+        arena = self._acquire("sequential")
+        try:
+            return tuple(hasattr(call, "capture") or node.op_type in VIEW_OPS for call, node, *_ in arena.hot)
+        finally:
+            self._release("sequential", arena)
+
     def _plan_memory(self, order: Order) -> MemoryPlan | None:
         memory = plan_memory(self._plan, self._wanted, order=order)
         return memory if memory.placements or memory.workspaces else None
@@ -585,16 +597,6 @@ class _Arena:
             value = env[slot]
             if value is not None and np.may_share_memory(value, self.array):
                 env[slot] = value.copy()
-
-
-def replay_key() -> Hashable | None:
-    """What a captured run depends on in the running thread arrangement (the spinning pool and the
-    threads the kernels split over), or None where runs are not captured: they split on numba's or the
-    Python pool, which no job can replay."""
-    pool, threads = spinning(), intra_op_threads()
-    if pool is None and threads > 1:
-        return None
-    return id(pool), threads
 
 
 def _copy_held(env: list[np.ndarray | None], slots: Sequence[int], held: frozenset[int]) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from hetflow.devices.base import BoundCall
-from hetflow.devices.cpu.spin_pool import Job, JobScript, SpinPool, replay_alone
+from hetflow.devices.cpu.spin_pool import Job, JobScript, SpinPool, replay_on
 from hetflow.errors import HetflowError
 from hetflow.graph import Node
 
@@ -107,7 +107,7 @@ class Replay:
             env[slot] = buffer
         for entry in self.entries:
             if isinstance(entry, _Segment):
-                _replay(entry.script, pool)
+                replay_on(entry.script, pool)
                 for slot, value in entry.results:
                     env[slot] = value
                 for slot in entry.release:
@@ -209,12 +209,3 @@ def _whole_view(value: Any, source: np.ndarray) -> bool:
         and value.nbytes == source.nbytes
         and value.__array_interface__["data"][0] == source.__array_interface__["data"][0]
     )
-
-
-def _replay(script: JobScript, pool: SpinPool | None) -> None:
-    if len(script) == 0:
-        return
-    if pool is None:
-        replay_alone(script)
-    else:
-        pool.replay(script)

@@ -120,6 +120,46 @@ def test_bad_requests_raise(pool):
         job_arguments([np.zeros((4, 4), np.float32)[:, ::2]])
 
 
+@pytest.mark.parametrize("alone", [False, True])
+def test_a_script_runs_its_jobs_in_order_each_after_the_last(pool, alone):
+    """A replayed script is the jobs run one after the other: each step reads what the one before wrote."""
+    steps, width = 50, 4096
+    rows = np.zeros((steps + 1, width), np.float32)
+    rows[0] = np.arange(width)
+    jobs = [spin_pool.Job(SHIFT, job_arguments([rows, step]), 8, (rows,)) for step in range(steps)]
+    script = spin_pool.JobScript(jobs)
+    for _ in range(3):  # a script replays as often as asked, on the same blocks
+        rows[1:] = -1
+        spin_pool.replay_on(script, None if alone else pool)
+        np.testing.assert_array_equal(rows[steps], (np.arange(width) + steps) % width + steps)
+    assert len(script) == steps
+
+
+def test_a_script_runs_every_chunk_of_every_job_once(pool):
+    counts = [np.zeros(chunks, np.int64) for chunks in (1, 2, 5)]
+    seen = [np.zeros(1, np.int64) for _ in counts]
+    script = spin_pool.JobScript(
+        [spin_pool.Job(COUNT, job_arguments([c, s]), c.size, (c, s)) for c, s in zip(counts, seen)]
+    )
+    for _ in range(100):
+        pool.replay(script)
+    assert [c.tolist() for c in counts] == [[100], [100, 100], [100] * 5]
+    assert [int(s[0]) for s in seen] == [1, 2, 5]
+
+
+def test_a_job_has_one_chunk_at_least():
+    with pytest.raises(ValueError, match="1 to"):
+        spin_pool.Job(COUNT, np.zeros(4, np.int64), 0)
+
+
+def test_a_job_runs_alone_or_on_the_pool(pool):
+    x = np.arange(1000, dtype=np.float32)
+    for target in (None, pool):
+        y = np.zeros_like(x)
+        spin_pool.Job(SCALE, job_arguments([x, y]), 3, (x, y)).run(target)
+        np.testing.assert_array_equal(y, 2 * x)
+
+
 def test_close_stops_the_workers(pool):
     pool.run(SCALE, job_arguments([np.ones(8, np.float32), np.zeros(8, np.float32)]), 2)
     threads = list(pool._threads)

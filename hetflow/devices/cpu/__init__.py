@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import numpy as np
 
-from hetflow.devices.base import Device, KernelTable
+from hetflow.devices.base import BoundCall, Device, Kernel, KernelTable
 from hetflow.devices.cpu.compiled_cache import clear_stale_cpu_kernels
 
 clear_stale_cpu_kernels()  # before any kernel is compiled or loaded from numba's cache
 
 from hetflow.devices.cpu import kernels as _kernels  # noqa: E402, F401  (registers the kernels)
+from hetflow.devices.cpu.spin_pool import JobScript, replay_on  # noqa: E402
 from hetflow.devices.cpu.table import CPU_KERNELS  # noqa: E402
+from hetflow.devices.cpu.threads import replay_key, spinning  # noqa: E402
+from hetflow.graph import Node  # noqa: E402
 
 
 class CPUDevice(Device):
@@ -32,6 +37,37 @@ class CPUDevice(Device):
             "processor": _cpu_model_name(),
             "numpy": np.__version__,
         }
+
+
+    def timed_call(
+        self, kernel: Kernel, node: Node, inputs: Sequence[Any], outputs: Sequence[Any] | None = None
+    ) -> Callable[[], None]:
+        """``Device.timed_call``; a call that captures (``devices.base.CaptureFn``) is timed as a run
+        replays it (``hetflow.runtime.replay``): its jobs run from compiled code, no Python around them."""
+        return replayed(kernel.steady_bound(node, inputs, outputs), inputs)
+
+
+def replayed(bound: BoundCall, inputs: Sequence[Any]) -> Callable[[], None]:
+    """``bound(inputs)`` as a captured run replays it where the calling thread arrangement replays runs
+    (``threads.replay_key``), captured on the first call under each arrangement; else called as is."""
+    capture = getattr(bound, "capture", None)
+    scripts: dict[Hashable, JobScript | None] = {}
+
+    def call() -> None:
+        key = replay_key() if capture is not None else None
+        if key is None:
+            bound(inputs)
+            return
+        if key not in scripts:
+            found = capture(inputs)  # type: ignore[misc]
+            scripts[key] = None if found is None else JobScript(found[1])
+        script = scripts[key]
+        if script is None:
+            bound(inputs)
+        else:
+            replay_on(script, spinning())
+
+    return call
 
 
 def _cpu_model_name() -> str:

@@ -384,6 +384,17 @@ def replay_alone(script: JobScript) -> None:
     _replay(_NO_STATE, script.addresses, script.blocks, script.chunks, True)
 
 
+def replay_on(script: JobScript, pool: SpinPool | None) -> None:
+    """``script``'s jobs in order, split on ``pool`` beside the caller (``SpinPool.replay``), or with
+    every chunk on the caller (None)."""
+    if len(script) == 0:
+        return
+    if pool is None:
+        replay_alone(script)
+    else:
+        pool.replay(script)
+
+
 #: The state ``_replay`` is given when it runs alone (it never reads it then).
 _NO_STATE = np.zeros(_STATE_SLOTS, dtype=np.int64)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
@@ -134,6 +134,16 @@ def in_numba_pool() -> bool:
     the call. mentee at batch 1 with OpenBLAS at two threads and a busy second core: 0.5 -> 76 ms
     median."""
     return _numba_pool
+
+
+def replay_key() -> Hashable | None:
+    """What a captured run depends on in the running thread arrangement (the spinning pool and the
+    threads the kernels split over), or None where runs are not captured (``hetflow.runtime.replay``):
+    they split on numba's or the Python pool, which no job can replay."""
+    pool, threads = _spinning, intra_op_threads()
+    if pool is None and threads > 1:
+        return None
+    return id(pool), threads
 
 
 def intra_op_threads() -> int:

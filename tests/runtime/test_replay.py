@@ -1,0 +1,221 @@
+"""Captured runs (``hetflow.runtime.replay``): a replayed run computes what a plain run computes, on
+every new feed, from any thread; it owns no memory it hands back; and what cannot be captured is still
+called, its values guarded where captured steps read them."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import hetflow
+from hetflow import zoo
+from hetflow.devices.cpu import spin_pool
+from hetflow.devices.cpu.spin_pool import Job, float32_1d, job_arguments
+from hetflow.graph import Node
+from hetflow.runtime import executor, replay
+from hetflow.runtime.replay import Replay, StepFailed
+from tests.helpers import make_model
+
+
+def _session(name: str, threads: int = 2) -> hetflow.InferenceSession:
+    return hetflow.InferenceSession(str(zoo.model_path(name)), threads=threads)
+
+
+def _feeds(session: hetflow.InferenceSession, batch: int, count: int) -> list[dict[str, np.ndarray]]:
+    value = session.get_inputs()[0]
+    shape = [batch if isinstance(d, str) else d for d in value.shape]
+    rng = np.random.default_rng(batch)
+    return [{value.name: rng.standard_normal(shape).astype(np.float32)} for _ in range(count)]
+
+
+def _plain(session: hetflow.InferenceSession, feeds: list[dict[str, np.ndarray]], monkeypatch) -> list[np.ndarray]:  # noqa: ANN001
+    with monkeypatch.context() as patch:
+        patch.setattr(executor, "REPLAYS", False)
+        return [session.run(None, feed)[0] for feed in feeds]
+
+
+def _replays(session: hetflow.InferenceSession) -> list[Replay | None]:
+    """Every replay the session's arenas hold (None where an arrangement captured nothing)."""
+    found = []
+    for plan in session._accepted.values():
+        for program in plan.programs.values():
+            for arena in program._arenas["sequential"]:
+                found += list(arena.replays.values())
+    return found
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("name", ["lenet", "cifar10-quick", "mentee"])
+def test_replayed_runs_equal_plain_runs_on_every_feed(name, batch, threads, monkeypatch):
+    session = _session(name, threads)
+    feeds = _feeds(session, batch, 3)
+    expected = _plain(session, feeds, monkeypatch)
+    for _ in range(2):  # the first pass captures, the second replays
+        for feed, want in zip(feeds, expected):
+            np.testing.assert_allclose(session.run(None, feed)[0], want, rtol=1e-5, atol=1e-6)
+    replays = [found for found in _replays(session) if found is not None]
+    assert replays and all(found.jobs > 0 for found in replays)
+
+
+def test_every_step_of_lenet_replays_from_compiled_code_at_batch_1():
+    session = _session("lenet")
+    feed = _feeds(session, 1, 1)[0]
+    session.run(None, feed)
+    (found,) = _replays(session)
+    assert found is not None and found.called == 0
+    assert found.jobs >= len(session.plan.steps) - 1  # Flatten is a view: no job
+
+
+def test_returned_outputs_survive_the_next_run():
+    session = _session("lenet")
+    first, second = _feeds(session, 1, 2)
+    for _ in range(2):
+        session.run(None, first)
+    kept = session.run(None, first)[0]
+    copy = kept.copy()
+    session.run(None, second)
+    np.testing.assert_array_equal(kept, copy)
+
+
+def test_a_strided_feed_is_read_as_a_contiguous_one(monkeypatch):
+    session = _session("lenet")
+    wide = np.random.default_rng(0).standard_normal((1, 1, 28, 56)).astype(np.float32)
+    strided = {session.get_inputs()[0].name: wide[..., ::2]}
+    (expected,) = _plain(session, [{k: np.ascontiguousarray(v) for k, v in strided.items()}], monkeypatch)
+    for _ in range(3):
+        np.testing.assert_allclose(session.run(None, strided)[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_runs_from_two_threads_at_once_each_get_their_own_results(monkeypatch):
+    """Concurrent runs take separate arenas (each with its replay); the one that finds the spinning pool
+    busy replays on its own thread."""
+    session = _session("cifar10-quick")
+    feeds = _feeds(session, 1, 4)
+    expected = _plain(session, feeds, monkeypatch)
+    failures: list[int] = []
+
+    def worker(offset: int) -> None:
+        for round_ in range(40):
+            index = (round_ + offset) % len(feeds)
+            got = session.run(None, feeds[index])[0]
+            if not np.allclose(got, expected[index], rtol=1e-5, atol=1e-6):
+                failures.append(index)
+
+    workers = [threading.Thread(target=worker, args=(offset,)) for offset in range(2)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    assert failures == []
+
+
+def test_a_memory_budgeted_session_never_replays():
+    session = hetflow.InferenceSession(str(zoo.model_path("lenet")), threads=2, memory_budget="64MB")
+    feed = _feeds(session, 1, 1)[0]
+    for _ in range(2):
+        session.run(None, feed)
+    assert _replays(session) == []
+
+
+def test_a_value_a_called_step_makes_afresh_is_copied_where_a_captured_step_reads_it(monkeypatch):
+    """PRelu (no capture) returns a new array every run; the Softmax after it captures and reads the
+    array PRelu returned at capture, so each replay copies the new one in."""
+    model = make_model(
+        [helper.make_node("PRelu", ["x", "slope"], ["t"], name="prelu"),
+         helper.make_node("Softmax", ["t"], ["y"], name="softmax", axis=-1)],  # fmt: skip
+        [("x", TensorProto.FLOAT, [2, 3, 8])],
+        [("y", TensorProto.FLOAT, [2, 3, 8])],
+        {"slope": np.full((3, 1), 0.25, np.float32)},
+    )
+    session = hetflow.InferenceSession(model, threads=1)  # one thread: runs replay (no spinning pool here)
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.standard_normal((2, 3, 8)).astype(np.float32)} for _ in range(3)]
+    for _ in range(2):
+        for feed in feeds:
+            t = np.where(feed["x"] > 0, feed["x"], 0.25 * feed["x"])
+            e = np.exp(t - t.max(-1, keepdims=True))
+            np.testing.assert_allclose(session.run(None, feed)[0], e / e.sum(-1, keepdims=True), rtol=1e-5)
+    (found,) = _replays(session)
+    assert found is not None and found.called == 1 and found.jobs == 1
+
+
+# -- the capture itself, on steps made up for the test ------------------------------------------------
+def _double(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """y = 2 x over the chunk's range (a job for the tests)."""
+    x, y = float32_1d(args, 0), float32_1d(args, 2)
+    for i in range(x.shape[0] * chunk // chunks, x.shape[0] * (chunk + 1) // chunks):
+        y[i] = 2 * x[i]
+
+
+DOUBLE = spin_pool.job(_double)
+
+
+def _doubling_step(name: str, source: int, target: int, y: np.ndarray) -> replay.HotStep:
+    """A step ``y = 2 * env[source]`` that captures as the DOUBLE job; called, it records that it was."""
+
+    def call(inputs):  # noqa: ANN001, ANN202
+        calls.append(name)
+        np.multiply(inputs[0], 2, out=y)
+        return [y]
+
+    def capture(inputs):  # noqa: ANN001, ANN202
+        x = inputs[0]
+        return [y], [Job(DOUBLE, job_arguments([x, y]), 2, (x, y))]
+
+    call.capture = capture  # type: ignore[attr-defined]
+    return call, Node("Relu", name, ["a"], ["b"]), (source,), (target,), ()
+
+
+calls: list[str] = []
+
+
+def test_capture_runs_the_steps_and_a_replay_repeats_them_without_calling_them():
+    calls.clear()
+    middle, last = np.zeros(4, np.float32), np.zeros(4, np.float32)
+    steps = [_doubling_step("first", 1, 2, middle), _doubling_step("second", 2, 3, last)]
+    env = [None, np.arange(4, dtype=np.float32), None, None]
+    found = replay.capture(steps, env, feeds=(1,), stable={0}, pool=None)
+    assert found is not None and found.jobs == 2 and found.called == 0
+    np.testing.assert_array_equal(env[3], 4 * np.arange(4))
+    env = [None, np.full(4, 5, np.float32), None, None]
+    found.run(env, None)
+    np.testing.assert_array_equal(env[3], np.full(4, 20))
+    assert calls == []  # captured steps are never called
+
+
+def test_a_step_that_fails_in_a_capture_names_its_node():
+    def failing(inputs):  # noqa: ANN001, ANN202
+        raise RuntimeError("broken kernel")
+
+    node = Node("Relu", "bad", ["a"], ["b"])
+    env = [None, np.ones(4, np.float32), None]
+    with pytest.raises(StepFailed) as raised:
+        replay.capture([(failing, node, (1,), (2,), ())], env, feeds=(1,), stable={0}, pool=None)
+    assert raised.value.node is node and isinstance(raised.value.__cause__, RuntimeError)
+
+
+def test_a_kernel_error_in_a_replayed_run_names_the_node():
+    """The executor turns a failing step of a captured run into its usual KernelError."""
+    model = make_model(
+        [helper.make_node("PRelu", ["x", "slope"], ["t"], name="prelu"),
+         helper.make_node("Softmax", ["t"], ["y"], name="softmax", axis=-1)],  # fmt: skip
+        [("x", TensorProto.FLOAT, [2, 8])],
+        [("y", TensorProto.FLOAT, [2, 8])],
+        {"slope": np.full((8,), 0.25, np.float32)},
+    )
+    session = hetflow.InferenceSession(model, threads=1)  # one thread: runs replay (no spinning pool here)
+    feed = {"x": np.ones((2, 8), np.float32)}
+    session.run(None, feed)
+
+    def broken(values):  # noqa: ANN001, ANN202
+        raise FloatingPointError("broken")
+
+    (found,) = _replays(session)
+    entry = next(e for e in found.entries if isinstance(e, replay._Called))
+    entry.step = (broken, *entry.step[1:])  # the called PRelu step now fails
+    with pytest.raises(executor.KernelError, match="'prelu'.*broken"):
+        session.run(None, feed)
