@@ -34,16 +34,24 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hetflow.devices.base import BoundCall, InputInfos, PrepareFn
-from hetflow.devices.cpu.kernels import own_gemm
-from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, image_contiguous, scratch_bytes
+from hetflow.devices.base import BoundCall, InputInfos, PrepareFn, with_capture
+from hetflow.devices.cpu.kernels import jit_depthwise_lanes, own_gemm
+from hetflow.devices.cpu.kernels.buffers import (
+    Out,
+    Scratch,
+    deliver,
+    flat_images,
+    image_contiguous,
+    scratch_bytes,
+)
 from hetflow.devices.cpu.kernels.epilogue import add_channel_bias, apply_activation, finish_channels
 from hetflow.devices.cpu.kernels.jit_depthwise import depthwise_2d, shuffled_channels
-from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
+from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES, NO_ACTIVATION, activation_code
 from hetflow.devices.cpu.kernels.jit_im2col import im2col as compiled_im2col
 from hetflow.devices.cpu.kernels.jit_im2col import im2col_rows as compiled_im2col_rows
 from hetflow.devices.cpu.kernels.jit_residual import add_activate
 from hetflow.devices.cpu.kernels.jit_residual import compiled as residual_compiled
+from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.devices.cpu.threads import blas_threads, intra_op_threads, parallel_for, split_matmul
 from hetflow.graph import Node
@@ -555,7 +563,54 @@ def _flat_crops(geo: Geometry) -> bool:
     return any(a.padded != a.out for a in geo.axes[1:])
 
 
-@conv_kernel(DEPTHWISE, supports=_supports_depthwise, workspace=lambda *a: scratch_bytes(_depthwise_scratch(*a)))
+def _prepare_depthwise(
+    node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
+) -> BoundCall | None:
+    """The depthwise kernel bound to a float32 2-D node whose planes ``jit_depthwise_lanes`` runs into the
+    planned Y, with the fused activation applied as it stores: a call as ``run_conv`` makes it, and the
+    capture of its planes' job (what a captured run replays)."""
+    x_info, w_info = inputs[0], inputs[1]
+    target = out[0] if out is not None else None
+    if x_info is None or w_info is None or target is None or node.attrs.residual:
+        return None
+    if x_info.dtype != np.float32 or w_info.dtype != np.float32 or target.dtype != np.float32:
+        return None
+    x_shape, w_shape = tuple(int(d) for d in x_info.shape), tuple(int(d) for d in w_info.shape)
+    geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
+    code, alpha, beta = activation_code(node.attrs.fused)
+    flat = flat_images(target)
+    if not _compiled(geo) or flat is None or target.shape != (x_shape[0], w_shape[0], *geo.out):
+        return None
+    rows, cols = geo.axes
+    if (code == NO_ACTIVATION and node.attrs.fused is not None) or not jit_depthwise_lanes.applies(
+        np.dtype(np.float32), x_shape[1], w_shape[0], cols.stride
+    ):
+        return None
+    window = (*w_shape[2:], rows.stride, cols.stride, rows.dilation, cols.dilation, rows.pad_begin, cols.pad_begin)
+    activation = jit_depthwise_lanes.activation_constants(code, alpha, beta)
+    no_bias = np.zeros(w_shape[0], np.float32)
+
+    def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        return [run_conv(depthwise, node, arrays, out, workspace)]
+
+    def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
+        x, w = arrays[0], arrays[1]
+        if not (x.flags.c_contiguous and w.flags.c_contiguous):  # type: ignore[union-attr]
+            return None
+        b = arrays[2] if len(arrays) > 2 else None
+        bias = no_bias if b is None else np.ascontiguousarray(b, np.float32)
+        shares = jit_depthwise_lanes.plane_shares(x, geo.out)  # type: ignore[arg-type]
+        job = jit_depthwise_lanes.planes_job(x, w, bias, flat[0], flat[1], geo.out, window, activation,  # type: ignore[arg-type]
+                                             node.attrs.shuffle_groups, shares)  # fmt: skip
+        return [target], [job]
+
+    return with_capture(call, capture)
+
+
+@conv_kernel(
+    DEPTHWISE, supports=_supports_depthwise, workspace=lambda *a: scratch_bytes(_depthwise_scratch(*a)),
+    prepare=_prepare_depthwise,
+)  # fmt: skip
 def depthwise(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """Depthwise Conv (group == C, any channel multiplier): direct accumulation over the kernel taps.
 

@@ -40,7 +40,7 @@ from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels import window_lanes as wl
 from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, RELU
 from hetflow.devices.cpu.kernels.window_lanes import LANES, PLANE_BLOCK, STRIDES, VectorShape
-from hetflow.devices.cpu.spin_pool import argument_block, float32_1d, float32_4d
+from hetflow.devices.cpu.spin_pool import Job, argument_block, float32_1d, float32_4d
 from hetflow.devices.cpu.threads import run_planes, spin_split
 
 _FLOAT32 = np.dtype(np.float32)
@@ -81,11 +81,28 @@ def depthwise(
     found = spin_split(planes, out[0] * out[1], (x, flat_w, bias, activation, y))
     if found is not None:
         pool, shares = found
-        block = argument_block(_BLOCK_SLOTS, (x, flat_w, bias, activation, y), (image_stride, *out, *tail))
-        pool.run(_job_address(), block, shares)
+        planes_job(x, w, bias, y, image_stride, out, window, activation, shuffle_groups, shares).run(pool)
         return
     head = (x, flat_w, bias, activation, y, image_stride, *out)
     run_planes(vector_planes, _split, head, tail, planes, out[0] * out[1])
+
+
+def planes_job(
+    x: np.ndarray, w: np.ndarray, bias: np.ndarray, y: np.ndarray, image_stride: int, out: tuple[int, int],
+    window: tuple[int, ...], activation: np.ndarray, shuffle_groups: int, shares: int,
+) -> Job:  # fmt: skip
+    """``depthwise`` (its arguments as there; every array C-contiguous float32) as a spin-pool job of
+    ``shares`` ranges of X's planes."""
+    flat_w = w.reshape(-1)
+    numbers = (image_stride, *out, *window, max(1, shuffle_groups))
+    block = argument_block(_BLOCK_SLOTS, (x, flat_w, bias, activation, y), numbers)
+    return Job(_job_address(), block, shares, (x, flat_w, bias, activation, y))
+
+
+def plane_shares(x: np.ndarray, out: tuple[int, int]) -> int:
+    """The ranges of planes ``depthwise`` splits X into on a spinning run (1: on the calling thread)."""
+    found = spin_split(x.shape[0] * x.shape[1], out[0] * out[1], (x,))
+    return 1 if found is None else found[1]
 
 
 # -- on the spinning pool ----------------------------------------------------------------------------

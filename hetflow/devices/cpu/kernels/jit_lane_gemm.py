@@ -38,7 +38,7 @@ from numba.extending import intrinsic
 
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
-from hetflow.devices.cpu.spin_pool import float32_1d, float32_3d, put_arrays, put_values
+from hetflow.devices.cpu.spin_pool import Job, float32_1d, float32_3d, put_arrays, put_values
 
 #: Vectors of 16 kernels per tile.
 KERNEL_VECTORS = 4
@@ -218,6 +218,14 @@ def pack_job(block, w, x, y, y_image, residual, r_image, bias, bounds, kernels):
     """Fill ``block`` for ``job_address()``: ``lane_share``'s arguments, ``bounds`` the float32 (low, high)."""
     slot = put_arrays(block, 0, (w, x, y, residual, bias, bounds))
     put_values(block, slot, (y_image, r_image, kernels))
+
+
+
+def share_job(w, x, y, y_image, residual, r_image, bias, bounds, kernels, shares) -> Job:  # noqa: ANN001
+    """``lane_share``'s product as a spin-pool job of ``shares`` chunks, on its own block (``pack_job``'s)."""
+    block = new_job_block()
+    pack_job(block, w, x, y, y_image, residual, r_image, bias, bounds, kernels)
+    return Job(job_address(), block, shares, (w, x, y, residual, bias, bounds))
 
 
 def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202

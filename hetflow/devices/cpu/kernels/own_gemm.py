@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -51,7 +52,7 @@ from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.kernels.jit_im2col import im2col as compiled_im2col
 from hetflow.devices.cpu.kernels.llvm_vectors import LANES
 from hetflow.devices.cpu.kernels.weight_cache import WeightCache
-from hetflow.devices.cpu.spin_pool import SpinPool
+from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.threads import (
     SPIN_SHARES_PER_THREAD,
     in_numba_pool,
@@ -202,6 +203,20 @@ def prepare_pointwise(
     return prepare
 
 
+class _Operands(NamedTuple):
+    """A pointwise call's Y and the operands the tile and lane GEMMs read: Y's flat memory and image
+    stride, W flat, X ``[N, C, P]``, the residual's flat memory and image stride (-1: none), the bias."""
+
+    y: np.ndarray
+    y_flat: np.ndarray
+    y_image: int
+    w: np.ndarray
+    x: np.ndarray
+    r: np.ndarray
+    r_image: int
+    bias: np.ndarray
+
+
 class _TileCall:
     """One pointwise Conv node bound to the tile GEMM: what every call shares, worked out once."""
 
@@ -226,57 +241,76 @@ class _TileCall:
         self.residual_at = 3 if node.attrs.residual else None
         self.items: dict[int, list[np.ndarray]] = {}
         self.shares: dict[int, tuple[int, int]] = {}
-        self.block = jit_tile_gemm.new_job_block()
         depth = self.channels // self.groups
         self.lanes = node.attrs.packed_weights and lanes_pay(
             self.kernels, depth, self.positions, self.groups, self.batch
         )
-        self.lane_block = jit_lane_gemm.new_job_block()
 
     def __call__(self, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-        if not runs_own():
+        operands = self._operands(arrays) if runs_own() else None
+        if operands is None:
             return [self.fallback(self.node, arrays, self.out, self.workspace)]
+        pool = spinning()
+        if pool is not None:
+            self._job(operands, arrays[1], pool.workers + 1).run(pool)  # type: ignore[arg-type]
+        elif self.lanes:
+            self._lanes_on_python_pool(LANE_WEIGHTS.get(arrays[1], self.kernels), operands)  # type: ignore[arg-type]
+        else:
+            self._on_python_pool(operands)
+        apply_activation(operands.y, self.after)
+        return [operands.y]
+
+    def capture(self, arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
+        """The product as one spin-pool job, shared out as a spinning run (or a one-thread one) shares
+        it (``BoundCall``'s capture); None where the call copies X or applies an activation after."""
+        x = arrays[0]
+        if self.after is not None or not x.flags.c_contiguous or not runs_own():  # type: ignore[union-attr]
+            return None
+        pool = spinning()
+        threads = pool.workers + 1 if pool is not None else intra_op_threads()
+        operands = self._operands(arrays) if pool is not None or threads == 1 else None
+        if operands is None:
+            return None
+        return [operands.y], [self._job(operands, arrays[1], threads)]  # type: ignore[arg-type]
+
+    def _operands(self, arrays: Sequence[np.ndarray | None]) -> _Operands | None:
+        """Y and the product's operands as the tiles read them; None where Y or the residual does not fit."""
         y = np.empty(self.y_shape, np.float32) if self.target is None else self.target
         residual = arrays[self.residual_at] if self.residual_at is not None else None
         flat_y = flat_images(y)
         flat_r = None if residual is None else _flat_residual(residual, self.y_shape)
         if flat_y is None or (residual is not None and flat_r is None):
-            return [self.fallback(self.node, arrays, self.out, self.workspace)]
+            return None
         x, w, b = arrays[0], arrays[1], arrays[2] if len(arrays) > 2 else None
-        w = np.ascontiguousarray(w, np.float32).reshape(-1)  # type: ignore[arg-type]
-        bias = self.no_bias if b is None else np.ascontiguousarray(b, np.float32)
-        x = np.ascontiguousarray(x).reshape(self.batch, self.channels, self.positions)  # type: ignore[union-attr]
         r, r_image = (flat_y[0], -1) if flat_r is None else flat_r
-        pool = spinning()
-        if self.lanes:
-            self._in_lanes(LANE_WEIGHTS.get(arrays[1], self.kernels), x, flat_y, r, r_image, bias, pool)  # type: ignore[arg-type]
-        elif pool is not None:
-            shares, row_parts = self._spin_shares(pool.workers + 1)
-            jit_tile_gemm.pack_job(self.block, w, x, flat_y[0], flat_y[1], r, r_image, bias, self.bounds, self.kernels,
-                                   self.positions, self.groups, row_parts, jit_tile_gemm.BLOCK_BYTES)  # fmt: skip
-            pool.run(jit_tile_gemm.job_address(), self.block, shares)
-        else:
-            self._on_python_pool(w, x, flat_y, r, r_image, bias)
-        apply_activation(y, self.after)
-        return [y]
+        return _Operands(
+            y, flat_y[0], flat_y[1], np.ascontiguousarray(w, np.float32).reshape(-1),  # type: ignore[arg-type]
+            np.ascontiguousarray(x).reshape(self.batch, self.channels, self.positions),  # type: ignore[union-attr]
+            r, r_image, self.no_bias if b is None else np.ascontiguousarray(b, np.float32),
+        )  # fmt: skip
 
-    def _in_lanes(
-        self, packed: np.ndarray, x: np.ndarray, flat_y: tuple[np.ndarray, int], r: np.ndarray, r_image: int,
-        bias: np.ndarray, pool: SpinPool | None,
-    ) -> None:  # fmt: skip
-        """The product on the lane GEMM, its kernel tiles shared out on the spinning pool or the Python pool."""
+    def _job(self, ops: _Operands, raw_w: np.ndarray, threads: int) -> Job:
+        """The product as a spin-pool job for ``threads`` threads: on the lane GEMM its kernel tiles
+        shared out, on the tile GEMM its ``spin_shares``."""
+        if self.lanes:
+            tiles = -(-self.kernels // jit_lane_gemm.TILE_KERNELS)
+            shares = max(1, min(tiles, threads * SPIN_SHARES_PER_THREAD))
+            return jit_lane_gemm.share_job(LANE_WEIGHTS.get(raw_w, self.kernels), ops.x, ops.y_flat, ops.y_image,
+                                           ops.r, ops.r_image, ops.bias, self.bounds, self.kernels, shares)  # fmt: skip
+        shares, row_parts = self._spin_shares(threads)
+        return jit_tile_gemm.share_job(ops.w, ops.x, ops.y_flat, ops.y_image, ops.r, ops.r_image, ops.bias,
+                                       self.bounds, self.kernels, self.positions, self.groups, row_parts,
+                                       jit_tile_gemm.BLOCK_BYTES, shares)  # fmt: skip
+
+    def _lanes_on_python_pool(self, packed: np.ndarray, ops: _Operands) -> None:
+        """The product on the lane GEMM, its kernel tiles shared out on the Python pool."""
         tiles = -(-self.kernels // jit_lane_gemm.TILE_KERNELS)
-        threads = pool.workers + 1 if pool is not None else intra_op_threads()
+        threads = intra_op_threads()
         shares = max(1, min(tiles, threads * SPIN_SHARES_PER_THREAD))
-        if pool is not None:
-            jit_lane_gemm.pack_job(self.lane_block, packed, x, flat_y[0], flat_y[1], r, r_image, bias, self.bounds,
-                                   self.kernels)  # fmt: skip
-            pool.run(jit_lane_gemm.job_address(), self.lane_block, shares)
-            return
 
         def part(index: int) -> None:
-            jit_lane_gemm.lane_share(packed, x, flat_y[0], flat_y[1], r, r_image, bias, self.low, self.high,
-                                     self.kernels, index, shares)  # fmt: skip
+            jit_lane_gemm.lane_share(packed, ops.x, ops.y_flat, ops.y_image, ops.r, ops.r_image, ops.bias, self.low,
+                                     self.high, self.kernels, index, shares)  # fmt: skip
 
         parallel_for(part, shares, threads)
 
@@ -287,18 +321,15 @@ class _TileCall:
             found = self.shares[threads] = spin_shares(self.batch, self.kernels, self.positions, self.groups, threads)
         return found
 
-    def _on_python_pool(
-        self, w: np.ndarray, x: np.ndarray, flat_y: tuple[np.ndarray, int], r: np.ndarray, r_image: int,
-        bias: np.ndarray,
-    ) -> None:  # fmt: skip
+    def _on_python_pool(self, ops: _Operands) -> None:
         threads = intra_op_threads()
         items = self.items.get(threads)
         if items is None:
             items = self.items[threads] = work_items(self.batch, self.positions, threads)
 
         def part(index: int) -> None:
-            jit_tile_gemm.gemm_items(w, x, flat_y[0], flat_y[1], r, r_image, bias, self.low, self.high,
-                                     self.kernels, self.positions, self.groups, items[index],
+            jit_tile_gemm.gemm_items(ops.w, ops.x, ops.y_flat, ops.y_image, ops.r, ops.r_image, ops.bias, self.low,
+                                     self.high, self.kernels, self.positions, self.groups, items[index],
                                      jit_tile_gemm.BLOCK_BYTES)  # fmt: skip
 
         parallel_for(part, len(items), threads)
