@@ -41,31 +41,31 @@ class CPUDevice(Device):
 
     def timed_call(
         self, kernel: Kernel, node: Node, inputs: Sequence[Any], outputs: Sequence[Any] | None = None
-    ) -> Callable[[], None]:
+    ) -> Callable[[], Sequence[Any]]:
         """``Device.timed_call``; a call that captures (``devices.base.CaptureFn``) is timed as a run
         replays it (``hetflow.runtime.replay``): its jobs run from compiled code, no Python around them."""
         return replayed(kernel.steady_bound(node, inputs, outputs), inputs)
 
 
-def replayed(bound: BoundCall, inputs: Sequence[Any]) -> Callable[[], None]:
+def replayed(bound: BoundCall, inputs: Sequence[Any]) -> Callable[[], Sequence[Any]]:
     """``bound(inputs)`` as a captured run replays it where the calling thread arrangement replays runs
-    (``threads.replay_key``), captured on the first call under each arrangement; else called as is."""
+    (``threads.replay_key``), captured on the first call under each arrangement; else called as is.
+    Returns the call's outputs either way."""
     capture = getattr(bound, "capture", None)
-    scripts: dict[Hashable, JobScript | None] = {}
+    captured: dict[Hashable, tuple[Sequence[Any], JobScript] | None] = {}
 
-    def call() -> None:
+    def call() -> Sequence[Any]:
         key = replay_key() if capture is not None else None
         if key is None:
-            bound(inputs)
-            return
-        if key not in scripts:
+            return bound(inputs)
+        if key not in captured:
             found = capture(inputs)  # type: ignore[misc]
-            scripts[key] = None if found is None else JobScript(found[1])
-        script = scripts[key]
-        if script is None:
-            bound(inputs)
-        else:
-            replay_on(script, spinning())
+            captured[key] = None if found is None else (found[0], JobScript(found[1]))
+        replay = captured[key]
+        if replay is None:
+            return bound(inputs)
+        replay_on(replay[1], spinning())
+        return replay[0]
 
     return call
 

@@ -46,17 +46,19 @@ kernel threads.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 
 import numba
 import numpy as np
 
+from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import jit_pool_lanes
 from hetflow.devices.cpu.kernels.buffers import aligned, flat_images, flat_target
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.jit_phases import BLOCK_ELEMENTS, fill_phases, layout, tap_start
-from hetflow.devices.cpu.spin_pool import Job
+from hetflow.devices.cpu.spin_pool import Job, float32_4d, put_arrays
 from hetflow.devices.cpu.threads import (
     MIN_ELEMENTS_PER_PART,
     intra_op_threads,
@@ -119,7 +121,7 @@ class SmallPool:
         self.y_flat = flat[0]
         self.head = (flat[0], flat[1], *geo.out, 0, self.planes)
         self.tail = (*_window(geo), is_max, weights)
-        self.numbers = (flat[1], *geo.out, *_window(geo), int(is_max))
+        self.numbers = _planes_numbers(flat[1], geo, is_max)
         self.weights = weights
 
     def __call__(self, x: np.ndarray) -> None:
@@ -135,6 +137,49 @@ class SmallPool:
 
     def _job(self, x: np.ndarray, parts: int) -> Job:
         return jit_pool_lanes.planes_job(x, self.y_flat, self.numbers, self.weights, parts)
+
+
+def _planes_numbers(image_stride: int, geo: Geometry, is_max: bool) -> tuple[int, ...]:
+    """``jit_pool_lanes.planes_job``'s numbers: Y's image stride, the output's size, the window, is_max."""
+    return (image_stride, *geo.out, *_window(geo), int(is_max))
+
+
+def pool_job(x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | None) -> Job | None:
+    """``pool_2d`` of float32 C-contiguous ``x`` into ``y`` as one spin-pool job, split as a spinning run
+    splits it (``threads.spin_split``): 2x2 max windows that tile X by the row loop, the windows
+    ``jit_pool_lanes`` takes by it; None for the rest (the phase planes, other tiling windows)."""
+    is_max = scale is None
+    if x.dtype != np.float32 or y.dtype != np.float32 or not x.flags.c_contiguous:
+        return None
+    found = spin_split(x.shape[0] * x.shape[1], geo.out[0] * geo.out[1], (x,))
+    parts = 1 if found is None else found[1]
+    if is_max and y.flags.c_contiguous and runs_tiles(geo, y.dtype):
+        if (geo.axes[0].kernel, geo.axes[1].kernel) != (2, 2):
+            return None
+        block = np.empty(_TILES_BLOCK_SLOTS, np.int64)
+        put_arrays(block, 0, (x, y))
+        return Job(_tiles_address(), block, parts, (x, y))
+    flat = flat_images(y)
+    if flat is None or not jit_pool_lanes.applies(geo, y.dtype):
+        return None
+    weights = _UNUSED_SCALE[y.dtype] if is_max else np.ascontiguousarray(scale, y.dtype)
+    return jit_pool_lanes.planes_job(x, flat[0], _planes_numbers(flat[1], geo, is_max), weights, parts)
+
+
+#: Slots of a 2x2 tiles job's block: X and Y (4-D each).
+_TILES_BLOCK_SLOTS = 10
+
+
+def _tiles_job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """``_rows_2x2`` (no Indices) over the chunk's range of Y's planes, as a spin-pool job."""
+    x, y = float32_4d(args, 0), float32_4d(args, 5)
+    planes = y.shape[0] * y.shape[1]
+    _rows_2x2(x, y, np.empty(0, np.int64), planes * chunk // chunks, planes * (chunk + 1) // chunks, False)
+
+
+@functools.cache
+def _tiles_address() -> int:
+    return spin_pool.job(_tiles_job)
 
 
 def bind_small_pool(

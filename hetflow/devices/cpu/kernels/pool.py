@@ -18,7 +18,7 @@ from hetflow.devices.base import BoundCall, with_capture
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, deliver, output, scratch_bytes
 from hetflow.devices.cpu.kernels.conv import pad_into, padding_scratch
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
-from hetflow.devices.cpu.kernels.jit_pool import bind_small_pool, compiled_window, pool_2d
+from hetflow.devices.cpu.kernels.jit_pool import bind_small_pool, compiled_window, pool_2d, pool_job
 from hetflow.devices.cpu.kernels.jit_pool import workspace_bytes as pool_workspace_bytes
 from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.table import cpu_kernel
@@ -102,7 +102,11 @@ def _prepare_pool(
         pool_2d(np.ascontiguousarray(arrays[0]), y, geo, scale, workspace)
         return [y, *second]
 
-    return call
+    def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray | None], list[Job]] | None:
+        job = None if target is None else pool_job(arrays[0], target, geo, scale)  # type: ignore[arg-type]
+        return None if job is None else ([target, *second], [job])
+
+    return with_capture(call, capture)
 
 
 @cpu_kernel("MaxPool", writes_out=True, workspace=_pool_workspace, prepare=_prepare_pool)

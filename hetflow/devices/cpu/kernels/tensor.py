@@ -16,9 +16,11 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto
 
+from hetflow.devices.base import BoundCall, with_capture
 from hetflow.devices.cpu.kernels.buffers import Out, output
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
+from hetflow.ops.base import TensorInfo
 from hetflow.ops.tensor import (
     cast_dtype,
     fill_value,
@@ -49,7 +51,26 @@ def _scalar(array: np.ndarray | None, default: Any) -> Any:
     return np.asarray(array).reshape(-1)[0]
 
 
-@cpu_kernel("Concat", writes_out=True)
+def _prepare_concat(
+    node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
+) -> BoundCall | None:
+    """Concat bound to its planned output: a call as ``concat`` makes it, and, where every input already
+    lies in its slice (its producer wrote there), a capture with no job: nothing is left to copy."""
+    if out is None or out[0] is None:
+        return None
+    target, placed = out[0], out[1:]
+
+    def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        return concat(node, arrays, out, workspace)
+
+    def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[object]] | None:
+        inside = all(x is None or (i < len(placed) and x is placed[i]) for i, x in enumerate(arrays))
+        return ([target], []) if inside else None
+
+    return with_capture(call, capture)
+
+
+@cpu_kernel("Concat", writes_out=True, prepare=_prepare_concat)
 def concat(node: Node, inputs: Inputs, out: Out = None, workspace: np.ndarray | None = None) -> list[np.ndarray]:
     """Concatenation along ``axis``, into ``out[0]`` when given.
 
