@@ -10,6 +10,7 @@ run as a job of its pool.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -23,9 +24,32 @@ from hetflow.devices.cpu.kernels.jit_epilogue import (
     RELU,
     activation_code,
 )
-from hetflow.devices.cpu.spin_pool import argument_block, float32_1d
+from hetflow.devices.cpu.spin_pool import Job, argument_block, float32_1d
 from hetflow.devices.cpu.threads import spin_split, split_planes
 from hetflow.ops.activation import FusedActivation
+
+
+class _Affine(NamedTuple):
+    """``channel_affine``'s operands as its loops read them."""
+
+    arrays: tuple[np.ndarray, ...]  # X's flat images, the factor, the shift, Y's flat images, the constants
+    code: int
+    planes: int
+    layout: tuple[int, int, int, int]  # C, a plane's size, X's image stride, Y's image stride
+
+
+def _affine(x: np.ndarray, factor: np.ndarray, shift: np.ndarray, y: np.ndarray, code: int, alpha: float,
+            beta: float) -> _Affine:  # fmt: skip
+    constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
+    x_images, y_images = flat_images(x), flat_images(y)
+    assert x_images is not None and y_images is not None, "each image of X and Y must be contiguous"
+    (x_flat, x_stride), (y_flat, y_stride) = x_images, y_images
+    factor = np.ascontiguousarray(factor, y.dtype)
+    shift = np.ascontiguousarray(shift, y.dtype)
+    batch, channels = x.shape[0], x.shape[1]
+    size = x.size // max(1, batch * channels)
+    return _Affine((x_flat, factor, shift, y_flat, constants), code, batch * channels,
+                   (channels, size, x_stride, y_stride))  # fmt: skip
 
 
 def channel_affine(
@@ -38,29 +62,37 @@ def channel_affine(
     other).
     """
     code, alpha, beta = activation_code(fused)
-    constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
-    x_images, y_images = flat_images(x), flat_images(y)
-    assert x_images is not None and y_images is not None, "each image of X and Y must be contiguous"
-    (x_flat, x_stride), (y_flat, y_stride) = x_images, y_images
-    factor = np.ascontiguousarray(factor, y.dtype)
-    shift = np.ascontiguousarray(shift, y.dtype)
-    batch, channels = x.shape[0], x.shape[1]
-    size = x.size // max(1, batch * channels)
-    layout = (channels, size, x_stride, y_stride)
-
-    count = batch * channels
-    found = spin_split(count, size, (x_flat, factor, shift, y_flat, constants))
+    op = _affine(x, factor, shift, y, code, alpha, beta)
+    found = spin_split(op.planes, op.layout[1], op.arrays)
     if found is not None:
         pool, shares = found
-        arrays = (x_flat, factor, shift, y_flat, constants)
-        pool.run(_job_address(), argument_block(_BLOCK_SLOTS, arrays, (code, count, *layout)), shares)
+        _job_of(op, shares).run(pool)
         return code != NO_ACTIVATION or fused is None
+    x_flat, factor, shift, y_flat, constants = op.arrays
     split_planes(
-        lambda first, last: _planes(x_flat, factor, shift, y_flat, layout, first, last, code, constants),
-        lambda parts: _split(parts, count, x_flat, factor, shift, y_flat, layout, code, constants),
-        count, size,
+        lambda first, last: _planes(x_flat, factor, shift, y_flat, op.layout, first, last, code, constants),
+        lambda parts: _split(parts, op.planes, x_flat, factor, shift, y_flat, op.layout, code, constants),
+        op.planes, op.layout[1],
     )  # fmt: skip
     return code != NO_ACTIVATION or fused is None
+
+
+def affine_job(
+    x: np.ndarray, factor: np.ndarray, shift: np.ndarray, y: np.ndarray, fused: FusedActivation | None
+) -> Job | None:
+    """``channel_affine`` (float32) as one spin-pool job, split as a spinning run splits it; None where the
+    activation is one the loop cannot apply."""
+    code, alpha, beta = activation_code(fused)
+    if code == NO_ACTIVATION and fused is not None:
+        return None
+    op = _affine(x, factor, shift, y, code, alpha, beta)
+    found = spin_split(op.planes, op.layout[1], op.arrays)
+    return _job_of(op, 1 if found is None else found[1])
+
+
+def _job_of(op: _Affine, shares: int) -> Job:
+    block = argument_block(_BLOCK_SLOTS, op.arrays, (op.code, op.planes, *op.layout))
+    return Job(_job_address(), block, shares, op.arrays)
 
 
 def takes(x: np.ndarray, y: np.ndarray) -> bool:

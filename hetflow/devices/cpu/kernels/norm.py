@@ -10,13 +10,16 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hetflow.devices.base import BoundCall, with_capture
 from hetflow.devices.cpu.kernels import jit_lrn
 from hetflow.devices.cpu.kernels.buffers import Out, deliver, output
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
-from hetflow.devices.cpu.kernels.jit_affine import channel_affine, takes
+from hetflow.devices.cpu.kernels.jit_affine import affine_job, channel_affine, takes
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
+from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
+from hetflow.ops.base import TensorInfo
 from hetflow.ops.norm import batchnorm_reduce_axes, lrn_window
 
 
@@ -42,7 +45,43 @@ def lrn(
     return [deliver(out, 0, y.astype(x.dtype, copy=False))]
 
 
-@cpu_kernel("BatchNormalization", writes_out=True, inplace=True)
+def _factor_shift(
+    scale: np.ndarray, bias: np.ndarray, mean: np.ndarray, var: np.ndarray, epsilon: float, compute: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """The per-channel ``y = x * factor + shift`` that normalises with these statistics."""
+    factor = scale.astype(compute) / np.sqrt(var.astype(compute) + compute.type(epsilon))
+    return factor, bias.astype(compute) - mean.astype(compute) * factor
+
+
+def _prepare_batchnorm(
+    node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
+) -> BoundCall | None:
+    """Inference BatchNormalization on float32 bound to its planned Y: a call as the kernel makes it, and
+    the capture of the compiled pass as a job, its factor and shift worked out once (the statistics are
+    weights: a capture holds them fixed)."""
+    x_info = inputs[0]
+    target = out[0] if out is not None else None
+    attrs = node.attrs
+    if x_info is None or target is None or attrs.training_mode or not attrs.spatial or x_info.dtype != np.float32:
+        return None
+    if target.shape != tuple(x_info.shape) or target.dtype != np.float32:
+        return None
+
+    def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+        return batch_normalization(node, arrays, out, workspace)
+
+    def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray | None], list[Job]] | None:
+        x, scale, bias, mean, var = arrays
+        if not takes(x, target):  # type: ignore[arg-type]
+            return None
+        factor, shift = _factor_shift(scale, bias, mean, var, attrs.epsilon, np.dtype(np.float32))  # type: ignore[arg-type]
+        job = affine_job(x, factor, shift, target, attrs.fused)  # type: ignore[arg-type]
+        return None if job is None else ([target, None, None], [job])
+
+    return with_capture(call, capture)
+
+
+@cpu_kernel("BatchNormalization", writes_out=True, inplace=True, prepare=_prepare_batchnorm)
 def batch_normalization(
     node: Node, inputs: Sequence[np.ndarray | None], out: Out = None, workspace: np.ndarray | None = None
 ) -> list[np.ndarray | None]:
@@ -66,8 +105,7 @@ def batch_normalization(
         mean, var = batch_mean, batch_var
     # Parameters broadcast as [C, 1, ..., 1] (per channel) or [C, D1, ...] (spatial=0).
     shape = scale.shape + (1,) * (x.ndim - 1 - scale.ndim)
-    factor = scale.astype(compute) / np.sqrt(var.astype(compute) + compute.type(attrs.epsilon))
-    shift = bias.astype(compute) - mean.astype(compute) * factor
+    factor, shift = _factor_shift(scale, bias, mean, var, attrs.epsilon, compute)
     if compute != x.dtype:
         y = np.multiply(x, factor.reshape(shape), dtype=compute)
         y += shift.reshape(shape)
