@@ -412,6 +412,15 @@ BATCH_RUN_CONVS: list[tuple[tuple, dict]] = [
     ((2048, 7, 512, 1), {"batch": 8}),
     ((480, 14, 96, 1), {"batch": 8}),
     ((256, 56, 512, 1, 2, 0), {"batch": 8}),
+    # MobileNet v2's and ShuffleNet's depthwise layers and image stems at a batch: spinning batch runs
+    # split their planes (``executor.BATCHES_SPIN``), which no batch-1 probe times.
+    ((96, 112, 96, 3, 2, 1), {"group": 96, "batch": 4}),
+    ((144, 56, 144, 3), {"group": 144, "batch": 4}),
+    ((192, 28, 192, 3), {"group": 192, "batch": 8}),
+    ((576, 14, 576, 3), {"group": 576, "batch": 8}),
+    ((960, 7, 960, 3), {"group": 960, "batch": 16}),
+    ((3, 224, 32, 3, 2, 1), {"batch": 4}),
+    ((3, 224, 24, 3, 2, 1), {"batch": 4}),
 ]
 
 

@@ -20,6 +20,10 @@ Two execution modes:
 - ``"parallel"``: steps whose inputs are ready may run at the same time on ``threads`` threads (the caller
   and helpers), driven by dependency counts; graphs without independent branches run sequentially.
 
+A sequential run on the spinning pool (or on one thread) is captured once per arena and replayed after
+(``hetflow.runtime.replay``): the steps whose kernels are compiled jobs run from one compiled call with no
+Python between them, the others are called as above.
+
 Values on devices (``_Residency``): a step on a device that keeps values resident (an OpenCL device:
 it answers ``device_inputs``) gets device buffers for the inputs its kernel declares, and its kernel
 returns device buffers. A value crosses to the host once, when a host step first reads it or when it is
@@ -222,13 +226,13 @@ def spin_threads(count: int) -> int:
 
 #: Whether every batch of a convolutional network spins (``spins``); else only those under
 #: OWN_THREADS_MIN_CONV_MACS multiply-adds, the larger ones splitting on hetflow's own threads
-#: (``splits_gemms``). Off: spinning is faster, but the estimator does not yet price such runs. Batch 16,
-#: 2 threads, spinning / own threads, one process alternating (``benchmarks/batch_threads.py``, minimums):
-#: squeezenet 0.94, shufflenet 0.83, mobilenetv2 0.91, googlenet 0.97, inception_v2 0.96, resnet50 0.97,
-#: densenet121 0.99, alexnet 0.97, zfnet512 0.93. Calibrated with their probes spinning (``@spin-batch``
-#: keys), the batch-16 predictions came out 17-40% under (mobilenetv2 -40%, shufflenet -35%), where the
-#: batch-1 ones, alike on the same day, were 17-36% under too (BENCHMARKS.md, thirty-fifth session).
-BATCHES_SPIN = False
+#: (``splits_gemms``). A spinning run is captured and replayed (``hetflow.runtime.replay``), which its
+#: pointwise and depthwise Convs, pools and BatchNormalizations gain most from. Batch 16, 2 threads,
+#: spinning / own threads, one process alternating (``benchmarks/batch_threads.py``, minimums, 2026-12-02,
+#: with replays): shufflenet 0.73, mobilenetv2 0.85, squeezenet 0.86, zfnet512 0.90, resnet50 0.94,
+#: inception_v2 0.95, densenet121 0.96, googlenet 0.98, vgg19 0.98, alexnet 1.03 (before replays: 0.83
+#: to 0.99). The estimator prices such runs from batch probes timed spinning (``@spin-batch`` keys).
+BATCHES_SPIN = True
 
 
 def spins(conv_macs: int, batched: bool, threads: int | None = None) -> bool:

@@ -61,6 +61,30 @@ def test_replayed_runs_equal_plain_runs_on_every_feed(name, batch, threads, monk
     assert replays and all(found.jobs > 0 for found in replays)
 
 
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("name", ["squeezenet", "shufflenet", "mobilenetv2", "densenet121", "googlenet"])
+def test_replayed_runs_of_large_networks_equal_plain_runs(name, batch, monkeypatch):
+    """Pointwise and depthwise Convs, Concats in place, BatchNormalizations and pools replayed, the rest
+    (Winograd, im2col, LRN) called between the segments."""
+    session = _session(name)
+    feeds = _feeds(session, batch, 2)
+    expected = _plain(session, feeds, monkeypatch)
+    for _ in range(2):
+        for feed, want in zip(feeds, expected):
+            np.testing.assert_allclose(session.run(None, feed)[0], want, rtol=1e-4, atol=1e-6)
+    (found,) = _replays(session)
+    assert found is not None and found.jobs > found.called
+
+
+@pytest.mark.parametrize(("name", "most_called"), [("mobilenetv2", 2), ("squeezenet", 2), ("densenet121", 8)])
+def test_batch_1_replays_nearly_every_layer(name, most_called):
+    """Which layers still run from Python at batch 1: the first Conv (im2col), Winograd's, the final pool."""
+    session = _session(name)
+    session.run(None, _feeds(session, 1, 1)[0])
+    (found,) = _replays(session)
+    assert found is not None and found.called <= most_called
+
+
 def test_every_step_of_lenet_replays_from_compiled_code_at_batch_1():
     session = _session("lenet")
     feed = _feeds(session, 1, 1)[0]
