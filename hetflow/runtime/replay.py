@@ -15,6 +15,10 @@ replay in one compiled call (``SpinPool.replay``). View steps (Flatten, Reshape 
 views of their whole input capture with no job. Every other step is called as usual between segments;
 where a captured step reads a value such a step makes, a later run that returns another array for it
 has it copied into the array seen at capture (a guard), so that the jobs' addresses still hold.
+
+A capture takes the weights as they are, and what kernels derived from them (blocked, packed or folded
+copies), as the kernels' weight caches do (``weight_cache.WeightCache``): weights changed in place after
+a session's first run are not seen by its replays.
 """
 
 from __future__ import annotations
@@ -136,7 +140,8 @@ def capture(
             env[slot] = buffer = np.array(value, order="C", copy=True)
             buffers.append((slot, buffer))
             stable.add(slot)
-    held = {slot for slot, _ in buffers}
+    read: set[int] = set()  # the slots captured steps read
+    held: set[int] = set()  # the slots whose values the replay owns
     made_by: dict[int, _Called] = {}
     entries: list[_Segment | _Called] = []
     jobs: list[Job] = []
@@ -163,6 +168,7 @@ def capture(
             made_by.update((slot, called) for slot in outputs if isinstance(env[slot], np.ndarray))
             continue
         captured = True
+        read.update(inputs)
         for slot in inputs:
             if slot not in stable:  # made by a called step: guarded from now on
                 made_by[slot].guards.append((slot, env[slot]))
@@ -181,7 +187,10 @@ def capture(
         for slot in release:
             env[slot] = None
     close_segment()
-    return Replay(tuple(buffers), tuple(entries), frozenset(held)) if captured else None
+    # NOTE: a feed that only called steps read is handed to them as it is: no copy.
+    kept = tuple((slot, buffer) for slot, buffer in buffers if slot in read)
+    held.update(slot for slot, _ in kept)
+    return Replay(kept, tuple(entries), frozenset(held)) if captured else None
 
 
 def _captured(step: HotStep, values: list[Any]) -> tuple[Sequence[Any], Sequence[Job]] | None:
