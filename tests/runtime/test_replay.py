@@ -167,6 +167,28 @@ def test_a_value_a_called_step_makes_afresh_is_copied_where_a_captured_step_read
     assert found is not None and found.called == 1 and found.jobs == 1
 
 
+def test_a_float64_network_replays_what_it_can_and_matches_numpy():
+    """float64: a product without bias or activation captures (BLAS's GEMV in a job); the Softmax, its
+    float32-only job aside, is called between (the Gemm with a bias would be called too)."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((30, 20))
+    model = make_model(
+        [helper.make_node("Gemm", ["x", "w"], ["h"], name="fc", transB=1),
+         helper.make_node("Softmax", ["h"], ["y"], name="softmax", axis=-1)],  # fmt: skip
+        [("x", TensorProto.DOUBLE, [1, 20])],
+        [("y", TensorProto.DOUBLE, [1, 30])],
+        {"w": w},
+    )
+    session = hetflow.InferenceSession(model, threads=1)
+    for _ in range(3):
+        x = rng.standard_normal((1, 20))
+        h = x @ w.T
+        e = np.exp(h - h.max())
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], e / e.sum(), rtol=1e-12)
+    (found,) = _replays(session)
+    assert found is not None and found.jobs == 1 and found.called == 1
+
+
 # -- the capture itself, on steps made up for the test ------------------------------------------------
 def _double(args, chunk, chunks):  # noqa: ANN001, ANN202
     """y = 2 x over the chunk's range (a job for the tests)."""
