@@ -284,6 +284,11 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     tuning = ", ".join(f"{name} " + " ".join(f"{k} {v}" for k, v in counts.items())
                        for name, counts in session.tuning_report().items())
     print(f"tuning cache: {tuning}")
+    replay = session.replay_report()
+    if replay["replayed"]:
+        called = ", ".join(replay["called"]) or "none"
+        print(f"captured runs: {len(replay['replayed'])} nodes replayed from compiled code (unprofiled runs); "
+              f"called from Python: {called}")
     print("per device:")
     for device, count, seconds, copied, mapped in profiler.device_totals():
         print(f"  {device:<10} {count:4d} nodes {seconds / runs * 1e3:10.3f} ms/run  copied "

@@ -88,6 +88,12 @@ def test_profile_table_and_bad_placement_spec(classifier_path, capsys):
     assert "NODE_OR_OP=DEVICE" in capsys.readouterr().err
 
 
+def test_profile_says_which_nodes_a_captured_run_replays(capsys):
+    assert main(["profile", "zoo:lenet", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "captured runs: 8 nodes replayed from compiled code" in out and "called from Python: none" in out
+
+
 def test_session_reports_tuning_cache_use(classifier_path):
     import hetflow
 

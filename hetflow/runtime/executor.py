@@ -413,6 +413,11 @@ class Program:
         finally:
             self._release("sequential", arena)
 
+    def captured_runs(self) -> list[Replay]:
+        """The captured runs its arenas hold (``hetflow.runtime.replay``), one per arena and thread
+        arrangement that captured something."""
+        return [found for arena in self._arenas["sequential"] for found in arena.replays.values() if found is not None]
+
     def _plan_memory(self, order: Order) -> MemoryPlan | None:
         memory = plan_memory(self._plan, self._wanted, order=order)
         return memory if memory.placements or memory.workspaces else None

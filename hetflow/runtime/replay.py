@@ -88,11 +88,18 @@ class Replay:
     """A captured sequential run (see the module docstring): ``run`` repeats it on new feeds."""
 
     def __init__(self, feeds: tuple[tuple[int, np.ndarray], ...], entries: tuple[_Segment | _Called, ...],
-                 held: frozenset[int]):  # fmt: skip
+                 held: frozenset[int], replayed: tuple[str, ...]):  # fmt: skip
         self.feeds = feeds
         self.entries = entries
         #: Slots whose values the replay owns (it writes them again on the next run).
         self.held = held
+        #: The names of the nodes replayed from compiled code, in run order.
+        self.replayed_nodes = replayed
+
+    @property
+    def called_nodes(self) -> tuple[str, ...]:
+        """The names of the nodes a replay still calls from Python, in run order."""
+        return tuple(entry.step[1].name for entry in self.entries if isinstance(entry, _Called))
 
     @property
     def jobs(self) -> int:
@@ -144,6 +151,7 @@ def capture(
     held: set[int] = set()  # the slots whose values the replay owns
     made_by: dict[int, _Called] = {}
     entries: list[_Segment | _Called] = []
+    replayed: list[str] = []
     jobs: list[Job] = []
     results: list[tuple[int, np.ndarray]] = []
     released: list[int] = []
@@ -168,6 +176,7 @@ def capture(
             made_by.update((slot, called) for slot in outputs if isinstance(env[slot], np.ndarray))
             continue
         captured = True
+        replayed.append(step[1].name)
         read.update(inputs)
         for slot in inputs:
             if slot not in stable:  # made by a called step: guarded from now on
@@ -190,7 +199,7 @@ def capture(
     # NOTE: a feed that only called steps read is handed to them as it is: no copy.
     kept = tuple((slot, buffer) for slot, buffer in buffers if slot in read)
     held.update(slot for slot, _ in kept)
-    return Replay(kept, tuple(entries), frozenset(held)) if captured else None
+    return Replay(kept, tuple(entries), frozenset(held), tuple(replayed)) if captured else None
 
 
 def _captured(step: HotStep, values: list[Any]) -> tuple[Sequence[Any], Sequence[Job]] | None:

@@ -337,6 +337,16 @@ class InferenceSession:
     def get_providers(self) -> list[str]:
         return [d.id for d in self._devices]
 
+    def replay_report(self) -> dict[str, list[str]]:
+        """What this session's runs so far replay (``hetflow.runtime.replay``): ``"replayed"``, the nodes a
+        captured run runs from compiled code, and ``"called"``, those it still calls from Python, each in
+        run order (of the first captured run; empty before any run was captured)."""
+        for plan in [self._plan, *self._accepted.values()]:
+            for program in plan.programs.values():
+                for found in program.captured_runs():
+                    return {"replayed": list(found.replayed_nodes), "called": list(found.called_nodes)}
+        return {"replayed": [], "called": []}
+
     def placement(self, batch: int | None = None) -> dict[str, str]:
         """Node name -> device id where it runs (at ``batch`` for a model with a symbolic batch)."""
         if batch is None:

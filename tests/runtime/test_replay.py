@@ -94,6 +94,14 @@ def test_every_step_of_lenet_replays_from_compiled_code_at_batch_1():
     assert found.jobs >= len(session.plan.steps) - 1  # Flatten is a view: no job
 
 
+def test_the_session_reports_what_its_runs_replay():
+    session = _session("lenet")
+    assert session.replay_report() == {"replayed": [], "called": []}  # nothing captured before a run
+    session.run(None, _feeds(session, 1, 1)[0])
+    report = session.replay_report()
+    assert report["replayed"] == [step.node.name for step in session.plan.steps] and report["called"] == []
+
+
 def test_returned_outputs_survive_the_next_run():
     session = _session("lenet")
     first, second = _feeds(session, 1, 2)
@@ -165,6 +173,7 @@ def test_a_value_a_called_step_makes_afresh_is_copied_where_a_captured_step_read
             np.testing.assert_allclose(session.run(None, feed)[0], e / e.sum(-1, keepdims=True), rtol=1e-5)
     (found,) = _replays(session)
     assert found is not None and found.called == 1 and found.jobs == 1
+    assert session.replay_report() == {"replayed": ["softmax"], "called": ["prelu"]}
 
 
 def test_a_float64_network_replays_what_it_can_and_matches_numpy():
