@@ -135,8 +135,14 @@ THIN_CHANNELS = 32
 #: 64 -> 256 at 13x13, 64 -> 96 to 128 -> 128 at 14x14, 64 -> 64 at 28x28, 160 -> 224 to 224 -> 224 at
 #: 7x7, 160 -> 320 and 192 -> 384 at 6x6, mentee's 64 -> 64 at 16x16 and 64 -> 128 at 8x8), every one
 #: from 36 M lost (1.07-1.50: 128 -> 160 at 14x14, 112 -> 224 at 13x13, 64 -> 96 at 28x28, 512 -> 512 at
-#: 7x7), and GoogLeNet's 96 -> 208 at 13x13 (30.4 M) tied.
-DIRECT_MAX_MACS_ONE_IMAGE = 32_000_000
+#: 7x7), and GoogLeNet's 96 -> 208 at 13x13 (30.4 M) tied. Since runs replay the direct kernel's job
+#: with no Python around it (``hetflow.runtime.replay``; Winograd and im2col are still called), the
+#: crossover moved up: one image, 2 threads, spinning, each timed as a run replays it (2026-12-02):
+#: direct against the best other, 96 -> 208 at 14x14 (35 M) 0.278 / 0.309 ms, 128 -> 160 at 14x14 (36 M)
+#: 0.284 / 0.319, 64 -> 96 at 28x28 (43 M) 0.326 / 0.351, 112 -> 224 at 14x14 (44 M) 0.343 / 0.374; 128 ->
+#: 256 at 14x14 (58 M) tied, 96 -> 96 at 28x28 (65 M) 0.504 / 0.444 and 160 -> 320 at 14x14 (90 M) 0.679 /
+#: 0.615 lost.
+DIRECT_MAX_MACS_ONE_IMAGE = 50_000_000
 #: A batch's 3x3 layer with few input and output channels takes the direct kernel over Winograd F(4,3)
 #: where the harmonic mean of its channel counts, 2CK / (C + K), is below this and its maps are at most
 #: ``DIRECT_OVER_F43_MAX_SIDE`` wide: F(4,3)'s input and output transforms cost per channel, its products
