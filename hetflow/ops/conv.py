@@ -181,6 +181,14 @@ def direct_unsupported(
     return None
 
 
+#: A batch's 3x3 layers from this many input and output channels take F(4,3) from maps of
+#: ``F43_MIN_SIDE_DEEP_BATCH`` (elsewhere from 24x24). Batch 16, 2 threads, spinning, each timed as a run
+#: replays it (2026-12-02), F(4,3) / F(2,3): 256 -> 256 at 14x14 8.35 / 11.28 ms, 128 -> 128 at 14x14
+#: 3.11 / 3.58; but 112 -> 224 at 14x14 4.98 / 4.69.
+F43_MIN_CHANNELS_DEEP_BATCH = 128
+F43_MIN_SIDE_DEEP_BATCH = 14
+
+
 def heuristic_conv_algorithm(
     spec: WindowSpec, x_shape: Sequence[int], kernels: int, group: int, dtype: np.dtype | None = None
 ) -> str:
@@ -234,7 +242,8 @@ def heuristic_conv_algorithm(
         return IM2COL
     height, width = int(x_shape[2]), int(x_shape[3])
     side = min(height, width)
-    if kernels >= 32 and channels >= 64 and side >= 24:
+    deep_batch = batched and side >= F43_MIN_SIDE_DEEP_BATCH and min(channels, kernels) >= F43_MIN_CHANNELS_DEEP_BATCH
+    if (kernels >= 32 and channels >= 64 and side >= 24) or deep_batch:
         few_channels = 2 * channels * kernels < DIRECT_OVER_F43_MAX_MEAN * (channels + kernels)
         if batched and direct_runs and few_channels and side <= DIRECT_OVER_F43_MAX_SIDE:
             return DIRECT_FMA

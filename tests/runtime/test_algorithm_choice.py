@@ -228,7 +228,9 @@ def test_tune_command_on_a_zoo_model(capsys: pytest.CaptureFixture):
         (64, 64, 16, 1, "direct_fma"),  # 9.4 M multiply-adds: one image runs direct
         (64, 64, 16, 16, "direct_fma"),  # a batch: direct where one image would take im2col
         (512, 512, 7, 16, "direct_fma"),
-        (128, 128, 14, 16, "winograd_f23"),  # a batch keeps Winograd where it fits
+        (128, 128, 14, 16, "winograd_f43"),  # a batch keeps Winograd where it fits; deep: F(4,3) from 14x14
+        (112, 224, 14, 16, "winograd_f23"),  # under F43_MIN_CHANNELS_DEEP_BATCH input channels
+        (256, 256, 14, 1, "winograd_f23"),  # one image: F(4,3) from 24x24 only
         (64, 64, 56, 16, "direct_fma"),  # few channels: F(4,3)'s transforms outweigh its savings
         (64, 96, 28, 16, "direct_fma"),
         (96, 96, 28, 16, "winograd_f43"),  # harmonic mean 96: past DIRECT_OVER_F43_MAX_MEAN
