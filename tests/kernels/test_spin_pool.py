@@ -147,6 +147,19 @@ def test_a_script_runs_every_chunk_of_every_job_once(pool):
     assert [int(s[0]) for s in seen] == [1, 2, 5]
 
 
+def test_back_to_back_jobs_never_run_a_chunk_of_the_next_job_twice(pool):
+    """A worker late to a job must not claim, with that job's word, a chunk of the next one whose
+    parameters the caller is writing: jobs of 2 then 7 chunks, back to back from compiled code."""
+    counts = [np.zeros(2 if index % 2 == 0 else 7, np.int64) for index in range(200)]
+    seen = [np.zeros(1, np.int64) for _ in counts]
+    script = spin_pool.JobScript(
+        [spin_pool.Job(COUNT, job_arguments([c, s]), c.size, (c, s)) for c, s in zip(counts, seen)]
+    )
+    for _ in range(50):
+        pool.replay(script)
+    assert all(c.tolist() == [50] * c.size for c in counts)
+
+
 def test_a_job_has_one_chunk_at_least():
     with pytest.raises(ValueError, match="1 to"):
         spin_pool.Job(COUNT, np.zeros(4, np.int64), 0)

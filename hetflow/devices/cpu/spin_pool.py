@@ -182,12 +182,19 @@ def _dispatch(state, job, block, chunks):  # noqa: ANN001, ANN202
 
 @numba.njit(nogil=True, cache=True)
 def _dispatch_at(state, job, args, chunks):  # noqa: ANN001, ANN202
-    """``_dispatch`` with the argument block at address ``args``."""
+    """``_dispatch`` with the argument block at address ``args``.
+
+    The last job's word is closed (its chunk field set past any count) before this job's parameters are
+    written: a worker late to the last job may read them with that job's word, and its claim must fail.
+    Without it, jobs dispatched back to back from compiled code (a replayed run, an RNN's steps) ran a
+    chunk of the next job twice, once with the last job's sequence."""
+    last = _load(state, _WORD)
+    _store(state, _WORD, last | _CHUNK_MASK)
     _store(state, _JOB, job)
     _store(state, _ARGS, args)
     _store(state, _CHUNKS, chunks)
     _store(state, _DONE, 0)
-    word = ((_load(state, _WORD) >> _SEQUENCE_SHIFT) + 1) << _SEQUENCE_SHIFT
+    word = ((last >> _SEQUENCE_SHIFT) + 1) << _SEQUENCE_SHIFT
     _store(state, _WORD, word)
     _work_on(state, word)
     while _load(state, _DONE) < chunks:
