@@ -293,10 +293,9 @@ class _TileCall:
         """The product as a spin-pool job for ``threads`` threads: on the lane GEMM its kernel tiles
         shared out, on the tile GEMM its ``spin_shares``."""
         if self.lanes:
-            tiles = -(-self.kernels // jit_lane_gemm.TILE_KERNELS)
-            shares = max(1, min(tiles, threads * SPIN_SHARES_PER_THREAD))
             return jit_lane_gemm.share_job(LANE_WEIGHTS.get(raw_w, self.kernels), ops.x, ops.y_flat, ops.y_image,
-                                           ops.r, ops.r_image, ops.bias, self.bounds, self.kernels, shares)  # fmt: skip
+                                           ops.r, ops.r_image, ops.bias, self.bounds, self.kernels,
+                                           self._lane_shares(threads))  # fmt: skip
         shares, row_parts = self._spin_shares(threads)
         return jit_tile_gemm.share_job(ops.w, ops.x, ops.y_flat, ops.y_image, ops.r, ops.r_image, ops.bias,
                                        self.bounds, self.kernels, self.positions, self.groups, row_parts,
@@ -304,15 +303,19 @@ class _TileCall:
 
     def _lanes_on_python_pool(self, packed: np.ndarray, ops: _Operands) -> None:
         """The product on the lane GEMM, its kernel tiles shared out on the Python pool."""
-        tiles = -(-self.kernels // jit_lane_gemm.TILE_KERNELS)
         threads = intra_op_threads()
-        shares = max(1, min(tiles, threads * SPIN_SHARES_PER_THREAD))
+        shares = self._lane_shares(threads)
 
         def part(index: int) -> None:
             jit_lane_gemm.lane_share(packed, ops.x, ops.y_flat, ops.y_image, ops.r, ops.r_image, ops.bias, self.low,
                                      self.high, self.kernels, index, shares)  # fmt: skip
 
         parallel_for(part, shares, threads)
+
+    def _lane_shares(self, threads: int) -> int:
+        """Shares of the lane GEMM's kernel tiles on ``threads`` threads (``SPIN_SHARES_PER_THREAD`` each)."""
+        tiles = -(-self.kernels // jit_lane_gemm.TILE_KERNELS)
+        return max(1, min(tiles, threads * SPIN_SHARES_PER_THREAD))
 
     def _spin_shares(self, threads: int) -> tuple[int, int]:
         """``spin_shares`` for this node on ``threads`` threads (worked out on the first call)."""
