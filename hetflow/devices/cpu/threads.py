@@ -274,6 +274,11 @@ def spin_product_parts(macs: int, columns: int) -> int:
     threads = _own_threads or 1
     if _spinning is None or threads <= 1 or macs < MIN_MACS_PER_NATIVE_SPLIT:
         return 1
+    return _column_parts(threads, columns)
+
+
+def _column_parts(threads: int, columns: int) -> int:
+    """Blocks a single product's ``columns`` split into over ``threads`` threads: 16 columns each at least."""
     return min(threads, max(1, columns // 16))
 
 
@@ -293,7 +298,7 @@ def _native_split(a: np.ndarray, b: np.ndarray, out: np.ndarray, threads: int) -
         a, b, out = (a[0] if a.ndim == 3 else a), b[0], out[0]
     if out.ndim != 2 or a.ndim != 2 or b.ndim != 2 or a.shape[1] * out.size < MIN_MACS_PER_NATIVE_SPLIT:
         return False
-    parts = min(threads, max(1, out.shape[1] // 16))
+    parts = _column_parts(threads, out.shape[1])
     return parts > 1 and jit_gemm.available() and jit_gemm.split_product(a, b, out, parts, _spinning)
 
 
@@ -396,6 +401,13 @@ def spin_split(planes: int, outputs_per_plane: int, arrays: Sequence[np.ndarray]
         return None
     shares = spin_plane_shares(planes, outputs_per_plane, intra_op_threads())
     return (pool, shares) if shares > 1 else None
+
+
+def spin_parts(planes: int, outputs_per_plane: int, arrays: Sequence[np.ndarray]) -> int:
+    """The chunks a per-plane loop's spin-pool job runs in, as ``spin_split`` splits it; 1 (the whole loop
+    on the calling thread) where it does not split: what a captured run replays (``runtime.replay``)."""
+    found = spin_split(planes, outputs_per_plane, arrays)
+    return 1 if found is None else found[1]
 
 
 def spin_plane_shares(planes: int, outputs_per_plane: int, threads: int) -> int:

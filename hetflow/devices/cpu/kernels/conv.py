@@ -53,7 +53,7 @@ from hetflow.devices.cpu.kernels.jit_residual import add_activate
 from hetflow.devices.cpu.kernels.jit_residual import compiled as residual_compiled
 from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.table import cpu_kernel
-from hetflow.devices.cpu.threads import blas_threads, intra_op_threads, parallel_for, split_matmul
+from hetflow.devices.cpu.threads import blas_threads, intra_op_threads, parallel_for, spin_parts, split_matmul
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import TensorInfo
@@ -599,7 +599,7 @@ def _prepare_depthwise(
             return None
         b = arrays[2] if len(arrays) > 2 else None
         bias = no_bias if b is None else np.ascontiguousarray(b, np.float32)
-        shares = jit_depthwise_lanes.plane_shares(x, geo.out)  # type: ignore[arg-type]
+        shares = spin_parts(x.shape[0] * x.shape[1], geo.out[0] * geo.out[1], (x,))  # type: ignore[union-attr]
         job = jit_depthwise_lanes.planes_job(x, w, bias, flat[0], flat[1], geo.out, window, activation,  # type: ignore[arg-type]
                                              node.attrs.shuffle_groups, shares)  # fmt: skip
         return [target], [job]

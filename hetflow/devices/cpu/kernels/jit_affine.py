@@ -25,7 +25,7 @@ from hetflow.devices.cpu.kernels.jit_epilogue import (
     activation_code,
 )
 from hetflow.devices.cpu.spin_pool import Job, argument_block, float32_1d
-from hetflow.devices.cpu.threads import spin_split, split_planes
+from hetflow.devices.cpu.threads import spin_parts, spin_split, split_planes
 from hetflow.ops.activation import FusedActivation
 
 
@@ -86,8 +86,7 @@ def affine_job(
     if code == NO_ACTIVATION and fused is not None:
         return None
     op = _affine(x, factor, shift, y, code, alpha, beta)
-    found = spin_split(op.planes, op.layout[1], op.arrays)
-    return _job_of(op, 1 if found is None else found[1])
+    return _job_of(op, spin_parts(op.planes, op.layout[1], op.arrays))
 
 
 def _job_of(op: _Affine, shares: int) -> Job:

@@ -99,12 +99,6 @@ def planes_job(
     return Job(_job_address(), block, shares, (x, flat_w, bias, activation, y))
 
 
-def plane_shares(x: np.ndarray, out: tuple[int, int]) -> int:
-    """The ranges of planes ``depthwise`` splits X into on a spinning run (1: on the calling thread)."""
-    found = spin_split(x.shape[0] * x.shape[1], out[0] * out[1], (x,))
-    return 1 if found is None else found[1]
-
-
 # -- on the spinning pool ----------------------------------------------------------------------------
 #: Slots of a job's argument block: X (4-D), W, the bias, the activation and Y (1-D each), then 12
 #: numbers: image_stride, out_h, out_w, kh, kw, sh, sw, dh, dw, pad_top, pad_left, groups.

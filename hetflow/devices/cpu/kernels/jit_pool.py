@@ -63,6 +63,7 @@ from hetflow.devices.cpu.threads import (
     MIN_ELEMENTS_PER_PART,
     intra_op_threads,
     parallel_planes,
+    spin_parts,
     spin_split,
     split_planes,
 )
@@ -132,8 +133,7 @@ class SmallPool:
         jit_pool_lanes.vector_planes(x, *self.head, *self.tail)
 
     def job(self, x: np.ndarray) -> Job:
-        found = spin_split(self.planes, self.per_plane, (x,))
-        return self._job(x, 1 if found is None else found[1])
+        return self._job(x, spin_parts(self.planes, self.per_plane, (x,)))
 
     def _job(self, x: np.ndarray, parts: int) -> Job:
         return jit_pool_lanes.planes_job(x, self.y_flat, self.numbers, self.weights, parts)
@@ -151,8 +151,7 @@ def pool_job(x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | No
     is_max = scale is None
     if x.dtype != np.float32 or y.dtype != np.float32 or not x.flags.c_contiguous:
         return None
-    found = spin_split(x.shape[0] * x.shape[1], geo.out[0] * geo.out[1], (x,))
-    parts = 1 if found is None else found[1]
+    parts = spin_parts(x.shape[0] * x.shape[1], geo.out[0] * geo.out[1], (x,))
     if is_max and y.flags.c_contiguous and runs_tiles(geo, y.dtype):
         if (geo.axes[0].kernel, geo.axes[1].kernel) != (2, 2):
             return None
