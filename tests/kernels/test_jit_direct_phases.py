@@ -40,6 +40,7 @@ def test_conv2d_matches_the_direct_sum(monkeypatch, threads, attrs, x_shape, w_s
     """Whole images per thread, or (batch below the thread count) each image's kernel blocks shared."""
     monkeypatch.setattr(jit_direct, "intra_op_threads", lambda: threads)
     monkeypatch.setattr(jit_direct, "MIN_PRODUCTS_PER_THREAD", 1)  # split even these small layers
+    monkeypatch.setattr(jit_direct, "MIN_PRODUCTS_PER_SHARE", 1)  # and one image's kernel blocks
     x, w, b, expected = _case(attrs, x_shape, w_shape)
     geom = _geometry(attrs, x_shape, w_shape)
     assert jit_direct_lanes.variant(geom, w_shape[0]) is jit_direct_phases

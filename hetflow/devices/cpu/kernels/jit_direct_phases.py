@@ -140,8 +140,9 @@ def conv2d(
             _images(x, first, last, layout.window, layout.width, layout.offset_array, wt, 0, blocks, bias, relu, y,
                     buffers.planes[part], buffers.products[part])  # fmt: skip
         else:
-            _share(part, shares, x, layout.window, layout.width, layout.offset_array, wt, bias, relu, y,
-                   buffers.planes, buffers.products)  # fmt: skip
+            images = output_images(y)
+            _share(part, shares, x, layout.window, layout.width, layout.offset_array, wt, bias, relu, images.flat,
+                   images.stride, images.shape, buffers.planes[part], buffers.products[part])  # fmt: skip
 
     parallel_for(run, parts, threads)
     return y
