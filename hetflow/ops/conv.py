@@ -218,6 +218,13 @@ def heuristic_conv_algorithm(
     2.35, 48 -> 192 at 13x13 1.12 / 1.26, 512 -> 512 at 7x7 9.4 / 11.2. (F(4,3) was faster still
     alone on the deep ones, 7.0 ms on the last, but lost in ResNet-50's run: its transformed weights,
     4x the raw, come from memory there; A/B 1.05.)
+
+    One image's stem (3 channels, any stride) is direct too. It had been left to im2col's bands since an
+    A/B in which the stems ran faster direct alone yet GoogLeNet, ResNet-50 and Inception v2 took 2-3%
+    longer; since runs replay the direct kernel's job (im2col is still called from Python between the
+    replayed stretches), it is the other way round: A/B at batch 1, alternating processes (2026-12-02,
+    minimums, direct / im2col): inception_v2 0.97, googlenet 0.98, resnet50 0.95, alexnet 0.94, zfnet512
+    0.96; the 7x7/2 64-kernel stem alone 0.84 / 1.23 ms.
     """
     structural = conv_algorithm(spec, int(x_shape[1]), group)
     if structural != IM2COL:
@@ -227,10 +234,6 @@ def heuristic_conv_algorithm(
     thin = channels <= THIN_CHANNELS or kernels <= THIN_CHANNELS
     winograd_fits = winograd_unsupported(spec, group) is None
     direct_runs = dtype is not None and direct_unsupported(spec, group, dtype, channels) is None
-    if any(stride != 1 for stride in spec.strides) and not batched:
-        # NOTE: one image's 7x7/2 stem runs 0.6 ms direct against 0.8 in im2col's bands, yet GoogLeNet,
-        # ResNet-50 and Inception v2 took 2-3% longer (A/B, alternating processes; cause not found).
-        direct_runs = False
     if direct_runs:
         if not batched:
             macs = kernels * channels * math.prod(spec.kernel) * math.prod(geometry(spec, x_shape[2:]).out)
