@@ -51,13 +51,17 @@ def load_scalar(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> ir.V
     return builder.load(builder.gep(base, [offset]))
 
 
-def prefetch(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> None:
-    """Ask for the cache line holding ``base + offset`` (floats) to be read into L2 (``llvm.prefetch``:
-    never faults, so the address may lie past the array)."""
+#: ``prefetch`` localities: into L2 (``prefetcht1`` on x86), or into L1 as well (``prefetcht0``).
+INTO_L2, INTO_L1 = 2, 3
+
+
+def prefetch(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value, locality: int = INTO_L2) -> None:
+    """Ask for the cache line holding ``base + offset`` (floats) to be read into L2, or with ``INTO_L1``
+    into L1 too (``llvm.prefetch``: never faults, so the address may lie past the array)."""
     function = builder.module.declare_intrinsic(
         "llvm.prefetch.p0", fnty=ir.FunctionType(ir.VoidType(), [ir.PointerType(), INT32, INT32, INT32])
     )
-    builder.call(function, [builder.gep(base, [offset]), INT32(0), INT32(2), INT32(1)])  # read, L2, data
+    builder.call(function, [builder.gep(base, [offset]), INT32(0), INT32(locality), INT32(1)])  # read, data
 
 
 @intrinsic
