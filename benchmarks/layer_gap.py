@@ -11,8 +11,9 @@ layers); then it matches the nodes: ORT names a fused node
 by its node name or by the last output of the chain it fused (``r2_nchwc`` for Conv+BN+Relu ending in
 ``r2``), and hetflow's fused node carries that chain's output. Reported per hetflow algorithm (and per
 layer with ``--layers``): the sums of the nodes' median and minimum milliseconds on each side and the
-ratio of the medians. Nodes ORT did not run as a node of their own (folded, fused) count on hetflow's
-side only, under "unmatched". hetflow's times include the Python around each observed call (10-20 us
+ratio of the medians. Nodes left over on both sides pair up by op type in order (the runtimes may fold a
+residual Add into different Convs of a block); the rest count on hetflow's side only, under
+"unmatched". hetflow's times include the Python around each observed call (10-20 us
 a node on the 2-vCPU VMs), which a replayed run does not pay and ORT's kernel times do not count: on
 networks of small layers compare the whole runs too (``compare.py``).
 """
@@ -68,15 +69,32 @@ def _ort_session(path: Path, threads: int, profile_dir: str):  # noqa: ANN202
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def _ort_times(profile: Path, timed: list[bool]) -> dict[str, list[float]]:
-    """ORT node name (suffixes stripped) -> the seconds of each run ``timed`` marks (one flag per run)."""
-    times: dict[str, list[float]] = defaultdict(list)
+def _ort_times(profile: Path, timed: list[bool]) -> dict[str, tuple[str, list[float]]]:
+    """ORT node name (suffixes stripped) -> its op type and the seconds of each run ``timed`` marks (one
+    flag per run), in the order ORT runs the nodes."""
+    times: dict[str, tuple[str, list[float]]] = {}
     for event in json.loads(profile.read_text()):
         name = event.get("name", "")
         if event.get("cat") == "Node" and name.endswith(ORT_SUFFIX):
             key = name[: -len(ORT_SUFFIX)].removesuffix(NCHWC_SUFFIX)
-            times[key].append(event["dur"] / 1e6)
-    return {key: [t for t, keep in zip(values, timed) if keep] for key, values in times.items()}
+            times.setdefault(key, (event.get("args", {}).get("op_name", ""), []))[1].append(event["dur"] / 1e6)
+    return {key: (op, [t for t, keep in zip(values, timed) if keep]) for key, (op, values) in times.items()}
+
+
+def _match(layers: list[Layer], ort_times: dict[str, tuple[str, list[float]]]) -> None:
+    """Give each layer its ORT node's times: by name or fused output first; then the layers left and
+    ORT's nodes left of one op type pair up in order (the two runtimes may fold a residual Add into
+    different Convs of a block)."""
+    for layer in layers:
+        key = next((key for key in layer.keys if key in ort_times), None)
+        if key is not None:
+            layer.ort = ort_times.pop(key)[1]
+    for op_type in {layer.op_type for layer in layers if not layer.ort}:
+        left = [layer for layer in layers if not layer.ort and layer.op_type == op_type]
+        theirs = [times for op, times in ort_times.values() if op == op_type]
+        if len(left) == len(theirs):
+            for layer, times in zip(left, theirs):
+                layer.ort = times
 
 
 def measure(model: str, batch: int, runs: int, threads: int) -> list[Layer]:
@@ -109,8 +127,7 @@ def measure(model: str, batch: int, runs: int, threads: int) -> list[Layer]:
                 ort_session.run(None, feeds)
                 timed.append(not untimed)
         ort_times = _ort_times(Path(ort_session.end_profiling()), timed)
-    for layer in layers.values():
-        layer.ort = next((ort_times.pop(key) for key in layer.keys if key in ort_times), [])
+    _match(list(layers.values()), ort_times)
     return list(layers.values())
 
 
