@@ -127,6 +127,12 @@ def winograd_unsupported(spec: WindowSpec, group: int) -> str | None:
     return None
 
 
+#: Taps up to which one image's strided stem stays with im2col: its columns copy each input about
+#: taps / strides times, little for a 3x3/2 window, while the direct kernel first fills the input's
+#: phase planes. One image, 2 threads, each timed as a run replays it (2026-12-02), im2col / direct:
+#: 3x3/2 3 -> 32 at 224x224 (MobileNet v2) 0.195 / 0.215 ms, 3 -> 24 (ShuffleNet) 0.151 / 0.231; 7x7/2
+#: 3 -> 64 1.23 / 0.84.
+IM2COL_STEM_MAX_TAPS = 9
 #: Channel counts (input or output) up to which a Conv's GEMM operand is thin and the direct kernel wins.
 THIN_CHANNELS = 32
 #: Up to this many multiply-adds, one image's Conv (3x3 or 5x5, stride 1) is fastest direct, whatever
@@ -219,12 +225,13 @@ def heuristic_conv_algorithm(
     alone on the deep ones, 7.0 ms on the last, but lost in ResNet-50's run: its transformed weights,
     4x the raw, come from memory there; A/B 1.05.)
 
-    One image's stem (3 channels, any stride) is direct too. It had been left to im2col's bands since an
-    A/B in which the stems ran faster direct alone yet GoogLeNet, ResNet-50 and Inception v2 took 2-3%
-    longer; since runs replay the direct kernel's job (im2col is still called from Python between the
-    replayed stretches), it is the other way round: A/B at batch 1, alternating processes (2026-12-02,
-    minimums, direct / im2col): inception_v2 0.97, googlenet 0.98, resnet50 0.95, alexnet 0.94, zfnet512
-    0.96; the 7x7/2 64-kernel stem alone 0.84 / 1.23 ms.
+    One image's stem (3 channels, any stride) is direct too, but for a 3x3 one (``IM2COL_STEM_MAX_TAPS``).
+    It had been left to im2col's bands since an A/B in which the stems ran faster direct alone yet
+    GoogLeNet, ResNet-50 and Inception v2 took 2-3% longer; since runs replay the direct kernel's job
+    (im2col is still called from Python between the replayed stretches), it is the other way round: A/B
+    at batch 1, alternating processes (2026-12-02, minimums, direct / im2col): inception_v2 0.97,
+    googlenet 0.98, resnet50 0.95, alexnet 0.94, zfnet512 0.96; the 7x7/2 64-kernel stem alone 0.84 /
+    1.23 ms.
     """
     structural = conv_algorithm(spec, int(x_shape[1]), group)
     if structural != IM2COL:
@@ -234,6 +241,8 @@ def heuristic_conv_algorithm(
     thin = channels <= THIN_CHANNELS or kernels <= THIN_CHANNELS
     winograd_fits = winograd_unsupported(spec, group) is None
     direct_runs = dtype is not None and direct_unsupported(spec, group, dtype, channels) is None
+    if any(stride != 1 for stride in spec.strides) and not batched and math.prod(spec.kernel) <= IM2COL_STEM_MAX_TAPS:
+        direct_runs = False
     if direct_runs:
         if not batched:
             macs = kernels * channels * math.prod(spec.kernel) * math.prod(geometry(spec, x_shape[2:]).out)

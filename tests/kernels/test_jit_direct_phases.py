@@ -10,7 +10,7 @@ from hetflow import InferenceSession
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import jit_direct, jit_direct_lanes, jit_direct_phases
 from hetflow.devices.cpu.threads import own_threads, spinning
-from hetflow.ops.conv import DIRECT_FMA, ConvAttrs, conv_window, heuristic_conv_algorithm
+from hetflow.ops.conv import DIRECT_FMA, IM2COL, ConvAttrs, conv_window, heuristic_conv_algorithm
 from tests.kernels.test_conv_train import direct_conv
 from tests.kernels.test_jit_direct import _geometry, _relative_error
 
@@ -100,12 +100,16 @@ def test_phase_planes_hold_the_padded_input():
 
 
 def test_strided_windows_are_direct_only_on_few_channels():
-    """The stems (3 channels) take the direct kernel, one image's as a batch's; a deeper strided layer
-    stays with im2col at any batch."""
+    """The stems (3 channels) take the direct kernel, one image's as a batch's, but for one image's 3x3
+    stem (im2col's columns copy each input little there); a deeper strided layer stays with im2col at any
+    batch."""
     float32 = np.dtype(np.float32)
     stem = conv_window(ConvAttrs(strides=(2, 2), pads=(3, 3, 3, 3)), (64, 3, 7, 7))
     assert heuristic_conv_algorithm(stem, (16, 3, 224, 224), 64, 1, float32) == DIRECT_FMA
     assert heuristic_conv_algorithm(stem, (1, 3, 224, 224), 64, 1, float32) == DIRECT_FMA
+    small_stem = conv_window(ConvAttrs(strides=(2, 2), pads=(1, 1, 1, 1)), (32, 3, 3, 3))
+    assert heuristic_conv_algorithm(small_stem, (16, 3, 224, 224), 32, 1, float32) == DIRECT_FMA
+    assert heuristic_conv_algorithm(small_stem, (1, 3, 224, 224), 32, 1, float32) == IM2COL
     deep = conv_window(ConvAttrs(strides=(2, 2), pads=(1, 1, 1, 1)), (128, 64, 3, 3))
     for batch in (1, 16):
         assert heuristic_conv_algorithm(deep, (batch, 64, 56, 56), 128, 1, float32) != DIRECT_FMA
