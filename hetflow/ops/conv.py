@@ -241,7 +241,8 @@ def heuristic_conv_algorithm(
     thin = channels <= THIN_CHANNELS or kernels <= THIN_CHANNELS
     winograd_fits = winograd_unsupported(spec, group) is None
     direct_runs = dtype is not None and direct_unsupported(spec, group, dtype, channels) is None
-    if any(stride != 1 for stride in spec.strides) and not batched and math.prod(spec.kernel) <= IM2COL_STEM_MAX_TAPS:
+    strided = any(stride != 1 for stride in spec.strides)
+    if strided and not batched and math.prod(spec.kernel) <= IM2COL_STEM_MAX_TAPS:
         direct_runs = False
     if direct_runs:
         if not batched:

@@ -133,14 +133,14 @@ def conv2d(
     threads, buffers = fit_buffers(threads, buffers, buffer_shapes(channels, kernels, geom))
     shares = 1 if batch >= threads else max(1, threads // batch)
     parts = threads if shares == 1 else batch * shares
+    images = output_images(y) if shares > 1 else None
 
     def run(part: int) -> None:
-        if shares == 1:
+        if images is None:
             first, last = batch * part // parts, batch * (part + 1) // parts
             _images(x, first, last, layout.window, layout.width, layout.offset_array, wt, 0, blocks, bias, relu, y,
                     buffers.planes[part], buffers.products[part])  # fmt: skip
         else:
-            images = output_images(y)
             _share(part, shares, x, layout.window, layout.width, layout.offset_array, wt, bias, relu, images.flat,
                    images.stride, images.shape, buffers.planes[part], buffers.products[part])  # fmt: skip
 

@@ -7,8 +7,9 @@ finished.
 
 A tile is ``ROWS`` kernels by up to ``4 x 16`` positions: ``ROWS x vectors`` accumulators in vector
 registers, fed per k by ``vectors`` loads of X and ``ROWS`` broadcasts of W (6 x 4: 24 FMAs for 10
-loads), over the whole depth, the tile's columns of X ``PREFETCH_ROWS`` rows ahead prefetched into L1. W is read where it lies, its ``ROWS`` rows as six sequential streams (a
-tile past M reads the last row again and stores none of the extra rows). X is taken ``BLOCK_BYTES`` of
+loads), over the whole depth, the tile's columns of X ``PREFETCH_ROWS`` rows ahead prefetched into L1.
+W is read where it lies, its ``ROWS`` rows as six sequential streams (a tile past M reads the last row
+again and stores none of the extra rows). X is taken ``BLOCK_BYTES`` of
 columns at a time, and every row block of W passes over those columns before the next: the block stays
 in L2, and each row block writes its rows of Y from start to end. The last vector of a tile is masked
 (positions past N are never read or written).
@@ -84,8 +85,9 @@ def _tile_intrinsic(vectors: int):  # noqa: ANN202
             with cgutils.for_range(builder, depth_v) as loop:
                 k = loop.index
                 x_k = builder.add(x_start_v, builder.mul(k, x_row_v))
+                x_ahead = builder.add(x_k, ahead)
                 for v in range(vectors):
-                    lv.prefetch(builder, x_data, builder.add(builder.add(x_k, ahead), lv.INT(v * lv.LANES)), lv.INTO_L1)
+                    lv.prefetch(builder, x_data, builder.add(x_ahead, lv.INT(v * lv.LANES)), lv.INTO_L1)
                 inputs = [lv.load_vector(builder, x_data, builder.add(x_k, lv.INT(v * lv.LANES)))
                           for v in range(vectors - 1)]  # fmt: skip
                 last = builder.add(x_k, lv.INT((vectors - 1) * lv.LANES))
