@@ -193,6 +193,11 @@ def direct_unsupported(
 #: 3.11 / 3.58; but 112 -> 224 at 14x14 4.98 / 4.69.
 F43_MIN_CHANNELS_DEEP_BATCH = 128
 F43_MIN_SIDE_DEEP_BATCH = 14
+#: ... and up to this many (the larger of the two counts) below 24x24 maps: F(4,3)'s transformed weights
+#: are 4x the raw (F(2,3)'s 1.8x), which a layer keeps for the session. VGG-19's four 512 -> 512 layers at
+#: 14x14 held 151 MB of them, and its peak RSS at batch 16 went from 1519 to 1655 MiB (ONNX Runtime's:
+#: 1564) for 8.5 ms a layer (35.2 / 43.7 ms alone, F(4,3) / F(2,3)) of a 1.47 s run.
+F43_MAX_CHANNELS_DEEP_BATCH = 256
 
 
 def heuristic_conv_algorithm(
@@ -255,7 +260,10 @@ def heuristic_conv_algorithm(
         return IM2COL
     height, width = int(x_shape[2]), int(x_shape[3])
     side = min(height, width)
-    deep_batch = batched and side >= F43_MIN_SIDE_DEEP_BATCH and min(channels, kernels) >= F43_MIN_CHANNELS_DEEP_BATCH
+    deep_batch = (
+        batched and side >= F43_MIN_SIDE_DEEP_BATCH
+        and F43_MIN_CHANNELS_DEEP_BATCH <= min(channels, kernels) <= max(channels, kernels) <= F43_MAX_CHANNELS_DEEP_BATCH
+    )  # fmt: skip
     if (kernels >= 32 and channels >= 64 and side >= 24) or deep_batch:
         few_channels = 2 * channels * kernels < DIRECT_OVER_F43_MAX_MEAN * (channels + kernels)
         if batched and direct_runs and few_channels and side <= DIRECT_OVER_F43_MAX_SIDE:

@@ -230,6 +230,8 @@ def test_tune_command_on_a_zoo_model(capsys: pytest.CaptureFixture):
         (512, 512, 7, 16, "direct_fma"),
         (128, 128, 14, 16, "winograd_f43"),  # a batch keeps Winograd where it fits; deep: F(4,3) from 14x14
         (112, 224, 14, 16, "winograd_f23"),  # under F43_MIN_CHANNELS_DEEP_BATCH input channels
+        (512, 512, 14, 16, "winograd_f23"),  # past F43_MAX_CHANNELS_DEEP_BATCH: F(4,3)'s weights 4x the raw
+        (512, 512, 28, 16, "winograd_f43"),  # from 24x24 the channel cap does not apply
         (256, 256, 14, 1, "winograd_f23"),  # one image: F(4,3) from 24x24 only
         (64, 64, 56, 16, "direct_fma"),  # few channels: F(4,3)'s transforms outweigh its savings
         (64, 96, 28, 16, "direct_fma"),
