@@ -7,15 +7,15 @@ difference. In one process it times ``--runs`` observed hetflow runs (every node
 its own, as ``hetflow profile`` does, so replayed runs are a little faster than the sum) and ``--runs``
 ONNX Runtime runs with ORT's profiler on, in alternating blocks of ``BLOCK`` runs, each block after an
 untimed run (a runtime's threads keep spinning a while after its run and would slow the other's first
-layers); then it matches the nodes: ORT names a fused node
-by its node name or by the last output of the chain it fused (``r2_nchwc`` for Conv+BN+Relu ending in
-``r2``), and hetflow's fused node carries that chain's output. Reported per hetflow algorithm (and per
-layer with ``--layers``): the sums of the nodes' median and minimum milliseconds on each side and the
-ratio of the medians. Nodes left over on both sides pair up by op type in order (the runtimes may fold a
-residual Add into different Convs of a block); the rest count on hetflow's side only, under
-"unmatched". hetflow's times include the Python around each observed call (10-20 us
-a node on the 2-vCPU VMs), which a replayed run does not pay and ORT's kernel times do not count: on
-networks of small layers compare the whole runs too (``compare.py``).
+layers); then it matches the nodes: ORT names a fused node by its node name or by the last output of
+the chain it fused (``r2_nchwc`` for Conv+BN+Relu ending in ``r2``), and hetflow's fused node carries
+that chain's output. Reported per hetflow algorithm (and per layer with ``--layers``): the sums of the
+nodes' median and minimum milliseconds on each side and the ratio of the medians. Nodes left over on
+both sides pair up by op type in order (the runtimes may fold a residual Add into different Convs of a
+block); the rest count on hetflow's side only, under "unmatched". hetflow's times include the Python
+around each observed call (10-20 us a node on the 2-vCPU VMs), which a replayed run does not pay and
+ORT's kernel times do not count: on networks of small layers compare the whole runs too
+(``compare.py``).
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ def _match(layers: list[Layer], ort_times: dict[str, tuple[str, list[float]]]) -
 
 
 def measure(model: str, batch: int, runs: int, threads: int) -> list[Layer]:
-    """Both runtimes on ``model`` at ``batch``, alternating run by run; the layers in hetflow's order."""
+    """Both runtimes on ``model`` at ``batch``, in alternating blocks of ``BLOCK`` runs; the layers in
+    hetflow's order."""
     path = zoo.model_path(model)
     session = InferenceSession(path, threads=threads)
     feeds = _feed(session, batch)
