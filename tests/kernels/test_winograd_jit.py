@@ -195,3 +195,53 @@ def test_a_batch_on_own_threads_multiplies_the_elements_on_the_tile_gemm_not_bla
     with threads.own_threads(2):
         winograd.multiply_elements(u, v, products)
     np.testing.assert_allclose(products, np.matmul(u, v), rtol=1e-5, atol=1e-5)
+
+
+def _prepared(algorithm: str, attrs: ConvAttrs, x, w, b, target, workspace_extra: int = 64):  # noqa: ANN001, ANN202
+    """The kernel's bound call for a node whose Y the plan places in ``target``."""
+    node = Node("Conv", "c", ["x", "w", "b"], ["y"], attrs)
+    infos = [TensorInfo(a.shape, a.dtype) for a in (x, w, b)]
+    kernel = KERNELS[algorithm]
+    workspace = np.empty(kernel.workspace(node, infos) + workspace_extra, np.uint8)
+    return kernel.prepare(node, infos, [target], workspace)
+
+
+@pytest.mark.parametrize("algorithm", WINOGRADS)
+@pytest.mark.parametrize("fused", [None, FusedActivation("Relu")], ids=["none", "relu"])
+@pytest.mark.parametrize("passes", [1, 3])
+def test_a_capture_replays_the_layer_as_jobs_into_the_planned_y(algorithm, fused, passes, monkeypatch):
+    """A captured run replays the transforms and products as spin-pool jobs, pass after pass, with no
+    Python between them: Y written where the plan placed it, the direct sum's values, run after run."""
+    from hetflow.devices.cpu import spin_pool, threads
+
+    x, w, b = _case((3, 5, 11, 10), 6)
+    attrs = ConvAttrs(pads=(1, 1, 1, 1), fused=fused)
+    if passes > 1:
+        node = Node("Conv", "c", ["x", "w", "b"], ["y"], attrs)
+        m = winograd.WINOGRAD_TILE[algorithm]
+        monkeypatch.setattr(winograd, "PASS_BYTES", sum(winograd._image_scratch(node, x.shape, w.shape, x.dtype, m)))
+    target = np.full((3, 6, 11, 10), np.nan, np.float32)
+    bound = _prepared(algorithm, attrs, x, w, b, target)
+    with threads.own_threads(2, spin=True, hold_blas=True):
+        outputs, jobs = bound.capture([x, w, b])
+        assert outputs[0] is target and len(jobs) == 3 * passes
+        target[...] = np.nan
+        for _ in range(2):
+            spin_pool.replay_on(spin_pool.JobScript(jobs), threads.spinning())
+    expected = _activate(_direct_conv(x, w, b, ConvAttrs(pads=(1, 1, 1, 1))), fused)
+    np.testing.assert_allclose(target, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_capture_leaves_an_activation_the_output_transform_cannot_apply_to_the_call():
+    x, w, b = _case((1, 4, 9, 9), 3)
+    attrs = ConvAttrs(pads=(1, 1, 1, 1), fused=FusedActivation("Sigmoid"))
+    bound = _prepared(WINOGRAD_F43, attrs, x, w, b, np.empty((1, 3, 9, 9), np.float32))
+    assert bound.capture([x, w, b]) is None
+    y = bound([x, w, b])[0]
+    np.testing.assert_allclose(y, 1 / (1 + np.exp(-_direct_conv(x, w, b, ConvAttrs(pads=(1, 1, 1, 1))))), rtol=1e-4,
+                               atol=1e-5)  # fmt: skip
+
+
+def test_a_float64_node_is_not_bound():
+    x, w, b = _case((1, 4, 9, 9), 3, np.float64)
+    assert _prepared(WINOGRAD_F23, ConvAttrs(pads=(1, 1, 1, 1)), x, w, b, np.empty((1, 3, 9, 9))) is None

@@ -87,6 +87,9 @@ FinishingBody = Callable[
 #: Registered body -> its finishing form, used when that algorithm is the node's kernel (``auto``
 #: dispatches to the plain body and finishes Y itself).
 FINISHING: dict[ConvBody, FinishingBody] = {}
+#: Algorithm name -> its ``prepare`` (``Kernel.prepare``), for the ``auto`` dispatcher to bind a node to
+#: the algorithm the cost model picks (winograd.py adds its own).
+PREPARES: dict[str, PrepareFn] = {}
 #: Algorithm name -> the workspace bytes it takes.
 WORKSPACES: dict[str, Callable[[Node, tuple[int, ...], tuple[int, ...], np.dtype], int]] = {}
 
@@ -266,23 +269,28 @@ def _auto_workspace(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ..
     return WORKSPACES[_auto_algorithm(node, x_shape, w_shape, dtype)](node, x_shape, w_shape, dtype)
 
 
-def _with_epilogue(algorithm: str) -> Callable[[Node, Sequence[np.ndarray | None], Out, np.ndarray | None], np.ndarray]:
+def with_epilogue(algorithm: str) -> Callable[[Node, Sequence[np.ndarray | None], Out, np.ndarray | None], np.ndarray]:
     """The body registered as ``algorithm`` with the shared prologue and epilogue (``run_conv``): a bound
     call's fallback. The body is looked up per call: it is registered after the prepare that falls back."""
     return lambda node, arrays, out, workspace: run_conv(BODIES[algorithm], node, arrays, out, workspace)
 
 
-_auto_bands = own_gemm.prepare_bands(_with_epilogue(AUTO))
+_auto_bands = own_gemm.prepare_bands(with_epilogue(AUTO))
 
 
 def _prepare_auto(
     node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
 ) -> BoundCall | None:
-    """The im2col bands (``own_gemm.prepare_bands``) where the cost model picks im2col; else none."""
+    """The im2col bands (``own_gemm.prepare_bands``) where the cost model picks im2col, the picked
+    algorithm's own ``prepare`` where it has one (``PREPARES``); else none."""
     x, w = inputs[0], inputs[1]
-    if x is None or w is None or _auto_algorithm(node, x.shape, w.shape, x.dtype) != IM2COL:
+    if x is None or w is None:
         return None
-    return _auto_bands(node, inputs, out, workspace)
+    algorithm = _auto_algorithm(node, x.shape, w.shape, x.dtype)
+    if algorithm == IM2COL:
+        return _auto_bands(node, inputs, out, workspace)
+    prepare = PREPARES.get(algorithm)
+    return None if prepare is None else prepare(node, inputs, out, workspace)
 
 
 @conv_kernel(AUTO, supports=None, workspace=_auto_workspace, prepare=_prepare_auto)
@@ -291,7 +299,7 @@ def _auto(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratc
     return BODIES[_auto_algorithm(node, x.shape, w.shape, x.dtype)](node, x, w, y, scratch)
 
 
-@conv_kernel(POINTWISE, supports=_supports_pointwise, prepare=own_gemm.prepare_pointwise(_with_epilogue(POINTWISE)))
+@conv_kernel(POINTWISE, supports=_supports_pointwise, prepare=own_gemm.prepare_pointwise(with_epilogue(POINTWISE)))
 def pointwise(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """1x1 stride-1 unpadded Conv (any group) as one GEMM on X as it lies: no im2col."""
     group = node.attrs.group
@@ -356,7 +364,7 @@ def _im2col_scratch(
 
 @conv_kernel(
     IM2COL, supports=None, workspace=lambda *a: scratch_bytes(_im2col_scratch(*a)),
-    prepare=own_gemm.prepare_bands(_with_epilogue(IM2COL)),
+    prepare=own_gemm.prepare_bands(with_epilogue(IM2COL)),
 )  # fmt: skip
 def im2col(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """Any Conv (N-d, strides, dilations, groups): im2col buffer + GEMM, a chunk of images at a time."""

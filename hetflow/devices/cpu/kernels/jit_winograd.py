@@ -31,7 +31,7 @@ import numpy as np
 
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels.jit_epilogue import NO_ACTIVATION, activation_code, store_activated
-from hetflow.devices.cpu.spin_pool import argument_block, float32_1d, float32_3d, float32_4d
+from hetflow.devices.cpu.spin_pool import Job, argument_block, float32_1d, float32_3d, float32_4d
 from hetflow.devices.cpu.threads import parallel_planes, spin_split
 from hetflow.ops.activation import FusedActivation
 
@@ -221,7 +221,7 @@ def _spin_input(x: np.ndarray, bt: Coefficients, v: np.ndarray, numbers: tuple[i
     if found is None:
         return False
     pool, shares = found
-    pool.run(_input_address(), argument_block(_INPUT_SLOTS, (x, _flat(bt), v), numbers), shares)
+    _bound_input(x, bt, v, numbers, shares).run(pool)
     return True
 
 
@@ -232,9 +232,44 @@ def _spin_output(products: np.ndarray, at: Coefficients, bias: np.ndarray, y: np
     if found is None:
         return False
     pool, shares = found
-    arrays = (products, _flat(at), bias, constants, y)
-    pool.run(_output_address(), argument_block(_OUTPUT_SLOTS, arrays, numbers), shares)
+    _bound_output(products, at, bias, y, constants, numbers, shares).run(pool)
     return True
+
+
+def input_job(x: np.ndarray, bt: Coefficients, m: int, pads: tuple[int, int], tiles: tuple[int, int],
+              v: np.ndarray) -> Job:  # fmt: skip
+    """``input_transform`` (float32, C-contiguous arrays) as a spin-pool job, what a captured run replays:
+    in the shares a spinning run splits it into (``spin_split``), else in one chunk."""
+    planes, per_plane = x.shape[0] * x.shape[1], tiles[0] * tiles[1] * len(bt) ** 2
+    found = spin_split(planes, per_plane, (x, v))
+    numbers = (m, pads[0], pads[1], tiles[0], tiles[1], _band(tiles))
+    return _bound_input(x, bt, v, numbers, 1 if found is None else found[1])
+
+
+def output_job(products: np.ndarray, at: Coefficients, bias: np.ndarray | None, y: np.ndarray,
+               tiles: tuple[int, int], fused: FusedActivation | None) -> Job | None:  # fmt: skip
+    """``output_transform`` (float32, C-contiguous arrays) as a spin-pool job, split as ``input_job``
+    is; None when the compiled loop cannot apply ``fused`` (``output_transform`` leaves it to the caller)."""
+    code, alpha, beta = activation_code(fused)
+    if code == NO_ACTIVATION and fused is not None:
+        return None
+    constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
+    bias = np.zeros(y.shape[1], y.dtype) if bias is None else np.ascontiguousarray(bias, y.dtype)
+    planes, per_plane = y.shape[0] * y.shape[1], int(y.shape[2]) * int(y.shape[3])
+    found = spin_split(planes, per_plane, (products, bias, y, constants))
+    numbers = (tiles[0], tiles[1], _band(tiles), code)
+    return _bound_output(products, at, bias, y, constants, numbers, 1 if found is None else found[1])
+
+
+def _bound_input(x: np.ndarray, bt: Coefficients, v: np.ndarray, numbers: tuple[int, ...], shares: int) -> Job:
+    arrays = (x, _flat(bt), v)
+    return Job(_input_address(), argument_block(_INPUT_SLOTS, arrays, numbers), shares, arrays)
+
+
+def _bound_output(products: np.ndarray, at: Coefficients, bias: np.ndarray, y: np.ndarray, constants: np.ndarray,
+                  numbers: tuple[int, ...], shares: int) -> Job:  # fmt: skip
+    arrays = (products, _flat(at), bias, constants, y)
+    return Job(_output_address(), argument_block(_OUTPUT_SLOTS, arrays, numbers), shares, arrays)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
