@@ -242,3 +242,35 @@ def test_which_convs_run_as_whole_columns(case, x_shape, w_shape, attrs, dtype, 
     infos = [TensorInfo(x_shape, np.dtype(dtype)), TensorInfo(w_shape, np.dtype(dtype))]
     assert (own_gemm.columns_geometry(node, *infos) is not None) is columns
     assert isinstance(KERNELS[IM2COL].prepare(node, infos, None, None), own_gemm._ColumnsCall) is columns
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "attrs", "fused", "residual", "jobs"), [
+    (*CASES[0], RELU, False, 1),  # bands: one job
+    (*DEEP[0], False, 2),  # whole columns: the fill, then the product
+    (*DEEP[2], True, 2),  # a strided 1x1 projection with its folded residual
+])  # fmt: skip
+def test_a_capture_replays_the_bound_call_as_its_jobs(x_shape, w_shape, attrs, fused, residual, jobs) -> None:  # noqa: ANN001
+    """What a captured run replays: the same Y, in the planned buffer, with no Python between the jobs."""
+    from hetflow.devices.cpu import spin_pool
+
+    x, w, b = _arrays(x_shape, w_shape)
+    node = Node("Conv", "conv", ["x", "w", "b", *(["r"] if residual else [])], ["y"],
+                ConvAttrs(**{**attrs.__dict__, "fused": fused, "residual": residual}))  # fmt: skip
+    y_shape = _direct_conv(x, w, b, attrs).shape
+    arrays = [x, w, b, *([RNG.standard_normal(y_shape).astype(np.float32)] if residual else [])]
+    expected = KERNELS[IM2COL].fn(node, arrays)[0]
+    call, target = _bind(KERNELS[IM2COL], node, arrays)
+    with threads.own_threads(2, spin=True):
+        outputs, captured = call.capture(arrays)
+        assert outputs[0] is target and len(captured) == jobs
+        target[...] = np.nan
+        spin_pool.replay_on(spin_pool.JobScript(captured), threads.spinning())
+    np.testing.assert_allclose(target, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_no_capture_off_a_spinning_run() -> None:
+    x, w, b = _arrays(*DEEP[0][:2])
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], DEEP[0][2])
+    call, _ = _bind(KERNELS[IM2COL], node, [x, w, b])
+    with threads.own_threads(2):
+        assert call.capture([x, w, b]) is None

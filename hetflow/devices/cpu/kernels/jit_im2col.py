@@ -28,7 +28,7 @@ import numba
 import numpy as np
 
 from hetflow.devices.cpu import spin_pool
-from hetflow.devices.cpu.spin_pool import argument_block, float32_1d, float32_4d
+from hetflow.devices.cpu.spin_pool import Job, argument_block, float32_1d, float32_4d
 from hetflow.devices.cpu.threads import spin_split, split_planes
 from hetflow.ops.spatial import Geometry
 
@@ -145,8 +145,28 @@ def _spin_fill(x: np.ndarray, flat_cols: np.ndarray, numbers: tuple[int, ...], c
     if found is None:
         return False
     pool, shares = found
-    pool.run(_fill_address(), argument_block(_SPIN_SLOTS, (x, flat_cols), numbers), shares)
+    _bound_fill(x, flat_cols, numbers, shares).run(pool)
     return True
+
+
+def im2col_job(x: np.ndarray, geom: Geometry, cols: np.ndarray) -> Job:
+    """``im2col`` (image-major, float32, C-contiguous arrays) as a spin-pool job, what a captured run
+    replays: by ranges of input channels as a spinning run splits it (``spin_split``), else one chunk."""
+    count, channels = x.shape[:2]
+    rows, columns = geom.axes
+    positions = rows.out * columns.out
+    taps = rows.kernel * columns.kernel
+    window = (
+        rows.kernel, columns.kernel, rows.stride, columns.stride,
+        rows.dilation, columns.dilation, rows.pad_begin, columns.pad_begin, rows.out, columns.out,
+    )  # fmt: skip
+    flat_cols = cols.reshape(-1)
+    found = spin_split(channels, taps * count * positions, (x, flat_cols))
+    return _bound_fill(x, flat_cols, (positions, channels * taps * positions, *window), 1 if found is None else found[1])
+
+
+def _bound_fill(x: np.ndarray, flat_cols: np.ndarray, numbers: tuple[int, ...], shares: int) -> Job:
+    return Job(_fill_address(), argument_block(_SPIN_SLOTS, (x, flat_cols), numbers), shares, (x, flat_cols))
 
 
 def _fill_job(args, chunk, chunks):  # noqa: ANN001, ANN202

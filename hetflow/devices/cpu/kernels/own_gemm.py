@@ -50,6 +50,7 @@ from hetflow.devices.cpu.kernels import jit_band_gemm, jit_lane_gemm, jit_tile_g
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, flat_images
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.kernels.jit_im2col import im2col as compiled_im2col
+from hetflow.devices.cpu.kernels.jit_im2col import im2col_job
 from hetflow.devices.cpu.kernels.llvm_vectors import LANES
 from hetflow.devices.cpu.kernels.weight_cache import WeightCache
 from hetflow.devices.cpu.spin_pool import Job
@@ -583,6 +584,21 @@ class _BandCall:
         pool.run(jit_band_gemm.job_address(), self.block, shares)  # type: ignore[union-attr]
         return [y]
 
+    def capture(self, arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
+        """The bands as one spin-pool job on a spinning run (``BoundCall``'s capture); None elsewhere, or
+        where X is not C-contiguous float32 (the call would read a copy)."""
+        pool, x = spinning(), arrays[0]
+        y = np.empty(self.y_shape, np.float32) if self.target is None else self.target
+        flat_y = flat_images(y)
+        if pool is None or flat_y is None or x.dtype != np.float32 or not x.flags.c_contiguous:  # type: ignore[union-attr]
+            return None
+        w, b = np.ascontiguousarray(arrays[1], np.float32).reshape(-1), arrays[2] if len(arrays) > 2 else None  # type: ignore[arg-type]
+        bias = self.no_bias if b is None else np.ascontiguousarray(b, np.float32)
+        shares, numbers, columns = self._plan(pool.workers + 1)
+        block = jit_band_gemm.new_job_block()
+        jit_band_gemm.pack_job(block, x, w, bias, self.bounds, flat_y[0], columns, numbers)
+        return [y], [Job(jit_band_gemm.job_address(), block, shares, (x, w, bias, self.bounds, flat_y[0], columns))]
+
     def _plan(self, threads: int) -> tuple[int, tuple[int, ...], np.ndarray]:
         """(shares, the job's numbers, the columns buffer) on ``threads`` threads (``band_plan``), worked
         out on the first call: the buffer holds a band for every share (``jit_band_gemm.rows``), in the
@@ -630,6 +646,17 @@ class _ColumnsCall:
         compiled_im2col(np.ascontiguousarray(arrays[0], np.float32), self.geo, self.columns)
         self.arrays = arrays
         return self.tiles([self.columns, *arrays[1:]])
+
+    def capture(self, arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
+        """The columns' fill and the tiles' product as spin-pool jobs (``BoundCall``'s capture); None off a
+        spinning run, where X is not C-contiguous float32, or where the tile call does not capture."""
+        x = arrays[0]
+        if spinning() is None or not runs_own() or x.dtype != np.float32 or not x.flags.c_contiguous:  # type: ignore[union-attr]
+            return None
+        fill = im2col_job(x, self.geo, self.columns)  # type: ignore[arg-type]
+        self.arrays = arrays
+        found = self.tiles.capture([self.columns, *arrays[1:]])
+        return None if found is None else (found[0], [fill, *found[1]])
 
     def _fall_back(self, node: Node, columns_arrays: Sequence[np.ndarray | None], out: Out,
                    workspace: np.ndarray | None) -> np.ndarray:  # fmt: skip
