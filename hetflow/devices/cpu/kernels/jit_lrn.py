@@ -21,7 +21,7 @@ import numba
 import numpy as np
 
 from hetflow.devices.cpu import spin_pool
-from hetflow.devices.cpu.spin_pool import argument_block, float32_1d, float32_3d
+from hetflow.devices.cpu.spin_pool import Job, argument_block, float32_1d, float32_3d
 from hetflow.devices.cpu.threads import run_planes, spin_split
 
 #: Positions taken together: long enough for the vector loops, short enough that the window's rows stay
@@ -33,17 +33,38 @@ def lrn(x: np.ndarray, y: np.ndarray, before: int, after: int, alpha: float, bet
     """``y`` = LRN of ``x`` (both ``[N, C, P]``, C-contiguous, one float dtype) over the channels ``c -
     before .. c + after`` (clipped to X's), with ONNX's ``alpha`` (divided by the window's size here),
     ``beta`` and ``bias``."""
-    batch, channels, positions = x.shape
-    runs = -(-positions // RUN)
-    numbers = (before, after)
-    constants = np.array([alpha / (before + after + 1), beta, bias, 1.0], x.dtype)
-    per_run = channels * min(RUN, positions)
-    found = spin_split(batch * runs, per_run, (x, y))
+    runs, per_run = _work(x)
+    constants = _constants(x.dtype, before, after, alpha, beta, bias)
+    found = spin_split(runs, per_run, (x, y))
     if found is not None:
         pool, shares = found
-        pool.run(_job_address(), argument_block(_BLOCK_SLOTS, (x, y, constants), numbers), shares)
+        _bound(x, y, before, after, constants, shares).run(pool)
         return
-    run_planes(_runs, _split, (x, y), (before, after, constants), batch * runs, per_run)
+    run_planes(_runs, _split, (x, y), (before, after, constants), runs, per_run)
+
+
+def lrn_job(x: np.ndarray, y: np.ndarray, before: int, after: int, alpha: float, beta: float, bias: float) -> Job:
+    """``lrn`` on float32 arrays as a spin-pool job, what a captured run replays: in the shares a
+    spinning run splits it into (``spin_split``), else one chunk."""
+    runs, per_run = _work(x)
+    found = spin_split(runs, per_run, (x, y))
+    constants = _constants(x.dtype, before, after, alpha, beta, bias)
+    return _bound(x, y, before, after, constants, 1 if found is None else found[1])
+
+
+def _work(x: np.ndarray) -> tuple[int, int]:
+    """(runs of ``RUN`` positions over the batch, the elements of one run) of ``x [N, C, P]``."""
+    batch, channels, positions = x.shape
+    return batch * -(-positions // RUN), channels * min(RUN, positions)
+
+
+def _constants(dtype: np.dtype, before: int, after: int, alpha: float, beta: float, bias: float) -> np.ndarray:
+    return np.array([alpha / (before + after + 1), beta, bias, 1.0], dtype)
+
+
+def _bound(x: np.ndarray, y: np.ndarray, before: int, after: int, constants: np.ndarray, shares: int) -> Job:
+    block = argument_block(_BLOCK_SLOTS, (x, y, constants), (before, after))
+    return Job(_job_address(), block, shares, (x, y, constants))
 
 
 # NOTE: indices are unsigned sums on the flat arrays (numba tests a signed index for wraparound, and

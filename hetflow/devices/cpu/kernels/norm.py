@@ -27,7 +27,34 @@ def _compute_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype.itemsize < 4 else dtype
 
 
-@cpu_kernel("LRN", writes_out=True)
+def _prepare_lrn(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None) -> BoundCall | None:
+    """A float32 LRN bound to the Y the plan placed (C-contiguous): captured as the compiled pass's job
+    (``jit_lrn.lrn_job``), so that a captured run does not call it from Python."""
+    x_info = inputs[0]
+    target = out[0] if out is not None else None
+    if x_info is None or target is None or x_info.dtype != np.float32 or len(x_info.shape) < 3:
+        return None
+    if target.shape != tuple(x_info.shape) or target.dtype != np.float32 or not target.flags.c_contiguous:
+        return None
+    before, after = lrn_window(node.attrs.size)
+    attrs = node.attrs
+
+    def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        return lrn(node, arrays, out)
+
+    def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
+        x = arrays[0]
+        if not x.flags.c_contiguous:  # type: ignore[union-attr]
+            return None
+        shape = (x.shape[0], x.shape[1], math.prod(x.shape[2:]))  # type: ignore[union-attr]
+        job = jit_lrn.lrn_job(x.reshape(shape), target.reshape(shape), before, after, attrs.alpha, attrs.beta,  # type: ignore[union-attr]
+                              attrs.bias)  # fmt: skip
+        return [target], [job]
+
+    return with_capture(call, capture)
+
+
+@cpu_kernel("LRN", writes_out=True, prepare=_prepare_lrn)
 def lrn(
     node: Node, inputs: Sequence[np.ndarray | None], out: Out = None, workspace: np.ndarray | None = None
 ) -> list[np.ndarray]:
