@@ -21,6 +21,7 @@ from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.jit_pool import (
     bind_small_pool,
     compiled_window,
+    plane_means,
     plane_means_job,
     pool_2d,
     pool_job,
@@ -244,20 +245,12 @@ def _global_pool(reduce: Callable[..., np.ndarray], x: np.ndarray, out: Out, com
 
 
 def _plane_means(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """``y`` (``[N, C, 1, ...]``, contiguous) = each plane's mean, as the product of X's planes with a
-    vector of ``1 / size``: one BLAS GEMV. numpy's mean reduces plane by plane at a fixed cost each, 41
-    us for 1280 7x7 planes (MobileNetV2's last pool) against 7 us here."""
-    planes = np.ascontiguousarray(x).reshape(y.size, -1)
-    np.matmul(planes, _reciprocals(planes.shape[1], x.dtype), out=y.reshape(-1))
+    """``y`` (``[N, C, 1, ...]``, contiguous) = each plane's mean, in one compiled pass
+    (``jit_pool.plane_means``, the very loop a captured run replays, so that every path gives the same
+    bits). numpy's mean reduces plane by plane at a fixed cost each: 41 us for 1280 7x7 planes
+    (MobileNetV2's last pool)."""
+    plane_means(np.ascontiguousarray(x).reshape(y.size, -1), y.reshape(-1))
     return y
-
-
-@functools.lru_cache(maxsize=64)
-def _reciprocals(size: int, dtype: np.dtype) -> np.ndarray:
-    """``size`` copies of ``1 / size`` (read-only, shared between calls)."""
-    weights = np.full(size, 1.0 / size, dtype)
-    weights.flags.writeable = False
-    return weights
 
 
 def _prepare_means(
