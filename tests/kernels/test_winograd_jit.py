@@ -9,6 +9,7 @@ import pytest
 
 from hetflow.devices.cpu import CPUDevice
 from hetflow.devices.cpu.kernels import jit_winograd, winograd
+from hetflow.devices.cpu.kernels.buffers import Scratch
 from hetflow.devices.cpu.threads import BLAS
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
@@ -88,6 +89,20 @@ def test_writes_into_a_strided_slice(algorithm):
     assert np.isnan(concat[:, :2]).all() and np.isnan(concat[:, 5:]).all()
 
 
+def test_the_output_transform_writes_a_y_whose_images_are_not_contiguous():
+    """Y cut along its rows (each image's planes apart): written through a contiguous Y, then copied."""
+    x, w, b = _case((2, 4, 9, 9), 3)
+    attrs = ConvAttrs(pads=(1, 1, 1, 1))
+    m = 2
+    node = Node("Conv", "c", ["x", "w", "b"], ["y"], attrs)
+    infos = [TensorInfo(a.shape, a.dtype) for a in (x, w, b)]
+    scratch = Scratch(np.empty(KERNELS[WINOGRAD_F23].workspace(node, infos), np.uint8))
+    taller = np.full((2, 3, 11, 9), np.nan, np.float32)
+    y, _ = winograd.winograd(node, x, w, m, taller[:, :, 1:10], scratch, b)
+    np.testing.assert_allclose(taller[:, :, 1:10], _direct_conv(x, w, b, attrs), rtol=1e-4, atol=1e-4)
+    assert np.isnan(taller[:, :, 0]).all() and np.isnan(taller[:, :, 10]).all()
+
+
 @pytest.mark.parametrize("algorithm", WINOGRADS)
 @pytest.mark.parametrize("fused", [None, FusedActivation("Relu")], ids=["none", "Relu"])
 def test_a_batch_goes_through_in_passes_of_whole_images(algorithm, fused, monkeypatch):
@@ -148,18 +163,21 @@ def test_a_spinning_run_shares_both_transforms_out_on_its_pool(algorithm, fused,
     np.testing.assert_allclose(spun, single, rtol=1e-6, atol=1e-6)
 
 
-def test_a_spinning_run_keeps_a_strided_output_off_the_pool(monkeypatch):
-    """Y a slice of a Concat's output (not C-contiguous): its output transform runs on the calling thread."""
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_spinning_run_writes_a_concat_slice_on_its_pool(batch, monkeypatch):
+    """Y a slice of a Concat's output (its images apart): the output job writes each image's planes in
+    place, on the pool, and nothing around the slice."""
     from hetflow.devices.cpu import threads
 
-    x, w, b = _case((1, 4, 9, 9), 3)
+    x, w, b = _case((batch, 4, 9, 9), 3)
     attrs = ConvAttrs(pads=(1, 1, 1, 1))
-    monkeypatch.setattr(threads, "MIN_OUTPUTS_PER_SPIN_SHARE", 1)
-    concat = np.full((1, 7, 9, 9), np.nan, np.float32)
+    jobs = record_spin_jobs(monkeypatch, min_outputs=1)
+    concat = np.full((batch, 7, 9, 9), np.nan, np.float32)
     with threads.own_threads(2, spin=True):
         _run(WINOGRAD_F23, attrs, x, w, b, out=concat[:, 2:5])
     np.testing.assert_allclose(concat[:, 2:5], _direct_conv(x, w, b, attrs), rtol=1e-4, atol=1e-4)
     assert np.isnan(concat[:, :2]).all() and np.isnan(concat[:, 5:]).all()
+    assert jit_winograd._output_address() in {job for job, _ in jobs}
 
 
 @pytest.mark.parametrize(("elements", "kernels", "channels", "count"), [
@@ -230,6 +248,21 @@ def test_a_capture_replays_the_layer_as_jobs_into_the_planned_y(algorithm, fused
             spin_pool.replay_on(spin_pool.JobScript(jobs), threads.spinning())
     expected = _activate(_direct_conv(x, w, b, ConvAttrs(pads=(1, 1, 1, 1))), fused)
     np.testing.assert_allclose(target, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_capture_writes_a_concat_slice_of_a_batch_in_place():
+    from hetflow.devices.cpu import spin_pool, threads
+
+    x, w, b = _case((3, 4, 9, 9), 5)
+    attrs = ConvAttrs(pads=(1, 1, 1, 1))
+    concat = np.full((3, 9, 9, 9), np.nan, np.float32)
+    bound = _prepared(WINOGRAD_F43, attrs, x, w, b, concat[:, 1:6])
+    with threads.own_threads(2, spin=True, hold_blas=True):
+        outputs, jobs = bound.capture([x, w, b])
+        concat[...] = np.nan
+        spin_pool.replay_on(spin_pool.JobScript(jobs), threads.spinning())
+    np.testing.assert_allclose(concat[:, 1:6], _direct_conv(x, w, b, attrs), rtol=1e-4, atol=1e-4)
+    assert np.isnan(concat[:, :1]).all() and np.isnan(concat[:, 6:]).all()
 
 
 def test_a_capture_leaves_an_activation_the_output_transform_cannot_apply_to_the_call():

@@ -18,7 +18,7 @@ so the loops over a tile's a coefficients are unrolled and each output is summed
 (1.7x faster than accumulating in memory, coefficient by coefficient). Tiles are processed in bands
 of whole tile rows so that the loops over tiles stay long on small maps. Planes (image x channel) are
 split over the session's kernel threads (``parallel_planes``; the compiled loops release the GIL), or,
-on a spinning run, shared out on its pool (``_spin_input``, ``_spin_output``): at batch 1 the
+on a spinning run, shared out on its pool (``_spin_input``, ``output_transform``): at batch 1 the
 transforms of F(4,3) on 64x56x56 took 760 us on one thread beside a 190 us GEMM.
 """
 
@@ -30,6 +30,7 @@ import numba
 import numpy as np
 
 from hetflow.devices.cpu import spin_pool
+from hetflow.devices.cpu.kernels.buffers import flat_images
 from hetflow.devices.cpu.kernels.jit_epilogue import NO_ACTIVATION, activation_code, store_activated
 from hetflow.devices.cpu.spin_pool import Job, argument_block, float32_1d, float32_3d, float32_4d
 from hetflow.devices.cpu.threads import parallel_planes, spin_split
@@ -72,21 +73,34 @@ def output_transform(
 
     ``at`` is ``coefficients(A^T, y.dtype)``. Tiles past OH/OW are cropped; ``bias`` is added; returns
     whether the fused activation was applied too (Relu, Clip and LeakyRelu are; the caller applies any
-    other).
+    other). Y's images may lie apart (a Concat's slice): the loops write through its flat memory.
     """
     code, alpha, beta = activation_code(fused)
+    flat = flat_images(y)
+    if flat is None:  # images not contiguous themselves: through a contiguous Y
+        contiguous = np.empty(y.shape, y.dtype)
+        applied = output_transform(products, at, bias, contiguous, tiles, fused)
+        y[...] = contiguous
+        return applied
     constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
     bias = np.zeros(y.shape[1], y.dtype) if bias is None else np.ascontiguousarray(bias, y.dtype)
-
     planes, per_plane = y.shape[0] * y.shape[1], int(y.shape[2]) * int(y.shape[3])
-    numbers = (tiles[0], tiles[1], _band(tiles), code)
-    if not _spin_output(products, at, bias, y, constants, numbers, planes, per_plane):
+    numbers = _output_numbers(y, flat[1], tiles, code)
+    found = spin_split(planes, per_plane, (products, bias, flat[0], constants))
+    if found is not None:
+        _bound_output(products, at, bias, flat[0], constants, numbers, found[1]).run(found[0])
+    else:
 
         def run(first: int, last: int) -> None:
-            _output_planes(products, at, bias, y, first, last, tiles[0], tiles[1], _band(tiles), code, constants)
+            _output_planes(products, at, bias, flat[0], *numbers[:4], first, last, *numbers[4:], constants)
 
         parallel_planes(run, planes, per_plane)
     return code != NO_ACTIVATION or fused is None
+
+
+def _output_numbers(y: np.ndarray, image_stride: int, tiles: tuple[int, int], code: int) -> tuple[int, ...]:
+    """An output job's numbers: Y's image stride, images, OH, OW, then tiles_h, tiles_w, band, code."""
+    return (image_stride, y.shape[0], y.shape[2], y.shape[3], tiles[0], tiles[1], _band(tiles), code)
 
 
 #: Tiles a compiled transform handles per pass (a band of whole tile rows): long enough for the
@@ -153,9 +167,11 @@ def _input_planes(x, bt, v, first, last, m, pad_top, pad_left, tiles_h, tiles_w,
 
 
 @numba.njit(nogil=True, cache=True, fastmath=True)
-def _output_planes(products, at, bias, y, first, last, tiles_h, tiles_w, band, code, constants):  # noqa: ANN001
-    """Output planes ``first .. last - 1`` (plane p = image p // K, kernel p % K)."""
-    kernels, out_h, out_w = y.shape[1], y.shape[2], y.shape[3]
+def _output_planes(products, at, bias, y, y_image, images, out_h, out_w, first, last, tiles_h, tiles_w, band, code,  # noqa: ANN001
+                   constants):  # fmt: skip
+    """Output planes ``first .. last - 1`` (plane p = image p // K, kernel p % K) of the flat Y ``y``, its
+    images ``y_image`` elements apart, each ``[K, out_h, out_w]``."""
+    kernels = products.shape[1]
     m, a = len(at), len(at[0])
     columns = np.empty((a, m, band * tiles_w), y.dtype)  # A^T applied across each tile's a columns
     lines = np.empty((m, m, band * tiles_w), y.dtype)  # output (i, t*m + j) of a band's tile at [i, j, t]
@@ -191,10 +207,11 @@ def _output_planes(products, at, bias, y, first, last, tiles_h, tiles_w, band, c
                     out_row = tile_row * m + i
                     if out_row >= out_h:
                         break
+                    row_start = np.uint64(image * y_image + (kernel * out_h + out_row) * out_w)
                     for j in range(m):
-                        offset = np.uint64(j)
+                        offset = row_start + np.uint64(j)
                         for t in range(np.uint64((out_w - j + m - 1) // m)):  # the columns t*m + j < OW
-                            y[image, kernel, out_row, t * step + offset] = lines[i, j, base + t]
+                            y[t * step + offset] = lines[i, j, base + t]
 
 
 # -- on the spinning pool ----------------------------------------------------------------------------
@@ -204,8 +221,8 @@ def _output_planes(products, at, bias, y, first, last, tiles_h, tiles_w, band, c
 #: tiles_h, tiles_w, band.
 _INPUT_SLOTS = 5 + 2 + 4 + 6
 #: Slots of an output job's argument block: the products (3-D), A^T, the bias, the activation's
-#: constants (1-D each), Y (4-D), then tiles_h, tiles_w, band, code.
-_OUTPUT_SLOTS = 4 + 2 + 2 + 2 + 5 + 4
+#: constants, the flat Y (1-D each), then ``_output_numbers``.
+_OUTPUT_SLOTS = 4 + 2 + 2 + 2 + 2 + 8
 
 
 @functools.lru_cache(maxsize=16)
@@ -225,17 +242,6 @@ def _spin_input(x: np.ndarray, bt: Coefficients, v: np.ndarray, numbers: tuple[i
     return True
 
 
-def _spin_output(products: np.ndarray, at: Coefficients, bias: np.ndarray, y: np.ndarray, constants: np.ndarray,
-                 numbers: tuple[int, ...], planes: int, per_plane: int) -> bool:  # fmt: skip
-    """``_output_planes`` over every plane on a spinning run's pool; False where it does not split there."""
-    found = spin_split(planes, per_plane, (products, bias, y, constants))
-    if found is None:
-        return False
-    pool, shares = found
-    _bound_output(products, at, bias, y, constants, numbers, shares).run(pool)
-    return True
-
-
 def input_job(x: np.ndarray, bt: Coefficients, m: int, pads: tuple[int, int], tiles: tuple[int, int],
               v: np.ndarray) -> Job:  # fmt: skip
     """``input_transform`` (float32, C-contiguous arrays) as a spin-pool job, what a captured run replays:
@@ -248,17 +254,19 @@ def input_job(x: np.ndarray, bt: Coefficients, m: int, pads: tuple[int, int], ti
 
 def output_job(products: np.ndarray, at: Coefficients, bias: np.ndarray | None, y: np.ndarray,
                tiles: tuple[int, int], fused: FusedActivation | None) -> Job | None:  # fmt: skip
-    """``output_transform`` (float32, C-contiguous arrays) as a spin-pool job, split as ``input_job``
-    is; None when the compiled loop cannot apply ``fused`` (``output_transform`` leaves it to the caller)."""
+    """``output_transform`` (float32, each image of Y C-contiguous: ``buffers.flat_images``) as a spin-pool
+    job, split as ``input_job`` is; None when the compiled loop cannot apply ``fused`` (``output_transform``
+    leaves it to the caller) or Y's images are not contiguous."""
     code, alpha, beta = activation_code(fused)
-    if code == NO_ACTIVATION and fused is not None:
+    flat = flat_images(y)
+    if (code == NO_ACTIVATION and fused is not None) or flat is None:
         return None
     constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
     bias = np.zeros(y.shape[1], y.dtype) if bias is None else np.ascontiguousarray(bias, y.dtype)
     planes, per_plane = y.shape[0] * y.shape[1], int(y.shape[2]) * int(y.shape[3])
-    found = spin_split(planes, per_plane, (products, bias, y, constants))
-    numbers = (tiles[0], tiles[1], _band(tiles), code)
-    return _bound_output(products, at, bias, y, constants, numbers, 1 if found is None else found[1])
+    found = spin_split(planes, per_plane, (products, bias, flat[0], constants))
+    numbers = _output_numbers(y, flat[1], tiles, code)
+    return _bound_output(products, at, bias, flat[0], constants, numbers, 1 if found is None else found[1])
 
 
 def _bound_input(x: np.ndarray, bt: Coefficients, v: np.ndarray, numbers: tuple[int, ...], shares: int) -> Job:
@@ -299,18 +307,22 @@ def _input_job(args, chunk, chunks):  # noqa: ANN001, ANN202
 
 
 def _output_job(args, chunk, chunks):  # noqa: ANN001, ANN202
-    """A range of Y's planes through ``_output_planes`` (``_spin_output``'s block)."""
-    products, c, bias, constants = float32_3d(args, 0), float32_1d(args, 4), float32_1d(args, 6), float32_1d(args, 8)
-    y = float32_4d(args, 10)
-    planes = y.shape[0] * y.shape[1]
+    """A range of Y's planes through ``_output_planes`` (``output_job``'s block)."""
+    products, c, bias = float32_3d(args, 0), float32_1d(args, 4), float32_1d(args, 6)
+    constants, y = float32_1d(args, 8), float32_1d(args, 10)
+    y_image, images, out_h, out_w, tiles_h, tiles_w, band, code = (
+        args[12], args[13], args[14], args[15], args[16], args[17], args[18], args[19]
+    )  # fmt: skip
+    planes = images * products.shape[1]
     first, last = planes * chunk // chunks, planes * (chunk + 1) // chunks
-    tiles_h, tiles_w, band, code = args[15], args[16], args[17], args[18]
     if c.shape[0] == 8:  # F(2,3): A^T is 2x4
         at2 = (_row4(c, 0), _row4(c, 4))
-        _output_planes(products, at2, bias, y, first, last, tiles_h, tiles_w, band, code, constants)
+        _output_planes(products, at2, bias, y, y_image, images, out_h, out_w, first, last, tiles_h, tiles_w, band,
+                       code, constants)  # fmt: skip
     else:  # F(4,3): 4x6
         at4 = (_row6(c, 0), _row6(c, 6), _row6(c, 12), _row6(c, 18))
-        _output_planes(products, at4, bias, y, first, last, tiles_h, tiles_w, band, code, constants)
+        _output_planes(products, at4, bias, y, y_image, images, out_h, out_w, first, last, tiles_h, tiles_w, band,
+                       code, constants)  # fmt: skip
 
 
 @functools.cache

@@ -290,12 +290,11 @@ def winograd_jobs(
 ) -> tuple[np.ndarray, list[Job]] | None:
     """``winograd`` as the spin-pool jobs a captured run replays (each pass's input transform, products
     and output transform, split as a spinning run splits them), and the Y they write; None where the jobs
-    cannot do all of it: not float32 or C-contiguous, or an activation the output transform leaves."""
+    cannot do all of it: X or W not float32 and C-contiguous, Y's images not contiguous, or an activation
+    the output transform leaves."""
     if not all(a.dtype == np.float32 and a.flags.c_contiguous for a in (x, w)):
         return None
     layer = _layer(node, x, w, m, y, scratch)
-    if not layer.y.flags.c_contiguous:
-        return None
     jobs: list[Job] = []
     for step in layer.passes:
         finish = output_job(step.products, layer.at, bias, step.y, layer.tiles, fused)
