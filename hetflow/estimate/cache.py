@@ -24,6 +24,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 #: The granularity of the simulated cache: coarse enough that a run of a large network at batch 16
 #: (a few GB touched) replays in a fraction of a second, fine against a 32 MiB cache.
 BLOCK_BYTES = 64 << 10
@@ -112,31 +114,38 @@ def last_level_cache_bytes() -> int:
     return 0
 
 
-#: A working set counts as held by a cache while its copy bandwidth is at least this many times that of
-#: the largest working set calibration copies (memory's).
-CACHE_BANDWIDTH_RATIO = 1.5
+#: A working set counts as held by the outer cache while its copy bandwidth is at least this share of
+#: the rate right after the inner cache's drop (the outer cache's plateau).
+PLATEAU_SHARE = 0.9
 #: The least a measured drop caps a reported cache to: a quick calibration copies three working sets,
 #: and one slowed by another process (a test run beside it) put the drop at 512 KiB.
 MIN_EFFECTIVE_CACHE_BYTES = 8 << 20
 
 
 def effective_cache_bytes(reported: int, working_set_bytes: Sequence[float], bandwidth_gbs: Sequence[float]) -> int:
-    """The last-level cache a run keeps: the ``reported`` size (``last_level_cache_bytes``), capped where the
-    copy bandwidth measured over working sets (``DeviceProfile.memory``, rising sizes) falls to memory's:
-    at the geometric mean of the last working set still ``CACHE_BANDWIDTH_RATIO`` times memory's rate and
-    the next one, ``MIN_EFFECTIVE_CACHE_BYTES`` at least. A VM's sysfs may report the host's whole L3:
-    480 MiB on the 2-vCPU Xeon VM of 2026-12-01, where copies ran at 26 GB/s up to 16 MB and at 13 GB/s
-    from 64 MB, so replayed through 480 MiB no layer of any zoo model missed, and the branchy networks'
-    runs came out 17-27% over their predictions. Without a measured drop the reported size stands; a
-    report of 0 (no cache model: a device that is not the CPU) stays 0."""
-    if reported <= 0 or len(working_set_bytes) < 2 or len(working_set_bytes) != len(bandwidth_gbs):
+    """The last-level cache a run keeps: the ``reported`` size (``last_level_cache_bytes``), capped where
+    the copy bandwidth measured over working sets (``DeviceProfile.memory``, rising sizes) leaves the
+    outer cache's plateau. The plateau is the rate right after the curve's steepest drop (the inner
+    cache's edge); the cap is the geometric mean of the last working set still at ``PLATEAU_SHARE`` of
+    it and the next one, ``MIN_EFFECTIVE_CACHE_BYTES`` at least.
+
+    Why: a VM's sysfs may report the host's whole L3 (480 MiB on the 2-vCPU Xeon VM of 2026-12-01),
+    where one-thread copies ran at 84-96 GB/s up to 1 MiB, 26-28 GB/s at 4-16 MiB, 20-25 at 64 MiB and
+    13-14 from 256 MiB. Replayed through 480 MiB, no layer of any zoo model missed, and the branchy
+    networks' runs came out 17-27% over their predictions. The rule before this one (the last working
+    set still 1.5x memory's rate) put the cap at 32 MiB or 128 MiB from one calibration to the next (a
+    64 MiB copy at 20.7 or 24.7 GB/s), and the in-run term of DenseNet-121 at batch 1 from 3.2 ms to 0.
+    A report of 0 (no cache model: a device that is not the CPU) stays 0."""
+    if reported <= 0 or len(working_set_bytes) < 3 or len(working_set_bytes) != len(bandwidth_gbs):
         return reported
-    floor = bandwidth_gbs[-1] * CACHE_BANDWIDTH_RATIO
-    for (size, rate), (next_size, next_rate) in zip(
-        zip(working_set_bytes, bandwidth_gbs), zip(working_set_bytes[1:], bandwidth_gbs[1:])
-    ):
-        if rate >= floor > next_rate:
-            return min(reported, max(MIN_EFFECTIVE_CACHE_BYTES, int((size * next_size) ** 0.5)))
+    rates = list(bandwidth_gbs)
+    drops = [rate / max(following, 1e-9) for rate, following in zip(rates, rates[1:])]
+    edge = int(np.argmax(drops)) + 1  # the first working set past the inner cache
+    plateau = rates[edge]
+    for index in range(edge + 1, len(rates)):
+        if rates[index] < PLATEAU_SHARE * plateau:
+            knee = (working_set_bytes[index - 1] * working_set_bytes[index]) ** 0.5
+            return min(reported, max(MIN_EFFECTIVE_CACHE_BYTES, int(knee)))
     return reported
 
 

@@ -941,15 +941,27 @@ def in_run_seconds(
 ) -> float:
     """Seconds a whole run of ``steps`` spends bringing from memory what each layer, timed alone, finds
     in the device's last-level cache (``hetflow.estimate.cache``; its size as the copy bandwidth shows it,
-    ``effective_cache_bytes``); 0 for a profile without a cache size."""
+    ``effective_cache_bytes``), at ``cold_bytes_per_second``; 0 for a profile without a cache size."""
     memory = profile.memory
     capacity = effective_cache_bytes(profile.last_level_cache_bytes, memory.working_set_bytes, memory.bandwidth_gbs)
     if capacity <= 0:
         return 0.0
     touches = [step_touches(index, node, key, graph, planned)
                for index, ((node, _), key) in enumerate(zip(steps, keys, strict=True))]  # fmt: skip
-    # NOTE: what fell out of a cache streams back at the rate of a working set well past it.
-    return sum(cold_bytes(touches, capacity)) / bandwidth(profile.memory, 2 * capacity)
+    return sum(cold_bytes(touches, capacity)) / cold_bytes_per_second(profile)
+
+
+def cold_bytes_per_second(profile: DeviceProfile) -> float:
+    """The rate a run brings its cold bytes from memory at: each of its threads at one thread's copy rate
+    past every cache (the largest working set calibration copies).
+
+    Why: one core's stream is bound by the misses it keeps in flight, so two cores stream about twice as
+    much until the memory's own limit. On the 2-vCPU Xeon VM (2026-12-02) the runs at batch 1 lost what
+    their cold bytes cost at 23-33 GB/s (GoogLeNet, Inception v2, DenseNet-121, VGG-19, ZFNet), with one
+    thread copying at 14 GB/s past the cache; priced at that one thread's rate, AlexNet's and VGG-19's
+    in-run terms came out 2-3x what their runs lost (estimates +21% and +49%)."""
+    memory = profile.memory
+    return max(1, profile.threads) * bandwidth(memory, memory.working_set_bytes[-1])
 
 
 def step_touches(index: int, node: Node, key: str, graph: Graph, planned: MemoryPlan | None) -> list[Touch]:
