@@ -185,10 +185,9 @@ DEEP = [
 ]
 
 
-@pytest.mark.parametrize(("x_shape", "w_shape", "attrs", "fused"), DEEP)
-@pytest.mark.parametrize("residual", [False, True], ids=["", "residual"])
-def test_deep_columns_on_spinning_threads_run_the_tile_gemm(monkeypatch, x_shape, w_shape, attrs, fused,
-                                                            residual) -> None:  # noqa: ANN001
+def _bound_im2col(x_shape, w_shape, attrs, fused, residual):  # noqa: ANN001, ANN202
+    """An im2col Conv (with a folded residual, if asked) bound into a dirty Y: (node, arrays, the plain
+    kernel's Y, the bound call, its Y)."""
     x, w, b = _arrays(x_shape, w_shape)
     node = Node("Conv", "conv", ["x", "w", "b", *(["r"] if residual else [])], ["y"],
                 ConvAttrs(**{**attrs.__dict__, "fused": fused, "residual": residual}))  # fmt: skip
@@ -196,6 +195,14 @@ def test_deep_columns_on_spinning_threads_run_the_tile_gemm(monkeypatch, x_shape
     arrays = [x, w, b, *([RNG.standard_normal(y_shape).astype(np.float32)] if residual else [])]
     expected = KERNELS[IM2COL].fn(node, arrays)[0]
     call, target = _bind(KERNELS[IM2COL], node, arrays)
+    return node, arrays, expected, call, target
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "attrs", "fused"), DEEP)
+@pytest.mark.parametrize("residual", [False, True], ids=["", "residual"])
+def test_deep_columns_on_spinning_threads_run_the_tile_gemm(monkeypatch, x_shape, w_shape, attrs, fused,
+                                                            residual) -> None:  # noqa: ANN001
+    node, arrays, expected, call, target = _bound_im2col(x_shape, w_shape, attrs, fused, residual)
     jobs = record_spin_jobs(monkeypatch, min_outputs=None)
     with threads.own_threads(2, spin=True):
         for _ in range(2):  # the second call reuses the columns and Y the first wrote
@@ -253,13 +260,7 @@ def test_a_capture_replays_the_bound_call_as_its_jobs(x_shape, w_shape, attrs, f
     """What a captured run replays: the same Y, in the planned buffer, with no Python between the jobs."""
     from hetflow.devices.cpu import spin_pool
 
-    x, w, b = _arrays(x_shape, w_shape)
-    node = Node("Conv", "conv", ["x", "w", "b", *(["r"] if residual else [])], ["y"],
-                ConvAttrs(**{**attrs.__dict__, "fused": fused, "residual": residual}))  # fmt: skip
-    y_shape = _direct_conv(x, w, b, attrs).shape
-    arrays = [x, w, b, *([RNG.standard_normal(y_shape).astype(np.float32)] if residual else [])]
-    expected = KERNELS[IM2COL].fn(node, arrays)[0]
-    call, target = _bind(KERNELS[IM2COL], node, arrays)
+    node, arrays, expected, call, target = _bound_im2col(x_shape, w_shape, attrs, fused, residual)
     with threads.own_threads(2, spin=True):
         outputs, captured = call.capture(arrays)
         assert outputs[0] is target and len(captured) == jobs

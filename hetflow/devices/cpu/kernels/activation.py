@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hetflow.devices.base import BoundCall, with_capture
+from hetflow.devices.base import BoundCall
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, output, scratch_bytes
 from hetflow.devices.cpu.kernels.jit_epilogue import RELU, activation_job
-from hetflow.devices.cpu.spin_pool import Job
+from hetflow.devices.cpu.kernels.one_pass import captured_as_one_job, float32_target
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
@@ -19,25 +19,15 @@ Workspace = np.ndarray | None
 
 def _prepare_relu(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: Workspace) -> BoundCall | None:
     """A float32 Relu bound to the Y the plan placed (its input's memory, or its own): captured as one
-    compiled pass (``jit_epilogue.activation_job``), so that a captured run does not call it from Python
-    (a Python step after compiled ones costs more in a run than alone)."""
-    x_info = inputs[0]
-    target = out[0] if out is not None else None
-    if x_info is None or target is None or x_info.dtype != np.float32 or target.dtype != np.float32:
+    compiled pass (``jit_epilogue.activation_job``; see ``one_pass``)."""
+    target = float32_target(inputs[0], out)
+    if target is None:
         return None
-    if target.shape != tuple(x_info.shape) or not target.flags.c_contiguous:
-        return None
-
-    def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-        return relu(node, arrays, out)
-
-    def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
-        x = arrays[0]
-        if not x.flags.c_contiguous:  # type: ignore[union-attr]
-            return None
-        return [target], [activation_job(x.reshape(-1), target.reshape(-1), RELU)]  # type: ignore[union-attr]
-
-    return with_capture(call, capture)
+    return captured_as_one_job(
+        lambda arrays: relu(node, arrays, out),
+        target,
+        lambda x: activation_job(x.reshape(-1), target.reshape(-1), RELU),
+    )
 
 
 @cpu_kernel("Relu", writes_out=True, inplace=True, prepare=_prepare_relu)

@@ -16,6 +16,7 @@ from hetflow.devices.cpu.kernels.buffers import Out, deliver, output
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.kernels.jit_affine import affine_job, channel_affine, takes
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
+from hetflow.devices.cpu.kernels.one_pass import captured_as_one_job, float32_target
 from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
@@ -28,30 +29,20 @@ def _compute_dtype(dtype: np.dtype) -> np.dtype:
 
 
 def _prepare_lrn(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None) -> BoundCall | None:
-    """A float32 LRN bound to the Y the plan placed (C-contiguous): captured as the compiled pass's job
-    (``jit_lrn.lrn_job``), so that a captured run does not call it from Python."""
-    x_info = inputs[0]
-    target = out[0] if out is not None else None
-    if x_info is None or target is None or x_info.dtype != np.float32 or len(x_info.shape) < 3:
-        return None
-    if target.shape != tuple(x_info.shape) or target.dtype != np.float32 or not target.flags.c_contiguous:
+    """A float32 LRN bound to the Y the plan placed: captured as the compiled pass's job
+    (``jit_lrn.lrn_job``; see ``one_pass``)."""
+    target = float32_target(inputs[0], out)
+    if target is None or target.ndim < 3:
         return None
     before, after = lrn_window(node.attrs.size)
     attrs = node.attrs
+    planes = (target.shape[0], target.shape[1], math.prod(target.shape[2:]))
 
-    def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-        return lrn(node, arrays, out)
+    def job_for(x: np.ndarray) -> Job:
+        return jit_lrn.lrn_job(x.reshape(planes), target.reshape(planes), before, after, attrs.alpha, attrs.beta,
+                               attrs.bias)  # fmt: skip
 
-    def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
-        x = arrays[0]
-        if not x.flags.c_contiguous:  # type: ignore[union-attr]
-            return None
-        shape = (x.shape[0], x.shape[1], math.prod(x.shape[2:]))  # type: ignore[union-attr]
-        job = jit_lrn.lrn_job(x.reshape(shape), target.reshape(shape), before, after, attrs.alpha, attrs.beta,  # type: ignore[union-attr]
-                              attrs.bias)  # fmt: skip
-        return [target], [job]
-
-    return with_capture(call, capture)
+    return captured_as_one_job(lambda arrays: lrn(node, arrays, out), target, job_for)
 
 
 @cpu_kernel("LRN", writes_out=True, prepare=_prepare_lrn)

@@ -27,6 +27,7 @@ from hetflow.devices.cpu.kernels.jit_pool import (
     pool_job,
 )
 from hetflow.devices.cpu.kernels.jit_pool import workspace_bytes as pool_workspace_bytes
+from hetflow.devices.cpu.kernels.one_pass import captured_as_one_job, float32_target
 from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.devices.cpu.threads import available_cores
@@ -258,29 +259,18 @@ def _prepare_means(
 ) -> BoundCall | None:
     """A float32 mean over whole planes (GlobalAveragePool, an AveragePool whose one window covers the
     map) bound to the Y the plan placed: called as ``_plane_means``, captured as one plane-means job
-    (``jit_pool.plane_means_job``). A network's final pool was the one step many runs still called
-    from Python, and a Python step after compiled ones costs more in a run than alone: GoogLeNet's 1024
-    planes of 7x7, 8 us alone, 85 in its run."""
+    (``jit_pool.plane_means_job``; see ``one_pass``)."""
     x_info = inputs[0]
-    target = out[0] if out is not None else None
-    if x_info is None or target is None or x_info.dtype != np.float32 or len(x_info.shape) < 3:
+    if x_info is None or len(x_info.shape) < 3 or not all(isinstance(d, int) and d > 0 for d in x_info.shape):
         return None
-    if not all(isinstance(d, int) and d > 0 for d in x_info.shape):
+    target = float32_target(x_info, out, (*x_info.shape[:2], *(1,) * (len(x_info.shape) - 2)))
+    if target is None:
         return None
-    y_shape = (*(int(d) for d in x_info.shape[:2]), *(1,) * (len(x_info.shape) - 2))
-    if target.shape != y_shape or target.dtype != np.float32 or not target.flags.c_contiguous:
-        return None
-
-    def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
-        return [_plane_means(arrays[0], target)]  # type: ignore[arg-type]
-
-    def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
-        x = arrays[0]
-        if not x.flags.c_contiguous:  # type: ignore[union-attr]
-            return None
-        return [target], [plane_means_job(x.reshape(target.size, -1), target.reshape(-1))]  # type: ignore[union-attr]
-
-    return with_capture(call, capture)
+    return captured_as_one_job(
+        lambda arrays: [_plane_means(arrays[0], target)],  # type: ignore[arg-type]
+        target,
+        lambda x: plane_means_job(x.reshape(target.size, -1), target.reshape(-1)),
+    )
 
 
 @cpu_kernel("GlobalAveragePool", writes_out=True, prepare=_prepare_means)
