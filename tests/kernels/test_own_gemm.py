@@ -383,3 +383,22 @@ def test_a_batchs_im2col_runs_in_bands_with_its_bias_and_activation_in_the_tiles
         [y] = kernel.fn(node, [x, w, b])
     assert len(calls) == 1 and calls[0][5] is not None  # the bias went into the tiles
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_spinning_run_multiplies_a_grouped_product_on_its_pool_and_leaves_an_ungrouped_one_to_blas(monkeypatch):
+    """AlexNet's grouped layers at a batch: one tile-GEMM job on the spinning pool (BLAS is held at one
+    thread there, and its stacked calls per image and group were slow); an ungrouped product stays BLAS's."""
+    from tests.helpers import record_spin_jobs
+
+    batch, kernels, depth, positions, groups = 3, 16, 24, 50, 2
+    w = RNG.standard_normal((kernels, depth // groups)).astype(np.float32)
+    x = RNG.standard_normal((batch, depth, positions)).astype(np.float32)
+    concat = np.full((batch, kernels + 3, positions), 7.0, np.float32)  # Y a Concat's slice: images apart
+    jobs = record_spin_jobs(monkeypatch, min_outputs=None)
+    with threads.own_threads(2, spin=True, hold_blas=True):
+        assert own_gemm.product_on_own_threads(w, x, concat[:, 1 : 1 + kernels], groups=groups)
+        assert not own_gemm.product_on_own_threads(w[:, :12], x[:, :12], np.empty((batch, kernels, positions), np.float32))
+    grouped = np.matmul(w.reshape(groups, kernels // groups, depth // groups), x.reshape(batch, groups, depth // groups, positions))
+    np.testing.assert_allclose(concat[:, 1 : 1 + kernels], grouped.reshape(batch, kernels, positions), rtol=1e-5, atol=1e-4)
+    assert (concat[:, 0] == 7).all() and (concat[:, 1 + kernels :] == 7).all()
+    assert [job for job, _ in jobs] == [jit_tile_gemm.job_address()]

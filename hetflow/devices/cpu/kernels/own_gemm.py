@@ -341,16 +341,20 @@ class _TileCall:
 
 def product_on_own_threads(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: int = 1) -> bool:
     """``y[n] = W @ x[n]`` for every image n, in ``groups`` groups (``jit_tile_gemm.gemm_items``), on
-    hetflow's own threads (a batch's run; ``runs_own``), split by ``work_items``: W ``[kernels, depth /
-    groups]``, x ``[N, depth, P]``, y ``[N, kernels, P]``, float32; W and x C-contiguous, y's images each
-    contiguous (a Concat's slice: Inception v2's stride-2 layers at batch 16, which then fell back to
-    OpenBLAS on one thread, 7.0 -> 4.4 ms in-run). Returns False, having done nothing, where the run does
-    not own its threads, a spinning pool is running (it has its own jobs), or the arrays do not fit; the
-    caller then runs BLAS.
+    hetflow's own threads (a batch's run; ``runs_own``), split by ``work_items``, or, grouped, as one job
+    on a spinning run's pool (``spin_shares``): W ``[kernels, depth / groups]``, x ``[N, depth, P]``, y
+    ``[N, kernels, P]``, float32; W and x C-contiguous, y's images each contiguous (a Concat's slice:
+    Inception v2's stride-2 layers at batch 16, which then fell back to OpenBLAS on one thread, 7.0 -> 4.4
+    ms in-run). Returns False, having done nothing, where the run neither owns its threads nor spins, on
+    a spinning run an ungrouped product, or where the arrays do not fit; the caller then runs BLAS.
 
     Why: on the Zen 5 VM (2026-11-24) OpenBLAS multiplies at ~90-110 GMAC/s on two cores and the tiles
-    at ~210; im2col's and Winograd's products in a batch were OpenBLAS calls per image or element."""
-    if spinning() is not None or not runs_own() or x.ndim != 3 or y.ndim != 3:
+    at ~210; im2col's and Winograd's products in a batch were OpenBLAS calls per image or element. On the
+    Xeon VM (2026-12-02), in a spinning run at batch 16, BLAS's stacked calls per image and group ran
+    AlexNet's grouped 3x3 layers at 64 GMAC/s (23.9 and 17.8 ms; the pool: alexnet 0.88x the time), but an
+    ungrouped product stays with BLAS: ZFNet's 96 -> 256 5x5/2 layer took 44.6 ms there, 59.5 on the pool."""
+    pool = spinning()
+    if (pool is None and not runs_own()) or (pool is not None and groups == 1) or x.ndim != 3 or y.ndim != 3:
         return False
     if not all(a.dtype == np.float32 and a.flags.c_contiguous for a in (w, x)) or y.dtype != np.float32:
         return False
@@ -360,6 +364,11 @@ def product_on_own_threads(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: 
     flat_y, image = found
     batch, depth, positions = x.shape
     kernels = int(y.shape[1])
+    if pool is not None:
+        shares, row_parts = spin_shares(batch, kernels, positions, groups, pool.workers + 1)
+        jit_tile_gemm.share_job(w.reshape(-1), x, flat_y, image, flat_y, -1, zero_bias(kernels), _NO_BOUNDS, kernels,
+                                positions, groups, row_parts, jit_tile_gemm.BLOCK_BYTES, shares).run(pool)  # fmt: skip
+        return True
     threads = intra_op_threads()
     items = work_items(batch, positions, threads)
     flat_w = w.reshape(-1)
@@ -382,6 +391,8 @@ def product_on_own_threads(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: 
 
 
 _NO_LOW, _NO_HIGH = np.float32(-np.inf), np.float32(np.inf)
+#: The same as a job's (low, high) bounds array.
+_NO_BOUNDS = np.array([-np.inf, np.inf], np.float32)
 
 
 def bands_on_own_threads(
