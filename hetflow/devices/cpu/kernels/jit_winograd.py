@@ -82,10 +82,8 @@ def output_transform(
         applied = output_transform(products, at, bias, contiguous, tiles, fused)
         y[...] = contiguous
         return applied
-    constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
-    bias = np.zeros(y.shape[1], y.dtype) if bias is None else np.ascontiguousarray(bias, y.dtype)
+    bias, constants, numbers = _output_arguments(y, flat[1], bias, tiles, code, alpha, beta)
     planes, per_plane = y.shape[0] * y.shape[1], int(y.shape[2]) * int(y.shape[3])
-    numbers = _output_numbers(y, flat[1], tiles, code)
     found = spin_split(planes, per_plane, (products, bias, flat[0], constants))
     if found is not None:
         _bound_output(products, at, bias, flat[0], constants, numbers, found[1]).run(found[0])
@@ -98,9 +96,16 @@ def output_transform(
     return code != NO_ACTIVATION or fused is None
 
 
-def _output_numbers(y: np.ndarray, image_stride: int, tiles: tuple[int, int], code: int) -> tuple[int, ...]:
-    """An output job's numbers: Y's image stride, images, OH, OW, then tiles_h, tiles_w, band, code."""
-    return (image_stride, y.shape[0], y.shape[2], y.shape[3], tiles[0], tiles[1], _band(tiles), code)
+def _output_arguments(
+    y: np.ndarray, image_stride: int, bias: np.ndarray | None, tiles: tuple[int, int], code: int, alpha: float,
+    beta: float,
+) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:  # fmt: skip
+    """What an output pass reads besides the products and Y: the bias (zeros without one), the
+    activation's constants, and the numbers (Y's image stride, images, OH, OW, tiles_h, tiles_w, band,
+    the activation's code)."""
+    bias = np.zeros(y.shape[1], y.dtype) if bias is None else np.ascontiguousarray(bias, y.dtype)
+    constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
+    return bias, constants, (image_stride, y.shape[0], y.shape[2], y.shape[3], tiles[0], tiles[1], _band(tiles), code)
 
 
 #: Tiles a compiled transform handles per pass (a band of whole tile rows): long enough for the
@@ -221,7 +226,7 @@ def _output_planes(products, at, bias, y, y_image, images, out_h, out_w, first, 
 #: tiles_h, tiles_w, band.
 _INPUT_SLOTS = 5 + 2 + 4 + 6
 #: Slots of an output job's argument block: the products (3-D), A^T, the bias, the activation's
-#: constants, the flat Y (1-D each), then ``_output_numbers``.
+#: constants, the flat Y (1-D each), then ``_output_arguments``' numbers.
 _OUTPUT_SLOTS = 4 + 2 + 2 + 2 + 2 + 8
 
 
@@ -261,11 +266,9 @@ def output_job(products: np.ndarray, at: Coefficients, bias: np.ndarray | None, 
     flat = flat_images(y)
     if (code == NO_ACTIVATION and fused is not None) or flat is None:
         return None
-    constants = np.array([alpha, beta, 0.0], dtype=y.dtype)
-    bias = np.zeros(y.shape[1], y.dtype) if bias is None else np.ascontiguousarray(bias, y.dtype)
+    bias, constants, numbers = _output_arguments(y, flat[1], bias, tiles, code, alpha, beta)
     planes, per_plane = y.shape[0] * y.shape[1], int(y.shape[2]) * int(y.shape[3])
     found = spin_split(planes, per_plane, (products, bias, flat[0], constants))
-    numbers = _output_numbers(y, flat[1], tiles, code)
     return _bound_output(products, at, bias, flat[0], constants, numbers, 1 if found is None else found[1])
 
 

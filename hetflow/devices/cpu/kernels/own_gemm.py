@@ -354,7 +354,8 @@ def product_on_own_threads(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: 
     AlexNet's grouped 3x3 layers at 64 GMAC/s (23.9 and 17.8 ms; the pool: alexnet 0.88x the time), but an
     ungrouped product stays with BLAS: ZFNet's 96 -> 256 5x5/2 layer took 44.6 ms there, 59.5 on the pool."""
     pool = spinning()
-    if (pool is None and not runs_own()) or (pool is not None and groups == 1) or x.ndim != 3 or y.ndim != 3:
+    takes = groups > 1 if pool is not None else runs_own()  # on a spinning run, only a grouped product
+    if not takes or x.ndim != 3 or y.ndim != 3:
         return False
     if not all(a.dtype == np.float32 and a.flags.c_contiguous for a in (w, x)) or y.dtype != np.float32:
         return False

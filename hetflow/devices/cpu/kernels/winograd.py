@@ -227,7 +227,6 @@ class _Pass:
 class _Layer:
     """What a Winograd layer works out before its passes: the transforms, U, the tiling, the passes."""
 
-    m: int
     bt: Coefficients
     at: Coefficients
     u: np.ndarray
@@ -250,7 +249,7 @@ def _layer(node: Node, x: np.ndarray, w: np.ndarray, m: int, y: np.ndarray | Non
     bt, at = _matrices(m, x.dtype)
     y = target_y(y, (batch, kernels, rows.out, cols.out), x.dtype)
     if batch * tiles[0] * tiles[1] == 0 or kernels == 0:
-        return _Layer(m, bt, at, np.empty(0, x.dtype), (rows.pad_begin, cols.pad_begin), tiles, y, ())
+        return _Layer(bt, at, np.empty(0, x.dtype), (rows.pad_begin, cols.pad_begin), tiles, y, ())
     images, first_bytes, second_bytes = _passes(node, x.shape, w.shape, x.dtype, m)
     inputs, outputs = scratch.region(first_bytes), scratch.region(second_bytes)
     passes = []
@@ -263,7 +262,7 @@ def _layer(node: Node, x: np.ndarray, w: np.ndarray, m: int, y: np.ndarray | Non
         products = outputs.take((alpha * alpha, kernels, count), x.dtype)
         passes.append(_Pass(x[part], v, products, y[part]))
     u = TRANSFORMED_WEIGHTS.get(w, m)
-    return _Layer(m, bt, at, u, (rows.pad_begin, cols.pad_begin), tiles, y, tuple(passes))
+    return _Layer(bt, at, u, (rows.pad_begin, cols.pad_begin), tiles, y, tuple(passes))
 
 
 def winograd(
