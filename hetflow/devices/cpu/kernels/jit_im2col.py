@@ -41,27 +41,31 @@ def im2col(x: np.ndarray, geom: Geometry, cols: np.ndarray, channel_major: bool 
     channel over the kernel threads (the loop releases the GIL).
     """
     count, channels, height, width = x.shape
+    strides, window, per_channel = _layout(x, geom, channel_major)
+    flat_x, flat_cols = x.reshape(-1), cols.reshape(-1)
+    if _spin_fill(x, flat_cols, (*strides, *window), channels, per_channel):
+        return
+    shape = (count, channels, height, width, *strides)
+    split_planes(
+        lambda first, last: _fill(flat_x, flat_cols, first, last, *shape, *window, 0, geom.axes[0].out),
+        lambda parts: _split(parts, flat_x, flat_cols, *shape, *window),
+        channels, per_channel,
+    )  # fmt: skip
+
+
+def _layout(x: np.ndarray, geom: Geometry, channel_major: bool) -> tuple[tuple[int, int], tuple[int, ...], int]:
+    """The columns' (row stride, image stride), the window's ten numbers, and the columns' elements per
+    input channel."""
+    count, channels = x.shape[:2]
     rows, columns = geom.axes
     positions = rows.out * columns.out
     taps = rows.kernel * columns.kernel
-    if channel_major:
-        row_stride, image_stride = count * positions, positions
-    else:
-        row_stride, image_stride = positions, channels * taps * positions
-    flat_x, flat_cols = x.reshape(-1), cols.reshape(-1)
+    strides = (count * positions, positions) if channel_major else (positions, channels * taps * positions)
     window = (
         rows.kernel, columns.kernel, rows.stride, columns.stride,
         rows.dilation, columns.dilation, rows.pad_begin, columns.pad_begin, rows.out, columns.out,
     )  # fmt: skip
-
-    if _spin_fill(x, flat_cols, (row_stride, image_stride, *window), channels, taps * count * positions):
-        return
-    shape = (count, channels, height, width, row_stride, image_stride)
-    split_planes(
-        lambda first, last: _fill(flat_x, flat_cols, first, last, *shape, *window, 0, rows.out),
-        lambda parts: _split(parts, flat_x, flat_cols, *shape, *window),
-        channels, taps * count * positions,
-    )  # fmt: skip
+    return strides, window, taps * count * positions
 
 
 def im2col_rows(x: np.ndarray, geom: Geometry, cols: np.ndarray, first_row: int, last_row: int) -> None:
@@ -152,17 +156,10 @@ def _spin_fill(x: np.ndarray, flat_cols: np.ndarray, numbers: tuple[int, ...], c
 def im2col_job(x: np.ndarray, geom: Geometry, cols: np.ndarray) -> Job:
     """``im2col`` (image-major, float32, C-contiguous arrays) as a spin-pool job, what a captured run
     replays: by ranges of input channels as a spinning run splits it (``spin_split``), else one chunk."""
-    count, channels = x.shape[:2]
-    rows, columns = geom.axes
-    positions = rows.out * columns.out
-    taps = rows.kernel * columns.kernel
-    window = (
-        rows.kernel, columns.kernel, rows.stride, columns.stride,
-        rows.dilation, columns.dilation, rows.pad_begin, columns.pad_begin, rows.out, columns.out,
-    )  # fmt: skip
+    strides, window, per_channel = _layout(x, geom, channel_major=False)
     flat_cols = cols.reshape(-1)
-    found = spin_split(channels, taps * count * positions, (x, flat_cols))
-    return _bound_fill(x, flat_cols, (positions, channels * taps * positions, *window), 1 if found is None else found[1])
+    found = spin_split(x.shape[1], per_channel, (x, flat_cols))
+    return _bound_fill(x, flat_cols, (*strides, *window), 1 if found is None else found[1])
 
 
 def _bound_fill(x: np.ndarray, flat_cols: np.ndarray, numbers: tuple[int, ...], shares: int) -> Job:

@@ -367,7 +367,7 @@ def product_on_own_threads(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: 
     kernels = int(y.shape[1])
     if pool is not None:
         shares, row_parts = spin_shares(batch, kernels, positions, groups, pool.workers + 1)
-        jit_tile_gemm.share_job(w.reshape(-1), x, flat_y, image, flat_y, -1, zero_bias(kernels), _NO_BOUNDS, kernels,
+        jit_tile_gemm.share_job(w.reshape(-1), x, flat_y, image, flat_y, -1, zero_bias(kernels), NO_BOUNDS, kernels,
                                 positions, groups, row_parts, jit_tile_gemm.BLOCK_BYTES, shares).run(pool)  # fmt: skip
         return True
     threads = intra_op_threads()
@@ -392,8 +392,8 @@ def product_on_own_threads(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: 
 
 
 _NO_LOW, _NO_HIGH = np.float32(-np.inf), np.float32(np.inf)
-#: The same as a job's (low, high) bounds array.
-_NO_BOUNDS = np.array([-np.inf, np.inf], np.float32)
+#: No clamp, as a tile-GEMM job's (low, high) bounds array.
+NO_BOUNDS = np.array([-np.inf, np.inf], np.float32)
 
 
 def bands_on_own_threads(
@@ -587,12 +587,8 @@ class _BandCall:
         flat_y = flat_images(y) if pool is not None else None
         if flat_y is None:
             return [self.fallback(self.node, arrays, self.out, self.workspace)]
-        x, w, b = arrays[0], arrays[1], arrays[2] if len(arrays) > 2 else None
-        x = np.ascontiguousarray(x, np.float32)
-        w = np.ascontiguousarray(w, np.float32).reshape(-1)  # type: ignore[arg-type]
-        bias = self.no_bias if b is None else np.ascontiguousarray(b, np.float32)
-        shares, numbers, columns = self._plan(pool.workers + 1)  # type: ignore[union-attr]
-        jit_band_gemm.pack_job(self.block, x, w, bias, self.bounds, flat_y[0], columns, numbers)
+        x = np.ascontiguousarray(arrays[0], np.float32)
+        shares, _ = self._pack(self.block, x, arrays, flat_y[0], pool.workers + 1)  # type: ignore[union-attr]
         pool.run(jit_band_gemm.job_address(), self.block, shares)  # type: ignore[union-attr]
         return [y]
 
@@ -604,12 +600,21 @@ class _BandCall:
         flat_y = flat_images(y)
         if pool is None or flat_y is None or x.dtype != np.float32 or not x.flags.c_contiguous:  # type: ignore[union-attr]
             return None
-        w, b = np.ascontiguousarray(arrays[1], np.float32).reshape(-1), arrays[2] if len(arrays) > 2 else None  # type: ignore[arg-type]
-        bias = self.no_bias if b is None else np.ascontiguousarray(b, np.float32)
-        shares, numbers, columns = self._plan(pool.workers + 1)
         block = jit_band_gemm.new_job_block()
-        jit_band_gemm.pack_job(block, x, w, bias, self.bounds, flat_y[0], columns, numbers)
-        return [y], [Job(jit_band_gemm.job_address(), block, shares, (x, w, bias, self.bounds, flat_y[0], columns))]
+        shares, kept = self._pack(block, x, arrays, flat_y[0], pool.workers + 1)  # type: ignore[arg-type]
+        return [y], [Job(jit_band_gemm.job_address(), block, shares, kept)]
+
+    def _pack(
+        self, block: np.ndarray, x: np.ndarray, arrays: Sequence[np.ndarray | None], flat_y: np.ndarray, threads: int
+    ) -> tuple[int, tuple[np.ndarray, ...]]:  # fmt: skip
+        """Fill ``block`` for the band job on ``threads`` threads; returns its shares and the arrays its
+        addresses point into."""
+        b = arrays[2] if len(arrays) > 2 else None
+        w = np.ascontiguousarray(arrays[1], np.float32).reshape(-1)  # type: ignore[arg-type]
+        bias = self.no_bias if b is None else np.ascontiguousarray(b, np.float32)
+        shares, numbers, columns = self._plan(threads)
+        jit_band_gemm.pack_job(block, x, w, bias, self.bounds, flat_y, columns, numbers)
+        return shares, (x, w, bias, self.bounds, flat_y, columns)
 
     def _plan(self, threads: int) -> tuple[int, tuple[int, ...], np.ndarray]:
         """(shares, the job's numbers, the columns buffer) on ``threads`` threads (``band_plan``), worked

@@ -343,12 +343,8 @@ def multiply_job(u: np.ndarray, v: np.ndarray, products: np.ndarray) -> Job:
     flat_products = products.reshape(-1)
     return jit_tile_gemm.share_job(u.reshape(-1), v.reshape(1, elements * channels, count), flat_products,
                                    flat_products.size, flat_products, -1, own_gemm.zero_bias(elements * kernels),
-                                   _UNBOUNDED, elements * kernels, count, elements, 1, jit_tile_gemm.BLOCK_BYTES,
+                                   own_gemm.NO_BOUNDS, elements * kernels, count, elements, 1, jit_tile_gemm.BLOCK_BYTES,
                                    shares)  # fmt: skip
-
-
-#: No clamp on the products: (low, high) of the tile GEMM's epilogue.
-_UNBOUNDED = np.array([-np.inf, np.inf], np.float32)
 
 
 def _finishing(m: int) -> FinishingBody:
