@@ -7,7 +7,9 @@
 Every runtime uses the same thread count (2 by default). OpenVINO compiles the ONNX file directly, with
 the batch made static, f32 precision, CPU pinning off (on 2 cores pinning makes whole runs take 2x now
 and then). lstm-gesture runs at batch 64 where the others run at 16. The runtime ``hetflow-parallel`` is
-hetflow with ``execution_mode="parallel"`` (``hetflow`` is the default, sequential).
+hetflow with ``execution_mode="parallel"`` (``hetflow`` is the default, sequential); ``hetflow-tuned`` is
+hetflow with ``tune=True``: every layer's algorithm measured when its session is made (untimed), where
+``hetflow`` takes the cost model's (``runners.py``: neither reads the user's tuning cache).
 
 Timing protocol (``hetflow.bench.timing.side_by_side``, after NOTES.md): runtimes are interleaved per
 repetition; before each timed call the runtime about to be timed runs untimed for >= 100 ms (or, when one
@@ -60,11 +62,11 @@ class Row:
     median_ms: dict[str, float]
     roofline_gflops: float
 
-    def ratio(self, peer: str) -> float | None:
-        """hetflow minimum / peer minimum (below 1: hetflow is faster)."""
-        if "hetflow" not in self.min_ms or peer not in self.min_ms:
+    def ratio(self, peer: str, own: str = "hetflow") -> float | None:
+        """``own``'s minimum / the peer's (below 1: ``own``, a hetflow runtime, is faster)."""
+        if own not in self.min_ms or peer not in self.min_ms:
             return None
-        return self.min_ms["hetflow"] / self.min_ms[peer]
+        return self.min_ms[own] / self.min_ms[peer]
 
     @property
     def hetflow_gflops(self) -> float | None:
@@ -107,6 +109,8 @@ def measure(name: str, batch: int, args: argparse.Namespace, roofline: float) ->
     path = zoo.model_path(name)
     feed, gflop = _feed(path, batch)
     runners = {key: RUNNER_TYPES[key](path, feed, args.threads) for key in args.runtimes}
+    for runner in runners.values():
+        runner.run()  # plans made (hetflow-tuned measures its layers here), untimed
     timings = side_by_side({key: runner.run for key, runner in runners.items()}, args.repeat)
     return Row(name, batch, gflop, {k: t.min_ms for k, t in timings.items()},
                {k: t.median_ms for k, t in timings.items()}, roofline)
@@ -117,12 +121,22 @@ def _number(value: float | None, digits: int = 2) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+def _ratio_pairs(runtimes: list[str]) -> list[tuple[str, str]]:
+    """(hetflow runtime, peer) for every ratio column: each hetflow runtime against every other runtime,
+    or, with ``hetflow`` and a peer runtime both there, each hetflow runtime against the peers only."""
+    own = [r for r in runtimes if r.startswith("hetflow")]
+    peers = [r for r in runtimes if not r.startswith("hetflow")]
+    if not peers:
+        return [("hetflow", r) for r in own if r != "hetflow" and "hetflow" in own]
+    return [(o, p) for o in own for p in peers]
+
+
 def markdown(rows: list[Row], runtimes: list[str]) -> str:
-    peers = [r for r in runtimes if r != "hetflow"]
+    pairs = _ratio_pairs(runtimes)
     header = ["model", "batch", "GFLOP"]
     for key in runtimes:
         header += [f"{LABELS[key]} min ms", f"{LABELS[key]} median ms"]
-    header += [f"hetflow / {LABELS[p]} (min)" for p in peers if "hetflow" in runtimes]
+    header += [f"{LABELS[o]} / {LABELS[p]} (min)" for o, p in pairs]
     if "hetflow" in runtimes:
         header += ["hetflow GFLOP/s", "% of sgemm"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -130,8 +144,8 @@ def markdown(rows: list[Row], runtimes: list[str]) -> str:
         cells = [row.model, str(row.batch), f"{row.gflop:.3f}"]
         for key in runtimes:
             cells += [_number(row.min_ms.get(key)), _number(row.median_ms.get(key))]
+        cells += [_number(row.ratio(p, o)) for o, p in pairs]
         if "hetflow" in runtimes:
-            cells += [_number(row.ratio(p)) for p in peers]
             rate = row.hetflow_gflops
             cells += [_number(rate, 1), _number(None if rate is None else 100 * rate / row.roofline_gflops, 0)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -141,7 +155,7 @@ def markdown(rows: list[Row], runtimes: list[str]) -> str:
 def _progress_line(row: Row) -> str:
     parts = [f"{row.model:>14} b{row.batch:<3}"]
     parts += [f"{LABELS[k]} {v:9.2f} ms" for k, v in row.min_ms.items()]
-    parts += [f"/{LABELS[p]} {row.ratio(p):5.2f}" for p in row.min_ms if p != "hetflow" and row.ratio(p)]
+    parts += [f"{LABELS[o]}/{LABELS[p]} {row.ratio(p, o):5.2f}" for o, p in _ratio_pairs(list(row.min_ms))]
     if row.hetflow_gflops is not None:
         parts.append(f"{row.hetflow_gflops:7.1f} GFLOP/s")
     return "  ".join(parts)

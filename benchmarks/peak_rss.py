@@ -30,7 +30,10 @@ DEFAULT_THREADS = 2
 LARGE_BATCH = {"lstm-gesture": 64}
 PEERS = ("ort", "openvino")
 #: The module each runtime imports, loaded before the first reading.
-MODULES = {"hetflow": "hetflow", "hetflow-parallel": "hetflow", "ort": "onnxruntime", "openvino": "openvino"}
+MODULES = {
+    "hetflow": "hetflow", "hetflow-parallel": "hetflow", "hetflow-tuned": "hetflow", "ort": "onnxruntime",
+    "openvino": "openvino",
+}
 
 
 def _peak_mib() -> float:

@@ -3,11 +3,19 @@
 Shared by ``compare.py`` (speed, every runtime in one process) and ``peak_rss.py`` (memory, each runtime
 in a process of its own). Each runtime is imported only when its runner is made, so a process that
 measures one runtime's memory holds no other's libraries.
+
+hetflow's runners never read the user's tuning cache, so that a table does not depend on what was tuned
+on the machine before: ``hetflow`` plans every layer with the cost model (a fresh install), and
+``hetflow-tuned`` measures every layer's algorithms when its session is made (``tune=True``, CNNdroid's
+tuning on first launch) into a cache of the benchmark process's own, which later models reuse for the
+layer shapes they share.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
 import json
 import tempfile
 from collections.abc import Callable, Iterable
@@ -17,8 +25,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
-RUNTIMES = ("hetflow", "ort", "openvino", "hetflow-parallel")
-LABELS = {"hetflow": "hetflow", "ort": "ORT", "openvino": "OpenVINO", "hetflow-parallel": "hetflow parallel"}
+RUNTIMES = ("hetflow", "ort", "openvino", "hetflow-parallel", "hetflow-tuned")
+LABELS = {
+    "hetflow": "hetflow", "ort": "ORT", "openvino": "OpenVINO", "hetflow-parallel": "hetflow parallel",
+    "hetflow-tuned": "hetflow tuned",
+}
 
 
 class Runner(Protocol):
@@ -27,13 +38,26 @@ class Runner(Protocol):
     def run(self) -> None: ...
 
 
+@functools.cache
+def _tuning_folder() -> Path:
+    """This process's tuning caches (removed when it exits)."""
+    folder = tempfile.TemporaryDirectory(prefix="hetflow-bench-tuning-")
+    atexit.register(folder.cleanup)
+    return Path(folder.name)
+
+
 class HetflowRunner:
     mode = "sequential"
+    #: Measure the layers' algorithms when the session is made (else the cost model picks them).
+    tune = False
 
     def __init__(self, path: Path, feed: dict[str, np.ndarray], threads: int):
         import hetflow
 
-        self.session = hetflow.InferenceSession(path, threads=threads, execution_mode=self.mode)
+        cache = _tuning_folder() / ("tuned.jsonl" if self.tune else "never-written.jsonl")
+        self.session = hetflow.InferenceSession(
+            path, threads=threads, execution_mode=self.mode, tune=self.tune, tuning_cache=cache
+        )
         self.feed = feed
 
     def run(self) -> None:
@@ -42,6 +66,10 @@ class HetflowRunner:
 
 class ParallelHetflowRunner(HetflowRunner):
     mode = "parallel"
+
+
+class TunedHetflowRunner(HetflowRunner):
+    tune = True
 
 
 class OrtRunner:
@@ -83,6 +111,7 @@ class OpenVinoRunner:
 
 RUNNER_TYPES: dict[str, Callable[..., Runner]] = {
     "hetflow": HetflowRunner, "ort": OrtRunner, "openvino": OpenVinoRunner, "hetflow-parallel": ParallelHetflowRunner,
+    "hetflow-tuned": TunedHetflowRunner,
 }
 
 

@@ -7,6 +7,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,9 @@ class InferenceSession:
         tune: measure the algorithms of layers the tuning cache lacks when a plan is made (once per
             batch size) and record them; by default the cache or the cost model decides, without
             measuring.
+        tuning_cache: the tuning cache file (JSON lines) read, and with ``tune`` appended to; None:
+            ``$HETFLOW_HOME/tuning/records.jsonl``. A path that does not exist yet reads as an empty cache:
+            the cost model decides every layer ``tune`` does not measure.
         threads: BLAS threads during ``run`` (and kernels that split their own work); None: every core
             this process may use.
         execution_mode: ``"sequential"`` runs one op at a time (with ``threads=1``: CNNdroid's sequential
@@ -94,6 +98,7 @@ class InferenceSession:
         *,
         optimize: bool = True,
         tune: bool = False,
+        tuning_cache: str | os.PathLike | None = None,
         threads: int | None = None,
         execution_mode: ExecutionMode = "sequential",
         placement: Mapping[str, str] | None = None,
@@ -124,7 +129,7 @@ class InferenceSession:
         if self._measure_placement and optimize and not cpu_only and memory_budget is None:
             self._cpu_graph = optimize_graph(self._graph, list(CPU_ONLY_PASSES))
         self._placement_seconds: dict[tuple[tuple[str, int], ...], dict[str, float]] = {}
-        self._tuner = Tuner(tune=tune)
+        self._tuner = Tuner(tune=tune, path=None if tuning_cache is None else Path(tuning_cache))
         self._threads = check_threads(threads)
         self._mode = check_mode(execution_mode)
         self._budget = None if memory_budget is None else _parse_budget(memory_budget)

@@ -197,6 +197,24 @@ def test_no_measurement_unless_tune_is_asked_for():
     assert len(cache_path().read_text().splitlines()) == 2
 
 
+def test_a_session_reads_and_records_in_the_tuning_cache_it_is_given(tmp_path: Path):
+    model = two_conv_model()
+    x = np.zeros((1, 128, 28, 28), np.float32)
+    own = tmp_path / "own" / "records.jsonl"
+    session = hetflow.InferenceSession(model, tune=True, tuning_cache=own)
+    session._tuner.options = MeasureOptions(warmup=1, repeats=1, min_seconds=0.0)  # keep the test fast
+    session.run(None, {"x": x})
+    assert len(own.read_text().splitlines()) == 2 and not cache_path().exists()
+    reader = hetflow.InferenceSession(model, tuning_cache=own)
+    reader.run(None, {"x": x})
+    assert reader.tuning_report()["algorithms"] == {"hits": 2, "misses": 0, "measured": 0}
+    assert _algorithms(reader.plan_for({"N": 1})) == _algorithms(session.plan_for({"N": 1}))
+    # A cache file that does not exist reads as empty and is not created without tune.
+    fresh = hetflow.InferenceSession(model, tuning_cache=tmp_path / "none.jsonl")
+    fresh.run(None, {"x": x})
+    assert fresh.tuning_report()["algorithms"]["measured"] == 0 and not (tmp_path / "none.jsonl").exists()
+
+
 def test_tune_command_writes_records_and_prints_a_table(tmp_path: Path, capsys: pytest.CaptureFixture):
     path = tmp_path / "two_conv.onnx"
     onnx.save(two_conv_model(), str(path))
