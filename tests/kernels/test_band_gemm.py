@@ -275,3 +275,112 @@ def test_no_capture_off_a_spinning_run() -> None:
     call, _ = _bind(KERNELS[IM2COL], node, [x, w, b])
     with threads.own_threads(2):
         assert call.capture([x, w, b]) is None
+
+
+# -- a batch's columns, a chunk of images at a time, where BLAS is the narrower ----------------------------
+BATCHES = [
+    ((3, 24, 24, 24), (40, 24, 1, 1), ConvAttrs(strides=(2, 2)), RELU, True),  # ResNet's projection, in small
+    # Weights past what a batch's bands take (276 KB; an image's columns 553 KB, past one band).
+    ((2, 64, 30, 31), (120, 64, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2)), CLIP, False),
+    ((2, 40, 24, 24), (70, 40, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2)), FusedActivation("Sigmoid"),
+     True),  # an activation after the tiles
+]  # fmt: skip
+
+
+@pytest.fixture
+def narrow_blas(monkeypatch):  # noqa: ANN001, ANN201
+    """BLAS taken to be narrower than the tiles, as on a CPU with AVX-512 whose OpenBLAS has no such kernels."""
+    from hetflow.devices.cpu.kernels import conv
+
+    monkeypatch.setattr(conv, "blas_is_narrow", lambda: True)
+    monkeypatch.setattr(conv, "IM2COL_CHUNK_BYTES", 1)  # one image a chunk: the chunks' offsets are tested
+
+
+def _prepared_for_batch(node: Node, arrays: list, target: np.ndarray) -> bool:
+    """Whether the im2col kernel prepares ``node`` (Y handed as ``target``) as chunks of a batch's columns."""
+    return isinstance(KERNELS[IM2COL].prepare(node, array_infos(arrays), [target], None), own_gemm._BatchColumnsCall)
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "attrs", "fused", "residual"), BATCHES)
+def test_a_batch_runs_chunks_of_whole_columns_on_the_tiles(monkeypatch, narrow_blas, x_shape, w_shape, attrs, fused,
+                                                           residual) -> None:  # noqa: ANN001
+    node, arrays, expected, call, target = _bound_im2col(x_shape, w_shape, attrs, fused, residual)
+    assert _prepared_for_batch(node, arrays, target)
+    jobs = record_spin_jobs(monkeypatch, min_outputs=None)
+    with threads.own_threads(2, spin=True):
+        for _ in range(2):  # the second call reuses the columns and Y the first wrote
+            [y] = call(arrays)
+            assert y is target
+            np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
+    products = [job for job, _ in jobs if job == jit_tile_gemm.job_address()]
+    assert len(products) == 2 * x_shape[0]  # a product per image (chunk) and call
+
+
+@pytest.mark.parametrize(("x_shape", "w_shape", "attrs", "fused", "residual"), BATCHES[:2])
+def test_a_batch_of_columns_is_captured_as_fills_and_products(narrow_blas, x_shape, w_shape, attrs, fused,
+                                                              residual) -> None:  # noqa: ANN001
+    from hetflow.devices.cpu import spin_pool
+
+    node, arrays, expected, call, target = _bound_im2col(x_shape, w_shape, attrs, fused, residual)
+    with threads.own_threads(2, spin=True):
+        outputs, captured = call.capture(arrays)
+        assert outputs[0] is target and len(captured) == 2 * x_shape[0]
+        target[...] = np.nan
+        spin_pool.replay_on(spin_pool.JobScript(captured), threads.spinning())
+    np.testing.assert_allclose(target, expected, rtol=1e-5, atol=1e-4)
+    with threads.own_threads(2):
+        assert call.capture(arrays) is None  # off a spinning run
+
+
+def test_a_batch_off_a_spinning_run_calls_the_plain_kernel(monkeypatch, narrow_blas) -> None:  # noqa: ANN001
+    node, arrays, expected, call, target = _bound_im2col(*BATCHES[0])
+    monkeypatch.setattr(jit_tile_gemm, "pack_job", lambda *args: pytest.fail("the tile GEMM ran on a spin job"))
+    with threads.own_threads(2):
+        [y] = call(arrays)
+    assert y is target
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(("case", "x_shape", "w_shape", "attrs", "narrow", "taken"), [
+    ("strided 3x3", (2, 64, 56, 56), (128, 64, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2)), True, True),
+    ("wide BLAS", (2, 64, 56, 56), (128, 64, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2)), False, False),
+    ("a 7x7 map: one product over the chunk", (4, 64, 14, 14), (64, 64, 3, 3),
+     ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2)), True, False),
+    ("small weights: the batch's bands", (4, 8, 28, 28), (16, 8, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), True, False),
+    ("groups", (4, 64, 28, 28), (64, 32, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), group=2), True, False),
+    ("one image", (1, 32, 28, 28), (64, 32, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2)), True, False),
+])  # fmt: skip
+def test_which_batches_run_as_chunks_of_columns(monkeypatch, case, x_shape, w_shape, attrs, narrow, taken) -> None:  # noqa: ANN001
+    from hetflow.devices.cpu.kernels import conv
+
+    monkeypatch.setattr(conv, "blas_is_narrow", lambda: narrow)
+    node = Node("Conv", "conv", ["x", "w"], ["y"], attrs)
+    x, w, _ = _arrays(x_shape, w_shape)
+    target = np.empty(KERNELS[IM2COL].fn(node, [x, w])[0].shape, np.float32)
+    assert _prepared_for_batch(node, [x, w], target) is taken
+
+
+def test_blas_is_narrow_only_on_an_avx512_cpu_with_openblas_built_narrower(monkeypatch) -> None:  # noqa: ANN001
+    import llvmlite.binding as llvm
+
+    class Library:
+        def __init__(self, info):  # noqa: ANN001
+            self._info = info
+
+        def info(self):  # noqa: ANN202
+            return self._info
+
+    def check(avx512: bool, info: dict) -> bool:
+        monkeypatch.setattr(llvm, "get_host_cpu_features", lambda: {"avx512f": avx512})
+        controller = type("Controller", (), {"select": lambda self, **_: type("S", (), {"lib_controllers": [Library(info)]})()})
+        monkeypatch.setattr(threads, "ThreadpoolController", controller)
+        threads.blas_is_narrow.cache_clear()
+        try:
+            return threads.blas_is_narrow()
+        finally:
+            threads.blas_is_narrow.cache_clear()
+
+    assert check(True, {"internal_api": "openblas", "architecture": "Haswell"})
+    assert not check(True, {"internal_api": "openblas", "architecture": "SkylakeX"})
+    assert not check(False, {"internal_api": "openblas", "architecture": "Haswell"})
+    assert not check(True, {"internal_api": "mkl"})

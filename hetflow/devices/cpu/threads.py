@@ -86,6 +86,29 @@ class BlasThreads:
 BLAS = BlasThreads()
 
 
+#: OpenBLAS kernel targets (threadpoolctl's ``architecture``) that multiply in 512-bit vectors.
+WIDE_BLAS_TARGETS = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
+
+
+@functools.cache
+def blas_is_narrow() -> bool:
+    """Whether numpy's BLAS multiplies in narrower vectors than hetflow's compiled kernels: OpenBLAS built
+    for a target without AVX-512 on a CPU that has it. There OpenBLAS's sgemm runs at about half the tile
+    GEMM's rate: on the Zen 5 VM (2026-12-02, OpenBLAS 0.3.31 on its "Haswell" kernels) 55-60 GMAC/s a
+    core against 105-110, and ResNet-50's ungrouped im2col products at batch 16 took 2.5-5.5x ONNX
+    Runtime's time on BLAS. On the Xeon VM (OpenBLAS on its "SkylakeX" kernels) BLAS won some of them.
+    Other BLAS libraries (MKL) are taken to be wide."""
+    import llvmlite.binding as llvm
+
+    if not llvm.get_host_cpu_features().get("avx512f", False):
+        return False
+    for library in ThreadpoolController().select(user_api="blas").lib_controllers:
+        info = library.info()
+        if info.get("internal_api") == "openblas" and str(info.get("architecture", "")).lower() not in WIDE_BLAS_TARGETS:
+            return True
+    return False
+
+
 #: Set while a run splits its GEMMs itself (``own_threads``): the run's thread count; BLAS is at one.
 _own_threads: int | None = None
 #: Set while such a run splits in numba's OpenMP pool (``own_threads(numba_pool=True)``).

@@ -53,7 +53,14 @@ from hetflow.devices.cpu.kernels.jit_residual import add_activate
 from hetflow.devices.cpu.kernels.jit_residual import compiled as residual_compiled
 from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.table import cpu_kernel
-from hetflow.devices.cpu.threads import blas_threads, intra_op_threads, parallel_for, spin_parts, split_matmul
+from hetflow.devices.cpu.threads import (
+    blas_is_narrow,
+    blas_threads,
+    intra_op_threads,
+    parallel_for,
+    spin_parts,
+    split_matmul,
+)
 from hetflow.graph import Node
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.base import TensorInfo
@@ -275,7 +282,8 @@ def with_epilogue(algorithm: str) -> Callable[[Node, Sequence[np.ndarray | None]
     return lambda node, arrays, out, workspace: run_conv(BODIES[algorithm], node, arrays, out, workspace)
 
 
-_auto_bands = own_gemm.prepare_bands(with_epilogue(AUTO))
+# The lambdas look up ``_batch_columns_chunk``, defined below, when a node is prepared.
+_auto_bands = own_gemm.prepare_bands(with_epilogue(AUTO), lambda *a: _batch_columns_chunk(*a))
 
 
 def _prepare_auto(
@@ -364,7 +372,7 @@ def _im2col_scratch(
 
 @conv_kernel(
     IM2COL, supports=None, workspace=lambda *a: scratch_bytes(_im2col_scratch(*a)),
-    prepare=own_gemm.prepare_bands(with_epilogue(IM2COL)),
+    prepare=own_gemm.prepare_bands(with_epilogue(IM2COL), lambda *a: _batch_columns_chunk(*a)),
 )  # fmt: skip
 def im2col(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """Any Conv (N-d, strides, dilations, groups): im2col buffer + GEMM, a chunk of images at a time."""
@@ -430,18 +438,47 @@ def _bands_of_a_batch(
     -> 12.6 ms (columns built whole per image, then multiplied, before)."""
     batch, channels = int(x.shape[0]), int(x.shape[1])
     kernels, positions = int(weights.shape[0]), math.prod(geo.out)
-    if batch < 2 or group != 1 or positions < WHOLE_CHUNK_MAX_POSITIONS:
-        return False
-    one_band = weights[0].nbytes * positions <= own_gemm.BAND_BYTES  # an image's columns in one band
-    if weights.nbytes > BAND_MAX_WEIGHT_BYTES and not one_band:
-        return False
-    if not _compiled_columns(geo, x.dtype):
+    if not _batch_bands_take(geo, batch, group, weights.nbytes, weights[0].nbytes, x.dtype):
         return False
     scratch.reset()
     buffer = scratch.take((chunk * channels * math.prod(geo.kernel) * positions,), x.dtype)
     epilogue = (None if bias is None else np.ascontiguousarray(bias, np.float32), bounds or (-math.inf, math.inf))
     products = as_view(y, (batch, kernels, positions))
     return own_gemm.bands_on_own_threads(x, weights, products, geo, buffer, *epilogue)
+
+
+def _batch_bands_take(geo: Geometry, batch: int, group: int, weight_bytes: int, row_bytes: int, dtype: np.dtype) -> bool:
+    """``_bands_of_a_batch``'s rule: more than one image, group 1, compiled columns over maps of at least
+    ``WHOLE_CHUNK_MAX_POSITIONS`` positions, weights (``row_bytes`` a kernel) up to
+    ``BAND_MAX_WEIGHT_BYTES`` unless an image's columns are one band."""
+    positions = math.prod(geo.out)
+    if batch < 2 or group != 1 or positions < WHOLE_CHUNK_MAX_POSITIONS or not _compiled_columns(geo, dtype):
+        return False
+    return weight_bytes <= BAND_MAX_WEIGHT_BYTES or row_bytes * positions <= own_gemm.BAND_BYTES
+
+
+def _batch_columns_chunk(node: Node, x_info: TensorInfo, w_info: TensorInfo) -> int | None:
+    """Images per chunk where a batch's im2col Conv runs as whole columns on the tile GEMM on a spinning
+    run (``own_gemm.prepare_bands``), else None: float32, 2-D compiled columns, group 1, more than one
+    image, shapes known, BLAS narrower than the tiles (``blas_is_narrow``; elsewhere BLAS keeps these
+    products), and not what a batch's bands take (``_batch_bands_take``) unless it adds a folded residual,
+    which the bands leave to a pass of its own. The chunk is the one
+    ``_im2col_scratch`` declares columns for."""
+    x_shape, w_shape = x_info.shape, w_info.shape
+    if x_info.dtype != np.float32 or w_info.dtype != np.float32 or len(x_shape) != 4 or len(w_shape) != 4:
+        return None
+    if not all(isinstance(d, int) for d in (*x_shape, *w_shape)) or x_shape[0] < 2 or node.attrs.group != 1:
+        return None
+    geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
+    weight_bytes = 4 * math.prod(w_shape)
+    if not _compiled_columns(geo, x_info.dtype) or not blas_is_narrow():
+        return None
+    if math.prod(geo.out) < WHOLE_CHUNK_MAX_POSITIONS:
+        return None  # one product over a chunk's images fills the tiles' lanes (``_whole_chunk_gemm``)
+    bands = _batch_bands_take(geo, int(x_shape[0]), 1, weight_bytes, weight_bytes // int(w_shape[0]), x_info.dtype)
+    if bands and not node.attrs.residual:  # the bands add no residual as they store
+        return None
+    return _im2col_chunk(int(x_shape[0]), int(x_shape[1]), math.prod(geo.kernel), math.prod(geo.out), 4)
 
 
 def _compiled_columns(geo: Geometry, dtype: np.dtype) -> bool:

@@ -56,6 +56,7 @@ from hetflow.devices.cpu.kernels.weight_cache import WeightCache
 from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.threads import (
     SPIN_SHARES_PER_THREAD,
+    blas_is_narrow,
     in_numba_pool,
     intra_op_threads,
     owns_threads,
@@ -346,15 +347,19 @@ def product_on_own_threads(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: 
     ``[N, kernels, P]``, float32; W and x C-contiguous, y's images each contiguous (a Concat's slice:
     Inception v2's stride-2 layers at batch 16, which then fell back to OpenBLAS on one thread, 7.0 -> 4.4
     ms in-run). Returns False, having done nothing, where the run neither owns its threads nor spins, on
-    a spinning run an ungrouped product, or where the arrays do not fit; the caller then runs BLAS.
+    a spinning run an ungrouped product where BLAS multiplies in vectors as wide as the tiles
+    (``threads.blas_is_narrow``), or where the arrays do not fit; the caller then runs BLAS.
 
     Why: on the Zen 5 VM (2026-11-24) OpenBLAS multiplies at ~90-110 GMAC/s on two cores and the tiles
     at ~210; im2col's and Winograd's products in a batch were OpenBLAS calls per image or element. On the
     Xeon VM (2026-12-02), in a spinning run at batch 16, BLAS's stacked calls per image and group ran
     AlexNet's grouped 3x3 layers at 64 GMAC/s (23.9 and 17.8 ms; the pool: alexnet 0.88x the time), but an
-    ungrouped product stays with BLAS: ZFNet's 96 -> 256 5x5/2 layer took 44.6 ms there, 59.5 on the pool."""
+    ungrouped product stays with BLAS there: ZFNet's 96 -> 256 5x5/2 layer took 44.6 ms on it, 59.5 on the
+    pool. On the Zen 5 VM again (2026-12-02), ResNet-50 at batch 16 ran its 3x3 and 1x1 stride-2 layers'
+    ungrouped products on BLAS in 17.6-23.9 ms each, against ONNX Runtime's 3.7-9.5."""
     pool = spinning()
-    takes = groups > 1 if pool is not None else runs_own()  # on a spinning run, only a grouped product
+    # On a spinning run, a grouped product, or any where BLAS is the narrower (``blas_is_narrow``).
+    takes = (groups > 1 or blas_is_narrow()) if pool is not None else runs_own()
     if not takes or x.ndim != 3 or y.ndim != 3:
         return False
     if not all(a.dtype == np.float32 and a.flags.c_contiguous for a in (w, x)) or y.dtype != np.float32:
@@ -537,16 +542,24 @@ def band_plan(depth: int, out_h: int, out_w: int, threads: int) -> tuple[int, in
 
 def prepare_bands(
     fallback: Callable[[Node, Sequence[np.ndarray | None], Out, np.ndarray | None], np.ndarray],
+    batch_chunk: Callable[[Node, TensorInfo, TensorInfo], int | None] | None = None,
 ) -> Callable[[Node, Sequence[TensorInfo | None], Out, np.ndarray | None], BoundCall | None]:
     """The im2col kernel's ``prepare``: on a spinning run (``threads.spinning``), one image's Conv that
-    ``band_geometry`` takes runs as bands on the tile GEMM; elsewhere, or when the arrays do not fit,
+    ``im2col_on_tiles`` takes runs on the tile GEMM in bands or as whole columns, and a batch's Conv to
+    which ``batch_chunk(node, x_info, w_info)`` gives a number of images runs as that many images'
+    whole columns at a time (``_BatchColumnsCall``); elsewhere, or when the arrays do not fit,
     ``fallback(node, arrays, out, workspace)`` (im2col with BLAS and the shared epilogue)."""
 
     def prepare(
         node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
     ) -> BoundCall | None:
         x_info, w_info = inputs[0], inputs[1]
-        found = None if x_info is None or w_info is None else im2col_on_tiles(node, x_info, w_info)
+        if x_info is None or w_info is None:
+            return None
+        chunk = None if batch_chunk is None else batch_chunk(node, x_info, w_info)
+        if chunk is not None:
+            return _BatchColumnsCall.bind(node, chunk, x_info, w_info, out, fallback, workspace)
+        found = im2col_on_tiles(node, x_info, w_info)
         if found is None:
             return None
         way, geo = found
@@ -680,3 +693,100 @@ class _ColumnsCall:
         """What the tile call runs where its arrays do not fit it: the im2col kernel on the Conv's own
         inputs (it rebuilds the columns)."""
         return self.fallback(node, self.arrays, out, self.workspace)
+
+
+class _BatchColumnsCall:
+    """A batch's ungrouped im2col Conv on a spinning run, ``chunk`` images at a time: their columns built
+    whole (in the im2col kernel's workspace, which holds one chunk's), then multiplied on the tile GEMM as
+    a pointwise Conv over them (``_TileCall``), the bias, a folded residual and a clamp applied as its
+    tiles are stored.
+
+    Why: where BLAS multiplies in narrower vectors than the tiles (``threads.blas_is_narrow``) these
+    products ran on OpenBLAS at half the tiles' rate, and a folded residual took passes of its own over
+    Y after them: ResNet-50 at batch 16 on the Zen 5 VM (2026-12-02) ran its 1x1 stride-2 projections
+    in 17.6-22.7 ms each, ONNX Runtime in 3.7-4.2."""
+
+    def __init__(
+        self, node: Node, chunk: int, geo: Geometry, target: np.ndarray, depth: int,
+        fallback: Callable[[Node, Sequence[np.ndarray | None], Out, np.ndarray | None], np.ndarray],
+        workspace: np.ndarray | None,
+    ) -> None:  # fmt: skip
+        self.node, self.geo, self.fallback, self.workspace = node, geo, fallback, workspace
+        self.out = (target,)
+        batch, kernels = int(target.shape[0]), int(target.shape[1])
+        rows, cols = geo.axes
+        shape = (chunk, depth, rows.out, cols.out)
+        fits = workspace is not None and workspace.nbytes >= 4 * math.prod(shape)
+        self.columns = Scratch(workspace if fits else None).take(shape, np.float32)
+        self.chunks = [(first, min(batch, first + chunk)) for first in range(0, batch, chunk)]
+        weights_info = TensorInfo((kernels, depth, 1, 1), np.float32)
+        self.tiles = [
+            _TileCall(node, TensorInfo((last - first, *shape[1:]), np.float32), weights_info, (target[first:last],),
+                      _never_falls_back, None)
+            for first, last in self.chunks
+        ]  # fmt: skip
+        self.residual_at = 3 if node.attrs.residual else None
+
+    @classmethod
+    def bind(
+        cls, node: Node, chunk: int, x_info: TensorInfo, w_info: TensorInfo, out: Out,
+        fallback: Callable[[Node, Sequence[np.ndarray | None], Out, np.ndarray | None], np.ndarray],
+        workspace: np.ndarray | None,
+    ) -> _BatchColumnsCall | None:  # fmt: skip
+        """The call, where the run hands the Conv a float32 Y of its shape whose images are each
+        contiguous (the chunks' products are written straight into it); else None."""
+        geo = geometry(conv_window(node.attrs, w_info.shape), x_info.shape[2:])
+        target = out[0] if out is not None else None
+        y_shape = (int(x_info.shape[0]), int(w_info.shape[0]), *geo.out)
+        if target is None or target.shape != y_shape or target.dtype != np.float32 or flat_images(target) is None:
+            return None
+        depth = int(w_info.shape[1]) * math.prod(geo.kernel)
+        return cls(node, chunk, geo, target, depth, fallback, workspace)
+
+    def __call__(self, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        if spinning() is None or not runs_own() or not self._fits(arrays):
+            return [self.fallback(self.node, arrays, self.out, self.workspace)]
+        x = np.ascontiguousarray(arrays[0], np.float32)
+        for (first, last), tiles in zip(self.chunks, self.tiles):
+            columns = self.columns[: last - first]
+            compiled_im2col(x[first:last], self.geo, columns)
+            tiles([columns, *self._chunk_operands(arrays, first, last)])
+        return [self.out[0]]
+
+    def capture(self, arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
+        """Each chunk's columns fill and product as spin-pool jobs (``BoundCall``'s capture); None off a
+        spinning run, where X is not C-contiguous float32, or where a product does not capture."""
+        x = arrays[0]
+        if spinning() is None or not runs_own() or x.dtype != np.float32 or not x.flags.c_contiguous:  # type: ignore[union-attr]
+            return None
+        if not self._fits(arrays):
+            return None
+        jobs: list[Job] = []
+        for (first, last), tiles in zip(self.chunks, self.tiles):
+            columns = self.columns[: last - first]
+            jobs.append(im2col_job(x[first:last], self.geo, columns))  # type: ignore[index]
+            found = tiles.capture([columns, *self._chunk_operands(arrays, first, last)])
+            if found is None:
+                return None
+            jobs += found[1]
+        return [self.out[0]], jobs
+
+    def _fits(self, arrays: Sequence[np.ndarray | None]) -> bool:
+        """Whether a folded residual is one the tiles read (float32, Y's shape, its images contiguous)."""
+        if self.residual_at is None:
+            return True
+        residual = arrays[self.residual_at]
+        return residual is not None and _flat_residual(residual, self.out[0].shape) is not None
+
+    def _chunk_operands(self, arrays: Sequence[np.ndarray | None], first: int, last: int) -> list[np.ndarray | None]:
+        """W, the bias and the chunk's images of a folded residual, as its tile call reads them."""
+        operands = list(arrays[1:])
+        if self.residual_at is not None:
+            operands[self.residual_at - 1] = arrays[self.residual_at][first:last]  # type: ignore[index]
+        return operands
+
+
+def _never_falls_back(node: Node, arrays: Sequence[np.ndarray | None], out: Out, workspace: np.ndarray | None) -> np.ndarray:
+    """A chunk's tile call's fallback: ``_BatchColumnsCall`` checks first what the tile call would fall back
+    on (a spinning run, Y and the residual as the tiles read them)."""
+    raise AssertionError(f"a chunk of {node.name}'s columns fell back from the tile GEMM")
