@@ -461,9 +461,9 @@ def _batch_columns_chunk(node: Node, x_info: TensorInfo, w_info: TensorInfo) -> 
     """Images per chunk where a batch's im2col Conv runs as whole columns on the tile GEMM on a spinning
     run (``own_gemm.prepare_bands``), else None: float32, 2-D compiled columns, group 1, more than one
     image, shapes known, BLAS narrower than the tiles (``blas_is_narrow``; elsewhere BLAS keeps these
-    products), and not what a batch's bands take (``_batch_bands_take``) unless it adds a folded residual,
-    which the bands leave to a pass of its own. The chunk is the one
-    ``_im2col_scratch`` declares columns for."""
+    products), over maps of ``WHOLE_CHUNK_MAX_POSITIONS`` positions or more, and not what a batch's bands
+    take (``_batch_bands_take``) unless it adds a folded residual, which the bands leave to a pass of its
+    own. The chunk is the one ``_im2col_scratch`` declares columns for."""
     x_shape, w_shape = x_info.shape, w_info.shape
     if x_info.dtype != np.float32 or w_info.dtype != np.float32 or len(x_shape) != 4 or len(w_shape) != 4:
         return None

@@ -355,8 +355,8 @@ def product_on_own_threads(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: 
     Xeon VM (2026-12-02), in a spinning run at batch 16, BLAS's stacked calls per image and group ran
     AlexNet's grouped 3x3 layers at 64 GMAC/s (23.9 and 17.8 ms; the pool: alexnet 0.88x the time), but an
     ungrouped product stays with BLAS there: ZFNet's 96 -> 256 5x5/2 layer took 44.6 ms on it, 59.5 on the
-    pool. On the Zen 5 VM again (2026-12-02), ResNet-50 at batch 16 ran its 3x3 and 1x1 stride-2 layers'
-    ungrouped products on BLAS in 17.6-23.9 ms each, against ONNX Runtime's 3.7-9.5."""
+    pool. On the Zen 5 VM again (2026-12-02), ResNet-50 at batch 16 ran its 3x3 stride-2 layers in
+    20.5-23.9 ms each with their products on BLAS, ONNX Runtime in 8.6-9.5."""
     pool = spinning()
     # On a spinning run, a grouped product, or any where BLAS is the narrower (``blas_is_narrow``).
     takes = (groups > 1 or blas_is_narrow()) if pool is not None else runs_own()
@@ -703,8 +703,9 @@ class _BatchColumnsCall:
 
     Why: where BLAS multiplies in narrower vectors than the tiles (``threads.blas_is_narrow``) these
     products ran on OpenBLAS at half the tiles' rate, and a folded residual took passes of its own over
-    Y after them: ResNet-50 at batch 16 on the Zen 5 VM (2026-12-02) ran its 1x1 stride-2 projections
-    in 17.6-22.7 ms each, ONNX Runtime in 3.7-4.2."""
+    Y after them: ResNet-50 at batch 16 on the Zen 5 VM (2026-12-02) ran each 1x1 stride-2 projection
+    in 17.6-22.7 ms, where ONNX Runtime ran it and the 1x1 layer beside it in 11.0-11.8 together; its
+    3x3 stride-2 layers in 20.5-23.9 ms, ONNX Runtime in 8.6-9.5. After: 10.6-13.7 and 11.5-14.1 ms."""
 
     def __init__(
         self, node: Node, chunk: int, geo: Geometry, target: np.ndarray, depth: int,
