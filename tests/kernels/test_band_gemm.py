@@ -203,15 +203,22 @@ def _bound_im2col(x_shape, w_shape, attrs, fused, residual):  # noqa: ANN001, AN
 def test_deep_columns_on_spinning_threads_run_the_tile_gemm(monkeypatch, x_shape, w_shape, attrs, fused,
                                                             residual) -> None:  # noqa: ANN001
     node, arrays, expected, call, target = _bound_im2col(x_shape, w_shape, attrs, fused, residual)
-    jobs = record_spin_jobs(monkeypatch, min_outputs=None)
-    with threads.own_threads(2, spin=True):
-        for _ in range(2):  # the second call reuses the columns and Y the first wrote
-            [y] = call(arrays)
-            assert y is target
-            np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
+    jobs = _spin_twice(monkeypatch, call, arrays, expected, target)
     # Each call: the columns (on the pool too where they split), then the product.
     products = [job for job, _ in jobs if job == jit_tile_gemm.job_address()]
     assert len(products) == 2 and {job for job, _ in jobs} <= {jit_tile_gemm.job_address(), _fill_address()}
+
+
+def _spin_twice(monkeypatch, call, arrays, expected, target) -> list:  # noqa: ANN001
+    """Two calls of a bound im2col on spinning threads, each checked against ``expected`` in ``target``
+    (the second reuses the columns and Y the first wrote); the spin jobs they ran."""
+    jobs = record_spin_jobs(monkeypatch, min_outputs=None)
+    with threads.own_threads(2, spin=True):
+        for _ in range(2):
+            [y] = call(arrays)
+            assert y is target
+            np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
+    return jobs
 
 
 @pytest.mark.parametrize(("case", "packer", "bounds"), [
@@ -306,12 +313,7 @@ def test_a_batch_runs_chunks_of_whole_columns_on_the_tiles(monkeypatch, narrow_b
                                                            residual) -> None:  # noqa: ANN001
     node, arrays, expected, call, target = _bound_im2col(x_shape, w_shape, attrs, fused, residual)
     assert _prepared_for_batch(node, arrays, target)
-    jobs = record_spin_jobs(monkeypatch, min_outputs=None)
-    with threads.own_threads(2, spin=True):
-        for _ in range(2):  # the second call reuses the columns and Y the first wrote
-            [y] = call(arrays)
-            assert y is target
-            np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-4)
+    jobs = _spin_twice(monkeypatch, call, arrays, expected, target)
     products = [job for job, _ in jobs if job == jit_tile_gemm.job_address()]
     assert len(products) == 2 * x_shape[0]  # a product per image (chunk) and call
 
