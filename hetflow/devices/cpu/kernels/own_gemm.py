@@ -760,7 +760,7 @@ class _BatchColumnsCall:
         x = arrays[0]
         if spinning() is None or not runs_own() or x.dtype != np.float32 or not x.flags.c_contiguous:  # type: ignore[union-attr]
             return None
-        if not self._fits(arrays):
+        if not self._fits(arrays):  # a residual the tiles do not read: the call falls back
             return None
         jobs: list[Job] = []
         for (first, last), tiles in zip(self.chunks, self.tiles):
