@@ -34,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hetflow import InferenceSession, zoo  # noqa: E402
+from hetflow.devices.cpu.threads import BLAS, available_cores  # noqa: E402
 from hetflow.devices.registry import get_device  # noqa: E402
 from hetflow.estimate.calibrate import calibrate  # noqa: E402
 from hetflow.estimate.models import gemm_seconds  # noqa: E402
@@ -69,16 +70,25 @@ def augur_ms(result: Estimate, slope: float) -> float:
 SPEED_PROBE_SIDE = 1024
 
 
-def machine_speed() -> float:
-    """GFLOP/s of numpy's sgemm now (best of three): this VM's speed drifts by up to 2x over minutes, so
-    every row records its speed against the calibration's, and the summary also reads the rows the
-    calibration's machine measured (speed within +-10%)."""
+def machine_speed(threads: int) -> float:
+    """GFLOP/s of numpy's sgemm now on ``threads`` BLAS threads (best of three): this VM's speed drifts by
+    up to 2x over minutes, so every row records its speed against the calibration's, and the summary
+    also reads the rows the calibration's machine measured (speed within +-10%).
+
+    The thread count is set here: a session's run leaves BLAS at whatever count it held (one, where it
+    splits its own products), and the reading right after a calibration once took one thread's 115
+    GFLOP/s for the machine's speed, against two threads' 220 for the rows after it."""
     a = np.full((SPEED_PROBE_SIDE, SPEED_PROBE_SIDE), 0.5, dtype=np.float32)
     best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        np.matmul(a, a)
-        best = min(best, time.perf_counter() - started)
+    previous = BLAS.hold(threads)
+    try:
+        np.matmul(a, a)  # BLAS's threads start
+        for _ in range(3):
+            started = time.perf_counter()
+            np.matmul(a, a)
+            best = min(best, time.perf_counter() - started)
+    finally:
+        BLAS.restore(previous)
     return 2 * SPEED_PROBE_SIDE**3 / best / 1e9
 
 
@@ -109,7 +119,8 @@ def main() -> int:
             print(f"saved {profile.save(default_profile_path(device.id, device.fingerprint()))}")
     print(f"device  {profile.describe()}")
     slope = augur_slope(profile)
-    reference = machine_speed()
+    blas_threads = args.threads or available_cores()
+    reference = machine_speed(blas_threads)
     print(f"sgemm {SPEED_PROBE_SIDE}^3 after calibrating: {reference:.0f} GFLOP/s (each row's speed is against this)")
 
     header = (f"{'model':<14} {'batch':>5} {'pred ms':>10} {'meas ms':>10} {'error':>7} {'layers+-20%':>11} "
@@ -120,7 +131,7 @@ def main() -> int:
     for name in args.models.split(","):
         session = InferenceSession(f"zoo:{name}", threads=args.threads)
         for batch in (int(b) for b in args.batches.split(",")):
-            speed = machine_speed() / reference
+            speed = machine_speed(blas_threads) / reference
             result = estimate(session, profile, batch, validate=True, name=name)
             assert result.measured_ms is not None
             error = relative_error(result.predicted_ms, result.measured_ms)
@@ -156,7 +167,7 @@ def remeasure(rows: list[dict], threads: int | None, reference: float) -> None:
     sessions: dict[str, InferenceSession] = {}
     for row in rows:
         session = sessions.setdefault(row["model"], InferenceSession(f"zoo:{row['model']}", threads=threads))
-        speed = machine_speed() / reference
+        speed = machine_speed(threads or available_cores()) / reference
         again = model_seconds(session, random_feeds(session, row["batch"])) * 1e3
         if again < row["measured_ms"]:
             row["measured_ms"] = again
