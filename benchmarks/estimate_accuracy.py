@@ -75,9 +75,9 @@ def machine_speed(threads: int) -> float:
     up to 2x over minutes, so every row records its speed against the calibration's, and the summary
     also reads the rows the calibration's machine measured (speed within +-10%).
 
-    The thread count is set here: a session's run leaves BLAS at whatever count it held (one, where it
-    splits its own products), and the reading right after a calibration once took one thread's 115
-    GFLOP/s for the machine's speed, against two threads' 220 for the rows after it."""
+    The reading right after a calibration once came out at 115 GFLOP/s, one thread's rate on that VM,
+    against 220 for the rows after it, so the count is set here and one untimed product lets BLAS's
+    threads start before the timed ones."""
     a = np.full((SPEED_PROBE_SIDE, SPEED_PROBE_SIDE), 0.5, dtype=np.float32)
     best = float("inf")
     previous = BLAS.hold(threads)
