@@ -70,8 +70,8 @@ def augur_ms(result: Estimate, slope: float) -> float:
 SPEED_PROBE_SIDE = 1024
 
 
-def machine_speed(threads: int) -> float:
-    """GFLOP/s of numpy's sgemm now on ``threads`` BLAS threads (best of three): this VM's speed drifts by
+def machine_speed(threads: int | None) -> float:
+    """GFLOP/s of numpy's sgemm now on ``threads`` BLAS threads (None: every core; best of three): this VM's speed drifts by
     up to 2x over minutes, so every row records its speed against the calibration's, and the summary
     also reads the rows the calibration's machine measured (speed within +-10%).
 
@@ -80,7 +80,7 @@ def machine_speed(threads: int) -> float:
     threads start before the timed ones."""
     a = np.full((SPEED_PROBE_SIDE, SPEED_PROBE_SIDE), 0.5, dtype=np.float32)
     best = float("inf")
-    previous = BLAS.hold(threads)
+    previous = BLAS.hold(threads or available_cores())
     try:
         np.matmul(a, a)  # BLAS's threads start
         for _ in range(3):
@@ -97,7 +97,7 @@ REFERENCE_READINGS = 5
 REFERENCE_PAUSE = 0.2
 
 
-def reference_speed(threads: int) -> float:
+def reference_speed(threads: int | None) -> float:
     """The machine's speed right after calibrating: the highest of ``REFERENCE_READINGS`` readings over
     about a second. One reading taken in a slow spell (twice on the Zen 5 VM, 115 GFLOP/s against 200-230
     for every row after it) made every row's speed read 1.7-2x."""
@@ -135,8 +135,7 @@ def main() -> int:
             print(f"saved {profile.save(default_profile_path(device.id, device.fingerprint()))}")
     print(f"device  {profile.describe()}")
     slope = augur_slope(profile)
-    blas_threads = args.threads or available_cores()
-    reference = reference_speed(blas_threads)
+    reference = reference_speed(args.threads)
     print(f"sgemm {SPEED_PROBE_SIDE}^3 after calibrating: {reference:.0f} GFLOP/s (each row's speed is against this)")
 
     header = (f"{'model':<14} {'batch':>5} {'pred ms':>10} {'meas ms':>10} {'error':>7} {'layers+-20%':>11} "
@@ -147,7 +146,7 @@ def main() -> int:
     for name in args.models.split(","):
         session = InferenceSession(f"zoo:{name}", threads=args.threads)
         for batch in (int(b) for b in args.batches.split(",")):
-            speed = machine_speed(blas_threads) / reference
+            speed = machine_speed(args.threads) / reference
             result = estimate(session, profile, batch, validate=True, name=name)
             assert result.measured_ms is not None
             error = relative_error(result.predicted_ms, result.measured_ms)
@@ -183,7 +182,7 @@ def remeasure(rows: list[dict], threads: int | None, reference: float) -> None:
     sessions: dict[str, InferenceSession] = {}
     for row in rows:
         session = sessions.setdefault(row["model"], InferenceSession(f"zoo:{row['model']}", threads=threads))
-        speed = machine_speed(threads or available_cores()) / reference
+        speed = machine_speed(threads) / reference
         again = model_seconds(session, random_feeds(session, row["batch"])) * 1e3
         if again < row["measured_ms"]:
             row["measured_ms"] = again

@@ -96,8 +96,8 @@ def blas_is_narrow() -> bool:
     for a target without AVX-512 on a CPU that has it. There OpenBLAS's sgemm runs at about half the tile
     GEMM's rate: on the Zen 5 VM (2026-12-02, OpenBLAS 0.3.31 on its "Haswell" kernels) 55-60 GMAC/s a
     core against 105-110, and ResNet-50's 3x3 stride-2 layers at batch 16 took 2.2-2.5x ONNX Runtime's
-    time with their products on BLAS. On the Xeon VM (OpenBLAS on its "SkylakeX" kernels) BLAS won some of them.
-    Other BLAS libraries (MKL) are taken to be wide."""
+    time with their products on BLAS. On the Xeon VM (OpenBLAS on its "SkylakeX" kernels) BLAS won some
+    of them. Other BLAS libraries (MKL) are taken to be wide."""
     import llvmlite.binding as llvm
 
     if not llvm.get_host_cpu_features().get("avx512f", False):
