@@ -295,10 +295,11 @@ def layer_key(
     refined by the method the op's cost model would pick (Conv's heuristic), so pointwise, depthwise,
     im2col and Winograd convolutions are told apart whichever kernel the plan holds; an LSTM whose steps
     run as one compiled loop (``jit_lstm.runs_sequence``) is ``LSTM/sequence``, and one whose steps a
-    spinning run splits (``jit_lstm.runs_spinning``) ``LSTM/default@spin``.
+    spinning run splits (``jit_lstm.runs_spinning``) ``LSTM/default@spin``, or ``LSTM/vector@spin`` for
+    one column (a GEMV a step).
     """
     if spinning and node.op_type == "LSTM" and graph is not None and _spinning_lstm(node, graph):
-        return "LSTM/default" + SPIN_MARK
+        return ("LSTM/vector" if _lstm_batch(node, graph) == 1 else "LSTM/default") + SPIN_MARK
     key = _unmarked_key(node, kernel, graph)
     if key == "Conv/direct_fma" and graph is not None and window_strided(node, graph):
         return key + PHASES_MARK
@@ -498,7 +499,8 @@ def _lstm_cost(node: Node, cost: Cost, graph: Graph, spinning: bool) -> Cost:
     the run holds one: ``spinning``; 0.6 MB at batch 16 for lstm-gesture, where the op's input
     projection of every step is 13 MB), else the op's. Products: where the compiled sequence makes the
     recurrent product a GEMV per column (``jit_lstm.GEMV_MAX_COLUMNS``), that many one-column products
-    a step; on the spinning pool (``_spinning_lstm_products``) the tile GEMM's."""
+    a step, as on the spinning pool for one column (``jit_lstm._spin_vector_step``); on the spinning
+    pool for more (``_spinning_lstm_products``) the tile GEMM's."""
     from hetflow.devices.cpu.kernels import jit_lstm
     from hetflow.devices.cpu.kernels.rnn import compiled_lstm_scratch_bytes
     from hetflow.runtime.planner import input_infos
@@ -509,10 +511,10 @@ def _lstm_cost(node: Node, cost: Cost, graph: Graph, spinning: bool) -> Cost:
     cost = dataclasses.replace(cost, workspace_bytes=scratch)
     if cost.gemm is None:
         return cost
-    if spinning:
-        return _spinning_lstm_products(cost, cost.gemm)
     columns = _lstm_batch(node, graph)
-    if columns is not None and columns <= jit_lstm.GEMV_MAX_COLUMNS and jit_lstm.runs_sequence(columns):
+    if spinning and columns != 1:
+        return _spinning_lstm_products(cost, cost.gemm)
+    if columns is not None and columns <= jit_lstm.GEMV_MAX_COLUMNS and (spinning or jit_lstm.runs_sequence(columns)):
         gemm = cost.gemm
         return dataclasses.replace(cost, gemm=GemmDims(n=gemm.n, m=1, k=gemm.k, count=gemm.count * gemm.m))
     return cost
@@ -549,7 +551,7 @@ def _spinning_lstm(node: Node, graph: Graph) -> bool:
     from hetflow.runtime.planner import input_infos
 
     infos = input_infos(graph, node)
-    return infos is not None and spinning_lstm_batch(node, infos) >= jit_lstm.SPIN_MIN_BATCH
+    return infos is not None and jit_lstm.spins_at(spinning_lstm_batch(node, infos))
 
 
 def _lstm_columns(node: Node, graph: Graph) -> int | None:

@@ -211,12 +211,13 @@ def run_threads(
 
 
 def spins_recurrent(recurrent_batch: int, threads: int | None = None) -> bool:
-    """Whether a run spins for its LSTM: from ``jit_lstm.SPIN_MIN_BATCH`` columns, each time step is one
-    job of the spinning pool (its recurrent product on the tile GEMM), BLAS held at one thread.
-    lstm-gesture (hidden 512, 100 steps), 2 threads, the LSTM alone, BLAS's threads -> spinning: batch 64
-    64.6 -> 30.4 ms, 32 36.4 -> 16.3, 16 20.8 -> 18.9; at 8 it lost (13.6 -> 23.5)."""
+    """Whether a run spins for its LSTM (``jit_lstm.spins_at``): from ``jit_lstm.SPIN_MIN_BATCH`` columns,
+    and at one, each time step is one job of the spinning pool (its recurrent product on the tile GEMM,
+    or a GEMV), BLAS held at one thread. lstm-gesture (hidden 512, 100 steps), 2 threads, the LSTM alone,
+    BLAS's threads -> spinning: batch 64 64.6 -> 30.4 ms, 32 36.4 -> 16.3, 16 20.8 -> 18.9; at 8 it lost
+    (13.6 -> 23.5)."""
     count = available_cores() if threads is None else threads
-    return count > 1 and recurrent_batch >= jit_lstm.SPIN_MIN_BATCH
+    return count > 1 and jit_lstm.spins_at(recurrent_batch)
 
 
 def spin_threads(count: int) -> int:

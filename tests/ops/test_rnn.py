@@ -595,7 +595,7 @@ def test_the_compiled_sequence_matches_the_stepwise_lstm_driver(monkeypatch, bat
 
 
 # -- the LSTM on the spinning pool (jit_lstm._scan_spinning) ----------------------------------------
-@pytest.mark.parametrize(("batch", "hidden"), [(16, 24), (17, 13), (40, 30)])
+@pytest.mark.parametrize(("batch", "hidden"), [(1, 24), (1, 13), (1, 3), (16, 24), (17, 13), (40, 30)])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("keep_y", [False, True])
 def test_the_spinning_driver_matches_the_stepwise_lstm_driver(batch, hidden, reverse, keep_y):
@@ -605,12 +605,40 @@ def test_the_spinning_driver_matches_the_stepwise_lstm_driver(batch, hidden, rev
     drive = _scan_driver(np.random.default_rng(batch + hidden), batch, hidden, steps=9, reverse=reverse,
                          keep_y=keep_y)  # fmt: skip
     with own_threads(2, spin=True, hold_blas=True):
-        assert jit_lstm.runs_spinning(batch, np.float32)
+        assert jit_lstm.runs_spinning(batch, hidden, np.float32)
         spinning = drive(jit_lstm.scan)
     stepwise = drive(jit_lstm._scan_stepwise)
     for mine, theirs in zip(spinning, stepwise):
         if mine is not None:
             np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize(("hidden", "spins"), [(24, True), (320, True), (352, False), (512, False)])
+def test_one_column_spins_only_where_r_fits_the_cores_caches(hidden, spins):
+    from hetflow.devices.cpu.kernels import jit_lstm
+    from hetflow.devices.cpu.threads import own_threads
+
+    assert jit_lstm.vector_fits(hidden, 2) is spins
+    with own_threads(2, spin=True, hold_blas=True):
+        assert jit_lstm.runs_spinning(1, hidden, np.float32) is spins
+    assert not jit_lstm.runs_spinning(1, hidden, np.float32)  # no spinning pool held
+
+
+@pytest.mark.parametrize(("hidden", "spins"), [(24, True), (400, False)])
+def test_a_batch_one_lstm_session_spins_where_r_fits_and_matches_ort(monkeypatch, hidden, spins):
+    from hetflow.devices.cpu.kernels import jit_lstm
+    from hetflow.runtime import executor
+
+    feeds = make_inputs("LSTM", seq=6, batch=1, input_size=5, hidden=hidden, directions=1, initial=True)
+    model = make_model("LSTM", feeds, OUTPUT_NAMES["LSTM"])
+    calls = []
+    vector_scan = jit_lstm._scan_spinning
+    monkeypatch.setattr(jit_lstm, "_scan_spinning", lambda *a: calls.append(1) or vector_scan(*a))
+    session = InferenceSession(model, threads=2)
+    assert executor.plan_recurrent_batch(session.plan_for({})) == (1 if spins else 0)
+    actual = session.run(None, feeds)
+    assert len(calls) == (1 if spins else 0)
+    assert_close(actual, run_ort(model, feeds))
 
 
 def test_a_large_batch_lstm_session_spins_and_matches_ort(monkeypatch):

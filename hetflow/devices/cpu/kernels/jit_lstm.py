@@ -25,6 +25,11 @@ Three drivers, the same arithmetic:
   b``, then ``R h`` added in place), and updates their cell and hidden states. OpenBLAS multiplied R by
   H at ~120 GMAC/s on two threads here (557 us a step at B = 64, hidden 512), the tile GEMM at ~200,
   and the elementwise work splits too.
+* one column (batch 1) in such a run likewise, each step one job (``_spin_vector_step``): the input
+  projections of every step made up front with the bias, then a share's rows of R dotted with H four
+  rows at a time (``_row_dots``: R streams from the last-level cache once a step, 4 MB at hidden 512),
+  and its cells updated. OpenBLAS's GEMV, called from the compiled sequence, wakes its worker for
+  every step and runs the cell update on one thread.
 
 The stepwise passes, per step after the GEMM (numpy's LSTM step took a dozen ufunc calls, each a pass
 over memory):
@@ -72,13 +77,35 @@ GEMV_MAX_COLUMNS = 4
 
 
 #: From this many columns (batch), a float32 sequence in a run on the spinning pool runs there
-#: (``_scan_spinning``).
+#: (``_scan_spinning``); so does one column where R fits the cores' caches (``vector_fits``).
 SPIN_MIN_BATCH = 16
+#: A thread's share of R (float32) up to which one column's steps spin (``vector_fits``): the share then
+#: stays in the core's 1 MB L2 from one step to the next. 100 steps, 2 threads, the compiled sequence
+#: (OpenBLAS's GEMV) against the spinning steps, minimums in one process (Zen 4 VM, 2026-12-03): hidden
+#: 200 (R 0.64 MB) 0.91 -> 0.64 ms, 256 (1.0 MB) 1.60 -> 0.99, 320 (1.6 MB) 2.63 -> 1.49, but 352 (2.0
+#: MB) 1.53 -> 1.86, 384 1.78 -> 1.96 and 512 (4 MB, lstm-gesture) 3.57 -> 3.82, where R streams from
+#: the last-level cache at every step and OpenBLAS's GEMV streams it faster.
+VECTOR_SHARE_BYTES = 800 << 10
 
 
-def runs_spinning(batch: int, dtype: np.dtype) -> bool:
+def spins_at(batch: int) -> bool:
+    """Whether a float32 sequence of ``batch`` columns may run on a spinning pool when the run holds one:
+    ``SPIN_MIN_BATCH`` columns and more (on the tile GEMM), or one (GEMVs, where ``vector_fits``)."""
+    return batch == 1 or batch >= SPIN_MIN_BATCH
+
+
+def vector_fits(hidden: int, threads: int) -> bool:
+    """Whether one column's steps spin on ``threads`` threads: each thread's share of R (``4 * hidden``
+    rows of ``hidden``) within ``VECTOR_SHARE_BYTES``."""
+    return threads > 1 and 16 * hidden * hidden <= VECTOR_SHARE_BYTES * threads
+
+
+def runs_spinning(batch: int, hidden: int, dtype: np.dtype) -> bool:
     """Whether ``scan`` runs ``batch`` columns of ``dtype`` on the running call's spinning pool."""
-    return batch >= SPIN_MIN_BATCH and np.dtype(dtype) == np.float32 and spinning() is not None
+    pool = spinning()
+    if pool is None or np.dtype(dtype) != np.float32 or not spins_at(batch):
+        return False
+    return batch > 1 or vector_fits(hidden, pool.workers + 1)
 
 
 def runs_sequence(batch: int) -> bool:
@@ -120,7 +147,7 @@ def scan(
         reverse: run the steps from last to first.
         y_t: ``[seq, hidden, B]`` to receive every step's hidden state, or None.
     """
-    if runs_spinning(x_t.shape[2], r.dtype):
+    if runs_spinning(x_t.shape[2], r.shape[1], r.dtype):
         return _scan_spinning(r, w, bias, x_t, h_t, c_t, reverse, y_t)
     if not runs_sequence(x_t.shape[2]):
         return _scan_stepwise(r, w, bias, x_t, h_t, c_t, reverse, y_t)
@@ -301,12 +328,19 @@ def _scan_spinning(
     # Each step's H goes to Y's step, or (no Y wanted) to the one of two buffers H is not in.
     states = y_t if y_t is not None else np.empty((2, hidden, batch), np.float32)
     gates = np.empty(rows * batch, np.float32)
-    arrays = (np.ascontiguousarray(r, np.float32), np.ascontiguousarray(w, np.float32),
-              np.ascontiguousarray(bias, np.float32), x_t, states, h_t, c_t, gates, np.zeros(rows, np.float32))  # fmt: skip
+    r, w, bias = (np.ascontiguousarray(a, np.float32) for a in (r, w, bias))
+    wanted = (pool.workers + 1) * SPIN_SHARES_PER_THREAD
+    if batch == 1:
+        # Every step's input projection and bias up front (``[seq, rows, 1]``; 0.8 MB for lstm-gesture).
+        projections = np.matmul(w, x_t)
+        projections += bias[:, None]
+        arrays = (r, w, bias, projections, states, h_t, c_t, gates, bias)
+        job, shares = _spin_vector_job_address(), min(hidden, pool.workers + 1)
+    else:
+        arrays = (r, w, bias, x_t, states, h_t, c_t, gates, np.zeros(rows, np.float32))
+        job, shares = _spin_job_address(), min(-(-hidden // ROWS), wanted)
     block = argument_block(_SPIN_SLOTS, arrays, (int(reverse), int(y_t is not None), 0))
-    blocks = -(-hidden // ROWS)
-    shares = min(blocks, (pool.workers + 1) * SPIN_SHARES_PER_THREAD)
-    pool.run_steps(_spin_job_address(), block, shares, seq_length, _STEP_SLOT)
+    pool.run_steps(job, block, shares, seq_length, _STEP_SLOT)
     last = seq_length - 1
     if y_t is not None:
         return y_t[0 if reverse else last], c_t
@@ -362,6 +396,93 @@ def _spin_step(r, w, bias, x_t, states, h0, c, gates, zeros, reverse, states_are
     _update_cells(gates[start:stop], gates[size + start:size + stop], gates[2 * size + start:2 * size + stop],
                   gates[3 * size + start:3 * size + stop], c.reshape(c.size)[start:stop],
                   h_flat[target + start:target + stop])  # fmt: skip
+
+
+def _spin_vector_job(args, share, shares):  # noqa: ANN001, ANN202
+    """``_spin_vector_step`` on a pool job's argument block (``_SPIN_SLOTS``; the projections in X's slot)."""
+    _spin_vector_step(float32_2d(args, 0), float32_3d(args, 8), float32_3d(args, 12), float32_2d(args, 16),
+                      float32_2d(args, 19), float32_1d(args, 22), args[26] != 0, args[27] != 0, args[_STEP_SLOT],
+                      share, shares)  # fmt: skip
+
+
+@functools.cache
+def _spin_vector_job_address() -> int:
+    """The address of ``_spin_vector_job`` compiled as a pool job (on first use)."""
+    return spin_pool.job(_spin_vector_job)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")
+def _spin_vector_step(r, projections, states, h0, c, gates, reverse, states_are_y, step, share, shares):  # noqa: ANN001, ANN202, E501
+    """``_spin_step`` for one column: share ``share`` of ``shares`` of step ``step`` takes a range of
+    hidden units, their rows of the gates i, o, f, c (``R h`` plus ``projections[t]``, which holds
+    ``W x_t + b``), then their cell and hidden states (``_update_cells``)."""
+    seq_length = projections.shape[0]
+    hidden = c.shape[0]
+    first, last = hidden * share // shares, hidden * (share + 1) // shares
+    t = seq_length - 1 - step if reverse else step
+    h_flat = states.reshape(states.size)
+    before = t + 1 if reverse else t - 1
+    if step == 0:
+        h = h0.reshape(h0.size)
+    else:
+        start = (before if states_are_y else (step - 1) % 2) * hidden
+        h = h_flat[start : start + hidden]
+    r_flat = r.reshape(r.size)
+    projection = projections[t].reshape(4 * hidden)
+    # Every other step runs its rows backwards: it starts on the rows the last step read last, which
+    # are still in the core's cache when its share stays on the same thread.
+    backward = step % 2 == 1
+    for index in range(4):
+        row = (3 - index if backward else index) * hidden
+        _row_dots(r_flat, row + first, row + last, hidden, h, projection, gates, backward)
+    target = (t if states_are_y else step % 2) * hidden
+    size = hidden
+    _update_cells(gates[first:last], gates[size + first:size + last], gates[2 * size + first:2 * size + last],
+                  gates[3 * size + first:3 * size + last], c.reshape(c.size)[first:last],
+                  h_flat[target + first:target + last])  # fmt: skip
+
+
+#: Reassociation lets the dot products' sums vectorise; no other fast-math assumption (NaNs propagate).
+_DOT_MATH = {"reassoc", "contract"}
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy", fastmath=_DOT_MATH)
+def _row_dots(m, first, last, columns, v, base, out, backward):  # noqa: ANN001, ANN202
+    """``out[i] = base[i] + m[i, :] . v`` for rows ``first .. last - 1`` of the flat ``m`` (rows ``columns``
+    long), four rows at a time sharing each load of ``v``; from the last row to the first when
+    ``backward``. One core, 2048 x 512 from the last-level cache: 60 us, as OpenBLAS's GEMV (one row at
+    a time: 67 us)."""
+    groups = (last - first) // 4
+    tail = first + 4 * groups
+    if backward:
+        _tail_dots(m, tail, last, columns, v, base, out)
+    for index in range(groups):
+        i = first + 4 * (groups - 1 - index if backward else index)
+        r0 = m[i * columns : (i + 1) * columns]
+        r1 = m[(i + 1) * columns : (i + 2) * columns]
+        r2 = m[(i + 2) * columns : (i + 3) * columns]
+        r3 = m[(i + 3) * columns : (i + 4) * columns]
+        s0 = s1 = s2 = s3 = m.dtype.type(0)
+        for j in range(np.uint64(columns)):
+            vj = v[j]
+            s0 += r0[j] * vj
+            s1 += r1[j] * vj
+            s2 += r2[j] * vj
+            s3 += r3[j] * vj
+        out[i], out[i + 1], out[i + 2], out[i + 3] = base[i] + s0, base[i + 1] + s1, base[i + 2] + s2, base[i + 3] + s3
+    if not backward:
+        _tail_dots(m, tail, last, columns, v, base, out)
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy", fastmath=_DOT_MATH)
+def _tail_dots(m, first, last, columns, v, base, out):  # noqa: ANN001, ANN202
+    """``_row_dots`` one row at a time (the rows past its last group of four)."""
+    for k in range(first, last):
+        row = m[k * columns : (k + 1) * columns]
+        total = m.dtype.type(0)
+        for j in range(np.uint64(columns)):
+            total += row[j] * v[j]
+        out[k] = base[k] + total
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")

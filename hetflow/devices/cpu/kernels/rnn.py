@@ -413,13 +413,23 @@ def _compiled_lstm_shape(node: Node, inputs: Sequence[TensorInfo | None]) -> tup
     return directions, seq_length, batch, input_size, int(r.shape[2])
 
 
+#: The threads a one-column LSTM is taken to spin on where a run decides whether to hold a spinning
+#: pool for it (``spinning_lstm_batch``): the fewest a spinning run has, which fit the least of R.
+VECTOR_DECISION_THREADS = 2
+
+
 def spinning_lstm_batch(node: Node, inputs: Sequence[TensorInfo | None]) -> int:
     """The batch of an LSTM that would run on a spinning pool (``jit_lstm.runs_spinning``, given one),
-    else 0: the executor holds that pool for runs whose recurrent batch is large enough."""
+    else 0: the executor holds that pool for runs whose recurrent batch is one that spins
+    (``jit_lstm.spins_at``). One column counts only where R fits (``jit_lstm.vector_fits`` on
+    ``VECTOR_DECISION_THREADS``)."""
     shape = _compiled_lstm_shape(node, inputs)
     if shape is None or _compute_dtype(np.dtype(inputs[0].dtype)) != np.float32:
         return 0
-    return shape[2]
+    batch, hidden = shape[2], shape[4]
+    if batch == 1 and not jit_lstm.vector_fits(hidden, VECTOR_DECISION_THREADS):
+        return 0
+    return batch
 
 
 def compiled_lstm_scratch_bytes(
@@ -432,9 +442,9 @@ def compiled_lstm_scratch_bytes(
     initial states (zeros where not given, and the transposed copies the scan updates) and, when Y is
     asked for, every step's hidden state in the transposed layout (copied into Y after the scan); then
     the driver's own buffers. ``pool_held``: the call runs inside a spinning pool (a run whose recurrent
-    batch reaches ``jit_lstm.SPIN_MIN_BATCH``), where float32 steps of that many columns run on it.
+    batch is one that spins, ``jit_lstm.spins_at``), where float32 steps of that many columns run on it.
 
-    * spinning pool: two state buffers and a zero bias;
+    * spinning pool: two state buffers and a zero bias (one column: every step's input projection);
     * compiled sequence (``jit_lstm.runs_sequence``): two state buffers and
       ``jit_lstm.sequence_scratch_bytes``;
     * stepwise driver: a projection buffer (``4*hidden x batch``) and four state buffers.
@@ -448,8 +458,8 @@ def compiled_lstm_scratch_bytes(
     every_step = seq_length * hidden * batch if _wants(node, 0) else 0
     states = 2 + sum(_input(inputs, i) is None for i in (5, 6))  # copies, and zeros for the states not given
     shared = ((seq_length * input_size + 4 * hidden + states * hidden) * batch + every_step + 4 * hidden) * itemsize
-    if pool_held and work == np.float32 and batch >= jit_lstm.SPIN_MIN_BATCH:  # as ``spinning_lstm_batch``
-        driver = (2 * hidden * batch + 4 * hidden) * itemsize
+    if pool_held and spinning_lstm_batch(node, inputs):
+        driver = (2 * hidden * batch + 4 * hidden * (seq_length if batch == 1 else 1)) * itemsize
     elif jit_lstm.runs_sequence(batch):
         driver = 2 * hidden * batch * itemsize + jit_lstm.sequence_scratch_bytes(seq_length, hidden, batch, itemsize)
     else:
