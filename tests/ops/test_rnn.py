@@ -598,9 +598,11 @@ def test_the_compiled_sequence_matches_the_stepwise_lstm_driver(monkeypatch, bat
 @pytest.mark.parametrize(("batch", "hidden"), [(1, 24), (1, 13), (1, 3), (16, 24), (17, 13), (40, 30)])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("keep_y", [False, True])
-def test_the_spinning_driver_matches_the_stepwise_lstm_driver(batch, hidden, reverse, keep_y):
+def test_the_spinning_driver_matches_the_stepwise_lstm_driver(monkeypatch, batch, hidden, reverse, keep_y):
     from hetflow.devices.cpu.kernels import jit_lstm
     from hetflow.devices.cpu.threads import own_threads
+
+    monkeypatch.setattr(jit_lstm, "VECTOR_MIN_BYTES", 0)  # one column spins however small R is
 
     drive = _scan_driver(np.random.default_rng(batch + hidden), batch, hidden, steps=9, reverse=reverse,
                          keep_y=keep_y)  # fmt: skip
@@ -613,7 +615,7 @@ def test_the_spinning_driver_matches_the_stepwise_lstm_driver(batch, hidden, rev
             np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize(("hidden", "spins"), [(24, True), (320, True), (352, False), (512, False)])
+@pytest.mark.parametrize(("hidden", "spins"), [(64, False), (128, True), (320, True), (352, False), (512, False)])
 def test_one_column_spins_only_where_r_fits_the_cores_caches(hidden, spins):
     from hetflow.devices.cpu.kernels import jit_lstm
     from hetflow.devices.cpu.threads import own_threads
@@ -624,7 +626,7 @@ def test_one_column_spins_only_where_r_fits_the_cores_caches(hidden, spins):
     assert not jit_lstm.runs_spinning(1, hidden, np.float32)  # no spinning pool held
 
 
-@pytest.mark.parametrize(("hidden", "spins"), [(24, True), (400, False)])
+@pytest.mark.parametrize(("hidden", "spins"), [(24, False), (128, True), (400, False)])
 def test_a_batch_one_lstm_session_spins_where_r_fits_and_matches_ort(monkeypatch, hidden, spins):
     from hetflow.devices.cpu.kernels import jit_lstm
     from hetflow.runtime import executor

@@ -86,6 +86,10 @@ SPIN_MIN_BATCH = 16
 #: MB) 1.53 -> 1.86, 384 1.78 -> 1.96 and 512 (4 MB, lstm-gesture) 3.57 -> 3.82, where R streams from
 #: the last-level cache at every step and OpenBLAS's GEMV streams it faster.
 VECTOR_SHARE_BYTES = 800 << 10
+#: R's bytes (float32) from which one column's steps spin: below, a step's products are shorter than
+#: the pool's hand-over between steps. Hidden 64 (R 66 KB): 0.175 -> 0.204 ms spinning; 128 (262 KB):
+#: 0.433 -> 0.377 (``benchmarks/lstm_one_column.py``, 2026-12-03).
+VECTOR_MIN_BYTES = 160 << 10
 
 
 def spins_at(batch: int) -> bool:
@@ -95,9 +99,10 @@ def spins_at(batch: int) -> bool:
 
 
 def vector_fits(hidden: int, threads: int) -> bool:
-    """Whether one column's steps spin on ``threads`` threads: each thread's share of R (``4 * hidden``
-    rows of ``hidden``) within ``VECTOR_SHARE_BYTES``."""
-    return threads > 1 and 16 * hidden * hidden <= VECTOR_SHARE_BYTES * threads
+    """Whether one column's steps spin on ``threads`` threads: R (``4 * hidden`` rows of ``hidden``) from
+    ``VECTOR_MIN_BYTES``, each thread's share of it within ``VECTOR_SHARE_BYTES``."""
+    r_bytes = 16 * hidden * hidden
+    return threads > 1 and VECTOR_MIN_BYTES <= r_bytes <= VECTOR_SHARE_BYTES * threads
 
 
 def runs_spinning(batch: int, hidden: int, dtype: np.dtype) -> bool:
