@@ -77,6 +77,12 @@ from hetflow.runtime.planner import input_infos
 OUTLIER_RATIO = 1.4
 #: Outlying probes are measured again at most this many times.
 REMEASURE_PASSES = 2
+#: A probe whose first sweep took longer than this many seconds is not swept again: its kernels ran long
+#: enough for the first sweep's rounds to be the measurement, and an outlier among them is still
+#: measured again (``_remeasure_outliers``). On the Zen 4 VM (2026-12-03) the second sweep of the ten
+#: probes over it (VGG's 512-channel layers at batch 8, its 25088-deep classifier) took ~15 s of a
+#: 124-133 s calibration.
+LONG_PROBE_SECONDS = 1.0
 
 #: Kernels that only dispatch to others at run time: timing them would measure another key twice.
 SKIPPED_ALGORITHMS = ("auto",)
@@ -181,12 +187,19 @@ def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) ->
         gemm_sweeps = [_time_gemm_grid(settings, grid, hardware, bar.update)]
         one_thread = _calibrate_one_thread_gemm(settings, grid, threads, hardware, bar.update) if splits else None
         terms = Terms(_fit_gemm_grid(settings, grid, hardware, gemm_sweeps), memory, one_thread, threads)
-        measured = _time_probes(probes, settings, hardware, terms, bar)
+        seconds: list[float] = []
+        measured = _time_probes(probes, settings, hardware, terms, bar, seconds=seconds)
+        again = [index for index, spent in enumerate(seconds) if spent <= LONG_PROBE_SECONDS]
         for _ in range(settings.passes - 1):
             gemm_sweeps.append(_time_gemm_grid(settings, grid, hardware, bar.update))
             # NOTE: later sweeps skip the settle phase (each sample keeps its fastest sweep, the first's
             # settled one): it added ~20 s to a calibration that must stay under two minutes.
-            measured = _fastest(measured, _time_probes(probes, settings, hardware, terms, bar, settle=False))
+            swept = _time_probes([probes[i] for i in again], settings, hardware, terms, bar, settle=False)
+            later = list(measured)
+            for index, samples in zip(again, swept):
+                later[index] = samples
+            bar.update(len(probes) - len(again))
+            measured = _fastest(measured, later)
         if len(gemm_sweeps) > 1:
             # Features depend on the GEMM model: refit it on the fastest sweep, then recompute them.
             terms = dataclasses.replace(terms, gemm=_fit_gemm_grid(settings, grid, hardware, gemm_sweeps))
@@ -463,15 +476,18 @@ class BlasSpin:
 
 def _time_probes(
     probes: Sequence[probe_catalogue.Probe], settings: Settings, device: Device, terms: Terms, bar: Any,
-    settle: bool = True,
+    settle: bool = True, seconds: list[float] | None = None,
 ) -> list[list[Sample]]:
-    """One sweep over the probe catalogue: the samples of every probe (``settle``: see
-    ``timing.timed_first_call``)."""
+    """One sweep over ``probes``: the samples of every probe (``settle``: see
+    ``timing.timed_first_call``); each probe's wall seconds appended to ``seconds`` when given."""
     measured = []
     blas = BlasSpin()
     for probe in probes:
         bar.set_postfix_str(probe.name[:32], refresh=False)
+        started = time.perf_counter()
         measured.append(_time_probe(probe, settings, device, terms, settle, blas))
+        if seconds is not None:
+            seconds.append(time.perf_counter() - started)
         bar.update(1)
     return measured
 
