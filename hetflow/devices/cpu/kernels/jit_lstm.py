@@ -7,7 +7,7 @@ through its transposed view, which OpenBLAS ran 1.3x (B = 64) to 1.7x (B = 8) sl
 and transposing the product back cost as much again (~1 ns an element). Y is written
 ``[seq, hidden, B]`` and transposed once at the end.
 
-Three drivers, the same arithmetic:
+Four drivers, the same arithmetic:
 
 * up to ``SEQUENCE_MAX_BATCH`` columns, one compiled loop runs every step (``_sequence``): the
   products call numpy's OpenBLAS from compiled code (``jit_gemm``) and the cell is one flat pass whose
@@ -25,11 +25,11 @@ Three drivers, the same arithmetic:
   b``, then ``R h`` added in place), and updates their cell and hidden states. OpenBLAS multiplied R by
   H at ~120 GMAC/s on two threads here (557 us a step at B = 64, hidden 512), the tile GEMM at ~200,
   and the elementwise work splits too.
-* one column (batch 1) in such a run likewise, each step one job (``_spin_vector_step``): the input
-  projections of every step made up front with the bias, then a share's rows of R dotted with H four
-  rows at a time (``_row_dots``: R streams from the last-level cache once a step, 4 MB at hidden 512),
-  and its cells updated. OpenBLAS's GEMV, called from the compiled sequence, wakes its worker for
-  every step and runs the cell update on one thread.
+* one column (batch 1) in such a run likewise where each thread's share of R fits its core's L2
+  (``vector_fits``), each step one job (``_spin_vector_step``): every step's input projection made up
+  front with the bias, then a share's rows of R dotted with H four rows at a time (``_row_dots``), and
+  its cells updated. R is then read from L2 at every step; where it is larger (lstm-gesture's 4 MB)
+  OpenBLAS's GEMV in the compiled sequence streams it from the last-level cache faster.
 
 The stepwise passes, per step after the GEMM (numpy's LSTM step took a dozen ufunc calls, each a pass
 over memory):
@@ -334,16 +334,16 @@ def _scan_spinning(
     states = y_t if y_t is not None else np.empty((2, hidden, batch), np.float32)
     gates = np.empty(rows * batch, np.float32)
     r, w, bias = (np.ascontiguousarray(a, np.float32) for a in (r, w, bias))
-    wanted = (pool.workers + 1) * SPIN_SHARES_PER_THREAD
     if batch == 1:
         # Every step's input projection and bias up front (``[seq, rows, 1]``; 0.8 MB for lstm-gesture).
         projections = np.matmul(w, x_t)
         projections += bias[:, None]
         arrays = (r, w, bias, projections, states, h_t, c_t, gates, bias)
+        # One share a thread: a share's rows of R stay in the L2 of the core that keeps taking it.
         job, shares = _spin_vector_job_address(), min(hidden, pool.workers + 1)
     else:
         arrays = (r, w, bias, x_t, states, h_t, c_t, gates, np.zeros(rows, np.float32))
-        job, shares = _spin_job_address(), min(-(-hidden // ROWS), wanted)
+        job, shares = _spin_job_address(), min(-(-hidden // ROWS), (pool.workers + 1) * SPIN_SHARES_PER_THREAD)
     block = argument_block(_SPIN_SLOTS, arrays, (int(reverse), int(y_t is not None), 0))
     pool.run_steps(job, block, shares, seq_length, _STEP_SLOT)
     last = seq_length - 1
@@ -438,9 +438,9 @@ def _spin_vector_step(r, projections, states, h0, c, gates, reverse, states_are_
         row = gate * hidden
         _row_dots(r_flat, row + first, row + last, hidden, h, projection, gates)
     target = (t if states_are_y else step % 2) * hidden
-    size = hidden
-    _update_cells(gates[first:last], gates[size + first:size + last], gates[2 * size + first:2 * size + last],
-                  gates[3 * size + first:3 * size + last], c.reshape(c.size)[first:last],
+    gate = hidden
+    _update_cells(gates[first:last], gates[gate + first:gate + last], gates[2 * gate + first:2 * gate + last],
+                  gates[3 * gate + first:3 * gate + last], c.reshape(c.size)[first:last],
                   h_flat[target + first:target + last])  # fmt: skip
 
 
