@@ -375,12 +375,9 @@ def _spin_step(r, w, bias, x_t, states, h0, c, gates, zeros, reverse, states_are
     hidden = c.shape[0]
     blocks = (hidden + ROWS - 1) // ROWS
     first_block, last_block = blocks * share // shares, blocks * (share + 1) // shares
-    t = seq_length - 1 - step if reverse else step
+    t, source_start, target = _step_places(step, seq_length, reverse, states_are_y, hidden * batch)
     h_flat = states.reshape(states.size)
-    before = t + 1 if reverse else t - 1
     source = h0.reshape(h0.size) if step == 0 else h_flat
-    source_start = 0 if step == 0 else (before if states_are_y else (step - 1) % 2) * hidden * batch
-    target = (t if states_are_y else step % 2) * hidden * batch
     batch64 = np.int64(batch)
     x_flat = x_t.reshape(x_t.size)
     r_flat, w_flat = r.reshape(r.size), w.reshape(w.size)
@@ -401,6 +398,17 @@ def _spin_step(r, w, bias, x_t, states, h0, c, gates, zeros, reverse, states_are
     _update_cells(gates[start:stop], gates[size + start:size + stop], gates[2 * size + start:2 * size + stop],
                   gates[3 * size + start:3 * size + stop], c.reshape(c.size)[start:stop],
                   h_flat[target + start:target + stop])  # fmt: skip
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _step_places(step, seq_length, reverse, states_are_y, state_size):  # noqa: ANN001, ANN202
+    """Where step ``step`` of a spinning sequence works: its time ``t``, and the offsets (in the flat
+    states, ``state_size`` floats a state) of the H it reads (none at the first step, which reads H0)
+    and of the H it writes: Y's steps when ``states_are_y``, else the two buffers in turn."""
+    t = seq_length - 1 - step if reverse else step
+    before = t + 1 if reverse else t - 1
+    source = 0 if step == 0 else (before if states_are_y else (step - 1) % 2) * state_size
+    return t, source, (t if states_are_y else step % 2) * state_size
 
 
 def _spin_vector_job(args, share, shares):  # noqa: ANN001, ANN202
@@ -424,20 +432,14 @@ def _spin_vector_step(r, projections, states, h0, c, gates, reverse, states_are_
     seq_length = projections.shape[0]
     hidden = c.shape[0]
     first, last = hidden * share // shares, hidden * (share + 1) // shares
-    t = seq_length - 1 - step if reverse else step
+    t, source_start, target = _step_places(step, seq_length, reverse, states_are_y, hidden)
     h_flat = states.reshape(states.size)
-    before = t + 1 if reverse else t - 1
-    if step == 0:
-        h = h0.reshape(h0.size)
-    else:
-        start = (before if states_are_y else (step - 1) % 2) * hidden
-        h = h_flat[start : start + hidden]
+    h = h0.reshape(h0.size) if step == 0 else h_flat[source_start : source_start + hidden]
     r_flat = r.reshape(r.size)
     projection = projections[t].reshape(4 * hidden)
     for gate in range(4):
         row = gate * hidden
         _row_dots(r_flat, row + first, row + last, hidden, h, projection, gates)
-    target = (t if states_are_y else step % 2) * hidden
     gate = hidden
     _update_cells(gates[first:last], gates[gate + first:gate + last], gates[2 * gate + first:2 * gate + last],
                   gates[3 * gate + first:3 * gate + last], c.reshape(c.size)[first:last],
