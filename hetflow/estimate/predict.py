@@ -546,12 +546,11 @@ def _lstm_batch(node: Node, graph: Graph) -> int | None:
 
 def _spinning_lstm(node: Node, graph: Graph) -> bool:
     """Whether a spinning run splits the LSTM ``node``'s steps on its pool (``jit_lstm.runs_spinning``)."""
-    from hetflow.devices.cpu.kernels import jit_lstm
     from hetflow.devices.cpu.kernels.rnn import spinning_lstm_batch
     from hetflow.runtime.planner import input_infos
 
     infos = input_infos(graph, node)
-    return infos is not None and jit_lstm.spins_at(spinning_lstm_batch(node, infos))
+    return infos is not None and spinning_lstm_batch(node, infos) > 0
 
 
 def _lstm_columns(node: Node, graph: Graph) -> int | None:

@@ -643,6 +643,23 @@ def test_a_batch_one_lstm_session_spins_where_r_fits_and_matches_ort(monkeypatch
     assert_close(actual, run_ort(model, feeds))
 
 
+@pytest.mark.parametrize(("batch", "spins"), [(1, False), (8, False), (16, True)])
+def test_only_a_batch_that_spins_counts_the_spinning_drivers_scratch(batch, spins):
+    """lstm-gesture's LSTM (hidden 512: one column does not fit): inside a run that holds a spinning pool
+    for something else, a batch the pool does not take keeps its own driver's scratch."""
+    from hetflow.devices.cpu.kernels.rnn import compiled_lstm_scratch_bytes, spinning_lstm_batch
+    from hetflow.passes.infer_shapes import bind_batch
+    from hetflow.runtime.planner import input_infos
+
+    session = InferenceSession("zoo:lstm-gesture")
+    graph = bind_batch(session.graph, {"N": batch})
+    node = next(n for n in graph.nodes if n.op_type == "LSTM")
+    infos = input_infos(graph, node)
+    assert spinning_lstm_batch(node, infos) == (batch if spins else 0)
+    held, free = (compiled_lstm_scratch_bytes(node, infos, pool_held=held) for held in (True, False))
+    assert (held != free) is spins
+
+
 def test_a_large_batch_lstm_session_spins_and_matches_ort(monkeypatch):
     from hetflow.devices.cpu.kernels import jit_lstm
     from hetflow.runtime import executor

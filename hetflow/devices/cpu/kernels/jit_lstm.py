@@ -440,9 +440,8 @@ def _spin_vector_step(r, projections, states, h0, c, gates, reverse, states_are_
     for gate in range(4):
         row = gate * hidden
         _row_dots(r_flat, row + first, row + last, hidden, h, projection, gates)
-    gate = hidden
-    _update_cells(gates[first:last], gates[gate + first:gate + last], gates[2 * gate + first:2 * gate + last],
-                  gates[3 * gate + first:3 * gate + last], c.reshape(c.size)[first:last],
+    _update_cells(gates[first:last], gates[hidden + first:hidden + last], gates[2 * hidden + first:2 * hidden + last],
+                  gates[3 * hidden + first:3 * hidden + last], c.reshape(c.size)[first:last],
                   h_flat[target + first:target + last])  # fmt: skip
 
 

@@ -420,14 +420,13 @@ VECTOR_DECISION_THREADS = 2
 
 def spinning_lstm_batch(node: Node, inputs: Sequence[TensorInfo | None]) -> int:
     """The batch of an LSTM that would run on a spinning pool (``jit_lstm.runs_spinning``, given one),
-    else 0: the executor holds that pool for runs whose recurrent batch is one that spins
-    (``jit_lstm.spins_at``). One column counts only where R fits (``jit_lstm.vector_fits`` on
-    ``VECTOR_DECISION_THREADS``)."""
+    else 0 (a batch ``jit_lstm.spins_at`` refuses; one column whose R does not fit, ``jit_lstm.vector_fits``
+    on ``VECTOR_DECISION_THREADS``): the executor holds that pool for runs with such an LSTM."""
     shape = _compiled_lstm_shape(node, inputs)
     if shape is None or _compute_dtype(np.dtype(inputs[0].dtype)) != np.float32:
         return 0
     batch, hidden = shape[2], shape[4]
-    if batch == 1 and not jit_lstm.vector_fits(hidden, VECTOR_DECISION_THREADS):
+    if not jit_lstm.spins_at(batch) or (batch == 1 and not jit_lstm.vector_fits(hidden, VECTOR_DECISION_THREADS)):
         return 0
     return batch
 
