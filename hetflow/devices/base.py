@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +99,7 @@ class Kernel:
         node: Node,
         inputs: Sequence[np.ndarray | None],
         outputs: Sequence[np.ndarray | None] | None = None,
+        weights: Collection[int] = (),
     ) -> Callable[[], Sequence[np.ndarray | None]]:
         """A call of this kernel on ``inputs`` as a session's steady-state run makes it.
 
@@ -107,18 +108,21 @@ class Kernel:
         afresh, and on big layers the page faults of that memory cost up to 1.7x the computation
         (VGG-19 at batch 16, a 925 MB Winograd workspace). Tuning, calibration and validation time
         this call, so a measured time is what a run pays. ``outputs``: a result of this call already
-        computed (its shapes size the buffers; otherwise the kernel runs once here).
+        computed (its shapes size the buffers; otherwise the kernel runs once here). ``weights``: the
+        positions of the inputs a plan keeps resident (its initializers), bound as ``WeightInfo`` as a
+        plan binds them, so that a kernel that keeps a packed copy of its weights is timed with it.
         """
-        return functools.partial(self.steady_bound(node, inputs, outputs), inputs)
+        return functools.partial(self.steady_bound(node, inputs, outputs, weights), inputs)
 
     def steady_bound(
         self,
         node: Node,
         inputs: Sequence[np.ndarray | None],
         outputs: Sequence[np.ndarray | None] | None = None,
+        weights: Collection[int] = (),
     ) -> BoundCall:
         """The bound call ``steady_call`` makes on ``inputs`` (see there), to be called with them."""
-        infos = array_infos(inputs)
+        infos = array_infos(inputs, weights)
         if not self.writes_out:
             return self.bind(node, infos)
         if outputs is None:
@@ -270,15 +274,17 @@ class Device(abc.ABC):
         return None
 
     def timed_call(
-        self, kernel: Kernel, node: Node, inputs: Sequence[Any], outputs: Sequence[Any] | None = None
+        self, kernel: Kernel, node: Node, inputs: Sequence[Any], outputs: Sequence[Any] | None = None,
+        weights: Collection[int] = (),
     ) -> Callable[[], None]:
         """One call of ``kernel`` on host ``inputs`` as a run makes it, waited for: what tuning,
         calibration and validation time. ``outputs``: a result of the kernel on these inputs already
-        in hand (a warm-up's), which saves a call to size its buffers.
+        in hand (a warm-up's), which saves a call to size its buffers. ``weights``: the positions of the
+        inputs a run holds as resident weights (``Kernel.steady_call``).
 
         Host-memory devices call the kernel with its outputs and workspace in place
         (``Kernel.steady_call``). A device with its own memory stages the inputs a
         run would hand over already on the device, so that a measurement holds the kernel and not the
         transfers a run between device nodes never makes.
         """
-        return kernel.steady_call(node, inputs, outputs)
+        return kernel.steady_call(node, inputs, outputs, weights)

@@ -66,6 +66,7 @@ from hetflow.estimate.timing import (
     replay,
     threads_held,
     timed_first_call,
+    weight_positions,
 )
 from hetflow.frontends import load_model
 from hetflow.graph import Graph, Node
@@ -571,7 +572,7 @@ def _time_probe_nodes(
             if spin and threaded and not calls_blas:
                 blas.wait()
             result = candidate.fn(node, inputs)  # warm-up: a compiled kernel's first call compiles it
-            call = device.timed_call(candidate, node, inputs, result)
+            call = device.timed_call(candidate, node, inputs, result, weight_positions(node, graph))
             first, settling = timed_first_call(call, device.synchronize)
             seconds = amortised_seconds(call, min_time=settings.min_time, rounds=settings.rounds,
                                         synchronize=device.synchronize, first_seconds=first,

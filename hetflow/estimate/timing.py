@@ -91,6 +91,14 @@ def timed_first_call(fn: Callable[[], object], synchronize: Callable[[], None] |
     return seconds, SETTLE_SECONDS if pool_handoffs() != before else 0.0
 
 
+def weight_positions(node: Node, graph: Graph) -> tuple[int, ...]:
+    """Positions of ``node``'s inputs that are ``graph``'s initializers: a run's resident weights, which
+    its kernels are bound to as such (a Gemm at a batch then multiplies a packed copy of them,
+    ``kernels.dense``). Timed as plain arrays, LeNet's 800 -> 500 layer at batch 16 ran on OpenBLAS in
+    0.20-0.39 ms, where the run's own took 0.08."""
+    return tuple(position for position, name in enumerate(node.inputs) if name and name in graph.initializers)
+
+
 #: ``visit(index, node, kernel, inputs)`` returns the node's outputs (it usually computes them while
 #: timing the kernel) or None to let ``replay`` compute them.
 LayerVisitor = Callable[[int, Node, Kernel, list[np.ndarray | None]], Sequence[np.ndarray | None] | None]

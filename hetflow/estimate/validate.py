@@ -19,7 +19,7 @@ import numpy as np
 
 from hetflow.devices.base import Kernel
 from hetflow.estimate.predict import Estimate, batch_bindings
-from hetflow.estimate.timing import amortised_seconds, replay, timed_first_call
+from hetflow.estimate.timing import amortised_seconds, replay, timed_first_call, weight_positions
 from hetflow.graph import Node
 from hetflow.runtime.executor import (
     holds_batch,
@@ -71,7 +71,7 @@ def layer_seconds(
         if node.op_type == "Concat" and any(placed):
             call = _placed_concat_call(kernel, node, inputs, outputs[0], placed)
         else:
-            call = device[node.name].timed_call(kernel, node, inputs, outputs)
+            call = device[node.name].timed_call(kernel, node, inputs, outputs, weight_positions(node, plan.graph))
         first, settle = timed_first_call(call, sync)
         measured[node.name] = amortised_seconds(call, min_time=min_time, rounds=rounds, synchronize=sync,
                                                 first_seconds=first, settle=settle)

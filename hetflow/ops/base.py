@@ -47,9 +47,13 @@ def planned_infos(
     return infos
 
 
-def array_infos(arrays: Sequence[Any]) -> list[TensorInfo | None]:
-    """The TensorInfo of each concrete input array (None for an absent one)."""
-    return [None if x is None else TensorInfo(x.shape, x.dtype) for x in arrays]
+def array_infos(arrays: Sequence[Any], weights: Collection[int] = ()) -> list[TensorInfo | None]:
+    """The TensorInfo of each concrete input array (None for an absent one); those at the positions in
+    ``weights`` (a plan's resident initializers) as ``WeightInfo``, as ``planned_infos`` gives them."""
+    return [
+        None if x is None else (WeightInfo if position in weights else TensorInfo)(x.shape, x.dtype)
+        for position, x in enumerate(arrays)
+    ]
 
 
 @dataclass(frozen=True)

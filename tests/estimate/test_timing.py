@@ -38,3 +38,56 @@ def test_amortised_seconds_runs_the_settle_phase_untimed():
     # Two timed calls (min_time / first_seconds); the rest settled, and not counted in the time per call.
     assert elapsed >= 0.05 and calls >= 2 + 10
     assert 0.001 <= seconds < 0.01
+
+
+def _fully_connected(batch: int, inputs: int, outputs: int):
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((outputs, inputs)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(outputs).astype(np.float32), "b")
+    node = helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fc", transB=1)
+    graph = helper.make_graph(
+        [node], "fc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, inputs])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, outputs])], [w, b],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_weight_positions_are_the_inputs_that_are_initializers():
+    from hetflow.estimate.timing import weight_positions
+    from hetflow.frontends import load_model
+
+    graph = load_model(_fully_connected(16, 32, 8))
+    assert weight_positions(graph.nodes[0], graph) == (1, 2)
+
+
+def test_a_timed_call_binds_the_weights_as_a_run_does():
+    """A Gemm at a batch runs on the dense kernel over a packed copy of its weights only where it is
+    bound to them as weights: a timed call told which inputs are weights takes that path (its panels
+    get packed), one that is not told falls back to BLAS, and both compute the same product."""
+    import numpy as np
+
+    from hetflow.devices.cpu.kernels import dense
+    from hetflow.devices.registry import get_device
+    from hetflow.estimate.timing import weight_positions
+    from hetflow.frontends import load_model
+    from hetflow.ops.base import WeightInfo, array_infos
+
+    graph = load_model(_fully_connected(16, 800, 500))
+    node = graph.nodes[0]
+    device = get_device("cpu")
+    arrays = [np.random.default_rng(1).standard_normal((16, 800)).astype(np.float32),
+              graph.initializers["w"], graph.initializers["b"]]
+    infos = array_infos(arrays, weight_positions(node, graph))
+    assert isinstance(infos[1], WeightInfo) and not isinstance(infos[0], WeightInfo)
+    kernel = device.kernels.lookup(node, infos)
+    dense.PANELS.clear()
+    plain = device.timed_call(kernel, node, arrays)()
+    assert dense.PANELS.nbytes() == 0
+    as_run = device.timed_call(kernel, node, arrays, weights=weight_positions(node, graph))()
+    assert dense.PANELS.nbytes() > 0
+    expected = arrays[0] @ arrays[1].T + arrays[2]
+    np.testing.assert_allclose(plain[0], expected, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(as_run[0], expected, rtol=1e-4, atol=1e-3)

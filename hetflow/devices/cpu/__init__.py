@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,11 +40,12 @@ class CPUDevice(Device):
 
 
     def timed_call(
-        self, kernel: Kernel, node: Node, inputs: Sequence[Any], outputs: Sequence[Any] | None = None
+        self, kernel: Kernel, node: Node, inputs: Sequence[Any], outputs: Sequence[Any] | None = None,
+        weights: Collection[int] = (),
     ) -> Callable[[], Sequence[Any]]:
         """``Device.timed_call``; a call that captures (``devices.base.CaptureFn``) is timed as a run
         replays it (``hetflow.runtime.replay``): its jobs run from compiled code, no Python around them."""
-        return replayed(kernel.steady_bound(node, inputs, outputs), inputs)
+        return replayed(kernel.steady_bound(node, inputs, outputs, weights), inputs)
 
 
 def replayed(bound: BoundCall, inputs: Sequence[Any]) -> Callable[[], Sequence[Any]]:

@@ -26,7 +26,7 @@ import functools
 import math
 import threading
 import warnings
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -420,13 +420,15 @@ class OpenCLDevice(Device):
         return tuple(p for p in declared if p < len(node.inputs))
 
     def timed_call(
-        self, kernel: Any, node: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = None
+        self, kernel: Any, node: Any, inputs: Sequence[Any], outputs: Sequence[Any] | None = None,
+        weights: Collection[int] = (),
     ) -> Callable[[], None]:
         """One call of ``kernel`` as a run between OpenCL nodes makes it: the inputs it takes as device
         buffers uploaded once beforehand, the call waited for and its outputs left on the device (back
         to the pool). A discrete GPU would otherwise time a PCIe round trip per call (~0.5 ms on an
         H100 at batch 1, more than most of GoogLeNet's layers) instead of the algorithm. ``outputs``
-        is not needed: each call takes its results from the device's pool."""
+        is not needed: each call takes its results from the device's pool, nor ``weights``: every input
+        not uploaded is held as a run holds its weights."""
         on_device = self.device_inputs(kernel, node)
         staged: list[Any] = []
         for position, value in enumerate(inputs):
