@@ -254,6 +254,10 @@ def _conv_probes() -> list[Probe]:
         # dominates, 33 GMAC/s where the fit of the other shapes said 65.
         ((1, 28, 20, 5, 1, 0), {"batch": 16}, False),
         ((3, 32, 32, 5, 1, 2), {"batch": 4}, False),
+        # CIFAR-10 quick's 5x5 layers at batch 1 (a spinning run's direct Convs of a few tens of
+        # microseconds): priced 26-37% over from the fit of the larger ones.
+        ((3, 32, 32, 5, 1, 2), {}, False),
+        ((32, 16, 32, 5, 1, 2), {}, False),
         ((16, 112, 32, 3), {}, False),
         ((64, 56, 64, 3), {}, True),
         ((64, 56, 192, 3), {}, False),
