@@ -26,7 +26,6 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,15 +38,16 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runners import LABELS, RUNNER_TYPES, parse_arguments  # noqa: E402
+from runners import LABELS, RUNNER_TYPES, parse_arguments, sgemm_gflops  # noqa: E402
 
 import hetflow  # noqa: E402
 from hetflow import zoo  # noqa: E402
 from hetflow.bench.timing import side_by_side  # noqa: E402
-from hetflow.devices.cpu.threads import BLAS  # noqa: E402
 from hetflow.ops.cost import total_macs  # noqa: E402
 from hetflow.passes import bind_batch  # noqa: E402
 
+#: Side of the float32 matmul whose GFLOP/s is the sgemm roofline the table's rates are read against.
+ROOFLINE_SIDE = 2048
 #: Models whose large batch is not 16.
 LARGE_BATCH = {"lstm-gesture": 64}
 
@@ -73,26 +73,6 @@ class Row:
         """Effective rate: 2 * MACs / hetflow's minimum time."""
         ms = self.min_ms.get("hetflow")
         return None if ms is None else self.gflop / (ms / 1e3)
-
-
-def sgemm_roofline(threads: int, size: int = 2048, repeat: int = 5) -> float:
-    """Best GFLOP/s of numpy's float32 ``size``^3 matmul on ``threads`` BLAS threads."""
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((size, size), dtype=np.float32)
-    b = rng.standard_normal((size, size), dtype=np.float32)
-    previous = BLAS.hold(threads)
-    try:
-        np.matmul(a, b)
-        best = min(_timed(lambda: np.matmul(a, b)) for _ in range(repeat))
-    finally:
-        BLAS.restore(previous)
-    return 2 * size**3 / best / 1e9
-
-
-def _timed(call: Callable[[], object]) -> float:
-    started = time.perf_counter()
-    call()
-    return time.perf_counter() - started
 
 
 def _feed(path: Path, batch: int) -> tuple[dict[str, np.ndarray], float]:
@@ -187,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     environment = _environment(args)
     print(f"# {environment}", flush=True)
-    roofline = sgemm_roofline(args.threads)
+    roofline = sgemm_gflops(args.threads, ROOFLINE_SIDE)
     print(f"# sgemm roofline at start: {roofline:.1f} GFLOP/s", flush=True)
     rows = []
     for name in args.models.split(","):
@@ -195,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             row = measure(name, LARGE_BATCH.get(name, batch) if batch == 16 else batch, args, roofline)
             rows.append(row)
             print(_progress_line(row), flush=True)
-    roofline_end = sgemm_roofline(args.threads)
+    roofline_end = sgemm_gflops(args.threads, ROOFLINE_SIDE)
     best_roofline = max(roofline, roofline_end)
     for row in rows:
         row.roofline_gflops = best_roofline

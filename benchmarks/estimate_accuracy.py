@@ -27,16 +27,20 @@ Timings are noisy on a shared machine: run it when nothing else is (``uptime`` l
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from runners import fastest_seconds, sgemm_gflops  # noqa: E402
 
 from hetflow import InferenceSession, zoo  # noqa: E402
 from hetflow.devices.cpu.threads import BLAS, available_cores  # noqa: E402
@@ -47,6 +51,8 @@ from hetflow.estimate.predict import Estimate, estimate  # noqa: E402
 from hetflow.estimate.profile import DeviceProfile, default_profile_path  # noqa: E402
 from hetflow.estimate.report import dominant_layers, layer_accuracy, relative_error  # noqa: E402
 from hetflow.estimate.validate import model_seconds, random_feeds  # noqa: E402
+
+T = TypeVar("T")
 
 
 def augur_slope(profile: DeviceProfile) -> float:
@@ -90,27 +96,21 @@ def machine_speed(threads: int | None) -> tuple[float, float]:
     (151 MB of weights a run) with it. The reading right after a calibration once came out at 115
     GFLOP/s, one thread's rate on that VM, against 220 for the rows after it, so the count is set here
     and one untimed product lets BLAS's threads start before the timed ones."""
-    a = np.full((SPEED_PROBE_SIDE, SPEED_PROBE_SIDE), 0.5, dtype=np.float32)
-    rows = BANDWIDTH_PROBE_BYTES // 4 // SPEED_PROBE_SIDE
-    weights = np.full((rows, SPEED_PROBE_SIDE), 0.5, dtype=np.float32)
-    vector = np.full(SPEED_PROBE_SIDE, 0.5, dtype=np.float32)
-    previous = BLAS.hold(threads or available_cores())
+    count = threads or available_cores()
+    weights, vector = _bandwidth_operands()
+    previous = BLAS.hold(count)
     try:
-        product = _fastest_of_three(lambda: np.matmul(a, a))
-        stream = _fastest_of_three(lambda: np.matmul(weights, vector))
+        stream = fastest_seconds(lambda: np.matmul(weights, vector), 3)
     finally:
         BLAS.restore(previous)
-    return 2 * SPEED_PROBE_SIDE**3 / product / 1e9, weights.nbytes / stream / 1e9
+    return sgemm_gflops(count, SPEED_PROBE_SIDE, 3), weights.nbytes / stream / 1e9
 
 
-def _fastest_of_three(call: Callable[[], object]) -> float:
-    call()  # BLAS's threads start
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - started)
-    return best
+@functools.cache
+def _bandwidth_operands() -> tuple[np.ndarray, np.ndarray]:
+    """The matrix (``BANDWIDTH_PROBE_BYTES``) and vector of the memory reading, made once."""
+    weights = np.full((BANDWIDTH_PROBE_BYTES // 4 // SPEED_PROBE_SIDE, SPEED_PROBE_SIDE), 0.5, dtype=np.float32)
+    return weights, np.full(SPEED_PROBE_SIDE, 0.5, dtype=np.float32)
 
 
 #: Readings of ``machine_speed`` the gauge starts from, ``REFERENCE_PAUSE`` seconds apart.
@@ -142,6 +142,13 @@ class SpeedGauge:
         for _ in range(REFERENCE_READINGS):
             self.read()
             time.sleep(REFERENCE_PAUSE)
+
+    def around(self, call: Callable[[], T]) -> tuple[T, list[float]]:
+        """``call()``'s result and the machine's speed while it ran: the lower of the readings just
+        before and just after it, so that a spell starting during the call shows."""
+        before = self.read()
+        result = call()
+        return result, [min(pair) for pair in zip(before, self.read())]
 
     def speeds(self, reading: Sequence[float]) -> tuple[float, float]:
         """How fast the machine ran at ``reading``: its compute and memory ratios to the fastest seen."""
@@ -219,11 +226,8 @@ def measure_row(
     session: InferenceSession, name: str, batch: int, profile: DeviceProfile, slope: float, gauge: SpeedGauge
 ) -> dict:
     """One row: ``estimate --validate`` of ``session`` at ``batch``, its errors, Augur's baseline and the
-    machine's speed: the lower of the gauge's readings just before and just after, so that a spell
-    starting during the row shows."""
-    before = gauge.read()
-    result = estimate(session, profile, batch, validate=True, name=name)
-    reading = [min(pair) for pair in zip(before, gauge.read())]
+    machine's speed around it (``SpeedGauge.around``)."""
+    result, reading = gauge.around(lambda: estimate(session, profile, batch, validate=True, name=name))
     assert result.measured_ms is not None
     share, count = layer_accuracy(result)
     timed = [la for la in result.layers if la.measured_ms]
@@ -292,13 +296,12 @@ def retry_slow_rows(
 
 def remeasure(rows: list[dict], threads: int | None, gauge: SpeedGauge) -> None:
     """Time every row's whole run again; a row keeps its faster measurement (errors recomputed) and the
-    machine's speed read around it (the lower of the readings before and after)."""
+    machine's speed read around it (``SpeedGauge.around``)."""
     sessions: dict[str, InferenceSession] = {}
     for row in rows:
         session = sessions.setdefault(row["model"], InferenceSession(f"zoo:{row['model']}", threads=threads))
-        before = gauge.read()
-        again = model_seconds(session, random_feeds(session, row["batch"])) * 1e3
-        reading = [min(pair) for pair in zip(before, gauge.read())]
+        seconds, reading = gauge.around(functools.partial(model_seconds, session, random_feeds(session, row["batch"])))
+        again = seconds * 1e3
         if again < row["measured_ms"]:
             row["measured_ms"] = again
             row["error"] = relative_error(row["predicted_ms"], again)

@@ -166,3 +166,33 @@ def timed_session_runs(session: Any, feeds: dict[str, Any], runs: int, warmup: i
         session.run(None, feeds)
         times.append(time.perf_counter() - started)
     return times
+
+
+def fastest_seconds(call: Callable[[], object], repeat: int) -> float:
+    """Seconds of the fastest of ``repeat`` calls of ``call``, after one untimed call (BLAS's threads
+    start, caches fill)."""
+    import time
+
+    call()
+    best = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def sgemm_gflops(threads: int, size: int = 1024, repeat: int = 5) -> float:
+    """GFLOP/s of numpy's float32 ``size``^3 matmul on ``threads`` BLAS threads: the fastest of ``repeat``
+    products (the sgemm roofline, or a reading of the machine's speed now)."""
+    import numpy as np
+
+    from hetflow.devices.cpu.threads import BLAS
+
+    a = np.full((size, size), 0.5, dtype=np.float32)
+    previous = BLAS.hold(threads)
+    try:
+        seconds = fastest_seconds(lambda: np.matmul(a, a), repeat)
+    finally:
+        BLAS.restore(previous)
+    return 2 * size**3 / seconds / 1e9

@@ -21,14 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runners import HetflowRunner, OrtRunner, Runner  # noqa: E402
+from runners import HetflowRunner, OrtRunner, Runner, sgemm_gflops  # noqa: E402
 
 from hetflow import InferenceSession, zoo  # noqa: E402
-from hetflow.devices.cpu.threads import BLAS, available_cores  # noqa: E402
+from hetflow.devices.cpu.threads import available_cores  # noqa: E402
 from hetflow.estimate.validate import random_feeds  # noqa: E402
 
 #: Side of the sgemm that reads the machine's speed.
@@ -47,22 +45,6 @@ def fastest_run(runner: Runner, seconds: float) -> float:
         elapsed = time.perf_counter() - started
         best, spent, runs = min(best, elapsed), spent + elapsed, runs + 1
     return best * 1e3
-
-
-def sgemm_gflops(threads: int) -> float:
-    """numpy's sgemm GFLOP/s on ``threads`` BLAS threads: the fastest of five products after one."""
-    a = np.full((SGEMM_SIDE, SGEMM_SIDE), 0.5, dtype=np.float32)
-    previous = BLAS.hold(threads)
-    try:
-        np.matmul(a, a)  # BLAS's threads start
-        best = float("inf")
-        for _ in range(5):
-            started = time.perf_counter()
-            np.matmul(a, a)
-            best = min(best, time.perf_counter() - started)
-    finally:
-        BLAS.restore(previous)
-    return 2 * SGEMM_SIDE**3 / best / 1e9
 
 
 def main() -> int:
@@ -85,7 +67,7 @@ def main() -> int:
         for name, runner in runners.items():
             times[name] = fastest_run(runner, args.seconds)
             time.sleep(SETTLE_SECONDS)
-        one, every = sgemm_gflops(1), sgemm_gflops(threads)
+        one, every = sgemm_gflops(1, SGEMM_SIDE), sgemm_gflops(threads, SGEMM_SIDE)
         print(f"{index:>5} {times['hetflow']:>9.2f} {times['ORT']:>9.2f} {times['hetflow'] / times['ORT']:>6.2f} "
               f"{one:>9.0f} {every:>9.0f}", flush=True)
     return 0
