@@ -274,24 +274,25 @@ def retry_slow_rows(
     """Measure again, in full, the rows whose speed reads a slow spell against the fastest readings of
     the whole benchmark, up to ``rounds`` times, a pause apart; a row keeps the measurement that ran
     faster. Every row's speed is read against the final reference."""
-    for attempt in range(1, rounds + 2):
+    for attempt in range(1, rounds + 1):
         for row in rows:
             set_speeds(row, gauge)
-        if attempt > rounds:
-            return
         slow = [index for index, row in enumerate(rows) if slow_spell(row)]
         if not slow:
-            return
+            break
         print(f"retry {attempt}: {len(slow)} row(s) timed in a slow spell (speed under {SLOW_SPELL:.2f}x or "
               f"memory under {SLOW_MEMORY:.2f}x)", flush=True)
         time.sleep(RETRY_PAUSE)
+        sessions: dict[str, InferenceSession] = {}
         for index in slow:
             row = rows[index]
-            session = InferenceSession(f"zoo:{row['model']}", threads=threads)
+            session = sessions.setdefault(row["model"], InferenceSession(f"zoo:{row['model']}", threads=threads))
             again = measure_row(session, row["model"], row["batch"], profile, slope, gauge)
             if again["measured_ms"] < row["measured_ms"]:
                 rows[index] = again
             print_row(rows[index])
+    for row in rows:
+        set_speeds(row, gauge)
 
 
 def remeasure(rows: list[dict], threads: int | None, gauge: SpeedGauge) -> None:
