@@ -568,18 +568,48 @@ def _images(x, mask, masking, first, last, pads, width, offsets, wt, bias, relu,
 @numba.njit(nogil=True, cache=True)
 def pad_image(x, mask, masking, image, pads, width, xp):  # noqa: ANN001
     """Image ``image`` of X (times ``mask > 0`` when ``masking``) into zero-bordered planes ``xp [C, plane]``
-    with rows ``width`` long, X's pixel (r, c) at row ``pads[0] + r``, column ``pads[1] + c``."""
+    with rows ``width`` long, X's pixel (r, c) at row ``pads[0] + r``, column ``pads[1] + c``.
+
+    Each element of ``xp`` is written once, through slices: indexing a plane as ``start + c`` made numba
+    check every index for wrap-around, and a test of ``masking`` inside the row loop kept it scalar too
+    (14-17 us for a 32-channel 32x32 image, 5 us so).
+    """
     channels, height, columns = x.shape[1], x.shape[2], x.shape[3]
     top, left = pads
-    xp[:] = 0
+    first = top * width + left
     for channel in range(channels):
-        for r in range(height):
-            start = (top + r) * width + left
-            for c in range(columns):
-                value = x[image, channel, r, c]
-                if masking and not mask[image, channel, r, c] > 0:
-                    value = 0
-                xp[channel, start + c] = value
+        _zero_borders(xp[channel], first, width, height, columns)
+    if masking:
+        for channel in range(channels):
+            for r in range(height):
+                source, gate = x[image, channel, r], mask[image, channel, r]
+                row = xp[channel, first + r * width : first + r * width + columns]
+                for c in range(columns):
+                    row[c] = source[c] if gate[c] > 0 else np.float32(0.0)
+    else:
+        for channel in range(channels):
+            for r in range(height):
+                source = x[image, channel, r]
+                row = xp[channel, first + r * width : first + r * width + columns]
+                for c in range(columns):
+                    row[c] = source[c]
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _zero_borders(plane, first, width, height, columns):  # noqa: ANN001
+    """Zeros wherever no pixel lands in a padded plane whose ``height`` rows of ``columns`` pixels start at
+    ``first``, ``width`` apart: before the first row, in the gap after each row, after the last."""
+    zero = np.float32(0.0)
+    head = plane[:first]
+    for i in range(head.size):
+        head[i] = zero
+    for r in range(height):
+        gap = plane[first + r * width + columns : first + (r + 1) * width]
+        for i in range(gap.size):
+            gap[i] = zero
+    tail = plane[first + (height - 1) * width + columns :]
+    for i in range(tail.size):
+        tail[i] = zero
 
 
 @numba.njit(nogil=True, cache=True)
