@@ -55,13 +55,16 @@ def load_scalar(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> ir.V
 INTO_L2, INTO_L1 = 2, 3
 
 
-def prefetch(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value, locality: int = INTO_L2) -> None:
+def prefetch(
+    builder: ir.IRBuilder, base: ir.Value, offset: ir.Value, locality: int = INTO_L2, write: bool = False
+) -> None:
     """Ask for the cache line holding ``base + offset`` (floats) to be read into L2, or with ``INTO_L1``
-    into L1 too (``llvm.prefetch``: never faults, so the address may lie past the array)."""
+    into L1 too, ``write``: to be written (``llvm.prefetch``: never faults, so the address may lie past
+    the array)."""
     function = builder.module.declare_intrinsic(
         "llvm.prefetch.p0", fnty=ir.FunctionType(ir.VoidType(), [ir.PointerType(), INT32, INT32, INT32])
     )
-    builder.call(function, [builder.gep(base, [offset]), INT32(0), INT32(locality), INT32(1)])  # read, data
+    builder.call(function, [builder.gep(base, [offset]), INT32(int(write)), INT32(locality), INT32(1)])  # data
 
 
 @intrinsic
