@@ -103,7 +103,7 @@ def test_augur_memory_accounting_counts_every_blob_and_im2col_buffer(quick_profi
     c1_im2col, c2_im2col = 4 * 2 * 27 * 100, 4 * 2 * 8 * 9 * 25
     assert report.memory.workspace_bytes == c1_im2col + c2_im2col
     assert report.layers[0].algorithm.endswith("direct_fma") and report.layers[1].algorithm.endswith("im2col")
-    # Per core: 3 planes of 152 floats (rows 11 long; 128 positions computed, the last tap 24 past them)
-    # and 8 kernels' products of 128 positions.
-    assert report.layers[0].workspace_bytes == available_cores() * 4 * (3 * 152 + 8 * 128)
+    # Per core: 3 planes of 136 floats (rows 11 long; 110 positions rounded up to 112 computed, the last
+    # tap 24 past them) and 8 kernels' products of 112 positions.
+    assert report.layers[0].workspace_bytes == available_cores() * 4 * (3 * 136 + 8 * 112)
     assert report.layers[1].workspace_bytes == c2_im2col

@@ -18,8 +18,9 @@ dilation run one loop, and no layout other than NCHW appears.
 
 The product (``_fma_block``): ``POSITION_VECTORS`` vectors of 16 positions times ``KERNEL_BLOCK``
 kernels are 16 accumulators, held in registers across the whole reduction over channels and taps;
-each step loads 2 input vectors and broadcasts 8 weights for 16 FMAs. numba's own loops do not get
-there (16-lane loops stay scalar, and a fully unrolled block spilled its accumulators: 50-80 GFLOP/s
+each step loads 2 input vectors and broadcasts 8 weights for 16 FMAs (a span of an odd number of
+vectors ends in a block of one: 16x16 maps had run 288 positions for 272). numba's own loops do not
+get there (16-lane loops stay scalar, and a fully unrolled block spilled its accumulators: 50-80 GFLOP/s
 on one core), so the block is emitted as LLVM IR, with the reduction as IR loops so that LLVM keeps
 the accumulators in registers. Measured on one core of the 2-core reference VM (AVX-512, batch 128,
 3x3 pad 1): 32 -> 32 at 32x32 144 GFLOP/s, 64 -> 64 at 16x16 138, 64 -> 128 at 8x8 105 (a quarter of
@@ -65,44 +66,58 @@ KERNEL_BLOCK = 8
 BLOCK_POSITIONS = lv.LANES * POSITION_VECTORS
 
 
-@intrinsic
-def _fma_block(typingctx, xp, x_start, plane, channels, offsets, wt, w_start, yb, y_start, y_plane):  # noqa: ANN001, ANN202
-    """One block of outputs, stored (not added) into ``yb``:
+#: Positions the computed span is rounded up to: a span of an odd number of vectors ends in a block of
+#: one vector (``_FMA_TAIL``). Rounding to whole blocks of 32 computed a 16x16 map's 272 positions as 288.
+SPAN_POSITIONS = lv.LANES
 
-    ``yb[y_start + k*y_plane + p*16 + lane] = sum over c, t of
-    xp[x_start + c*plane + offsets[t] + p*16 + lane] * wt[w_start + (c*taps + t)*KERNEL_BLOCK + k]``
 
-    for k < KERNEL_BLOCK, p < POSITION_VECTORS (taps = ``len(offsets)``).
-    """
-    signature = types.void(xp, x_start, plane, channels, offsets, wt, w_start, yb, y_start, y_plane)
+def _fma_block_intrinsic(vectors: int):  # noqa: ANN202
+    """The compiled block of ``vectors`` vectors of positions (see ``_fma_block``'s docstring)."""
 
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        xp_v, x_start_v, plane_v, channels_v, offsets_v, wt_v, w_start_v, yb_v, y_start_v, y_plane_v = args
-        x_data = lv.array_data(context, builder, sig.args[0], xp_v)
-        offsets_array = context.make_array(sig.args[4])(context, builder, offsets_v)
-        offsets_data = offsets_array.data
-        taps = builder.extract_value(offsets_array.shape, 0)
-        w_data = lv.array_data(context, builder, sig.args[5], wt_v)
-        y_data = lv.array_data(context, builder, sig.args[7], yb_v)
-        fma = lv.fused_multiply_add(builder)
-        slots = lv.accumulators(builder, KERNEL_BLOCK, POSITION_VECTORS)
-        block_weights = builder.mul(taps, lv.INT(KERNEL_BLOCK))
-        with cgutils.for_range(builder, channels_v) as channel_loop:
-            channel = channel_loop.index
-            x_channel = builder.add(x_start_v, builder.mul(channel, plane_v))
-            w_channel = builder.add(w_start_v, builder.mul(channel, block_weights))
-            with cgutils.for_range(builder, taps) as tap_loop:
-                tap = tap_loop.index
-                x_tap = builder.add(x_channel, lv.load_scalar(builder, offsets_data, tap))
-                w_tap = builder.add(w_channel, builder.mul(tap, lv.INT(KERNEL_BLOCK)))
-                inputs = lv.load_vectors(builder, x_data, x_tap, POSITION_VECTORS)
-                for k in range(KERNEL_BLOCK):
-                    weight = lv.load_scalar(builder, w_data, builder.add(w_tap, lv.INT(k)))
-                    lv.multiply_add_broadcast(builder, fma, inputs, weight, slots[k])
-        lv.store_accumulators(builder, slots, y_data, y_start_v, y_plane_v)
-        return context.get_dummy_value()
+    @intrinsic
+    def block(typingctx, xp, x_start, plane, channels, offsets, wt, w_start, yb, y_start, y_plane):  # noqa: ANN001, ANN202
+        signature = types.void(xp, x_start, plane, channels, offsets, wt, w_start, yb, y_start, y_plane)
 
-    return signature, codegen
+        def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+            xp_v, x_start_v, plane_v, channels_v, offsets_v, wt_v, w_start_v, yb_v, y_start_v, y_plane_v = args
+            x_data = lv.array_data(context, builder, sig.args[0], xp_v)
+            offsets_array = context.make_array(sig.args[4])(context, builder, offsets_v)
+            offsets_data = offsets_array.data
+            taps = builder.extract_value(offsets_array.shape, 0)
+            w_data = lv.array_data(context, builder, sig.args[5], wt_v)
+            y_data = lv.array_data(context, builder, sig.args[7], yb_v)
+            fma = lv.fused_multiply_add(builder)
+            slots = lv.accumulators(builder, KERNEL_BLOCK, vectors)
+            block_weights = builder.mul(taps, lv.INT(KERNEL_BLOCK))
+            with cgutils.for_range(builder, channels_v) as channel_loop:
+                channel = channel_loop.index
+                x_channel = builder.add(x_start_v, builder.mul(channel, plane_v))
+                w_channel = builder.add(w_start_v, builder.mul(channel, block_weights))
+                with cgutils.for_range(builder, taps) as tap_loop:
+                    tap = tap_loop.index
+                    x_tap = builder.add(x_channel, lv.load_scalar(builder, offsets_data, tap))
+                    w_tap = builder.add(w_channel, builder.mul(tap, lv.INT(KERNEL_BLOCK)))
+                    inputs = lv.load_vectors(builder, x_data, x_tap, vectors)
+                    for k in range(KERNEL_BLOCK):
+                        weight = lv.load_scalar(builder, w_data, builder.add(w_tap, lv.INT(k)))
+                        lv.multiply_add_broadcast(builder, fma, inputs, weight, slots[k])
+            lv.store_accumulators(builder, slots, y_data, y_start_v, y_plane_v)
+            return context.get_dummy_value()
+
+        return signature, codegen
+
+    return block
+
+
+#: One block of outputs, stored (not added) into ``yb``:
+#:
+#: ``yb[y_start + k*y_plane + p*16 + lane] = sum over c, t of
+#: xp[x_start + c*plane + offsets[t] + p*16 + lane] * wt[w_start + (c*taps + t)*KERNEL_BLOCK + k]``
+#:
+#: for k < KERNEL_BLOCK, p < POSITION_VECTORS (taps = ``len(offsets)``); ``_FMA_TAIL`` the same for one
+#: vector of positions (p = 0).
+_fma_block = _fma_block_intrinsic(POSITION_VECTORS)
+_FMA_TAIL = _fma_block_intrinsic(1)
 
 
 @dataclass(frozen=True)
@@ -181,7 +196,7 @@ def flat_layout(geom: Geometry) -> FlatLayout:
         for i in range(rows.kernel)
         for j in range(columns.kernel)
     )
-    span = round_up(rows.out * width, BLOCK_POSITIONS)
+    span = round_up(rows.out * width, SPAN_POSITIONS)
     plane = max(span + offsets[-1], rows.padded * width)
     return FlatLayout(width, plane, span, offsets, np.array(offsets, np.int64))
 
@@ -623,9 +638,13 @@ def multiply_blocks(xp, plane, offsets, wt, block_first, block_last, span, yb): 
     block_weights = channels * offsets.shape[0] * KERNEL_BLOCK
     for block in range(block_first, block_last):
         y_block = (block - block_first) * KERNEL_BLOCK * span
-        for position in range(0, span, BLOCK_POSITIONS):
+        whole = span - span % BLOCK_POSITIONS
+        for position in range(0, whole, BLOCK_POSITIONS):
             _fma_block(flat_x, np.int64(position), np.int64(plane), np.int64(channels), offsets,
                        flat_w, np.int64(block * block_weights), flat_y, np.int64(y_block + position), np.int64(span))  # fmt: skip
+        if whole < span:
+            _FMA_TAIL(flat_x, np.int64(whole), np.int64(plane), np.int64(channels), offsets,
+                      flat_w, np.int64(block * block_weights), flat_y, np.int64(y_block + whole), np.int64(span))  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True)

@@ -2,8 +2,8 @@
 of ``jit_direct`` for small maps.
 
 ``jit_direct`` puts 16 consecutive flat positions in a vector, so it computes every position of its
-padded rows, rounded up to whole blocks of 32: on an 8x8 map (rows 9 long, 72 positions, 96 computed)
-a third of its work is dropped, and on 16x16 a tenth. Here each output position is a scalar of X
+padded rows, rounded up to whole vectors: on an 8x8 map (rows 9 long, 64 of 80 positions kept) a fifth
+of its work is dropped, and on 16x16 a sixteenth. Here each output position is a scalar of X
 broadcast into FMAs with vectors of 16 kernels' weights, so a block is any ``POSITION_BLOCK`` positions
 (listed by their flat offsets, the pad columns left out) times ``KERNEL_VECTORS`` x 16 kernels: the same
 2 vector loads and 8 broadcasts per 16 FMAs as ``jit_direct``, and no position computed in vain. The
@@ -12,7 +12,7 @@ products come out position-major (``[P, K']``) and are copied into Y's planes wi
 The planes are ``jit_direct``'s (``flat_layout``, ``pad_image``, and the Relu mask of a backward applied
 as they are copied), so dX runs here as it does there. The kernels are padded to whole blocks of
 ``BLOCK_KERNELS``, which makes this the variant for layers of 32, 64, 128... kernels
-(``prefers_lanes``): on this VM, maps of 8x8 and smaller.
+(``prefers_lanes``): on the Zen 4 VM, maps of 14x14 and smaller.
 """
 
 from __future__ import annotations
@@ -132,22 +132,30 @@ def _position_block(
 def prefers_lanes(geom: Geometry, kernels: int) -> bool:
     """Whether a stride-1 2-D Conv with ``kernels`` output channels over ``geom`` runs faster here than in
     ``jit_direct``: the share of the computed products that are kept (positions and kernels padded to
-    whole blocks here, flat positions to whole blocks there), this variant's discounted by
-    ``LANES_SPEED``."""
+    whole blocks here, flat positions to whole vectors there), this variant's discounted by
+    ``LANES_SPEED`` (``ONE_BLOCK_SPEED`` for one block of kernels)."""
     rows, columns = geom.axes
     pixels = rows.out * columns.out
     kept_flat = pixels / flat_layout(geom).span
     kept_lanes = pixels / round_up(pixels, POSITION_BLOCK) * kernels / round_up(kernels, BLOCK_KERNELS)
-    return kept_lanes * LANES_SPEED > kept_flat
+    speed = LANES_SPEED if kernels > BLOCK_KERNELS else ONE_BLOCK_SPEED
+    return kept_lanes * speed > kept_flat
 
 
 #: Pixels per tile of the copy into Y's planes.
 COPY_TILE = 16
 #: This variant's speed per kept product relative to ``jit_direct``'s: its weights stream from L2 and
-#: its products reach Y through a transposing copy. One core, batch 128, 3x3 pad 1, fused Relu: 0.81
-#: (64 -> 64 at 16x16: 129 GFLOP/s there, 118 here), 0.82-0.92 (64 -> 128 and 128 -> 64 at 8x8: 99-101
-#: there, 124-139 here), 0.93 (256 -> 256 at 7x7: 117 there, 125 here; left there by this rule).
-LANES_SPEED = 0.8
+#: its products reach Y through a transposing copy. Sessions of one Conv (3x3 pad 1, fused Relu), both
+#: variants in one process, Zen 4 VM (2026-12-06), the time ratio lanes / flat at one and two threads and
+#: the speed it implies: 8x8 128 -> 128 (batch 16) 0.82 / 0.82, 0.98; 16x16 64 -> 64 0.97 / 1.00, 0.94-0.97;
+#: 32x32 32 -> 32 1.04 / 1.08, 0.90-0.94; 28x28 16 -> 32 1.06 / 1.09, 0.88-0.90; 28x28 and 56x56 64 -> 64
+#: (batch 4) 1.00-1.03, 0.94-0.97; 7x7 256 -> 256, 13x13 and 14x14 0.87-0.95 (lanes). It was 0.8 while
+#: ``jit_direct`` rounded its span to blocks of 32 (an 8x8 map's 72 positions computed as 96).
+LANES_SPEED = 0.93
+#: ``LANES_SPEED`` for layers of one block of kernels (``BLOCK_KERNELS`` or fewer): an image's work then
+#: does not split over two threads here, where ``jit_direct``'s blocks of 8 do. cifar10-quick at batch 1
+#: (its 32-kernel 5x5 layers at 32x32 and 16x16 in lanes at 0.93): 0.15 -> 0.21 ms.
+ONE_BLOCK_SPEED = 0.8
 
 
 @functools.lru_cache(maxsize=1024)

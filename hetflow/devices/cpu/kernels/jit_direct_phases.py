@@ -30,8 +30,8 @@ import numpy as np
 
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels.jit_direct import (
-    BLOCK_POSITIONS,
     KERNEL_BLOCK,
+    SPAN_POSITIONS,
     X_SLOT,
     BlockSplit,
     PartBuffers,
@@ -81,7 +81,7 @@ def phase_layout(geom: Geometry) -> PhaseLayout:
     rows, columns = geom.axes
     width = -(-columns.padded // columns.stride)
     depth = -(-rows.padded // rows.stride)
-    span = round_up(rows.out * width, BLOCK_POSITIONS)
+    span = round_up(rows.out * width, SPAN_POSITIONS)
     taps = [(i * rows.dilation, j * columns.dilation) for i in range(rows.kernel) for j in range(columns.kernel)]
     inside = [(di // rows.stride) * width + dj // columns.stride for di, dj in taps]
     phase_size = max(span + max(inside), depth * width)
