@@ -37,6 +37,8 @@ CaptureFn = Callable[[Sequence[Any]], tuple[Sequence[Any], Sequence[Any]] | None
 #: ``prepare(node, inputs, out, workspace)``: a ``BoundCall`` for concrete ``inputs`` (TensorInfos), or
 #: None where the kernel has nothing to gain from binding this node (see ``Kernel.prepare``).
 PrepareFn = Callable[[Node, Sequence[TensorInfo | None], Any, Any], BoundCall | None]
+#: ``inplace(node)``: the indices of the node's inputs whose memory the kernel may write its output over.
+InplaceFn = Callable[[Node], Sequence[int]]
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,10 @@ class Kernel:
             dtype are the output's, otherwise allocates. It returns its outputs either way, and never
             returns a view of an input (the runtime reuses input memory once the step has run).
         inplace: with ``writes_out``: an ``out`` entry may be the very memory of an input of the same
-            shape and dtype (elementwise kernels), so the planner may hand it a dying input's buffer.
+            shape and dtype, so the planner may hand it a dying input's buffer. True: any input
+            (elementwise kernels, which read each element only where they write it); a function
+            (``InplaceFn``): only the inputs it names for a node (a Conv's folded residual, read as
+            its sums are stored), and only where no other input of the node shares that memory.
         workspace: scratch bytes the kernel carves from ``workspace`` (None: it needs none).
         prepare: optional; binds the kernel to a node with concrete input shapes and to the buffers a
             session's memory plan gives it (``out``, ``workspace``, as above), once, when the session
@@ -75,9 +80,15 @@ class Kernel:
     algorithm: str = "default"
     supports: SupportsFn | None = None
     writes_out: bool = False
-    inplace: bool = False
+    inplace: bool | InplaceFn = False
     workspace: WorkspaceFn | None = None
     prepare: PrepareFn | None = None
+
+    def inplace_inputs(self, node: Node) -> Sequence[int]:
+        """The indices of ``node``'s inputs whose memory this kernel may write its output over."""
+        if callable(self.inplace):
+            return self.inplace(node)
+        return range(len(node.inputs)) if self.inplace else ()
 
     def reason_unsupported(self, node: Node, inputs: InputInfos = None) -> str | None:
         return None if self.supports is None else self.supports(node, inputs)
@@ -197,7 +208,7 @@ class KernelTable:
         algorithm: str = "default",
         supports: SupportsFn | None = None,
         writes_out: bool = False,
-        inplace: bool = False,
+        inplace: bool | InplaceFn = False,
         workspace: WorkspaceFn | None = None,
         prepare: PrepareFn | None = None,
     ) -> Callable[[KernelFn], KernelFn]:

@@ -13,8 +13,8 @@ Made once per plan with concrete shapes (``InferenceSession.plan_for`` binds the
   non-batch one), so the Concat finds its inputs already in place and copies nothing; a Concat that is
   itself the input of a Concat along the same axis nests (DenseNet's chain of growing Concats shares
   the last one's buffer);
-* **in place**: an elementwise kernel that declared ``inplace`` (the residual Add/Sum, activations)
-  writes into an input buffer whose last reader it is;
+* **in place**: a kernel that declared ``inplace`` (the residual Add/Sum, activations, a Conv into its
+  folded residual) writes into an input buffer whose last reader it is;
 * workspace: each kernel's scratch (``Kernel.workspace``: im2col columns, Winograd tiles, padding) is a
   buffer alive during its step only;
 * offsets: greedy by size with best fit (TFLite's arena planner): buffers in decreasing size, each at
@@ -35,6 +35,7 @@ from typing import Literal
 
 import numpy as np
 
+from hetflow.devices.base import Kernel
 from hetflow.graph.shapes import is_static
 from hetflow.ops.base import TensorInfo
 from hetflow.runtime.plan import Plan
@@ -220,7 +221,7 @@ class _Planner:
             self.buffers[buffer].writes.add(owned[name])
             self.buffers[buffer].accesses.add(owned[name])
         roots = self._record_accesses()
-        self._merge_inplace()
+        self._merge_inplace(roots)
         activations = [self.buffers[b] for b in range(len(self.buffers)) if self._find(b) == b]
         workspaces = self._workspaces()
         activation_bytes = _layout(activations, self._conflict)
@@ -339,7 +340,7 @@ class _Planner:
                         roots[name] = set(read)
         return roots
 
-    def _merge_inplace(self) -> None:
+    def _merge_inplace(self, roots: dict[str, set[int]]) -> None:
         """Let ``inplace`` kernels write into an input buffer whose last access they are."""
         for index, step in enumerate(self.plan.steps):
             node = step.node
@@ -349,20 +350,33 @@ class _Planner:
             own, part = self.home[output]
             if part is not None:
                 continue
-            value = self.graph.values[output]
-            for name in node.present_inputs():
-                home = self.home.get(name)
-                if home is None or home[1] is not None:
-                    continue
-                candidate = self.graph.values[name]
-                if candidate.shape != value.shape or candidate.dtype != value.dtype:
-                    continue
-                buffer = self._find(home[0])
-                if buffer == self._find(own) or not self._last_access(buffer, index):
-                    continue
-                self._merge(self._find(own), buffer)
+            name = self._overwritable_input(index, step.kernel, roots)
+            if name is not None:
+                self._merge(self._find(own), self._find(self.home[name][0]))
                 self.inplace[output] = name
-                break
+
+    def _overwritable_input(self, index: int, kernel: Kernel, roots: dict[str, set[int]]) -> str | None:
+        """The input of step ``index`` whose buffer its output may take: one the kernel may overwrite, of the
+        output's shape and dtype, a whole buffer, dying at this step, and shared by no input the kernel may
+        not overwrite (a Conv reads all of X for each output: X cannot be its residual's memory)."""
+        node = self.plan.steps[index].node
+        value = self.graph.values[node.outputs[0]]
+        own = self._find(self.home[node.outputs[0]][0])
+        eligible = set(kernel.inplace_inputs(node))
+        kept = {self._find(b) for i, name in enumerate(node.inputs) if i not in eligible for b in roots.get(name, ())}
+        for position in sorted(eligible):
+            name = node.inputs[position] if position < len(node.inputs) else ""
+            home = self.home.get(name)
+            if home is None or home[1] is not None:
+                continue
+            candidate = self.graph.values[name]
+            if candidate.shape != value.shape or candidate.dtype != value.dtype:
+                continue
+            buffer = self._find(home[0])
+            if buffer == own or buffer in kept or not self._last_access(buffer, index):
+                continue
+            return name
+        return None
 
     def _last_access(self, buffer: int, step: int) -> bool:
         """Whether ``step`` touches ``buffer`` after every other access in any valid order."""

@@ -124,14 +124,24 @@ def test_every_cpu_algorithm_adds_the_residual_before_the_activation(algorithm, 
     node_attrs = ConvAttrs(**{**attrs.__dict__, "fused": fused, "residual": True})
     conv = Node("Conv", "conv", ["x", "w", "b", "r"], ["y"], node_attrs)
     infos = [TensorInfo(a.shape, a.dtype) for a in (x, w, b, r)]
-    assert KERNELS[algorithm].reason_unsupported(conv, infos) is None
-    (got,) = KERNELS[algorithm].fn(conv, [x, w, b, r])
+    kernel = KERNELS[algorithm]
+    assert kernel.reason_unsupported(conv, infos) is None
+    assert tuple(kernel.inplace_inputs(conv)) == (3,)
     expected = plain + r.astype(np.float64)
     if fused is not None:
         expected = np.clip(expected, fused.alpha, fused.beta) if fused.op_type == "Clip" else np.maximum(expected, 0)
     tolerance = 2e-2 if dtype == np.float16 else 1e-4
+    (got,) = kernel.fn(conv, [x, w, b, r])
     assert got.dtype == dtype
     np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
+    # Stored over the residual itself (the memory plan's in-place Conv), unbound and bound.
+    workspace = np.empty(kernel.workspace(conv, infos) if kernel.workspace else 0, np.uint8)
+    for call in (lambda out: kernel.fn(conv, [x, w, b, out[0]], out, workspace),
+                 lambda out: kernel.bind(conv, infos, out, workspace)([x, w, b, out[0]])):  # fmt: skip
+        over = r.copy()
+        (got,) = call([over])
+        assert np.shares_memory(got, over)
+        np.testing.assert_allclose(over, expected, rtol=tolerance, atol=tolerance)
 
 
 def test_a_session_on_another_device_keeps_its_adds_and_shuffles():

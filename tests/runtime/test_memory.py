@@ -314,6 +314,36 @@ def test_residual_add_runs_in_place():
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
+def test_a_conv_stores_over_its_folded_residual_unless_it_reads_that_memory_as_x():
+    """c3 folds the Add of b: its sum may go over b, which dies there. In ``residual_model`` c2 folds an
+    Add whose shortcut is its own X: that memory is read whole for every output, so it gets its own."""
+    rng = np.random.default_rng(2)
+    nodes = [
+        _conv("c1", "x", "a", "w1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a"], ["ar"], name="r1"),
+        _conv("c2", "ar", "b", "w2", pads=[1, 1, 1, 1]),
+        _conv("c3", "ar", "c", "w3"),
+        helper.make_node("Add", ["b", "c"], ["s"], name="residual"),
+        _conv("c4", "s", "y", "w4"),
+    ]
+    weights = {"w1": _weights(rng, 6, 3, 3, 3), "w2": _weights(rng, 6, 6, 3, 3), "w3": _weights(rng, 6, 6, 1, 1),
+               "w4": _weights(rng, 2, 6, 1, 1)}  # fmt: skip
+    model = make_model(nodes, [("x", FLOAT, ["N", 3, 8, 8])], [("y", FLOAT, None)], weights)
+    for proto, over in ((model, {"b"}), (residual_model(), set())):
+        session = hetflow.InferenceSession(proto)
+        plan = _bound(session, 2)
+        folded = [step.node for step in plan.steps if step.node.op_type == "Conv" and step.node.attrs.residual]
+        assert len(folded) == 1
+        for order in ("sequential", "parallel"):
+            memory = plan_memory(plan, order=order)
+            assert {memory.inplace.get(folded[0].outputs[0])} - {None} == over, order
+            _assert_no_overlap(plan, memory)
+        feed = _feed(session, 2)
+        for _ in range(2):
+            np.testing.assert_allclose(session.run(None, feed)[0], run_onnxruntime(proto, feed)[0], rtol=1e-4,
+                                       atol=1e-5)  # fmt: skip
+
+
 def test_in_place_waits_for_the_last_reader():
     """``ar`` is read again after the residual Add, so the Add may only overwrite ``b``; in both orders."""
     model = residual_model()
