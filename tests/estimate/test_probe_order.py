@@ -51,21 +51,40 @@ def test_blas_spin_waits_out_only_the_rest_of_the_spin():
     assert time.perf_counter() - started < SETTLE_SECONDS / 2
 
 
-def test_a_probes_own_loops_are_timed_first_and_after_blas_settles(quick_profile, monkeypatch):
-    from hetflow.devices.cpu.kernels import own_gemm
-
-    probe = next(p for p in probes.catalogue() if p.name == "conv 32x16x16 -> 32 k5 spin")
+def _probe_events(probe_name: str, quick_profile) -> tuple[list[str], list[str]]:
+    """The keys a probe's samples have, and when it told BLAS's spin it ran (``ran``) or waited (``wait``)."""
+    probe = next(p for p in probes.catalogue() if p.name == probe_name)
     assert probe.spin and not probe.hold_blas
-    # Its 800 column rows would run as whole columns on the tile GEMM: kept on BLAS here, so that the
-    # probe has candidates of both kinds.
-    monkeypatch.setattr(own_gemm, "COLUMNS_MAX_BYTES", 0)
     terms = calibrate.Terms(quick_profile.gemm, quick_profile.memory, quick_profile.gemm_one_thread, 2)
     events: list[str] = []
     blas = calibrate.BlasSpin()
-    monkeypatch.setattr(blas, "ran", lambda: events.append("ran"))
-    monkeypatch.setattr(blas, "wait", lambda: events.append("wait"))
+    blas.ran = lambda: events.append("ran")  # type: ignore[method-assign]
+    blas.wait = lambda: events.append("wait")  # type: ignore[method-assign]
     samples = calibrate._time_probe(probe, calibrate.QUICK, get_device("cpu"), terms, blas=blas)
-    keys = [sample.key for sample in samples]
-    assert keys[0] == "Conv/direct_fma@spin" and "Conv/im2col@spin" in keys
-    # The direct loop waited for BLAS before it was timed; the im2col candidates each reported BLAS's run.
-    assert events[0] == "wait" and events.count("ran") == len(keys) - 1
+    return [sample.key for sample in samples], events
+
+
+def test_a_probes_own_loops_are_timed_first_and_after_blas_settles(quick_profile, monkeypatch):
+    from hetflow.devices.cpu.kernels import own_gemm
+
+    # Its 800 column rows would run as whole columns on the tile GEMM: kept on BLAS here.
+    monkeypatch.setattr(own_gemm, "COLUMNS_MAX_BYTES", 0)
+    keys, events = _probe_events("conv 32x16x16 -> 32 k5 spin", quick_profile)
+    assert keys == ["Conv/direct_fma@spin", "Conv/im2col@spin"]
+    # The direct loop waited for BLAS before it was timed; the im2col candidate reported BLAS's run twice:
+    # its unbound warm-up and its allocation count.
+    assert events == ["wait", "ran", "ran"]
+
+
+def test_a_candidate_timed_off_blas_waits_out_its_own_unbound_warm_up(quick_profile):
+    """The im2col candidate on whole columns runs the tile GEMM when timed, but its warm-up (the kernel
+    called unbound) multiplied on BLAS: it comes after the direct loop and waits before it is timed."""
+    keys, events = _probe_events("conv 32x16x16 -> 32 k5 spin", quick_profile)
+    assert keys == ["Conv/direct_fma@spin", "Conv/im2col@columns"]
+    assert events == ["wait", "ran", "wait", "ran"]
+
+
+@pytest.mark.parametrize(("algorithm", "expected"), [("direct_fma", False), ("depthwise", False), ("pointwise", True),
+                                                     ("im2col", True)])  # fmt: skip
+def test_unbound_calls_of_gemm_convs_count_as_blas(algorithm, expected):
+    assert calibrate._unbound_calls_blas(_node("Conv"), algorithm) is expected
