@@ -37,8 +37,9 @@ CaptureFn = Callable[[Sequence[Any]], tuple[Sequence[Any], Sequence[Any]] | None
 #: ``prepare(node, inputs, out, workspace)``: a ``BoundCall`` for concrete ``inputs`` (TensorInfos), or
 #: None where the kernel has nothing to gain from binding this node (see ``Kernel.prepare``).
 PrepareFn = Callable[[Node, Sequence[TensorInfo | None], Any, Any], BoundCall | None]
-#: ``inplace(node)``: the indices of the node's inputs whose memory the kernel may write its output over.
-InplaceFn = Callable[[Node], Sequence[int]]
+#: ``inplace(node, inputs)``: the indices of the node's inputs whose memory the kernel may write its output
+#: over, for inputs of these shapes (``InputInfos``).
+InplaceFn = Callable[[Node, InputInfos], Sequence[int]]
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,9 @@ class Kernel:
         inplace: with ``writes_out``: an ``out`` entry may be the very memory of an input of the same
             shape and dtype, so the planner may hand it a dying input's buffer. True: any input
             (elementwise kernels, which read each element only where they write it); a function
-            (``InplaceFn``): only the inputs it names for a node (a Conv's folded residual, read as
-            its sums are stored), and only where no other input of the node shares that memory.
+            (``InplaceFn``): only the inputs it names for a node and its input shapes (a Conv's folded
+            residual, where its tiles read it as they store their sums), and only where no other
+            input of the node shares that memory.
         workspace: scratch bytes the kernel carves from ``workspace`` (None: it needs none).
         prepare: optional; binds the kernel to a node with concrete input shapes and to the buffers a
             session's memory plan gives it (``out``, ``workspace``, as above), once, when the session
@@ -84,10 +86,11 @@ class Kernel:
     workspace: WorkspaceFn | None = None
     prepare: PrepareFn | None = None
 
-    def inplace_inputs(self, node: Node) -> Sequence[int]:
-        """The indices of ``node``'s inputs whose memory this kernel may write its output over."""
+    def inplace_inputs(self, node: Node, inputs: InputInfos = None) -> Sequence[int]:
+        """The indices of ``node``'s inputs (of shapes ``inputs``, when known) whose memory this kernel may
+        write its output over."""
         if callable(self.inplace):
-            return self.inplace(node)
+            return self.inplace(node, inputs)
         return range(len(node.inputs)) if self.inplace else ()
 
     def reason_unsupported(self, node: Node, inputs: InputInfos = None) -> str | None:

@@ -37,7 +37,7 @@ import numpy as np
 
 from hetflow.devices.base import Kernel
 from hetflow.graph.shapes import is_static
-from hetflow.ops.base import TensorInfo
+from hetflow.ops.base import TensorInfo, planned_infos
 from hetflow.runtime.plan import Plan
 
 #: Byte alignment of every buffer in the arena (a cache line; also AVX-512's vector width).
@@ -362,7 +362,7 @@ class _Planner:
         node = self.plan.steps[index].node
         value = self.graph.values[node.outputs[0]]
         own = self._find(self.home[node.outputs[0]][0])
-        eligible = set(kernel.inplace_inputs(node))
+        eligible = set(kernel.inplace_inputs(node, planned_infos(node, self.graph.values)))
         kept = {self._find(b) for i, name in enumerate(node.inputs) if i not in eligible for b in roots.get(name, ())}
         for position in sorted(eligible):
             name = node.inputs[position] if position < len(node.inputs) else ""
