@@ -15,7 +15,9 @@ both sides pair up by op type in order (the runtimes may fold a residual Add int
 block); the rest count on hetflow's side only, under "unmatched". hetflow's times include the Python
 around each observed call (10-20 us a node on the 2-vCPU VMs), which a replayed run does not pay and
 ORT's kernel times do not count: on networks of small layers compare the whole runs too
-(``compare.py``).
+(``compare.py``), or take ``--replayed``: each hetflow layer then reads the time it takes replayed alone
+on its real inputs, as a run replays it (``hetflow.estimate.validate.layer_seconds``, what
+``hetflow estimate --validate`` measures), after the alternating blocks.
 """
 
 from __future__ import annotations
@@ -97,9 +99,9 @@ def _match(layers: list[Layer], ort_times: dict[str, tuple[str, list[float]]]) -
                 layer.ort = times
 
 
-def measure(model: str, batch: int, runs: int, threads: int) -> list[Layer]:
+def measure(model: str, batch: int, runs: int, threads: int, replayed: bool = False) -> list[Layer]:
     """Both runtimes on ``model`` at ``batch``, in alternating blocks of ``BLOCK`` runs; the layers in
-    hetflow's order."""
+    hetflow's order (with ``replayed``, hetflow's times are each layer's replayed alone instead)."""
     path = zoo.model_path(model)
     session = InferenceSession(path, threads=threads)
     feeds = _feed(session, batch)
@@ -129,6 +131,12 @@ def measure(model: str, batch: int, runs: int, threads: int) -> list[Layer]:
                 timed.append(not untimed)
         ort_times = _ort_times(Path(ort_session.end_profiling()), timed)
     _match(list(layers.values()), ort_times)
+    if replayed:
+        from hetflow.estimate.validate import layer_seconds
+
+        for name, seconds in layer_seconds(session, feeds).items():
+            if name in layers:
+                layers[name].hetflow = [seconds]
     return list(layers.values())
 
 
@@ -171,9 +179,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--layers", action="store_true", help="also print every layer")
+    parser.add_argument("--replayed", action="store_true",
+                        help="hetflow's layers timed replayed alone (as runs replay them), not observed")
     args = parser.parse_args(argv)
-    print(f"{args.model} at batch {args.batch}, {args.threads} threads, {args.runs} runs each, in alternating blocks")
-    print(report(measure(args.model, args.batch, args.runs, args.threads), args.layers))
+    mode = "replayed alone" if args.replayed else "observed"
+    print(f"{args.model} at batch {args.batch}, {args.threads} threads, {args.runs} runs each, in alternating blocks "
+          f"(hetflow's layers {mode})")
+    print(report(measure(args.model, args.batch, args.runs, args.threads, args.replayed), args.layers))
 
 
 if __name__ == "__main__":
