@@ -45,11 +45,13 @@ HotStep = tuple[BoundCall, Node, tuple[int, ...], tuple[int, ...], tuple[int, ..
 
 @dataclass(frozen=True)
 class _Segment:
-    """Consecutive captured steps: their jobs, the values they leave, the slots released after them."""
+    """Consecutive captured steps: their jobs, the values they leave, the slots released after them, and
+    the node each job computes (in the script's order)."""
 
     script: JobScript
     results: tuple[tuple[int, np.ndarray], ...]
     release: tuple[int, ...]
+    owners: tuple[str, ...] = ()
 
 
 @dataclass
@@ -107,6 +109,11 @@ class Replay:
         return sum(len(entry.script) for entry in self.entries if isinstance(entry, _Segment))
 
     @property
+    def scripts(self) -> list[tuple[JobScript, tuple[str, ...]]]:
+        """Each replayed segment's jobs, in run order, with the node each job computes."""
+        return [(entry.script, entry.owners) for entry in self.entries if isinstance(entry, _Segment)]
+
+    @property
     def called(self) -> int:
         """How many steps a replay still calls from Python."""
         return sum(isinstance(entry, _Called) for entry in self.entries)
@@ -153,14 +160,16 @@ def capture(
     entries: list[_Segment | _Called] = []
     replayed: list[str] = []
     jobs: list[Job] = []
+    owners: list[str] = []
     results: list[tuple[int, np.ndarray]] = []
     released: list[int] = []
     captured = False
 
     def close_segment() -> None:
         if results or jobs:
-            entries.append(_Segment(JobScript(jobs), tuple(results), tuple(released)))
+            entries.append(_Segment(JobScript(jobs), tuple(results), tuple(released), tuple(owners)))
         jobs.clear()
+        owners.clear()
         results.clear()
         released.clear()
 
@@ -187,6 +196,7 @@ def capture(
         for job in step_jobs:
             job.run(pool)
         jobs.extend(step_jobs)
+        owners.extend(step[1].name for _ in step_jobs)
         for slot, value in zip(outputs, made):
             env[slot] = value
             results.append((slot, value))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -227,10 +228,15 @@ def _dispatch_steps(state, job, block, chunks, steps, step_slot, alone):  # noqa
 
 
 @numba.njit(nogil=True, cache=True)
-def _replay(state, jobs, blocks, chunks, alone):  # noqa: ANN001, ANN202
+def _replay(state, jobs, blocks, chunks, alone, stamps):  # noqa: ANN001, ANN202
     """Job ``i`` (at address ``jobs[i]``, its argument block at ``blocks[i]``) in ``chunks[i]`` chunks, for
     every ``i`` in order: on the workers beside the caller, or on the caller ``alone``; one chunk always
-    on the caller. Every chunk of a job has finished before the next job starts."""
+    on the caller. Every chunk of a job has finished before the next job starts. Where ``stamps`` has
+    room (one more than there are jobs), the cycle counter is read into it before the first job and
+    after each (``replay_stamped``)."""
+    stamped = stamps.shape[0] > jobs.shape[0]
+    if stamped:
+        stamps[0] = _cycles()
     for index in range(jobs.shape[0]):
         count = chunks[index]
         if alone or count == 1:
@@ -238,6 +244,52 @@ def _replay(state, jobs, blocks, chunks, alone):  # noqa: ANN001, ANN202
                 _call_job(jobs[index], blocks[index], chunk, count)
         else:
             _dispatch_at(state, jobs[index], blocks[index], count)
+        if stamped:
+            stamps[index + 1] = _cycles()
+
+
+@intrinsic
+def _cycles(typingctx):  # noqa: ANN001, ANN202
+    """The CPU's cycle counter (``llvm.readcyclecounter``: x86's ``rdtsc``, a constant rate on current
+    CPUs; 0 where the target has none)."""
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        counter = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []),
+                                                 "llvm.readcyclecounter")  # fmt: skip
+        return builder.call(counter, [])
+
+    return types.int64(), codegen
+
+
+#: ``_replay``'s stamps when a replay is not timed.
+_NO_STAMPS = np.zeros(0, np.int64)
+
+
+def replay_stamped(script: JobScript, pool: SpinPool | None) -> np.ndarray:
+    """``replay_on``, timed: the cycles each of ``script``'s jobs took, in order (a profile of a replayed
+    run with nothing around its jobs; ``cycles_per_second`` converts them)."""
+    stamps = np.zeros(len(script) + 1, np.int64)
+    if len(script) == 0:
+        return stamps[1:]
+    if pool is None:
+        _replay(_NO_STATE, script.addresses, script.blocks, script.chunks, True, stamps)
+    else:
+        pool.replay(script, stamps)
+    return np.diff(stamps)
+
+
+@numba.njit(nogil=True, cache=True)
+def _read_cycles():  # noqa: ANN202
+    return _cycles()
+
+
+def cycles_per_second(seconds: float = 0.05) -> float:
+    """The cycle counter's rate (``replay_stamped``), measured against ``time.perf_counter``."""
+    _read_cycles()  # compiled before the measurement
+    start, cycles = time.perf_counter(), _read_cycles()
+    while time.perf_counter() - start < seconds:
+        pass
+    return (_read_cycles() - cycles) / (time.perf_counter() - start)
 
 
 # -- argument blocks --------------------------------------------------------------------------------
@@ -388,7 +440,7 @@ class JobScript:
 
 def replay_alone(script: JobScript) -> None:
     """Every job of ``script`` in order, every chunk on the calling thread."""
-    _replay(_NO_STATE, script.addresses, script.blocks, script.chunks, True)
+    _replay(_NO_STATE, script.addresses, script.blocks, script.chunks, True, _NO_STAMPS)
 
 
 def replay_on(script: JobScript, pool: SpinPool | None) -> None:
@@ -442,15 +494,16 @@ class SpinPool:
         finally:
             self._busy.release()
 
-    def replay(self, script: JobScript) -> None:
+    def replay(self, script: JobScript, stamps: np.ndarray = _NO_STAMPS) -> None:
         """Run ``script``'s jobs in order, each split over the workers and the caller, from one compiled
-        call (on the caller alone while the pool is busy)."""
-        if self.workers < 1 or not self._busy.acquire(blocking=False):
-            replay_alone(script)
+        call (on the caller alone while the pool is busy); ``stamps``: see ``_replay``."""
+        alone = self.workers < 1 or not self._busy.acquire(blocking=False)
+        if alone:
+            _replay(_NO_STATE, script.addresses, script.blocks, script.chunks, True, stamps)
             return
         try:
             self._start()
-            _replay(self.state, script.addresses, script.blocks, script.chunks, False)
+            _replay(self.state, script.addresses, script.blocks, script.chunks, False, stamps)
         finally:
             self._busy.release()
 
