@@ -105,6 +105,31 @@ def test_every_step_of_lenet_replays_from_compiled_code_at_batch_1():
     assert found.jobs >= len(session.plan.steps) - 1  # Flatten is a view: no job
 
 
+def test_a_stamped_replay_times_each_job_and_names_its_node(monkeypatch):
+    """``spin_pool.replay_stamped`` (``benchmarks/replay_timeline.py``): one positive cycle count per job,
+    the replay's results those of a plain run, and each job owned by a replayed node, in run order."""
+    session = _session("lenet")
+    feed = _feeds(session, 1, 1)[0]
+    expected = _plain(session, [feed], monkeypatch)[0]
+    session.run(None, feed)
+    (found,) = _replays(session)
+    assert found is not None
+    owners = [owner for _, names in found.scripts for owner in names]
+    assert len(owners) == found.jobs and set(owners) <= set(found.replayed_nodes)
+    assert owners == sorted(owners, key=found.replayed_nodes.index)  # in run order
+    rate = spin_pool.cycles_per_second(0.01)
+    assert rate > 1e6
+    for pool in (None, spin_pool.SpinPool(1)):
+        for script, names in found.scripts:
+            cycles = spin_pool.replay_stamped(script, pool)
+            assert cycles.shape == (len(names),) and (cycles > 0).all()
+            assert cycles.sum() / rate < 0.1  # LeNet's jobs take microseconds
+        if pool is not None:
+            pool.close()
+    # The stamped replays ran the jobs on the arena's buffers: a run after them is still right.
+    np.testing.assert_allclose(session.run(None, feed)[0], expected, rtol=1e-5, atol=1e-6)
+
+
 def test_the_session_reports_what_its_runs_replay():
     session = _session("lenet")
     assert session.replay_report() == {"replayed": [], "called": []}  # nothing captured before a run
