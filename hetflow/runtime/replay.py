@@ -51,7 +51,7 @@ class _Segment:
     script: JobScript
     results: tuple[tuple[int, np.ndarray], ...]
     release: tuple[int, ...]
-    owners: tuple[str, ...] = ()
+    owners: tuple[str, ...]
 
 
 @dataclass

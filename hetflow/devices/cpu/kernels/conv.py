@@ -209,9 +209,8 @@ def run_conv(
         # The planner may give Y the residual's own memory (``stores_over_residual``): the body's products,
         # which read all of X per output, then go to fresh memory and the sum is stored over R.
         aliased = target is not None and target.shape == residual.shape and np.shares_memory(target, residual)
-        into = target if aliased else None
-        y = body(node, x, w, None if into is not None else target, Scratch(workspace))
-        y = add_residual(y, residual, bias, node.attrs.fused, into)
+        y = body(node, x, w, None if aliased else target, Scratch(workspace))
+        y = add_residual(y, residual, bias, node.attrs.fused, target if aliased else None)
     elif finishing is None:
         y = body(node, x, w, target, Scratch(workspace))
         finish_channels(y, bias, node.attrs.fused)
