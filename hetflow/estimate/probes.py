@@ -516,6 +516,9 @@ def catalogue() -> list[Probe]:
         Probe("maxpool 2x2/2 50x8 spin", pool("MaxPool", 50, 8, 2, 2), spin=True),
         Probe("maxpool 2x2/2 64x16 spin", pool("MaxPool", 64, 16, 2, 2), spin=True),
         Probe("maxpool 2x2/2 128x8 spin", pool("MaxPool", 128, 8, 2, 2), spin=True),
+        # VGG-19's 2x2/2 pools at batch 1, on rows long enough for the tiles loop (``MaxPool/tiles@spin``).
+        Probe("maxpool 2x2/2 64x224 spin", pool("MaxPool", 64, 224, 2, 2), spin=True),
+        Probe("maxpool 2x2/2 256x56 spin", pool("MaxPool", 256, 56, 2, 2), spin=True),
         Probe("avgpool 3x3/1 256x28 spin", pool("AveragePool", 256, 28, 3, 1, 1), spin=True),
         Probe("avgpool 3x3/1 576x14 spin", pool("AveragePool", 576, 14, 3, 1, 1), spin=True),
         Probe("avgpool 3x3/2 240x56 spin", pool("AveragePool", 240, 56, 3, 2, 1), spin=True),

@@ -504,3 +504,28 @@ def test_a_pool_in_a_run_on_its_own_threads_has_a_threads_key(op_type, kernel, s
     assert not layer_key(node, chosen, graph, spinning=True, split=True).endswith(THREADS_MARK)
     cost = next(cost for _, cost in node_costs(graph))
     assert kernel_cost(node, cost, marked, graph).loops == 4 * 16
+
+
+@pytest.mark.parametrize(("batch", "mark"), [(1, "@spin"), (4, "@spin-batch")])
+def test_a_tiling_max_pool_in_a_spinning_run_has_a_spin_key_that_probes_time(batch, mark) -> None:
+    """A spinning run shares a tiling max pool's planes out (``jit_pool.pool_job``): its key is marked, and
+    the catalogue has spinning probes of that key (left unmarked, VGG-19's pools at batch 16 were priced
+    from one-thread probes at 2-3.4x their time)."""
+    from hetflow.devices.cpu import CPUDevice
+    from hetflow.estimate.calibrate import Terms
+    from hetflow.estimate.predict import layer_key
+    from hetflow.estimate.probes import catalogue, pool
+    from hetflow.frontends import load_model
+    from hetflow.runtime.planner import input_infos
+
+    device = CPUDevice()
+
+    def spinning_key(model) -> str:  # noqa: ANN001
+        graph = load_model(model)
+        node = graph.nodes[0]
+        return layer_key(node, device.kernels.lookup(node, input_infos(graph, node)), graph, spinning=True)
+
+    assert spinning_key(pool("MaxPool", 64, 112, 2, 2, batch=batch)()) == "MaxPool/tiles" + mark
+    spins = Terms(None, None, None, 2).batch_spins  # type: ignore[arg-type]
+    timed = [p for p in catalogue() if p.spin or (p.split and spins(p))]
+    assert any(spinning_key(p.build()) == "MaxPool/tiles" + mark for p in timed)
