@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from hetflow.devices.base import Device
+from hetflow.devices.base import Device, Kernel
 from hetflow.devices.registry import get_device
 from hetflow.estimate import probes as probe_catalogue
 from hetflow.estimate.cache import last_level_cache_bytes
@@ -194,9 +194,7 @@ def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) ->
         again = [index for index, spent in enumerate(seconds) if spent <= LONG_PROBE_SECONDS]
         for _ in range(settings.passes - 1):
             gemm_sweeps.append(_time_gemm_grid(settings, grid, hardware, bar.update))
-            # NOTE: later sweeps skip the settle phase (each sample keeps its fastest sweep, the first's
-            # settled one): it added ~20 s to a calibration that must stay under two minutes.
-            swept = _time_probes([probes[i] for i in again], settings, hardware, terms, bar, settle=False)
+            swept = _time_probes([probes[i] for i in again], settings, hardware, terms, bar, LATER_SWEEP)
             later = list(measured)
             for index, samples in zip(again, swept):
                 later[index] = samples
@@ -476,30 +474,104 @@ class BlasSpin:
             time.sleep(remaining)
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """What one pass over the probes does besides timing the kernels."""
+
+    #: let a call that split on hetflow's pool settle before it is timed (``timing.timed_first_call``).
+    settle: bool = True
+    #: count each kernel's allocations with tracemalloc. They do not change between sweeps: a later one
+    #: keeps the first one's counts (``_faster``), which saved ~2.5 s of a calibration.
+    count_allocations: bool = True
+
+
+FIRST_SWEEP = Sweep()
+# NOTE: later sweeps skip the settle phase (each sample keeps its fastest sweep, the first's settled one):
+# it added ~20 s to a calibration that must stay under two minutes.
+LATER_SWEEP = Sweep(settle=False, count_allocations=False)
+REMEASURE = Sweep(count_allocations=False)
+
+
+@dataclass(frozen=True)
+class _Mode:
+    """How one probe is timed, as the runs it stands for run its layers."""
+
+    #: a run that splits its GEMMs over its own threads (``own_threads``).
+    split: bool
+    #: a run on the spinning pool (``executor.spins``)...
+    spin: bool
+    #: ...with BLAS held at one thread meanwhile.
+    hold_blas: bool
+    #: BLAS keeps its threads beside the kernels, as in a small network's run.
+    threaded: bool
+    #: the probe's own loops must be timed out of reach of BLAS's spinning workers (``BlasSpin``).
+    quiet_loops: bool
+
+
+def _mode(probe: probe_catalogue.Probe, device: Device, terms: Terms) -> _Mode:
+    split = terms.splits(probe)
+    spin = probe.spin or terms.batch_spins(probe)
+    hold_blas = probe.hold_blas or terms.batch_spins(probe)
+    # BLAS keeps its threads where a probe neither splits on hetflow's threads nor holds BLAS at one.
+    threaded = terms.threads > 1 and not split and not (spin and hold_blas)
+    return _Mode(split, spin, hold_blas, threaded, quiet_loops=spin and threaded and device.kind == "cpu")
+
+
+#: Samples timed ahead of a probe's sweep, by (node name, key): its own loops (``_time_probes``).
+Timed = dict[tuple[str, str], Sample]
+
+
 def _time_probes(
     probes: Sequence[probe_catalogue.Probe], settings: Settings, device: Device, terms: Terms, bar: Any,
-    settle: bool = True, seconds: list[float] | None = None,
+    sweep: Sweep = FIRST_SWEEP, seconds: list[float] | None = None,
 ) -> list[list[Sample]]:
-    """One sweep over ``probes``: the samples of every probe (``settle``: see
-    ``timing.timed_first_call``); each probe's wall seconds appended to ``seconds`` when given."""
-    measured = []
+    """One sweep over ``probes``: the samples of every probe; each probe's wall seconds appended to
+    ``seconds`` when given.
+
+    The own loops of every probe that spins beside BLAS's threads are timed first, before any of those
+    probes' BLAS candidates run: timed probe by probe, each waited ~0.1 s for the workers the previous
+    probe's BLAS calls had left spinning (100 waits, ~10 s of a calibration on the Zen 4 VM, 2026-12-06).
+    """
     blas = BlasSpin()
-    for probe in probes:
+    spent = [0.0] * len(probes)
+    ahead: dict[int, Timed] = {}
+    for index, probe in enumerate(probes):
+        if _mode(probe, device, terms).quiet_loops:
+            started = time.perf_counter()
+            ahead[index] = {
+                (name, sample.key): sample
+                for name, sample in _time_probe(probe, settings, device, terms, sweep, blas, quiet_only=True)
+            }
+            spent[index] += time.perf_counter() - started
+    measured = []
+    for index, probe in enumerate(probes):
         bar.set_postfix_str(probe.name[:32], refresh=False)
         started = time.perf_counter()
-        measured.append(_time_probe(probe, settings, device, terms, settle, blas))
-        if seconds is not None:
-            seconds.append(time.perf_counter() - started)
+        named = _time_probe(probe, settings, device, terms, sweep, blas, ahead.get(index))
+        measured.append([sample for _, sample in named])
+        spent[index] += time.perf_counter() - started
         bar.update(1)
+    if seconds is not None:
+        seconds.extend(spent)
     return measured
 
 
 def _fastest(first: list[list[Sample]], second: list[list[Sample]]) -> list[list[Sample]]:
     """Per sample, the faster of two sweeps (sweeps of one catalogue list the same samples in order)."""
     return [
-        [a if a.seconds <= b.seconds else b for a, b in zip(one, other)] if len(one) == len(other) else one
+        [_faster(a, b) for a, b in zip(one, other)] if len(one) == len(other) else one
         for one, other in zip(first, second)
     ]
+
+
+def _faster(counted: Sample, again: Sample) -> Sample:
+    """The faster of a sample whose allocations were counted and its measurement ``again``, with the
+    counted allocations (a later sweep does not count them: ``Sweep.count_allocations``)."""
+    if counted.seconds <= again.seconds:
+        return counted
+    return dataclasses.replace(
+        again, transient_bytes=counted.transient_bytes, retained_bytes=counted.retained_bytes
+    )
 
 
 def _with_features(sample: Sample, terms: Terms) -> Sample:
@@ -510,103 +582,151 @@ def _with_features(sample: Sample, terms: Terms) -> Sample:
 
 
 def _time_probe(
-    probe: probe_catalogue.Probe, settings: Settings, device: Device, terms: Terms, settle: bool = True,
-    blas: BlasSpin | None = None,
-) -> list[Sample]:
+    probe: probe_catalogue.Probe, settings: Settings, device: Device, terms: Terms, sweep: Sweep = FIRST_SWEEP,
+    blas: BlasSpin | None = None, ahead: Timed | None = None, quiet_only: bool = False,
+) -> list[tuple[str, Sample]]:
     """Time every kernel of ``device`` for every node of one probe model, on real inputs; a ``split``
     probe as a large network's batch runs here: spinning with BLAS held at one thread, or splitting its
-    GEMMs over its own threads (``own_threads``)."""
+    GEMMs over its own threads (``own_threads``). Returns (node name, sample) pairs.
+
+    ``ahead``: samples already timed (``_time_probes``), kept instead of timing their kernels again;
+    ``quiet_only``: time only the kernels that must be timed out of reach of BLAS's workers.
+    """
     from hetflow.devices.cpu.threads import own_threads
     from hetflow.runtime.executor import spin_threads
 
-    split = terms.splits(probe)
-    spin = probe.spin or terms.batch_spins(probe)
-    hold_blas = probe.hold_blas or terms.batch_spins(probe)
-    if split:
+    mode = _mode(probe, device, terms)
+    if mode.split:
         context: Any = own_threads(terms.threads)
-    elif spin and device.kind == "cpu":
-        context = own_threads(spin_threads(terms.threads), spin=True, hold_blas=hold_blas)
+    elif mode.spin and device.kind == "cpu":
+        context = own_threads(spin_threads(terms.threads), spin=True, hold_blas=mode.hold_blas)
     else:
         context = contextlib.nullcontext()
-    # BLAS keeps its threads where a probe neither splits on hetflow's threads nor holds BLAS at one.
-    threaded = terms.threads > 1 and not split and not (spin and hold_blas)
+    timer = _ProbeTimer(probe.build(), settings, device, terms, mode, sweep, blas or BlasSpin())
     with context:
-        return _time_probe_nodes(probe.build(), settings, device, terms, split, spin, settle, blas, threaded)
+        return timer.run(ahead or {}, quiet_only)
 
 
-def _time_probe_nodes(
-    model: object, settings: Settings, device: Device, terms: Terms, split: bool, spin: bool = False,
-    settle: bool = True, blas: BlasSpin | None = None, threaded: bool = False,
-) -> list[Sample]:
-    """Samples of every candidate kernel of every node of ``model``, those that never call BLAS first.
-    With ``threaded`` (BLAS keeps its threads beside the kernels, as in a small network's run), the
-    others tell ``blas`` they ran it, and a spinning probe's own loops wait for its workers to settle
-    before they are timed (``BlasSpin``)."""
-    blas = blas if blas is not None else BlasSpin()
-    graph = optimize(load_model(model))  # type: ignore[arg-type]
-    costs = {node.name: cost for node, cost in node_costs(graph)}
-    feeds = _random_feeds(graph)
-    samples: list[Sample] = []
-    steps = []
-    for node in graph.nodes:
-        kernel = device.kernels.lookup(node, input_infos(graph, node))
-        if kernel is None:
-            return samples  # an op this device lacks: nothing to calibrate here
-        steps.append((node, kernel))
+class _ProbeTimer:
+    """Times the candidate kernels of every node of one probe model, the nodes in order on real data
+    (``timing.replay``), those that never call BLAS first. With ``mode.threaded`` (BLAS keeps its
+    threads beside the kernels, as in a small network's run) the others tell ``blas`` they ran it, and
+    a spinning probe's own loops wait for its workers to settle before they are timed (``BlasSpin``)."""
 
-    def visit(index: int, node: Node, kernel: object, inputs: list[np.ndarray | None]) -> Sequence | None:
-        outputs = None
-        infos = array_infos(inputs)
-        candidates = device.kernels.candidates(node, infos)
-        keys = [layer_key(node, candidate, graph, spin, split) for candidate in candidates]
-        # The warm-up and the allocation count call each kernel unbound, where an im2col or a pointwise
-        # Conv multiplies on BLAS whatever its key: those come last, after the compiled loops.
-        order = sorted(range(len(candidates)), key=lambda i: _unbound_calls_blas(node, candidates[i].algorithm))
-        for candidate, key in ((candidates[i], keys[i]) for i in order):
-            if candidate.algorithm in SKIPPED_ALGORITHMS:
-                continue
-            calls_blas = _may_call_blas(node, candidate.algorithm, key)
-            unbound_blas = threaded and _unbound_calls_blas(node, candidate.algorithm)
-            if spin and not key.endswith(SPINNING_RUN_MARKS):
-                # NOTE: a spinning probe times only what a spinning run splits: the others have probes
-                # of their own, and one of them run here (an im2col GEMM on OpenBLAS's threads) left
-                # those threads spinning on the cores: the direct Conv timed after it took 2x.
-                continue
+    def __init__(
+        self, model: object, settings: Settings, device: Device, terms: Terms, mode: _Mode, sweep: Sweep,
+        blas: BlasSpin,
+    ) -> None:
+        self.graph = optimize(load_model(model))  # type: ignore[arg-type]
+        self.costs = {node.name: cost for node, cost in node_costs(self.graph)}
+        self.settings, self.device, self.terms = settings, device, terms
+        self.mode, self.sweep, self.blas = mode, sweep, blas
+
+    def run(self, ahead: Timed, quiet_only: bool) -> list[tuple[str, Sample]]:
+        samples: list[tuple[str, Sample]] = []
+        steps = []
+        for node in self.graph.nodes:
+            kernel = self.device.kernels.lookup(node, input_infos(self.graph, node))
+            if kernel is None:
+                return samples  # an op this device lacks: nothing to calibrate here
+            steps.append((node, kernel))
+
+        def visit(index: int, node: Node, kernel: Kernel, inputs: list[np.ndarray | None]) -> Sequence | None:
+            outputs = None
+            for candidate, key in self._candidates(node, inputs):
+                quiet = self.mode.quiet_loops and not _may_call_blas(node, candidate.algorithm, key)
+                if quiet_only and not quiet:
+                    continue
+                sample = ahead.get((node.name, key))
+                if sample is None:
+                    sample, result = self._timed(node, candidate, key, inputs, quiet)
+                    outputs = result if outputs is None else outputs
+                if self.sweep.count_allocations:
+                    sample = self._counted(sample, node, candidate, inputs)
+                samples.append((node.name, sample))
+            if outputs is None:  # every candidate skipped: the next nodes still need this one's outputs
+                outputs = kernel.fn(node, inputs)
+                self._ran_unbound(node, kernel)
+            return outputs
+
+        replay(self.graph, steps, _random_feeds(self.graph), visit)
+        return samples
+
+    def _candidates(self, node: Node, inputs: list[np.ndarray | None]) -> list[tuple[Kernel, str]]:
+        """The node's candidate kernels to time, with their keys: a spinning probe's only where a
+        spinning run splits them; the ones whose unbound calls may multiply on BLAS last (the warm-up and
+        the allocation count call each kernel unbound, where an im2col or a pointwise Conv multiplies on
+        BLAS whatever its key)."""
+        mode = self.mode
+        candidates = self.device.kernels.candidates(node, array_infos(inputs))
+        keyed = [(candidate, layer_key(node, candidate, self.graph, mode.spin, mode.split)) for candidate in candidates]
+        # NOTE: a spinning probe times only what a spinning run splits: the others have probes of their
+        # own, and one of them run here (an im2col GEMM on OpenBLAS's threads) left those threads spinning
+        # on the cores: the direct Conv timed after it took 2x.
+        kept = [
+            (candidate, key) for candidate, key in keyed
+            if candidate.algorithm not in SKIPPED_ALGORITHMS and (not mode.spin or key.endswith(SPINNING_RUN_MARKS))
+        ]
+        return sorted(kept, key=lambda pair: _unbound_calls_blas(node, pair[0].algorithm))
+
+    def _timed(
+        self, node: Node, candidate: Kernel, key: str, inputs: list[np.ndarray | None], quiet: bool
+    ) -> tuple[Sample, Sequence[np.ndarray | None]]:
+        """One candidate's sample, its allocations not yet counted, and its outputs."""
+        settings, device, graph = self.settings, self.device, self.graph
+        weights = weight_positions(node, graph)
+        if quiet:
+            # Warmed up bound (compiling what is timed), as runs call it: called unbound, an im2col on
+            # whole columns multiplies on BLAS, whose workers would then spin while it is timed.
+            self.blas.wait()
+            call = device.timed_call(candidate, node, inputs, _placeholders(graph, node), weights)
+            result = call()
+        else:
             result = candidate.fn(node, inputs)  # warm-up: a compiled kernel's first call compiles it
-            if unbound_blas:
-                blas.ran()
-            if spin and threaded and not calls_blas:
-                blas.wait()
-            call = device.timed_call(candidate, node, inputs, result, weight_positions(node, graph))
-            first, settling = timed_first_call(call, device.synchronize)
-            seconds = amortised_seconds(call, min_time=settings.min_time, rounds=settings.rounds,
-                                        synchronize=device.synchronize, first_seconds=first,
-                                        settle=settling if settle else 0.0)
-            transient, retained = _allocations(lambda c=candidate: c.fn(node, inputs))
-            if unbound_blas:
-                blas.ran()
-            cost = kernel_cost(node, costs[node.name], key, graph)
-            strided = window_strided(node, graph)
-            samples.append(Sample(
-                key=key,
-                features=terms.features(cost, strided, split),
-                seconds=seconds,
-                memory_terms=memory_terms(node, cost, graph),
-                out_bytes=sum(int(y.nbytes) for y in result if y is not None),  # type: ignore[union-attr]
-                transient_bytes=transient,
-                retained_bytes=retained,
-                cost=cost,
-                strided=strided,
-                split=split,
-            ))
-            if outputs is None:
-                outputs = result
-        if outputs is None:  # every candidate skipped: the next nodes still need this one's outputs
-            outputs = kernel.fn(node, inputs)  # type: ignore[attr-defined]
-        return outputs  # type: ignore[return-value]
+            self._ran_unbound(node, candidate)
+            call = device.timed_call(candidate, node, inputs, result, weights)
+        first, settling = timed_first_call(call, device.synchronize)
+        seconds = amortised_seconds(call, min_time=settings.min_time, rounds=settings.rounds,
+                                    synchronize=device.synchronize, first_seconds=first,
+                                    settle=settling if self.sweep.settle else 0.0)
+        cost = kernel_cost(node, self.costs[node.name], key, graph)
+        strided = window_strided(node, graph)
+        sample = Sample(
+            key=key,
+            features=self.terms.features(cost, strided, self.mode.split),
+            seconds=seconds,
+            memory_terms=memory_terms(node, cost, graph),
+            out_bytes=sum(int(y.nbytes) for y in result if y is not None),  # type: ignore[union-attr]
+            transient_bytes=0,
+            retained_bytes=0,
+            cost=cost,
+            strided=strided,
+            split=self.mode.split,
+        )
+        return sample, result  # type: ignore[return-value]
 
-    replay(graph, steps, feeds, visit)  # type: ignore[arg-type]
-    return samples
+    def _counted(self, sample: Sample, node: Node, candidate: Kernel, inputs: list[np.ndarray | None]) -> Sample:
+        """``sample`` with the allocations of one unbound call of its kernel."""
+        transient, retained = _allocations(lambda: candidate.fn(node, inputs))
+        self._ran_unbound(node, candidate)
+        return dataclasses.replace(sample, transient_bytes=transient, retained_bytes=retained)
+
+    def _ran_unbound(self, node: Node, kernel: Kernel) -> None:
+        """Tell ``blas`` its threads worked if ``kernel``, just called unbound, may have multiplied there."""
+        if self.mode.threaded and _unbound_calls_blas(node, kernel.algorithm):
+            self.blas.ran()
+
+
+def _placeholders(graph: Graph, node: Node) -> list[np.ndarray | None]:
+    """Arrays of the shapes and dtypes of ``node``'s outputs (contents unset)."""
+    placeholders: list[np.ndarray | None] = []
+    for name in node.outputs:
+        value = graph.values.get(name) if name else None
+        if value is None or value.shape is None:
+            placeholders.append(None)
+        else:
+            placeholders.append(np.empty(tuple(int(d) for d in value.shape), dtype=value.dtype))
+    return placeholders
 
 
 #: The keys a spinning probe times: what a spinning run splits. The stems' direct Convs (``PHASES_MARK``)
@@ -655,12 +775,19 @@ def _allocations(fn: Callable[[], object]) -> tuple[int, int]:
 
 
 def _random_feeds(graph: Graph) -> dict[str, np.ndarray]:
+    """Inputs for a probe: floats uniform in [-0.5, 0.5), drawn in their own dtype (4x faster than a
+    normal draw: normal inputs took ~5 s of a calibration)."""
     rng = np.random.default_rng(1)
     feeds = {}
     for value in graph.input_values():
         assert value.shape is not None
         shape = tuple(int(d) for d in value.shape)
-        feeds[value.name] = rng.standard_normal(shape).astype(value.dtype)
+        dtype = np.dtype(value.dtype)
+        if dtype in (np.float32, np.float64):
+            feeds[value.name] = rng.random(shape, dtype=dtype)
+            feeds[value.name] -= 0.5
+        else:
+            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
     return feeds
 
 
@@ -683,9 +810,9 @@ def _remeasure_outliers(
         if not suspects:
             break
         for index in suspects:
-            again = _time_probe(probes[index], settings, device, terms)
+            again = [sample for _, sample in _time_probe(probes[index], settings, device, terms, REMEASURE)]
             if len(again) == len(measured[index]):
-                measured[index] = [a if a.seconds < b.seconds else b for a, b in zip(again, measured[index])]
+                measured[index] = [_faster(counted, b) for counted, b in zip(measured[index], again)]
     return [s for group in measured for s in group]
 
 
