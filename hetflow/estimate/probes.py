@@ -394,15 +394,18 @@ SPIN_BATCH_CONVS: list[tuple[tuple, dict, bool]] = [
 #: 16: each 0.2-1.9 G multiply-adds), timed with the GEMMs split over the run's threads as those runs
 #: split them. Without them every large layer was predicted from the batch-1 probes' fit, 1.5x too slow
 #: for VGG-19's Winograd layers at batch 16; with channels only up to 128 in the F(4,3) probes, its 256-
-#: and 512-channel layers still came out 30-52% slow (their products run nearer the GEMM's peak).
+#: and 512-channel layers still came out 30-52% slow (their products run nearer the GEMM's peak). With the
+#: 256- and 512-channel probes at 28x28 batch 8, the model's size curve stopped short of VGG-19's batch-16
+#: layers (twice those) and its batch run came out 13-22% slow: probes at 56x56 batch 8 and 28x28 batch 16
+#: took it to +0.8% (calibration +7 s).
 BATCH_RUN_CONVS: list[tuple[tuple, dict]] = [
     ((64, 112, 64, 3), {"batch": 2}),
     ((64, 56, 64, 3), {"batch": 4}),
     ((128, 28, 128, 3), {"batch": 8}),
     ((96, 28, 128, 3), {"batch": 8}),
     ((256, 14, 256, 3), {"batch": 8}),
-    ((256, 28, 256, 3), {"batch": 8}),
-    ((512, 28, 512, 3), {"batch": 8}),
+    ((256, 56, 256, 3), {"batch": 8}),
+    ((512, 28, 512, 3), {"batch": 16}),
     ((512, 14, 512, 3), {"batch": 8}),
     ((512, 7, 512, 3), {"batch": 8}),
     ((128, 56, 128, 3, 2, 1), {"batch": 8}),
