@@ -60,6 +60,7 @@ from hetflow.estimate.predict import (
     window_strided,
 )
 from hetflow.estimate.profile import DeviceProfile, GemmModel, MemoryModel, OpModel, TransferModel, now_iso
+from hetflow.estimate.spells import SpellGauge
 from hetflow.estimate.timing import (
     SETTLE_SECONDS,
     amortised_seconds,
@@ -189,17 +190,22 @@ def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) ->
         gemm_sweeps = [_time_gemm_grid(settings, grid, hardware, bar.update)]
         one_thread = _calibrate_one_thread_gemm(settings, grid, threads, hardware, bar.update) if splits else None
         terms = Terms(_fit_gemm_grid(settings, grid, hardware, gemm_sweeps), memory, one_thread, threads)
-        seconds: list[float] = []
-        measured = _time_probes(probes, settings, hardware, terms, bar, seconds=seconds)
-        again = [index for index, spent in enumerate(seconds) if spent <= LONG_PROBE_SECONDS]
+        gauge = SpellGauge(threads) if hardware.kind == "cpu" and not quick else None
+        first = _time_probes(probes, settings, hardware, terms, bar, gauge=gauge)
+        measured, spells = first.samples, first.spells
+        again = [index for index, spent in enumerate(first.seconds) if spent <= LONG_PROBE_SECONDS]
         for _ in range(settings.passes - 1):
             gemm_sweeps.append(_time_gemm_grid(settings, grid, hardware, bar.update))
-            swept = _time_probes([probes[i] for i in again], settings, hardware, terms, bar, LATER_SWEEP)
+            swept = _time_probes([probes[i] for i in again], settings, hardware, terms, bar, LATER_SWEEP, gauge)
             later = list(measured)
-            for index, samples in zip(again, swept):
+            for index, samples, spell in zip(again, swept.samples, swept.spells):
                 later[index] = samples
+                spells[index] = spells[index] and spell
             bar.update(len(probes) - len(again))
             measured = _fastest(measured, later)
+        if gauge is not None:
+            bar.set_postfix_str("re-measuring slow spells", refresh=True)
+            _remeasure_spells(probes, measured, spells, settings, hardware, terms, gauge)
         if len(gemm_sweeps) > 1:
             # Features depend on the GEMM model: refit it on the fastest sweep, then recompute them.
             terms = dataclasses.replace(terms, gemm=_fit_gemm_grid(settings, grid, hardware, gemm_sweeps))
@@ -521,12 +527,21 @@ def _mode(probe: probe_catalogue.Probe, device: Device, terms: Terms) -> _Mode:
 Timed = dict[tuple[str, str], Sample]
 
 
+@dataclass
+class Swept:
+    """One sweep over a list of probes: the samples of each, its wall seconds, and whether a slow spell
+    (``SpellGauge``) read around any of its timings."""
+
+    samples: list[list[Sample]]
+    seconds: list[float]
+    spells: list[bool]
+
+
 def _time_probes(
     probes: Sequence[probe_catalogue.Probe], settings: Settings, device: Device, terms: Terms, bar: Any,
-    sweep: Sweep = FIRST_SWEEP, seconds: list[float] | None = None,
-) -> list[list[Sample]]:
-    """One sweep over ``probes``: the samples of every probe; each probe's wall seconds appended to
-    ``seconds`` when given.
+    sweep: Sweep = FIRST_SWEEP, gauge: SpellGauge | None = None,
+) -> Swept:
+    """One sweep over ``probes``.
 
     The own loops of every probe that spins beside BLAS's threads are timed first, before any of those
     probes' BLAS candidates run: timed probe by probe, each waited ~0.1 s for the workers the previous
@@ -534,26 +549,73 @@ def _time_probes(
     """
     blas = BlasSpin()
     spent = [0.0] * len(probes)
+    spells = [False] * len(probes)
+    watch = _SpellWatch(gauge, spells)
+
+    def timed(index: int, run: Callable[[], list[tuple[str, Sample]]]) -> list[tuple[str, Sample]]:
+        started = time.perf_counter()
+        named = run()
+        spent[index] += time.perf_counter() - started
+        watch.timed(index)
+        return named
+
     ahead: dict[int, Timed] = {}
     for index, probe in enumerate(probes):
         if _mode(probe, device, terms).quiet_loops:
-            started = time.perf_counter()
-            ahead[index] = {
-                (name, sample.key): sample
-                for name, sample in _time_probe(probe, settings, device, terms, sweep, blas, quiet_only=True)
-            }
-            spent[index] += time.perf_counter() - started
+            named = timed(index, lambda p=probe: _time_probe(p, settings, device, terms, sweep, blas, quiet_only=True))
+            ahead[index] = {(name, sample.key): sample for name, sample in named}
     measured = []
     for index, probe in enumerate(probes):
         bar.set_postfix_str(probe.name[:32], refresh=False)
-        started = time.perf_counter()
-        named = _time_probe(probe, settings, device, terms, sweep, blas, ahead.get(index))
+        named = timed(index, lambda p=probe, i=index: _time_probe(p, settings, device, terms, sweep, blas, ahead.get(i)))
         measured.append([sample for _, sample in named])
-        spent[index] += time.perf_counter() - started
         bar.update(1)
-    if seconds is not None:
-        seconds.extend(spent)
-    return measured
+    watch.read()
+    return Swept(measured, spent, spells)
+
+
+#: Seconds between two readings of the spell gauge during a sweep (``_SpellWatch``): spells last from
+#: seconds to minutes, and a reading after every probe (1.3 ms) often came right after a probe had left
+#: OpenBLAS's workers spinning, and read a spell that was not there.
+WATCH_INTERVAL_SECONDS = 2.0
+
+
+class _SpellWatch:
+    """Reads a ``SpellGauge`` every ``WATCH_INTERVAL_SECONDS`` of a sweep: the probes timed since the
+    last reading fall in a spell when it or the reading now is slow. A slow reading is taken again once
+    BLAS's workers have stopped spinning (``SETTLE_SECONDS``), and counts only if it stays slow."""
+
+    def __init__(self, gauge: SpellGauge | None, spells: list[bool]) -> None:
+        self.gauge = gauge
+        self.spells = spells
+        self.pending: set[int] = set()
+        self.last = time.perf_counter()
+        self.slow = self._slow_now() if gauge is not None else False
+
+    def timed(self, index: int) -> None:
+        """Probe ``index`` has just been timed."""
+        if self.gauge is None:
+            return
+        self.pending.add(index)
+        if time.perf_counter() - self.last >= WATCH_INTERVAL_SECONDS:
+            self.read()
+
+    def read(self) -> None:
+        """Read the gauge now; mark the probes timed since the last reading."""
+        if self.gauge is None:
+            return
+        now = self._slow_now()
+        for index in self.pending:
+            self.spells[index] |= self.slow or now
+        self.pending.clear()
+        self.slow, self.last = now, time.perf_counter()
+
+    def _slow_now(self) -> bool:
+        assert self.gauge is not None
+        if not self.gauge.slow(self.gauge.read()):
+            return False
+        time.sleep(SETTLE_SECONDS)
+        return self.gauge.slow(self.gauge.read())
 
 
 def _fastest(first: list[list[Sample]], second: list[list[Sample]]) -> list[list[Sample]]:
@@ -789,6 +851,31 @@ def _random_feeds(graph: Graph) -> dict[str, np.ndarray]:
         else:
             feeds[value.name] = rng.standard_normal(shape).astype(dtype)
     return feeds
+
+
+#: Seconds a calibration may spend, at most, waiting out slow spells and measuring again what it timed in
+#: them (``_remeasure_spells``): a calibration must stay under two minutes.
+SPELL_BUDGET_SECONDS = 8.0
+
+
+def _remeasure_spells(
+    probes: Sequence[probe_catalogue.Probe], measured: list[list[Sample]], spells: list[bool],
+    settings: Settings, device: Device, terms: Terms, gauge: SpellGauge,
+) -> int:
+    """Measure again, once the machine is calm, the probes every sweep timed in a slow spell; each
+    sample keeps the faster measurement. Stops when ``SPELL_BUDGET_SECONDS`` are spent. Returns how many
+    probes were measured again."""
+    deadline = time.perf_counter() + SPELL_BUDGET_SECONDS
+    done = 0
+    for index in (i for i, spell in enumerate(spells) if spell):
+        left = deadline - time.perf_counter()
+        if left <= 0 or not gauge.wait_for_calm(left):
+            break
+        again = [sample for _, sample in _time_probe(probes[index], settings, device, terms, REMEASURE)]
+        if len(again) == len(measured[index]):
+            measured[index] = [_faster(counted, b) for counted, b in zip(measured[index], again)]
+        done += 1
+    return done
 
 
 def _remeasure_outliers(

@@ -110,8 +110,8 @@ def test_a_sweep_times_every_probes_own_loops_before_blas_runs(quick_profile, mo
     device = get_device("cpu")
     alone = [[s.key for _, s in calibrate._time_probe(p, calibrate.QUICK, device, terms)] for p in chosen]
     events.clear()
-    seconds: list[float] = []
-    measured = calibrate._time_probes(chosen, calibrate.QUICK, device, terms, _NoBar(), seconds=seconds)
+    swept = calibrate._time_probes(chosen, calibrate.QUICK, device, terms, _NoBar())
+    measured, seconds = swept.samples, swept.seconds
     assert [[sample.key for sample in group] for group in measured] == alone
     assert alone[0] == ["Conv/direct_fma@spin", "Conv/im2col@spin"]
     last_wait = len(events) - 1 - events[::-1].index("wait")
@@ -119,6 +119,7 @@ def test_a_sweep_times_every_probes_own_loops_before_blas_runs(quick_profile, mo
     # The own loops' samples kept their allocation counts (taken after the BLAS candidates were timed).
     assert all(group[0].out_bytes > 0 for group in measured)
     assert len(seconds) == len(names) and all(spent > 0 for spent in seconds)
+    assert swept.spells == [False] * len(names)  # no gauge: no spell read
 
 
 class _NoBar:

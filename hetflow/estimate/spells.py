@@ -1,0 +1,63 @@
+"""Is the machine in a slow spell? A small layer, run now and then, that shows it.
+
+A shared VM's second vCPU is sometimes slow for seconds to minutes at a time. On the Zen 4 VM
+(2026-12-06) the spells doubled MobileNet v2's batch-1 run (4.8 -> 9.2 ms) while numpy's two-thread
+sgemm lost only ~12% and one thread's not at all, and they do not slow every kernel alike: a 1x1 Conv
+from 24 to 144 channels at 56x56 (one image, on the spinning pool) went from 240-260 us to 630-730, a
+depthwise 3x3 over the same map from ~107 to ~115. A calibration that ran through a spell fitted the
+keys timed in it up to 2x slow (ShuffleNet's depthwise and grouped layers at batch 1: its estimate +18%),
+and the sweeps' minimum does not help when a spell outlasts the time between them. ``SpellGauge``
+times that 1x1 layer: a reading well over the fastest seen marks what was timed meanwhile.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+#: A reading this many times the fastest one seen is a slow spell (spells read 2.5-2.9x; calm readings
+#: spread by ~10%).
+SPELL_RATIO = 1.4
+#: Runs per reading (the fastest counts): ~1.3 ms a reading outside spells.
+RUNS_PER_READING = 5
+
+
+class SpellGauge:
+    """Times a small spinning 1x1 Conv (``read``) and says whether a reading falls in a slow spell."""
+
+    def __init__(self, threads: int | None = None) -> None:
+        from hetflow import InferenceSession
+        from hetflow.estimate.probes import conv
+
+        self.session = InferenceSession(conv(24, 56, 144, 1)(), threads=threads)
+        name = self.session.get_inputs()[0].name
+        self.feed = {name: np.random.default_rng(0).random((1, 24, 56, 56), dtype=np.float32)}
+        self.fastest = float("inf")
+        for _ in range(4):  # the first runs capture the run and warm its caches
+            self.read()
+
+    def read(self) -> float:
+        """Seconds of the layer now (the fastest of ``RUNS_PER_READING`` runs); kept as the fastest
+        seen when it is."""
+        best = float("inf")
+        for _ in range(RUNS_PER_READING):
+            started = time.perf_counter()
+            self.session.run(None, self.feed)
+            best = min(best, time.perf_counter() - started)
+        self.fastest = min(self.fastest, best)
+        return best
+
+    def slow(self, reading: float) -> bool:
+        """Whether ``reading`` (``read``) was taken in a slow spell, against the fastest reading seen."""
+        return reading > SPELL_RATIO * self.fastest
+
+    def wait_for_calm(self, limit_s: float, pause_s: float = 0.5) -> bool:
+        """Read until a reading is not slow, ``pause_s`` apart, for at most ``limit_s`` seconds;
+        whether the machine is calm now."""
+        deadline = time.perf_counter() + limit_s
+        while self.slow(self.read()):
+            if time.perf_counter() + pause_s > deadline:
+                return False
+            time.sleep(pause_s)
+        return True

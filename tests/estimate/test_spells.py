@@ -1,0 +1,111 @@
+"""Calibration reads a slow-spell gauge between its probes and measures again, once the machine is calm,
+what every sweep timed in a spell."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from hetflow.devices.registry import get_device
+from hetflow.estimate.spells import SPELL_RATIO, SpellGauge
+
+calibrate = importlib.import_module("hetflow.estimate.calibrate")
+probes = importlib.import_module("hetflow.estimate.probes")
+
+
+class _ScriptedGauge:
+    """A gauge whose readings are given in order (the last one repeats)."""
+
+    def __init__(self, readings: list[float]) -> None:
+        self.readings = list(readings)
+        self.fastest = min(readings)
+        self.reads = 0
+
+    def read(self) -> float:
+        self.reads += 1
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+    def slow(self, reading: float) -> bool:
+        return reading > SPELL_RATIO * self.fastest
+
+    def wait_for_calm(self, limit_s: float, pause_s: float = 0.5) -> bool:
+        return not self.slow(self.read())
+
+
+def test_the_gauge_reads_the_layer_and_keeps_the_fastest_reading():
+    gauge = SpellGauge(threads=2)
+    reading = gauge.read()
+    assert 0 < gauge.fastest <= reading
+    assert not gauge.slow(gauge.fastest)
+    assert gauge.slow(gauge.fastest * SPELL_RATIO * 1.01)
+
+
+def test_probes_timed_next_to_a_slow_reading_are_marked(quick_profile, monkeypatch):
+    monkeypatch.setattr(calibrate, "WATCH_INTERVAL_SECONDS", 0.0)  # a reading after every probe
+    monkeypatch.setattr(calibrate, "SETTLE_SECONDS", 0.0)
+    names = ["maxpool 2x2/2 32x32", "avgpool 3x3/1 256x28", "maxpool 2x2/2 20x24", "maxpool 2x2/2 96x8"]
+    chosen = [next(p for p in probes.catalogue() if p.name == name) for name in names]
+    terms = calibrate.Terms(quick_profile.gemm, quick_profile.memory, quick_profile.gemm_one_thread, 2)
+    # Readings: before the first probe, then after each (a slow one is read again: two readings), and
+    # one at the sweep's end.
+    gauge = _ScriptedGauge([1.0, 1.0, 3.0, 3.0, 1.0, 1.0, 1.0])
+    swept = calibrate._time_probes(chosen, calibrate.QUICK, get_device("cpu"), terms, _NoBar(), gauge=gauge)
+    # The second probe's reading after it stayed slow; the third's reading before it is that same one.
+    assert swept.spells == [False, True, True, False]
+
+
+def test_a_slow_reading_that_does_not_last_marks_nothing(quick_profile, monkeypatch):
+    monkeypatch.setattr(calibrate, "WATCH_INTERVAL_SECONDS", 0.0)
+    monkeypatch.setattr(calibrate, "SETTLE_SECONDS", 0.0)
+    chosen = [next(p for p in probes.catalogue() if p.name == "maxpool 2x2/2 32x32")]
+    terms = calibrate.Terms(quick_profile.gemm, quick_profile.memory, quick_profile.gemm_one_thread, 2)
+    gauge = _ScriptedGauge([1.0, 3.0, 1.0, 1.0])  # slow once (OpenBLAS's workers spinning), then calm again
+    swept = calibrate._time_probes(chosen, calibrate.QUICK, get_device("cpu"), terms, _NoBar(), gauge=gauge)
+    assert swept.spells == [False]
+
+
+def test_probes_timed_in_spells_are_measured_again_and_keep_the_faster_samples(quick_profile, monkeypatch):
+    chosen = [next(p for p in probes.catalogue() if p.name == name)
+              for name in ["maxpool 2x2/2 32x32", "avgpool 3x3/1 256x28"]]  # fmt: skip
+    terms = calibrate.Terms(quick_profile.gemm, quick_profile.memory, quick_profile.gemm_one_thread, 2)
+    device = get_device("cpu")
+    measured = calibrate._time_probes(chosen, calibrate.QUICK, device, terms, _NoBar()).samples
+    slowed = [[_slowed(sample) for sample in group] for group in measured]
+    timed: list[str] = []
+    original = calibrate._time_probe
+    monkeypatch.setattr(calibrate, "_time_probe",
+                        lambda probe, *args, **kwargs: timed.append(probe.name) or original(probe, *args, **kwargs))
+    done = calibrate._remeasure_spells(chosen, slowed, [False, True], calibrate.QUICK, device, terms,
+                                       _ScriptedGauge([1.0]))  # fmt: skip
+    assert done == 1 and timed == ["avgpool 3x3/1 256x28"]
+    assert slowed[0][0].seconds > 100  # not in a spell: not measured again
+    assert all(sample.seconds < 100 for sample in slowed[1])
+    # The re-measured samples keep the allocation counts of the first sweep.
+    assert [s.transient_bytes for s in slowed[1]] == [s.transient_bytes for s in measured[1]]
+
+
+def test_no_probe_is_measured_again_while_the_spell_lasts(quick_profile):
+    chosen = [next(p for p in probes.catalogue() if p.name == "maxpool 2x2/2 32x32")]
+    terms = calibrate.Terms(quick_profile.gemm, quick_profile.memory, quick_profile.gemm_one_thread, 2)
+    device = get_device("cpu")
+    measured = calibrate._time_probes(chosen, calibrate.QUICK, device, terms, _NoBar()).samples
+    slowed = [[_slowed(sample) for sample in group] for group in measured]
+    gauge = _ScriptedGauge([1.0, 3.0])  # the fastest reading was 1.0; the machine reads 3.0 from now on
+    gauge.readings.pop(0)
+    assert calibrate._remeasure_spells(chosen, slowed, [True], calibrate.QUICK, device, terms, gauge) == 0
+    assert slowed[0][0].seconds > 100
+
+
+def _slowed(sample):
+    import dataclasses
+
+    return dataclasses.replace(sample, seconds=sample.seconds + 1000.0, features=np.array(sample.features))
+
+
+class _NoBar:
+    def set_postfix_str(self, *args, **kwargs) -> None:
+        return None
+
+    def update(self, *args) -> None:
+        return None
