@@ -50,6 +50,7 @@ from hetflow.estimate.models import gemm_seconds  # noqa: E402
 from hetflow.estimate.predict import Estimate, estimate  # noqa: E402
 from hetflow.estimate.profile import DeviceProfile, default_profile_path  # noqa: E402
 from hetflow.estimate.report import dominant_layers, layer_accuracy, relative_error  # noqa: E402
+from hetflow.estimate.spells import SPELL_RATIO, SpellGauge  # noqa: E402
 from hetflow.estimate.validate import model_seconds, random_feeds  # noqa: E402
 
 T = TypeVar("T")
@@ -133,18 +134,21 @@ class SpeedGauge:
         self.threads = threads
         self.best = 0.0
         self.memory_readings: list[float] = []
+        self.layer = SpellGauge(threads)
 
-    def read(self) -> tuple[float, float]:
-        """A reading now (``machine_speed``), added to the references."""
-        reading = machine_speed(self.threads)
-        self.best = max(self.best, reading[0])
-        self.memory_readings.append(reading[1])
-        return reading
+    def read(self) -> tuple[float, float, float]:
+        """A reading now (``machine_speed``, and the spell gauge's layer in runs per second), added to
+        the references."""
+        compute, memory = machine_speed(self.threads)
+        self.best = max(self.best, compute)
+        self.memory_readings.append(memory)
+        return compute, memory, 1.0 / self.layer.read()
 
     @property
-    def reference(self) -> tuple[float, float]:
-        """The compute (GFLOP/s) and memory (GB/s) speeds a row's readings are divided by."""
-        return self.best, float(np.median(self.memory_readings))
+    def reference(self) -> tuple[float, float, float]:
+        """The compute (GFLOP/s), memory (GB/s) and spell-gauge (runs/s) speeds a row's readings are
+        divided by."""
+        return self.best, float(np.median(self.memory_readings)), 1.0 / self.layer.fastest
 
     def start(self) -> None:
         """``REFERENCE_READINGS`` readings over about a second, right after calibrating."""
@@ -159,20 +163,21 @@ class SpeedGauge:
         result = call()
         return result, [min(pair) for pair in zip(before, self.read())]
 
-    def speeds(self, reading: Sequence[float]) -> tuple[float, float]:
-        """How fast the machine ran at ``reading``: its compute and memory ratios to ``reference``."""
-        compute, memory = self.reference
-        return reading[0] / compute, reading[1] / memory
+    def speeds(self, reading: Sequence[float]) -> tuple[float, ...]:
+        """How fast the machine ran at ``reading``: its compute, memory and spell-gauge ratios to
+        ``reference`` (a reading without the gauge's, from an older JSON, reads 1 there)."""
+        compute, memory, layer = self.reference
+        return reading[0] / compute, reading[1] / memory, (reading[2] / layer if len(reading) > 2 else 1.0)
 
 
 def set_speeds(row: dict, gauge: SpeedGauge) -> None:
     """The row's compute and memory speeds (``speed``, ``memory_speed``) against the gauge's reference."""
-    row["speed"], row["memory_speed"] = gauge.speeds(row["reading"])
+    row["speed"], row["memory_speed"], row["layer_speed"] = gauge.speeds(row["reading"])
 
 
 def slow_spell(row: dict) -> bool:
     """Whether the row was timed in a slow spell (``SLOW_SPELL``, ``SLOW_MEMORY``)."""
-    return row["speed"] < SLOW_SPELL or row["memory_speed"] < SLOW_MEMORY
+    return row["speed"] < SLOW_SPELL or row["memory_speed"] < SLOW_MEMORY or row["layer_speed"] < 1 / SPELL_RATIO
 
 
 def main() -> int:
@@ -189,7 +194,8 @@ def main() -> int:
     parser.add_argument("--retries", type=int, default=2,
                         help=f"rounds measuring again, in full, the rows timed in a slow spell (sgemm under "
                              f"{SLOW_SPELL:.2f}x the fastest it ran or the matrix-vector product under "
-                             f"{SLOW_MEMORY:.2f}x its median)")
+                             f"{SLOW_MEMORY:.2f}x its median, or the spell gauge's layer over {SPELL_RATIO:.1f}x "
+                             f"its fastest)")
     parser.add_argument("--save-profile", action="store_true",
                         help="save a fresh calibration as this machine's default profile")
     args = parser.parse_args()
@@ -208,13 +214,14 @@ def main() -> int:
     slope = augur_slope(profile)
     gauge = SpeedGauge(args.threads)
     gauge.start()
-    compute, memory = gauge.reference
+    compute, memory, layer = gauge.reference
     print(f"after calibrating: sgemm {SPEED_PROBE_SIDE}^3 {compute:.0f} GFLOP/s, matrix-vector over "
-          f"{BANDWIDTH_PROBE_BYTES >> 20} MiB {memory:.1f} GB/s (a row's speeds are its ratios to the fastest "
-          "sgemm and the median matrix-vector reading seen)")
+          f"{BANDWIDTH_PROBE_BYTES >> 20} MiB {memory:.1f} GB/s, spell gauge's layer {1e6 / layer:.0f} us (a row's "
+          "speeds are its ratios to the fastest sgemm, the median matrix-vector reading and the fastest layer seen)")
 
     header = (f"{'model':<14} {'batch':>5} {'pred ms':>10} {'meas ms':>10} {'error':>7} {'layers+-20%':>11} "
-              f"{'layer MAPE':>10} {'mem err':>8} {'Augur ms':>10} {'Augur err':>9} {'speed':>6} {'memory':>6}")
+              f"{'layer MAPE':>10} {'mem err':>8} {'Augur ms':>10} {'Augur err':>9} {'speed':>6} {'memory':>6} "
+              f"{'layer':>6}")
     print(header)
     print("-" * len(header))
     rows = []
@@ -262,7 +269,7 @@ def print_row(row: dict) -> None:
     print(f"{row['model']:<14} {row['batch']:>5} {row['predicted_ms']:>10.2f} {row['measured_ms']:>10.2f} "
           f"{row['error'] * 100:>+6.1f}% {row['layer_share'] * 100:>10.0f}% {row['layer_mape'] * 100:>9.1f}% "
           f"{row['memory_error'] * 100:>+7.1f}% {row['augur_ms']:>10.2f} {row['augur_error'] * 100:>+8.1f}% "
-          f"{row['speed']:>5.2f}x {row['memory_speed']:>5.2f}x", flush=True)
+          f"{row['speed']:>5.2f}x {row['memory_speed']:>5.2f}x {row['layer_speed']:>5.2f}x", flush=True)
 
 
 #: A row read at under this share of the machine's fastest speed (``SpeedGauge``) was timed in a slow spell.
@@ -292,7 +299,7 @@ def retry_slow_rows(
         if not slow:
             break
         print(f"retry {attempt}: {len(slow)} row(s) timed in a slow spell (speed under {SLOW_SPELL:.2f}x or "
-              f"memory under {SLOW_MEMORY:.2f}x)", flush=True)
+              f"memory under {SLOW_MEMORY:.2f}x or the layer over {SPELL_RATIO:.1f}x)", flush=True)
         time.sleep(RETRY_PAUSE)
         sessions: dict[str, InferenceSession] = {}
         for index in slow:
@@ -321,7 +328,8 @@ def remeasure(rows: list[dict], threads: int | None, gauge: SpeedGauge) -> None:
             row["reading"] = reading
             set_speeds(row, gauge)
         print(f"{row['model']:<14} {row['batch']:>5} {row['predicted_ms']:>10.2f} {row['measured_ms']:>10.2f} "
-              f"{row['error'] * 100:>+6.1f}% {row['speed']:>5.2f}x {row['memory_speed']:>5.2f}x", flush=True)
+              f"{row['error'] * 100:>+6.1f}% {row['speed']:>5.2f}x {row['memory_speed']:>5.2f}x "
+              f"{row['layer_speed']:>5.2f}x", flush=True)
 
 
 def summarise(rows: list[dict]) -> None:
@@ -341,9 +349,11 @@ def summarise(rows: list[dict]) -> None:
           f"({within / max(1, dominant) * 100:.0f}%)")
     if memory.size:
         print(f"memory peak: {np.mean(memory <= 0.05) * 100:.0f}% of runs within 5%, worst {memory.max() * 100:.1f}%")
-    steady = np.array([abs(r["error"]) for r in rows if r["speed"] >= 0.9 and r["memory_speed"] >= 0.9])
+    steady = np.array([abs(r["error"]) for r in rows
+                       if r["speed"] >= 0.9 and r["memory_speed"] >= 0.9 and r["layer_speed"] >= 0.8])
     if steady.size:
-        print(f"runs measured at full speed (sgemm within 10% of its fastest, matrix-vector of its median): "
+        print(f"runs measured at full speed (sgemm within 10% of its fastest, matrix-vector of its median, the "
+              f"spell gauge's layer within 1.25x of its fastest): "
               f"{steady.size} of {len(rows)}; "
               f"{np.mean(steady <= 0.10) * 100:.0f}% of them within +-10%, MAPE {steady.mean() * 100:.1f}%")
 
