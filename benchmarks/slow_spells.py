@@ -6,7 +6,9 @@ A shared VM's second vCPU is sometimes slower for seconds to minutes at a time: 
 held at ~104, and a network whose every layer splits over both cores (ShuffleNet at batch 1) ran twice
 as long on hetflow and on ONNX Runtime alike. Each round here prints both runtimes' fastest run over
 ``--seconds`` and the two sgemm readings, so a spell shows as all of them moving together, and a
-runtime's own regression as one moving alone.
+runtime's own regression as one moving alone. The last column is the spell gauge calibration reads (a
+small spinning 1x1 Conv, ``hetflow.estimate.spells``): 230-265 us calm, 630-730 in the spells of
+2026-12-06.
 
 Usage::
 
@@ -27,6 +29,7 @@ from runners import HetflowRunner, OrtRunner, Runner, sgemm_gflops  # noqa: E402
 
 from hetflow import InferenceSession, zoo  # noqa: E402
 from hetflow.devices.cpu.threads import available_cores  # noqa: E402
+from hetflow.estimate.spells import SpellGauge  # noqa: E402
 from hetflow.estimate.validate import random_feeds  # noqa: E402
 
 #: Side of the sgemm that reads the machine's speed.
@@ -59,17 +62,20 @@ def main() -> int:
     path = zoo.model_path(args.model)
     feed = random_feeds(InferenceSession(path), args.batch)
     runners = {"hetflow": HetflowRunner(path, feed, threads), "ORT": OrtRunner(path, feed, threads)}
+    gauge = SpellGauge(threads)
     print(f"{args.model} at batch {args.batch}, {threads} threads each; fastest run per round (ms), "
-          f"sgemm {SGEMM_SIDE}^3 (GFLOP/s)")
-    print(f"{'round':>5} {'hetflow':>9} {'ORT':>9} {'ratio':>6} {'sgemm 1t':>9} {f'sgemm {threads}t':>9}")
+          f"sgemm {SGEMM_SIDE}^3 (GFLOP/s), the spell gauge's layer (us; hetflow.estimate.spells)")
+    print(f"{'round':>5} {'hetflow':>9} {'ORT':>9} {'ratio':>6} {'sgemm 1t':>9} {f'sgemm {threads}t':>9} {'gauge':>7}")
     for index in range(1, args.rounds + 1):
         times = {}
         for name, runner in runners.items():
             times[name] = fastest_run(runner, args.seconds)
             time.sleep(SETTLE_SECONDS)
         one, every = sgemm_gflops(1, SGEMM_SIDE), sgemm_gflops(threads, SGEMM_SIDE)
+        time.sleep(SETTLE_SECONDS)  # OpenBLAS's workers would read as a spell
+        layer = gauge.read()
         print(f"{index:>5} {times['hetflow']:>9.2f} {times['ORT']:>9.2f} {times['hetflow'] / times['ORT']:>6.2f} "
-              f"{one:>9.0f} {every:>9.0f}", flush=True)
+              f"{one:>9.0f} {every:>9.0f} {layer * 1e6:>7.0f}", flush=True)
     return 0
 
 
