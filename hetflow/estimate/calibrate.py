@@ -853,6 +853,16 @@ def _random_feeds(graph: Graph) -> dict[str, np.ndarray]:
     return feeds
 
 
+def _measured_again(
+    probe: probe_catalogue.Probe, samples: list[Sample], settings: Settings, device: Device, terms: Terms
+) -> list[Sample]:
+    """``probe`` measured once more: each of its ``samples`` keeps the faster measurement (``_faster``)."""
+    again = [sample for _, sample in _time_probe(probe, settings, device, terms, REMEASURE)]
+    if len(again) != len(samples):
+        return samples
+    return [_faster(counted, sample) for counted, sample in zip(samples, again)]
+
+
 #: Seconds a calibration may spend, at most, waiting out slow spells and measuring again what it timed in
 #: them (``_remeasure_spells``): a calibration must stay under two minutes.
 SPELL_BUDGET_SECONDS = 8.0
@@ -871,9 +881,7 @@ def _remeasure_spells(
         left = deadline - time.perf_counter()
         if left <= 0 or not gauge.wait_for_calm(left):
             break
-        again = [sample for _, sample in _time_probe(probes[index], settings, device, terms, REMEASURE)]
-        if len(again) == len(measured[index]):
-            measured[index] = [_faster(counted, b) for counted, b in zip(measured[index], again)]
+        measured[index] = _measured_again(probes[index], measured[index], settings, device, terms)
         done += 1
     return done
 
@@ -897,9 +905,7 @@ def _remeasure_outliers(
         if not suspects:
             break
         for index in suspects:
-            again = [sample for _, sample in _time_probe(probes[index], settings, device, terms, REMEASURE)]
-            if len(again) == len(measured[index]):
-                measured[index] = [_faster(counted, b) for counted, b in zip(measured[index], again)]
+            measured[index] = _measured_again(probes[index], measured[index], settings, device, terms)
     return [s for group in measured for s in group]
 
 
