@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tqdm import tqdm
 
 from hetflow.estimate.calibrate import calibrate
 from hetflow.estimate.profile import DeviceProfile
@@ -20,3 +22,10 @@ def quick_profile() -> DeviceProfile:
 def profile_path(quick_profile: DeviceProfile, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The quick profile saved as JSON, for what-if runs through ``--device FILE``."""
     return quick_profile.save(tmp_path_factory.mktemp("profiles") / "cpu-quick.json")
+
+
+@pytest.fixture
+def no_bar() -> Iterator[tqdm]:
+    """A progress bar that shows nothing, for the calibration's sweeps called directly."""
+    with tqdm(disable=True) as bar:
+        yield bar

@@ -86,7 +86,7 @@ def test_a_candidate_timed_off_blas_is_warmed_up_bound(quick_profile):
     assert events == ["wait", "wait", "ran"]
 
 
-def test_a_sweep_times_every_probes_own_loops_before_blas_runs(quick_profile, monkeypatch):
+def test_a_sweep_times_every_probes_own_loops_before_blas_runs(quick_profile, monkeypatch, no_bar):
     """Probe by probe, each probe's own loops waited for the BLAS workers its predecessor left spinning:
     a sweep times the own loops of all of them first, then the rest."""
     from hetflow.devices.cpu.kernels import own_gemm
@@ -110,7 +110,7 @@ def test_a_sweep_times_every_probes_own_loops_before_blas_runs(quick_profile, mo
     device = get_device("cpu")
     alone = [[s.key for _, s in calibrate._time_probe(p, calibrate.QUICK, device, terms)] for p in chosen]
     events.clear()
-    swept = calibrate._time_probes(chosen, calibrate.QUICK, device, terms, _NoBar())
+    swept = calibrate._time_probes(chosen, calibrate.QUICK, device, terms, no_bar)
     measured, seconds = swept.samples, swept.seconds
     assert [[sample.key for sample in group] for group in measured] == alone
     assert alone[0] == ["Conv/direct_fma@spin", "Conv/im2col@spin"]
@@ -121,13 +121,6 @@ def test_a_sweep_times_every_probes_own_loops_before_blas_runs(quick_profile, mo
     assert len(seconds) == len(names) and all(spent > 0 for spent in seconds)
     assert swept.spells == [False] * len(names)  # no gauge: no spell read
 
-
-class _NoBar:
-    def set_postfix_str(self, *args, **kwargs) -> None:
-        return None
-
-    def update(self, *args) -> None:
-        return None
 
 
 def test_a_later_sweep_keeps_the_first_sweeps_allocation_counts():

@@ -41,7 +41,7 @@ def test_the_gauge_reads_the_layer_and_keeps_the_fastest_reading():
     assert gauge.slow(gauge.fastest * SPELL_RATIO * 1.01)
 
 
-def test_probes_timed_next_to_a_slow_reading_are_marked(quick_profile, monkeypatch):
+def test_probes_timed_next_to_a_slow_reading_are_marked(quick_profile, monkeypatch, no_bar):
     monkeypatch.setattr(calibrate, "WATCH_INTERVAL_SECONDS", 0.0)  # a reading after every probe
     monkeypatch.setattr(calibrate, "SETTLE_SECONDS", 0.0)
     names = ["maxpool 2x2/2 32x32", "avgpool 3x3/1 256x28", "maxpool 2x2/2 20x24", "maxpool 2x2/2 96x8"]
@@ -50,27 +50,27 @@ def test_probes_timed_next_to_a_slow_reading_are_marked(quick_profile, monkeypat
     # Readings: before the first probe, then after each (a slow one is read again: two readings), and
     # one at the sweep's end.
     gauge = _ScriptedGauge([1.0, 1.0, 3.0, 3.0, 1.0, 1.0, 1.0])
-    swept = calibrate._time_probes(chosen, calibrate.QUICK, get_device("cpu"), terms, _NoBar(), gauge=gauge)
+    swept = calibrate._time_probes(chosen, calibrate.QUICK, get_device("cpu"), terms, no_bar, gauge=gauge)
     # The second probe's reading after it stayed slow; the third's reading before it is that same one.
     assert swept.spells == [False, True, True, False]
 
 
-def test_a_slow_reading_that_does_not_last_marks_nothing(quick_profile, monkeypatch):
+def test_a_slow_reading_that_does_not_last_marks_nothing(quick_profile, monkeypatch, no_bar):
     monkeypatch.setattr(calibrate, "WATCH_INTERVAL_SECONDS", 0.0)
     monkeypatch.setattr(calibrate, "SETTLE_SECONDS", 0.0)
     chosen = [next(p for p in probes.catalogue() if p.name == "maxpool 2x2/2 32x32")]
     terms = calibrate.Terms(quick_profile.gemm, quick_profile.memory, quick_profile.gemm_one_thread, 2)
     gauge = _ScriptedGauge([1.0, 3.0, 1.0, 1.0])  # slow once (OpenBLAS's workers spinning), then calm again
-    swept = calibrate._time_probes(chosen, calibrate.QUICK, get_device("cpu"), terms, _NoBar(), gauge=gauge)
+    swept = calibrate._time_probes(chosen, calibrate.QUICK, get_device("cpu"), terms, no_bar, gauge=gauge)
     assert swept.spells == [False]
 
 
-def test_probes_timed_in_spells_are_measured_again_and_keep_the_faster_samples(quick_profile, monkeypatch):
+def test_probes_timed_in_spells_are_measured_again_and_keep_the_faster_samples(quick_profile, monkeypatch, no_bar):
     chosen = [next(p for p in probes.catalogue() if p.name == name)
               for name in ["maxpool 2x2/2 32x32", "avgpool 3x3/1 256x28"]]  # fmt: skip
     terms = calibrate.Terms(quick_profile.gemm, quick_profile.memory, quick_profile.gemm_one_thread, 2)
     device = get_device("cpu")
-    measured = calibrate._time_probes(chosen, calibrate.QUICK, device, terms, _NoBar()).samples
+    measured = calibrate._time_probes(chosen, calibrate.QUICK, device, terms, no_bar).samples
     slowed = [[_slowed(sample) for sample in group] for group in measured]
     timed: list[str] = []
     original = calibrate._time_probe
@@ -85,11 +85,11 @@ def test_probes_timed_in_spells_are_measured_again_and_keep_the_faster_samples(q
     assert [s.transient_bytes for s in slowed[1]] == [s.transient_bytes for s in measured[1]]
 
 
-def test_no_probe_is_measured_again_while_the_spell_lasts(quick_profile):
+def test_no_probe_is_measured_again_while_the_spell_lasts(quick_profile, no_bar):
     chosen = [next(p for p in probes.catalogue() if p.name == "maxpool 2x2/2 32x32")]
     terms = calibrate.Terms(quick_profile.gemm, quick_profile.memory, quick_profile.gemm_one_thread, 2)
     device = get_device("cpu")
-    measured = calibrate._time_probes(chosen, calibrate.QUICK, device, terms, _NoBar()).samples
+    measured = calibrate._time_probes(chosen, calibrate.QUICK, device, terms, no_bar).samples
     slowed = [[_slowed(sample) for sample in group] for group in measured]
     gauge = _ScriptedGauge([1.0, 3.0])  # the fastest reading was 1.0; the machine reads 3.0 from now on
     gauge.readings.pop(0)
@@ -102,10 +102,3 @@ def _slowed(sample):
 
     return dataclasses.replace(sample, seconds=sample.seconds + 1000.0, features=np.array(sample.features))
 
-
-class _NoBar:
-    def set_postfix_str(self, *args, **kwargs) -> None:
-        return None
-
-    def update(self, *args) -> None:
-        return None
