@@ -8,25 +8,40 @@ fully connected layer with 8 MB of weights took 0.047 ms alone and 0.175 ms in R
 whole runs lost 5-20% against their layers' sum, more for networks whose weights outgrow the 32 MiB L3
 (ResNet-50) than for those whose weights fit (SqueezeNet, MobileNet v2).
 
-The model replays the run's accesses through a least-recently-used cache of the device's last-level
-size, in blocks: what each step touches is byte ranges (the arena's regions, so a value written where
-a dead one lay just before is warm, and the kernels' weights in address spaces of their own). The
-steady state is the second of two passes; a step's cold bytes are those it misses in that pass, less
-those it misses when replayed alone (a layer larger than the cache misses in both). The bytes are
-priced at the bandwidth of a working set past the cache (``DeviceProfile.memory``).
+The model replays the run's accesses in blocks: what each step touches is byte ranges (the arena's
+regions, so a value written where a dead one lay just before is warm, and the kernels' weights in
+address spaces of their own). Each block read again has a reuse distance: the distinct bytes the run
+touched since its last access. The share of it still in cache at that distance (``HitCurve``) is read
+off the copy bandwidth calibration measured over working sets: a copy of a working set ``S``, repeated,
+reads every block again at distance ``S``, and its rate lies between the cache's and memory's in
+proportion to the share it finds in cache. The steady state is the second of two passes; a step's
+cold bytes are those it misses in that pass, less those it misses when repeated alone (at the distance
+of its own footprint: a layer larger than the cache misses in both).
+
+Why not a least-recently-used cache of one size, as before: it is all or nothing. A network whose
+blocks come back at a distance just over the size misses all of them, one just under none, and the
+VM's share of its L3 is neither fixed nor LRU: the Zen 4 VM (2026-12-06) copied 8 MiB working sets at
+96 GB/s, 16 MiB at 32-70 from one calibration to the next, 64 MiB at 25-27 (memory: 18-20). On the
+measurements of ``estimate_end.json`` (``benchmarks/results/2026-12-06-s45``), replayed through an LRU
+cache ShuffleNet at batch 1 lost nothing from 16 MiB up (estimate -10.8%) and 0.41 ms at 12 MiB
+(+7.2%), MobileNet v2 nothing at 32 MiB (-14.6%) and 0.64 ms at 24 (-1.2%), while AlexNet and VGG-19 at
+batch 1 went from -8.3% and -4.5% at 32 MiB to -11.4% and -10.4% at 12: 26 or 27 of the 28 runs within
+10% at any one size from 8 to 32 MiB (ShuffleNet at batch 1 outside from 16 MiB up, AlexNet and VGG-19
+below).
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 import os
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from hetflow.estimate.profile import MemoryModel
 
-#: The granularity of the simulated cache: coarse enough that a run of a large network at batch 16
+#: The granularity of the simulated accesses: coarse enough that a run of a large network at batch 16
 #: (a few GB touched) replays in a fraction of a second, fine against a 32 MiB cache.
 BLOCK_BYTES = 64 << 10
 
@@ -41,49 +56,111 @@ class Touch:
     nbytes: int
 
     def blocks(self) -> range:
-        """The indices of the cache blocks the range covers."""
+        """The indices of the blocks the range covers."""
         if self.nbytes <= 0:
             return range(0)
         return range(self.offset // BLOCK_BYTES, (self.offset + self.nbytes - 1) // BLOCK_BYTES + 1)
 
 
-class LruCache:
-    """A least-recently-used cache of ``capacity`` bytes in blocks of ``BLOCK_BYTES``."""
+class HitCurve:
+    """The share of a block's bytes found in cache when it is read again after ``distance`` other bytes,
+    from read rates over footprints (``sizes``, rising; ``rates`` in GB/s): ``(1/r(S) - 1/r_memory) /
+    (1/r_cache - 1/r_memory)``, with ``r_cache`` the rate of the smallest footprint, ``r_memory`` the
+    largest's and ``r(S)`` interpolated log-log, as ``models.bandwidth`` does. 1 below the smallest
+    footprint, 0 past the largest; 1 everywhere for a curve without a drop (nothing to lose)."""
 
-    def __init__(self, capacity: int):
-        self._slots = max(1, capacity // BLOCK_BYTES)
-        self._resident: OrderedDict[tuple[str, int], None] = OrderedDict()
+    def __init__(self, sizes: Sequence[float], rates: Sequence[float]):
+        if len(sizes) != len(rates) or not sizes:
+            raise ValueError(f"a hit curve needs as many rates as sizes, at least one; got {len(sizes)} / {len(rates)}")
+        self._log_sizes = [math.log(max(size, 1.0)) for size in sizes]
+        self._log_rates = [math.log(rate) for rate in rates]
+        self._cached = 1.0 / rates[0]
+        self._uncached = 1.0 / rates[-1]
 
-    def touch(self, touches: Iterable[Touch]) -> int:
-        """Access every block of ``touches``; returns the bytes that were not resident."""
-        missed = 0
-        for touch in touches:
-            for block in touch.blocks():
-                key = (touch.space, block)
-                if key in self._resident:
-                    self._resident.move_to_end(key)
-                    continue
-                missed += BLOCK_BYTES
-                self._resident[key] = None
-                if len(self._resident) > self._slots:
-                    self._resident.popitem(last=False)
-        return missed
+    @classmethod
+    def of(cls, memory: MemoryModel) -> HitCurve:
+        """The curve of a profile's memory model: its re-read rates (``calibrate``: the same weights read
+        again after a footprint of others), or its copy rates in a profile calibrated before them.
+
+        Why re-reads: they are what a run does with its weights, and the last-level cache keeps them
+        less well than a copy's working set. On the Zen 4 VM (2026-12-06, two threads) 1 MiB matrices
+        read in a cycle ran at 69-74 GB/s up to 12 MiB, 55 at 16, 33 at 20 and 15.5-16 (memory) from 24
+        MiB, while copies of 24-32 MiB working sets still ran at 40-53 (memory: 21): through the copy
+        curve a MobileNet v2 run at batch 1 (footprint ~20 MB) lost 0.15 ms to its cold weights, through
+        the re-read curve 0.55, and the estimate went from -12.8% to -4.3% of its measured run."""
+        if memory.reread_bytes and len(memory.reread_bytes) == len(memory.reread_gbs):
+            return cls(memory.reread_bytes, memory.reread_gbs)
+        return cls(memory.working_set_bytes, memory.bandwidth_gbs)
+
+    def __call__(self, distance: float) -> float:
+        sizes = self._log_sizes
+        if distance <= 0 or math.log(distance) <= sizes[0]:
+            return 1.0
+        position = math.log(distance)
+        if position > sizes[-1]:
+            return 0.0
+        span = self._uncached - self._cached
+        if span <= 1e-9 * self._uncached:
+            return 1.0
+        right = bisect.bisect_left(sizes, position)
+        left = right - 1
+        weight = (position - sizes[left]) / (sizes[right] - sizes[left]) if sizes[right] > sizes[left] else 1.0
+        rate = math.exp(self._log_rates[left] + weight * (self._log_rates[right] - self._log_rates[left]))
+        return min(1.0, max(0.0, (self._uncached - 1.0 / rate) / span))
 
 
-def cold_bytes(steps: Sequence[Sequence[Touch]], capacity: int) -> list[int]:
-    """Per step of a run: the bytes it brings from memory in the run's steady state that it finds in a
-    cache of ``capacity`` bytes when it runs alone, call after call."""
-    if capacity <= 0:
-        return [0] * len(steps)
-    run = LruCache(capacity)
-    for touches in steps:  # the previous run: what the steady state starts from
-        run.touch(touches)
+class _Marks:
+    """A Fenwick tree over the replay's accesses: one mark per block at its latest access, so that the
+    marks after an access count the distinct blocks touched since (its LRU stack distance)."""
+
+    def __init__(self, size: int):
+        self._tree = [0] * (size + 1)
+
+    def add(self, access: int, count: int) -> None:
+        index = access + 1
+        while index < len(self._tree):
+            self._tree[index] += count
+            index += index & -index
+
+    def up_to(self, access: int) -> int:
+        """Marks at accesses ``0..access``."""
+        index, total = access + 1, 0
+        while index > 0:
+            total += self._tree[index]
+            index -= index & -index
+        return total
+
+
+def _step_blocks(touches: Sequence[Touch]) -> list[tuple[str, int]]:
+    """The distinct blocks a step touches, in order."""
+    return list(dict.fromkeys((touch.space, block) for touch in touches for block in touch.blocks()))
+
+
+def cold_bytes(steps: Sequence[Sequence[Touch]], hit: Callable[[float], float]) -> list[float]:
+    """Per step of a run: the bytes it brings from memory in the run's steady state beyond those it
+    brings when repeated alone, with ``hit`` the share in cache by reuse distance (``HitCurve``)."""
+    blocks = [_step_blocks(touches) for touches in steps]
+    marks = _Marks(2 * sum(len(touched) for touched in blocks))
+    last: dict[tuple[str, int], int] = {}
+    access = 0
     cold = []
-    for touches in steps:
-        in_run = run.touch(touches)
-        alone = LruCache(capacity)
-        alone.touch(touches)
-        cold.append(max(0, in_run - alone.touch(touches)))
+    for step, touched in enumerate(blocks + blocks):  # the first pass is the previous run
+        missed = 0.0
+        for block in touched:
+            before = last.get(block)
+            if before is None:
+                missed += BLOCK_BYTES
+            else:
+                distance = (marks.up_to(access) - marks.up_to(before)) * BLOCK_BYTES
+                missed += (1.0 - hit(distance)) * BLOCK_BYTES
+                marks.add(before, -1)
+            marks.add(access, 1)
+            last[block] = access
+            access += 1
+        if step >= len(steps):
+            footprint = len(touched) * BLOCK_BYTES
+            alone = (1.0 - hit(footprint)) * footprint
+            cold.append(max(0.0, missed - alone))
     return cold
 
 
@@ -112,41 +189,6 @@ def last_level_cache_bytes() -> int:
         if size > 0:
             return int(size)
     return 0
-
-
-#: A working set counts as held by the outer cache while its copy bandwidth is at least this share of
-#: the rate right after the inner cache's drop (the outer cache's plateau).
-PLATEAU_SHARE = 0.9
-#: The least a measured drop caps a reported cache to: a quick calibration copies three working sets,
-#: and one slowed by another process (a test run beside it) put the drop at 512 KiB.
-MIN_EFFECTIVE_CACHE_BYTES = 8 << 20
-
-
-def effective_cache_bytes(reported: int, working_set_bytes: Sequence[float], bandwidth_gbs: Sequence[float]) -> int:
-    """The last-level cache a run keeps: the ``reported`` size (``last_level_cache_bytes``), capped where
-    the copy bandwidth measured over working sets (``DeviceProfile.memory``, rising sizes) leaves the
-    outer cache's plateau. The plateau is the rate right after the curve's steepest drop (the inner
-    cache's edge); the cap is the geometric mean of the last working set still at ``PLATEAU_SHARE`` of
-    it and the next one, ``MIN_EFFECTIVE_CACHE_BYTES`` at least.
-
-    Why: a VM's sysfs may report the host's whole L3 (480 MiB on the 2-vCPU Xeon VM of 2026-12-01),
-    where one-thread copies ran at 84-96 GB/s up to 1 MiB, 26-28 GB/s at 4-16 MiB, 20-25 at 64 MiB and
-    13-14 from 256 MiB. Replayed through 480 MiB, no layer of any zoo model missed, and the branchy
-    networks' runs came out 17-27% over their predictions. The rule before this one (the last working
-    set still 1.5x memory's rate) put the cap at 32 MiB or 128 MiB from one calibration to the next (a
-    64 MiB copy at 20.7 or 24.7 GB/s), and the in-run term of DenseNet-121 at batch 1 from 3.2 ms to 0.
-    A report of 0 (no cache model: a device that is not the CPU) stays 0."""
-    if reported <= 0 or len(working_set_bytes) < 3 or len(working_set_bytes) != len(bandwidth_gbs):
-        return reported
-    rates = list(bandwidth_gbs)
-    drops = [rate / max(following, 1e-9) for rate, following in zip(rates, rates[1:])]
-    edge = int(np.argmax(drops)) + 1  # the first working set past the inner cache
-    plateau = rates[edge]
-    for index in range(edge + 1, len(rates)):
-        if rates[index] < PLATEAU_SHARE * plateau:
-            knee = (working_set_bytes[index - 1] * working_set_bytes[index]) ** 0.5
-            return min(reported, max(MIN_EFFECTIVE_CACHE_BYTES, int(knee)))
-    return reported
 
 
 def _parse_size(text: str) -> int:

@@ -101,6 +101,8 @@ class Settings:
     #: grid points beyond this many MACs are left out (the fit's main effects cover them).
     gemm_max_macs: float
     copy_sizes: tuple[int, ...]
+    #: footprints (MiB) of the re-read sweep (``_calibrate_rereads``).
+    reread_mib: tuple[int, ...]
     min_time: float
     rounds: int
     #: times the GEMM grid and the probes are measured, one whole sweep after another; each point keeps
@@ -111,12 +113,25 @@ class Settings:
     quick: bool
 
 
+#: Bytes of each buffer a copy reads and writes (its working set is twice that): 4x apart through the
+#: inner caches, 1.5x and 1.33x apart from 4 to 64 MiB working sets, where the last-level cache ends and
+#: the share of a run's data it holds falls (``hetflow.estimate.cache.HitCurve``). On the Zen 4 VM
+#: (2026-12-06) copies ran at 96 GB/s up to 8 MiB working sets, 81 at 12, 61 at 16, 40 at 24-32 and 25
+#: at 64: with 4x steps (nothing measured between 4 and 16 MiB) the curve put 8% of a 6 MB network's
+#: weights out of cache, and the mentee's batch-1 estimate came out +11% (+5% without the cold bytes).
+COPY_SIZES = (
+    1 << 13, 1 << 15, 1 << 17, 1 << 19, 1 << 21, 1 << 22, 3 << 21, 1 << 23, 3 << 22, 1 << 24, 3 << 23, 1 << 25,
+    1 << 27,
+)
+
+
 FULL = Settings(
     gemm_n=(16, 64, 128, 256, 512, 1024, 4096),
     gemm_m=(1, 16, 49, 196, 784, 3136, 12544),
     gemm_k=(9, 27, 147, 576, 1152, 2304, 4608, 9216),
     gemm_max_macs=1.6e8,
-    copy_sizes=(1 << 13, 1 << 15, 1 << 17, 1 << 19, 1 << 21, 1 << 23, 1 << 25, 1 << 27),
+    copy_sizes=COPY_SIZES,
+    reread_mib=(1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 48, 64, 128),
     min_time=0.012,
     rounds=4,
     passes=2,
@@ -128,6 +143,7 @@ QUICK = Settings(
     gemm_k=(27, 576),
     gemm_max_macs=2e7,
     copy_sizes=(1 << 15, 1 << 21, 1 << 25),
+    reread_mib=(1, 16, 64),
     min_time=0.002,
     rounds=2,
     passes=1,
@@ -180,7 +196,7 @@ def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) ->
     # A CPU run that splits its GEMMs over its own threads runs each part on one BLAS thread.
     splits = hardware.kind == "cpu" and threads > 1
     one_thread_points = len(one_thread_grid(settings, grid, threads)) if splits else 0
-    total = len(settings.copy_sizes) + 2 + settings.passes * (len(grid) + len(probes)) + one_thread_points
+    total = len(settings.copy_sizes) + len(settings.reread_mib) + 2 + settings.passes * (len(grid) + len(probes)) + one_thread_points
     show = sys.stderr.isatty() if progress is None else progress
     with tqdm(total=total, desc=f"calibrating {hardware.id}", unit="bench", disable=not show, leave=False) as bar:
         memory = _calibrate_memory(settings, hardware, bar.update)
@@ -265,8 +281,45 @@ def _calibrate_memory(settings: Settings, device: Device, step: Callable[[int], 
     seconds = amortised_seconds(lambda: np.multiply(a, a, out=out), min_time=settings.min_time,
                                 rounds=settings.rounds, synchronize=device.synchronize)
     step(1)
+    reread_bytes, reread_gbs = _calibrate_rereads(settings, device, step)
     return MemoryModel(working_set_bytes=sizes, bandwidth_gbs=[float(r) for r in rates],
-                       elementwise_gflops=float(a.size / seconds / 1e9))
+                       elementwise_gflops=float(a.size / seconds / 1e9), reread_bytes=reread_bytes,
+                       reread_gbs=reread_gbs)  # fmt: skip
+
+
+#: Bytes of each matrix the re-read sweep reads: large enough that a call's overhead is small against
+#: its read (~15 us from the cache), small against the last-level cache.
+REREAD_MATRIX_BYTES = 1 << 20
+
+
+def _calibrate_rereads(
+    settings: Settings, device: Device, step: Callable[[int], object]
+) -> tuple[list[float], list[float]]:
+    """Read rates (GB/s) of weights read again after a footprint of other weights, by footprint: the
+    footprint's 1 MiB matrices, each multiplied by a vector in turn (a matrix-vector product reads its
+    matrix once), cycle after cycle, on the calibration's BLAS threads. What a run does with its
+    layers' weights; ``hetflow.estimate.cache.HitCurve`` reads the cache's hold on them off it."""
+    columns = 1024
+    rows = REREAD_MATRIX_BYTES // (4 * columns)
+    matrices = [np.ones((rows, columns), dtype=np.float32) for _ in range(max(settings.reread_mib))]
+    vector = np.ones(columns, dtype=np.float32)
+    out = np.empty(rows, dtype=np.float32)
+
+    def read(count: int) -> None:
+        for matrix in matrices[:count]:
+            np.dot(matrix, vector, out=out)
+
+    sizes, rates = [], []
+    for mib in settings.reread_mib:
+        count = mib * (1 << 20) // REREAD_MATRIX_BYTES
+        seconds = amortised_seconds(lambda c=count: read(c), min_time=settings.min_time, rounds=settings.rounds,
+                                    synchronize=device.synchronize)  # fmt: skip
+        sizes.append(float(count * REREAD_MATRIX_BYTES))
+        rates.append(count * REREAD_MATRIX_BYTES / seconds / 1e9)
+        step(1)
+    # As for the copies: noise only slows a reading, and a bigger footprint is never faster.
+    rates = list(np.maximum.accumulate(np.asarray(rates)[::-1])[::-1])
+    return sizes, [float(rate) for rate in rates]
 
 
 # -- host <-> device copies -----------------------------------------------------------------------

@@ -21,7 +21,7 @@ import numpy as np
 
 from hetflow.devices.base import Kernel
 from hetflow.errors import HetflowError
-from hetflow.estimate.cache import Touch, cold_bytes, effective_cache_bytes
+from hetflow.estimate.cache import HitCurve, Touch, cold_bytes
 from hetflow.estimate.models import FALLBACK_COEF, bandwidth, features
 from hetflow.estimate.profile import DeviceProfile, OpModel, ProfileError, default_profile_path
 from hetflow.frontends import ModelSource, describe_source
@@ -943,16 +943,15 @@ def in_run_seconds(
     graph: Graph, steps: Sequence[tuple[Node, Kernel]], keys: Sequence[str], planned: MemoryPlan | None,
     profile: DeviceProfile,
 ) -> float:
-    """Seconds a whole run of ``steps`` spends bringing from memory what each layer, timed alone, finds
-    in the device's last-level cache (``hetflow.estimate.cache``; its size as the copy bandwidth shows it,
-    ``effective_cache_bytes``), at ``cold_bytes_per_second``; 0 for a profile without a cache size."""
-    memory = profile.memory
-    capacity = effective_cache_bytes(profile.last_level_cache_bytes, memory.working_set_bytes, memory.bandwidth_gbs)
-    if capacity <= 0:
+    """Seconds a whole run of ``steps`` spends bringing from memory what each layer, repeated alone,
+    finds in the device's caches (``hetflow.estimate.cache``: the share in cache at each block's reuse
+    distance, from the calibrated re-read rates), at ``cold_bytes_per_second``; 0 for a profile without a
+    cache size (a device that is not the CPU)."""
+    if profile.last_level_cache_bytes <= 0:
         return 0.0
     touches = [step_touches(index, node, key, graph, planned)
                for index, ((node, _), key) in enumerate(zip(steps, keys, strict=True))]  # fmt: skip
-    return sum(cold_bytes(touches, capacity)) / cold_bytes_per_second(profile)
+    return sum(cold_bytes(touches, HitCurve.of(profile.memory))) / cold_bytes_per_second(profile)
 
 
 def cold_bytes_per_second(profile: DeviceProfile) -> float:

@@ -72,11 +72,15 @@ class GemmModel:
 
 @dataclass
 class MemoryModel:
-    """Copy bandwidth by working set (bytes read + written), and the elementwise arithmetic rate."""
+    """Copy bandwidth by working set (bytes read + written), the elementwise arithmetic rate, and the
+    rate of reading data again after a footprint of other reads (how much of a run the last-level cache
+    keeps: ``hetflow.estimate.cache.HitCurve``; empty in profiles calibrated before it)."""
 
     working_set_bytes: list[float] = field(default_factory=lambda: [1e6])
     bandwidth_gbs: list[float] = field(default_factory=lambda: [10.0])
     elementwise_gflops: float = 1.0
+    reread_bytes: list[float] = field(default_factory=list)
+    reread_gbs: list[float] = field(default_factory=list)
 
 
 @dataclass

@@ -11,12 +11,10 @@ import pytest
 from hetflow import InferenceSession
 from hetflow.estimate.cache import (
     BLOCK_BYTES,
-    MIN_EFFECTIVE_CACHE_BYTES,
-    LruCache,
+    HitCurve,
     Touch,
     _parse_size,
     cold_bytes,
-    effective_cache_bytes,
     last_level_cache_bytes,
 )
 from hetflow.estimate.models import bandwidth
@@ -27,7 +25,7 @@ from hetflow.estimate.predict import (
     in_run_seconds,
     layer_key,
 )
-from hetflow.estimate.profile import DeviceProfile
+from hetflow.estimate.profile import DeviceProfile, MemoryModel
 from hetflow.passes.infer_shapes import bind_batch
 from hetflow.runtime.executor import memory_plan
 from hetflow.runtime.memory import Placement
@@ -35,51 +33,34 @@ from hetflow.runtime.memory import Placement
 MIB = 1 << 20
 
 
-def test_a_range_touched_again_is_a_hit():
-    cache = LruCache(4 * MIB)
-    weights = Touch("weight:w", 0, MIB)
-    assert cache.touch([weights]) == MIB
-    assert cache.touch([weights]) == 0
+def lru(capacity: int):
+    """The hit curve of a least-recently-used cache of ``capacity`` bytes: all or nothing."""
+    return lambda distance: 1.0 if distance < capacity else 0.0
 
 
 def test_ranges_count_every_block_they_overlap():
     assert list(Touch("arena", BLOCK_BYTES - 1, 2).blocks()) == [0, 1]
     assert list(Touch("arena", 0, 0).blocks()) == []
-    assert LruCache(MIB).touch([Touch("arena", BLOCK_BYTES - 1, 2)]) == 2 * BLOCK_BYTES
-
-
-def test_the_least_recently_used_block_is_evicted_first():
-    cache = LruCache(2 * BLOCK_BYTES)
-    a, b, c = (Touch(name, 0, BLOCK_BYTES) for name in "abc")
-    cache.touch([a, b])
-    cache.touch([a])  # b is now the least recently used
-    cache.touch([c])
-    assert cache.touch([a]) == 0
-    assert cache.touch([b]) == BLOCK_BYTES
-
-
-def test_address_spaces_are_apart():
-    cache = LruCache(MIB)
-    cache.touch([Touch("weight:a", 0, BLOCK_BYTES)])
-    assert cache.touch([Touch("weight:b", 0, BLOCK_BYTES)]) == BLOCK_BYTES
 
 
 def test_weights_that_outgrow_the_cache_together_are_cold_in_a_run():
     """Eight layers of 2 MiB weights each: every one fits a 4 MiB cache alone, all of them do not, so a
     run reads every layer's weights from memory; with a 32 MiB cache the whole run stays in it."""
     steps = [[Touch(f"weight:{i}", 0, 2 * MIB), Touch("arena", 0, 64 << 10)] for i in range(8)]
-    assert cold_bytes(steps, 4 * MIB) == [2 * MIB] * 8
-    assert cold_bytes(steps, 32 * MIB) == [0] * 8
+    assert cold_bytes(steps, lru(4 * MIB)) == [2 * MIB] * 8
+    assert cold_bytes(steps, lru(32 * MIB)) == [0] * 8
 
 
 def test_a_layer_larger_than_the_cache_loses_nothing_in_a_run():
     """Alone, it streams its data from memory too; the small layer after it finds its own evicted."""
     steps = [[Touch("weight:big", 0, 8 * MIB)], [Touch("weight:small", 0, MIB)]]
-    assert cold_bytes(steps, 4 * MIB) == [0, MIB]
+    assert cold_bytes(steps, lru(4 * MIB)) == [0, MIB]
 
 
-def test_no_cache_size_means_no_cold_bytes():
-    assert cold_bytes([[Touch("weight:w", 0, MIB)]], 0) == [0]
+def test_address_spaces_are_apart():
+    """Two weights at the same offset are different bytes: each is read again after the other."""
+    steps = [[Touch("weight:a", 0, 3 * MIB)], [Touch("weight:b", 0, 3 * MIB)]]
+    assert cold_bytes(steps, lru(4 * MIB)) == [3 * MIB, 3 * MIB]
 
 
 def test_a_value_written_where_a_dead_one_lay_is_warm():
@@ -89,9 +70,54 @@ def test_a_value_written_where_a_dead_one_lay_is_warm():
     second = [Touch("arena", 0, MIB), Touch("arena", 2 * MIB, MIB)]
     third = [Touch("arena", 2 * MIB, MIB), Touch("arena", 0, MIB)]
     filler = [[Touch(f"weight:f{i}", 0, MIB)] for i in range(6)]
-    cold = cold_bytes([first, second, third, *filler], 4 * MIB)
+    cold = cold_bytes([first, second, third, *filler], lru(4 * MIB))
     assert cold[2] == 0
     assert cold[0] == 2 * MIB  # the filler layers evicted its weights and its output region
+
+
+#: Copy bandwidths of a cache whose share of a working set falls from all at 1 MiB to none at 64 MiB;
+#: at 16 MiB a copy costs halfway between the cache's time per byte and memory's.
+HALFWAY_SETS = [MIB, 16 * MIB, 64 * MIB]
+HALFWAY_RATES = [80.0, 1 / ((1 / 80 + 1 / 16) / 2), 16.0]
+
+
+def test_the_share_in_cache_is_read_off_the_copy_bandwidths():
+    hit = HitCurve(HALFWAY_SETS, HALFWAY_RATES)
+    assert hit(MIB) == 1.0
+    assert hit(64 << 10) == 1.0
+    assert hit(16 * MIB) == pytest.approx(0.5)
+    assert 0.5 < hit(8 * MIB) < 1.0
+    assert 0.0 < hit(32 * MIB) < 0.5
+    assert hit(64 * MIB) == pytest.approx(0.0)
+    assert hit(65 * MIB) == 0.0
+    flat = HitCurve(HALFWAY_SETS, [20.0] * 3)
+    assert flat(32 * MIB) == 1.0  # no drop: nothing is lost in a run
+    with pytest.raises(ValueError, match="as many rates as sizes"):
+        HitCurve(HALFWAY_SETS, [20.0])
+
+
+def test_a_profile_reads_its_cache_off_the_rereads_or_else_the_copies():
+    """The re-read rates where the profile has them (the copies here would say no cache at all)."""
+    copies = {"working_set_bytes": HALFWAY_SETS, "bandwidth_gbs": [20.0] * 3}
+    with_rereads = MemoryModel(**copies, reread_bytes=HALFWAY_SETS, reread_gbs=HALFWAY_RATES)
+    assert HitCurve.of(with_rereads)(16 * MIB) == pytest.approx(0.5)
+    assert HitCurve.of(MemoryModel(**copies))(16 * MIB) == 1.0
+
+
+def test_a_growing_network_loses_its_weights_gradually_not_all_at_once():
+    """Layers of 2 MiB weights, one more at a time: through an LRU cache of 16 MiB a run loses nothing
+    until its weights outgrow it and then every byte; through the curve, a share that grows with the
+    distance at which each layer's weights come back."""
+    hit = HitCurve(HALFWAY_SETS, HALFWAY_RATES)
+
+    def lost(layers: int, curve) -> float:
+        return sum(cold_bytes([[Touch(f"weight:{i}", 0, 2 * MIB)] for i in range(layers)], curve)) / (layers * 2 * MIB)
+
+    shares = [lost(layers, hit) for layers in range(2, 40, 2)]
+    steps = [later - earlier for earlier, later in zip(shares, shares[1:])]
+    assert all(0 <= step < 0.2 for step in steps)
+    assert shares[0] < 0.15 and shares[-1] > 0.9  # past 64 MiB all but what a layer misses alone
+    assert [lost(layers, lru(16 * MIB)) for layers in (8, 9)] == [0.0, 1.0]  # 16 MiB fit, 18 do not
 
 
 def test_sizes_as_sysfs_writes_them():
@@ -100,38 +126,6 @@ def test_sizes_as_sysfs_writes_them():
     assert _parse_size("512") == 512
     with pytest.raises(ValueError):
         _parse_size("lots")
-
-
-#: Working sets (bytes copied: read + written) and copy bandwidths of the 2-vCPU Xeon VM's calibration
-#: (2026-12-01), whose sysfs reports a 480 MiB L3.
-VM_SETS = [16 * 1024, 64 * 1024, 256 * 1024, MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
-VM_RATES = [84.4, 84.4, 84.4, 84.4, 25.7, 25.7, 13.3, 12.3]
-
-
-def test_a_reported_cache_is_capped_where_the_copy_bandwidth_leaves_the_outer_caches_plateau():
-    # Past the L2's drop (84.4 -> 25.7) the plateau is 25.7 GB/s up to 16 MB; 13.3 at 64 MB is off it.
-    assert effective_cache_bytes(480 * MIB, VM_SETS, VM_RATES) == 32 * MIB
-    assert effective_cache_bytes(0, VM_SETS, VM_RATES) == 0  # no cache model stays none
-
-
-def test_a_drop_measured_in_the_l2_caps_no_lower_than_the_floor():
-    noisy = [84.4, 84.4, 30.0, 12.0, 12.5, 12.5, 12.3, 12.3]  # a slow reading at 1 MiB and past it
-    assert effective_cache_bytes(480 * MIB, VM_SETS, noisy) == MIN_EFFECTIVE_CACHE_BYTES
-    assert effective_cache_bytes(4 * MIB, VM_SETS, noisy) == 4 * MIB  # never above the reported size
-
-
-def test_a_gentle_slope_off_the_plateau_caps_where_it_leaves_it():
-    """The calibration of 2026-12-02 08:07: 28 GB/s to 16 MB, 24.7 at 64 MB (88% of the plateau)."""
-    rates = [95.8, 95.8, 95.8, 95.8, 28.0, 28.0, 24.7, 14.1]
-    assert effective_cache_bytes(480 * MIB, VM_SETS, rates) == 32 * MIB
-    assert effective_cache_bytes(480 * MIB, VM_SETS, [95.8, 95.8, 95.8, 95.8, 28.0, 28.0, 26.0, 14.1]) == 128 * MIB
-
-
-def test_a_reported_cache_stands_where_the_curve_agrees_or_shows_no_drop():
-    assert effective_cache_bytes(8 * MIB, VM_SETS, VM_RATES) == 8 * MIB  # smaller than the knee
-    flat = [30.0] * len(VM_SETS)
-    assert effective_cache_bytes(32 * MIB, VM_SETS, flat) == 32 * MIB
-    assert effective_cache_bytes(32 * MIB, VM_SETS[:1], VM_RATES[:1]) == 32 * MIB  # one point: no curve
 
 
 def test_this_machine_reports_a_cache():
@@ -163,9 +157,10 @@ def test_a_network_whose_weights_outgrow_the_cache_loses_time_in_a_run(quick_pro
     """VGG-19's 548 MB of weights overflow any cache: the estimate adds their cold reads to the layers,
     at each thread's copy rate past the cache; without a known cache size it adds nothing."""
     session = InferenceSession("zoo:vgg19")
-    # A copy bandwidth that falls past 32 MiB, as a 32 MiB L3's does (``effective_cache_bytes``).
-    memory = dataclasses.replace(quick_profile.memory, working_set_bytes=[64 * 1024, 4 * MIB, 16 * MIB, 64 * MIB],
-                                 bandwidth_gbs=[80.0, 30.0, 30.0, 12.0])  # fmt: skip
+    # Copy and re-read rates that fall past 16 MiB, as a 32 MiB L3's do (``HitCurve``).
+    sizes, rates = [64 * 1024, 4 * MIB, 16 * MIB, 64 * MIB], [80.0, 30.0, 30.0, 12.0]
+    memory = dataclasses.replace(quick_profile.memory, working_set_bytes=sizes, bandwidth_gbs=rates,
+                                 reread_bytes=sizes, reread_gbs=rates)  # fmt: skip
     profile = dataclasses.replace(quick_profile, last_level_cache_bytes=32 * MIB, memory=memory)
     result = estimate(session, profile, 1)
     graph, steps, keys, planned = _steps(session, 1)
@@ -184,9 +179,14 @@ def test_a_network_whose_weights_outgrow_the_cache_loses_time_in_a_run(quick_pro
 
 
 def test_a_network_that_fits_the_cache_loses_nothing(quick_profile: DeviceProfile):
-    """LeNet's weights and activations (under 2 MB) stay in a 32 MiB cache from one run to the next."""
-    profile = dataclasses.replace(quick_profile, last_level_cache_bytes=32 * MIB)
+    """LeNet's weights and activations (under 2 MB) stay from one run to the next in a cache that reads
+    8 MiB again at its full rate."""
+    sizes, rates = [MIB, 8 * MIB, 64 * MIB], [80.0, 80.0, 12.0]
+    memory = dataclasses.replace(quick_profile.memory, reread_bytes=sizes, reread_gbs=rates)
+    profile = dataclasses.replace(quick_profile, last_level_cache_bytes=32 * MIB, memory=memory)
     assert estimate(InferenceSession("zoo:lenet"), profile, 1).in_run_ms == 0.0
+    squeezed = dataclasses.replace(memory, reread_bytes=[MIB, 2 * MIB, 64 * MIB])
+    assert estimate(InferenceSession("zoo:lenet"), dataclasses.replace(profile, memory=squeezed), 1).in_run_ms > 0
 
 
 def test_profiles_keep_the_cache_size(quick_profile: DeviceProfile, tmp_path):
@@ -194,3 +194,12 @@ def test_profiles_keep_the_cache_size(quick_profile: DeviceProfile, tmp_path):
     profile = dataclasses.replace(quick_profile, last_level_cache_bytes=12 * MIB)
     loaded = DeviceProfile.load(profile.save(tmp_path / "p.json"))
     assert loaded.last_level_cache_bytes == 12 * MIB
+
+
+def test_calibration_reads_weights_again_over_rising_footprints(quick_profile: DeviceProfile, tmp_path):
+    memory = quick_profile.memory
+    assert memory.reread_bytes == [float(mib * MIB) for mib in (1, 16, 64)]
+    assert all(rate > 0 for rate in memory.reread_gbs)
+    assert memory.reread_gbs == sorted(memory.reread_gbs, reverse=True)  # never faster past a bigger footprint
+    loaded = DeviceProfile.load(quick_profile.save(tmp_path / "p.json"))
+    assert loaded.memory.reread_gbs == memory.reread_gbs
