@@ -84,10 +84,13 @@ class HitCurve:
 
         Why re-reads: they are what a run does with its weights, and the last-level cache keeps them
         less well than a copy's working set. On the Zen 4 VM (2026-12-06, two threads) 1 MiB matrices
-        read in a cycle ran at 69-74 GB/s up to 12 MiB, 55 at 16, 33 at 20 and 15.5-16 (memory) from 24
-        MiB, while copies of 24-32 MiB working sets still ran at 40-53 (memory: 21): through the copy
-        curve a MobileNet v2 run at batch 1 (footprint ~20 MB) lost 0.15 ms to its cold weights, through
-        the re-read curve 0.55, and the estimate went from -12.8% to -4.3% of its measured run."""
+        read in a cycle ran at 70-74 GB/s up to 8 MiB, 38-55 at 16, 26-33 at 20 and 13-18 from 32 MiB,
+        where copies of 24-48 MiB working sets still ran at 32-53. On the measurements of s45's last
+        accuracy run, with one profile (``benchmarks/results/2026-12-06-s46/cache_models.py``),
+        MobileNet v2 at batch 1 came out -14.4% with an LRU cache of 32 MiB, -7.8% through the copy
+        curve and -7.1% through the re-read curve. The copy curve also holds a share of a 64 MiB
+        working set in cache, and so counted AlexNet's 67 MB fully connected layer 30% cached when it
+        repeats alone and charged its run 0.8 ms more for it; the re-reads run at memory's rate there."""
         if memory.reread_bytes and len(memory.reread_bytes) == len(memory.reread_gbs):
             return cls(memory.reread_bytes, memory.reread_gbs)
         return cls(memory.working_set_bytes, memory.bandwidth_gbs)
