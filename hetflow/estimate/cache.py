@@ -97,9 +97,9 @@ class HitCurve:
 
     def __call__(self, distance: float) -> float:
         sizes = self._log_sizes
-        if distance <= 0 or math.log(distance) <= sizes[0]:
+        position = math.log(distance) if distance > 0 else -math.inf
+        if position <= sizes[0]:
             return 1.0
-        position = math.log(distance)
         if position > sizes[-1]:
             return 0.0
         span = self._uncached - self._cached
