@@ -17,6 +17,7 @@ from hetflow.estimate.cache import (
     cold_bytes,
     last_level_cache_bytes,
 )
+from hetflow.estimate.calibrate import faster_rereads
 from hetflow.estimate.models import bandwidth
 from hetflow.estimate.predict import (
     batch_bindings,
@@ -203,3 +204,12 @@ def test_calibration_reads_weights_again_over_rising_footprints(quick_profile: D
     assert memory.reread_gbs == sorted(memory.reread_gbs, reverse=True)  # never faster past a bigger footprint
     loaded = DeviceProfile.load(quick_profile.save(tmp_path / "p.json"))
     assert loaded.memory.reread_gbs == memory.reread_gbs
+
+
+def test_a_second_reread_sweep_keeps_the_faster_rate_of_each_footprint(quick_profile: DeviceProfile):
+    sizes = [float(mib * MIB) for mib in (1, 16, 64)]
+    memory = dataclasses.replace(quick_profile.memory, reread_bytes=sizes, reread_gbs=[70.0, 20.0, 15.0])
+    merged = faster_rereads(memory, (sizes, [72.0, 45.0, 14.0]))
+    assert merged.reread_gbs == [72.0, 45.0, 15.0]
+    assert merged.working_set_bytes == memory.working_set_bytes  # the copies untouched
+    assert faster_rereads(memory, (sizes[:2], [99.0, 99.0])) is memory  # another grid: nothing to merge
