@@ -12,9 +12,9 @@ The model replays the run's accesses in blocks: what each step touches is byte r
 regions, so a value written where a dead one lay just before is warm, and the kernels' weights in
 address spaces of their own). Each block read again has a reuse distance: the distinct bytes the run
 touched since its last access. The share of it still in cache at that distance (``HitCurve``) is read
-off the copy bandwidth calibration measured over working sets: a copy of a working set ``S``, repeated,
-reads every block again at distance ``S``, and its rate lies between the cache's and memory's in
-proportion to the share it finds in cache. The steady state is the second of two passes; a step's
+off calibration's re-read rates over footprints (``HitCurve.of``; the copy rates in an older profile):
+weights of a footprint ``S`` read in a cycle are each read again at distance ``S``, and their rate lies
+between the cache's and memory's in proportion to the share found in cache. The steady state is the second of two passes; a step's
 cold bytes are those it misses in that pass, less those it misses when repeated alone (at the distance
 of its own footprint: a layer larger than the cache misses in both).
 

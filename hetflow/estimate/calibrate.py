@@ -196,7 +196,8 @@ def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) ->
     # A CPU run that splits its GEMMs over its own threads runs each part on one BLAS thread.
     splits = hardware.kind == "cpu" and threads > 1
     one_thread_points = len(one_thread_grid(settings, grid, threads)) if splits else 0
-    total = len(settings.copy_sizes) + settings.passes * len(settings.reread_mib) + 2 + settings.passes * (len(grid) + len(probes)) + one_thread_points
+    sweeps = len(settings.reread_mib) + len(grid) + len(probes)  # what every pass measures
+    total = len(settings.copy_sizes) + 2 + settings.passes * sweeps + one_thread_points
     show = sys.stderr.isatty() if progress is None else progress
     with tqdm(total=total, desc=f"calibrating {hardware.id}", unit="bench", disable=not show, leave=False) as bar:
         memory = _calibrate_memory(settings, hardware, bar.update)
