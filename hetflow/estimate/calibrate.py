@@ -276,16 +276,14 @@ def _calibrate_memory(settings: Settings, device: Device, step: Callable[[int], 
         sizes.append(float(2 * size))
         rates.append(2 * size / seconds / 1e9)
         step(1)
-    # NOTE: a bigger working set is never faster. Noise only ever slows a measurement down, so the
-    # curve is lifted to the fastest rate measured at any working set at least as big.
-    rates = list(np.maximum.accumulate(np.asarray(rates)[::-1])[::-1])
+    rates = _lifted(rates)
     a = np.ones(1 << 16, dtype=np.float32)
     out = np.empty_like(a)
     seconds = amortised_seconds(lambda: np.multiply(a, a, out=out), min_time=settings.min_time,
                                 rounds=settings.rounds, synchronize=device.synchronize)
     step(1)
     reread_bytes, reread_gbs = _calibrate_rereads(settings, device, step)
-    return MemoryModel(working_set_bytes=sizes, bandwidth_gbs=[float(r) for r in rates],
+    return MemoryModel(working_set_bytes=sizes, bandwidth_gbs=rates,
                        elementwise_gflops=float(a.size / seconds / 1e9), reread_bytes=reread_bytes,
                        reread_gbs=reread_gbs)  # fmt: skip
 
@@ -333,9 +331,13 @@ def _calibrate_rereads(
         sizes.append(float(count * REREAD_MATRIX_BYTES))
         rates.append(count * REREAD_MATRIX_BYTES / seconds / 1e9)
         step(1)
-    # As for the copies: noise only slows a reading, and a bigger footprint is never faster.
-    rates = list(np.maximum.accumulate(np.asarray(rates)[::-1])[::-1])
-    return sizes, [float(rate) for rate in rates]
+    return sizes, _lifted(rates)
+
+
+def _lifted(rates: list[float]) -> list[float]:
+    """Rates measured over rising working sets, each lifted to the fastest measured at any working set
+    at least as big: a bigger one is never faster, and noise only ever slows a measurement down."""
+    return [float(rate) for rate in np.maximum.accumulate(np.asarray(rates)[::-1])[::-1]]
 
 
 # -- host <-> device copies -----------------------------------------------------------------------

@@ -76,13 +76,13 @@ def test_a_value_written_where_a_dead_one_lay_is_warm():
     assert cold[0] == 2 * MIB  # the filler layers evicted its weights and its output region
 
 
-#: Copy bandwidths of a cache whose share of a working set falls from all at 1 MiB to none at 64 MiB;
-#: at 16 MiB a copy costs halfway between the cache's time per byte and memory's.
+#: Read rates of a cache whose share of a footprint falls from all at 1 MiB to none at 64 MiB;
+#: at 16 MiB a read costs halfway between the cache's time per byte and memory's.
 HALFWAY_SETS = [MIB, 16 * MIB, 64 * MIB]
 HALFWAY_RATES = [80.0, 1 / ((1 / 80 + 1 / 16) / 2), 16.0]
 
 
-def test_the_share_in_cache_is_read_off_the_copy_bandwidths():
+def test_the_share_in_cache_is_read_off_the_rates_over_footprints():
     hit = HitCurve(HALFWAY_SETS, HALFWAY_RATES)
     assert hit(MIB) == 1.0
     assert hit(64 << 10) == 1.0
