@@ -987,7 +987,8 @@ class _ParallelRun:
                 woken += 1
         self.running -= 1
         self.unfinished -= 1
-        if self.unfinished == 0:
+        if self.unfinished == 0 or (self.error is not None and self.running == 0):
+            # The run is over, or has failed and ``finish`` waits for the last step still running.
             self.cond.notify_all()
         elif woken > 1:
             # This thread takes one of them itself.

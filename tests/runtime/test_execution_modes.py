@@ -98,6 +98,47 @@ def test_a_failing_node_is_named(mode):
     assert session.run(["y"], feeds)[0].shape == (3, 20)
 
 
+def test_a_node_failing_while_another_branch_runs_raises(monkeypatch):
+    """One branch fails while a step of another is still running: the run waits for that step, then
+    raises (it had waited for a wake-up that never came)."""
+    from hetflow.runtime import executor
+
+    model = make_model(
+        [helper.make_node("Relu", ["x"], ["slow"], name="slow"),
+         helper.make_node("Add", ["x", "other"], ["bad"], name="bad"),
+         helper.make_node("Concat", ["slow", "bad"], ["y"], name="cat", axis=0)],
+        [("x", FLOAT, ["N", 5]), ("other", FLOAT, ["M", 5])],
+        [("y", FLOAT, None)],
+    )  # fmt: skip
+    session = hetflow.InferenceSession(model, threads=2, execution_mode="parallel")
+    run_op = executor._run_op
+    started = threading.Event()
+
+    def delayed(op, env, call):  # noqa: ANN001, ANN202
+        if op.step.node.name == "slow":
+            started.set()
+            threading.Event().wait(0.3)  # still running when "bad" fails
+        else:
+            started.wait(5)
+        return run_op(op, env, call)
+
+    monkeypatch.setattr(executor, "_run_op", delayed)
+    feeds = {"x": np.ones((3, 5), np.float32), "other": np.ones((4, 5), np.float32)}
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            session.run(None, feeds)
+        except KernelError as error:
+            outcome.append(error)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive(), "the run hung"
+    assert len(outcome) == 1 and "'bad'" in str(outcome[0])
+
+
 def test_runs_from_several_threads_in_parallel_mode():
     model, weights = branching_model()
     session = hetflow.InferenceSession(model, threads=2, execution_mode="parallel")
