@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from hetflow.devices.cpu.kernels.buffers import aligned
 from hetflow.devices.cpu.threads import available_cores
 from hetflow.estimate.predict import estimate
 from tests.helpers import make_model
@@ -98,12 +99,24 @@ def test_augur_memory_accounting_counts_every_blob_and_im2col_buffer(quick_profi
     blobs = [2 * 3 * 100, 2 * 8 * 100, 2 * 6 * 25, 2 * 6 * 9, 2 * 54, 2 * 10]  # input, c1, c2, pool, flat, fc
     assert report.memory.data_bytes == 4 * sum(blobs)
     # Augur's total counts every Conv's im2col buffer [N, C*taps, P], whatever algorithm runs it; each
-    # layer's row carries its own kernel's: c1 (3 -> 8 channels) runs the direct kernel (one image's
-    # padded planes and products per thread), the grouped c2 im2col.
+    # layer's row carries its own kernel's: c1 (3 -> 8 channels, 3x3 pad 1) runs the direct kernel, which
+    # reads X and writes Y where they lie (``jit_direct_same``: no scratch), the grouped c2 im2col.
     c1_im2col, c2_im2col = 4 * 2 * 27 * 100, 4 * 2 * 8 * 9 * 25
     assert report.memory.workspace_bytes == c1_im2col + c2_im2col
     assert report.layers[0].algorithm.endswith("direct_fma") and report.layers[1].algorithm.endswith("im2col")
-    # Per core: 3 planes of 136 floats (rows 11 long; 110 positions rounded up to 112 computed, the last
-    # tap 24 past them) and 8 kernels' products of 112 positions.
-    assert report.layers[0].workspace_bytes == available_cores() * 4 * (3 * 136 + 8 * 112)
+    assert report.layers[0].workspace_bytes == 0
     assert report.layers[1].workspace_bytes == c2_im2col
+
+
+def test_a_direct_conv_that_shrinks_the_map_counts_its_planes_and_products(quick_profile):
+    """A valid 3x3 window (12x12 -> 10x10) runs on ``jit_direct``'s copies: per core 3 planes of 154
+    floats (rows 12 long; 120 positions rounded up to 128 computed, the last tap 26 past them) and 8
+    kernels' products of 128 positions, each for every core, aligned."""
+    rng = np.random.default_rng(2)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="c", kernel_shape=[3, 3])
+    inits = {"w": rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "b": np.zeros(8, np.float32)}
+    model = make_model([node], [("x", TensorProto.FLOAT, ["N", 3, 12, 12])], [("y", TensorProto.FLOAT, None)], inits)
+    [layer] = estimate(model, quick_profile, batch=2).layers
+    assert layer.algorithm.endswith("direct_fma")
+    cores = available_cores()
+    assert layer.workspace_bytes == aligned(cores * 4 * 3 * 154) + aligned(cores * 4 * 8 * 128)

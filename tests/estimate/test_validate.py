@@ -74,11 +74,11 @@ def test_planned_peak_replays_release_points(zoo_home, quick_profile, ci_cores):
     session = open_session("zoo:mentee", "cpu")
     one = estimate(session, quick_profile, batch=1).memory
     four = estimate(session, quick_profile, batch=4).memory
-    # Activations scale with the batch, weights do not, nor does the direct kernel's scratch (per core,
-    # not per image; a batch runs all of mentee's layers direct); every blob at once is more than the
-    # live peak.
+    # Activations scale with the batch, weights do not; mentee's Convs (3x3, pad 1) run direct on X and Y
+    # where they lie, with no scratch, so the live peak scales as the activations do; every blob at once
+    # is more than the live peak.
     assert four.data_bytes == 4 * one.data_bytes
-    assert 1.5 * one.peak_bytes < four.peak_bytes < 4 * one.peak_bytes
+    assert 3.9 * one.peak_bytes < four.peak_bytes < 4.1 * one.peak_bytes
     assert four.weights_bytes == one.weights_bytes
     assert one.data_bytes + one.workspace_bytes > one.peak_bytes
     assert one.weights_bytes == sum(int(a.nbytes) for a in session.graph.initializers.values())

@@ -8,7 +8,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hetflow.devices.cpu.kernels import conv_train, jit_direct, jit_direct_grad, jit_direct_lanes
+from hetflow.devices.cpu.kernels import (
+    conv_train,
+    jit_direct,
+    jit_direct_grad,
+    jit_direct_lanes,
+    jit_direct_same,
+)
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.conv import ConvAttrs, conv_window
 from hetflow.ops.spatial import Geometry, geometry
@@ -105,7 +111,7 @@ RELU = FusedActivation("Relu")
 
 @pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), CASES, ids=IDS)
 def test_training_conv_float32_runs_direct(monkeypatch, attrs, x_shape, w_shape):
-    """float32 stride-1 layers: forward and dX by a direct kernel (either variant), dW and dB by the
+    """float32 stride-1 layers: forward and dX by a direct kernel (any variant), dW and dB by the
     direct weight gradient, Relu fused."""
     calls = []
 
@@ -115,6 +121,7 @@ def test_training_conv_float32_runs_direct(monkeypatch, attrs, x_shape, w_shape)
 
     counted(jit_direct, "conv2d", "conv")
     counted(jit_direct_lanes, "conv2d", "conv")
+    counted(jit_direct_same, "conv2d", "conv")
     counted(jit_direct_grad, "weight_gradient", "dW")
     x, w, b = _float32(x_shape, w_shape, w_shape[:1])
     fused = dataclasses.replace(attrs, fused=RELU)

@@ -53,11 +53,20 @@ def test_position_offsets_skip_the_pad_columns_in_whole_blocks():
 
 
 @pytest.mark.parametrize(
-    ("size", "kernels", "lanes"),
-    [(32, 32, False), (16, 64, False), (8, 128, True), (4, 32, True), (8, 8, False)],
+    ("pads", "size", "kernels", "lanes"),
+    [
+        ((1, 1, 1, 1), 32, 32, False),
+        ((1, 1, 1, 1), 16, 64, False),
+        ((1, 1, 1, 1), 8, 128, False),
+        ((1, 1, 1, 1), 7, 256, True),
+        ((0, 0, 0, 0), 10, 128, True),
+        ((0, 0, 0, 0), 6, 32, True),
+        ((1, 1, 1, 1), 8, 8, False),
+    ],
 )
-def test_small_maps_of_whole_kernel_blocks_prefer_the_lanes(size, kernels, lanes):
-    """8x8 maps keep 64 of 96 flat positions: the lanes win there; 16x16 keep 89%, 32x32 97%; 8 kernels
-    would waste three quarters of a block of 32."""
-    geom = _geometry(ConvAttrs(pads=(1, 1, 1, 1)), (1, 16, size, size), (kernels, 16, 3, 3))
+def test_small_maps_of_whole_kernel_blocks_prefer_the_lanes(pads, size, kernels, lanes):
+    """Same windows keep every position of whole vectors (``jit_direct_same``): an 8x8 map all 64, a 7x7
+    49 of 64 (56 here); valid windows keep 64 of 80 flat positions of an 8x8 output, 16 of 24 of a 4x4;
+    8 kernels would waste three quarters of a block of 32."""
+    geom = _geometry(ConvAttrs(pads=pads), (1, 16, size, size), (kernels, 16, 3, 3))
     assert jit_direct_lanes.prefers_lanes(geom, kernels) is lanes

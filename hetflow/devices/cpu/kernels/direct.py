@@ -1,16 +1,18 @@
 """CPU Conv kernel ``direct_fma``: 2-D convolutions of one group by the direct kernels.
 
-``jit_direct`` (vectors of 16 flat positions), on small maps ``jit_direct_lanes`` (vectors of 16
-kernels), and for strided windows on a few input channels (the image stems) ``jit_direct_phases``:
-register-blocked FMAs straight on zero-bordered copies of X's planes, no im2col columns, no
-GEMM. They win where a GEMM's operand is thin -- few input or output channels, where im2col's columns
+``jit_direct_same`` (vectors of 16 positions read from X and stored into Y where they lie, for windows
+that keep the map's size), ``jit_direct`` (the same on zero-bordered copies of X's planes, for the other
+stride-1 windows), on small maps ``jit_direct_lanes`` (vectors of 16 kernels), and for strided windows on
+a few input channels (the image stems) ``jit_direct_phases``: register-blocked FMAs, no im2col columns,
+no GEMM. They win where a GEMM's operand is thin -- few input or output channels, where im2col's columns
 cost more than the products -- and on windows Winograd does not cover (5x5, dilated); the cost model
 (``hetflow.ops.conv.heuristic_conv_algorithm``) says where, and ``hetflow tune`` measures it per layer.
 
 float32 only (float16 is computed in float32 by ``run_conv``, as every CPU Conv is). The bias and a
-fused Relu are applied as the products are copied into Y; any other fused activation runs after. The
+fused Relu are applied as the products are stored into Y; any other fused activation runs after. The
 weights are blocked once per weight array (``BLOCKED_WEIGHTS``); the padded planes and the products of
-each thread's part come from the node's workspace, sized for every core this process may use.
+each thread's part (none for ``jit_direct_same``) come from the node's workspace, sized for every core
+this process may use.
 """
 
 from __future__ import annotations

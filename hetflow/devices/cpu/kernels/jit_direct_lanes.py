@@ -29,7 +29,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from hetflow.devices.cpu import spin_pool
-from hetflow.devices.cpu.kernels import jit_direct, jit_direct_phases
+from hetflow.devices.cpu.kernels import jit_direct, jit_direct_phases, jit_direct_same
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels.jit_direct import (
     IMAGE_STRIDE_SLOT,
@@ -131,12 +131,16 @@ def _position_block(
 
 def prefers_lanes(geom: Geometry, kernels: int) -> bool:
     """Whether a stride-1 2-D Conv with ``kernels`` output channels over ``geom`` runs faster here than in
-    ``jit_direct``: the share of the computed products that are kept (positions and kernels padded to
-    whole blocks here, flat positions to whole vectors there), this variant's discounted by
-    ``LANES_SPEED`` (``ONE_BLOCK_SPEED`` for one block of kernels)."""
+    the flat variants (``jit_direct_same`` where it applies, else ``jit_direct``): the share of the
+    computed products that are kept (positions and kernels padded to whole blocks here, flat positions to
+    whole vectors there), this variant's discounted by ``LANES_SPEED`` (``ONE_BLOCK_SPEED`` for one block
+    of kernels)."""
     rows, columns = geom.axes
     pixels = rows.out * columns.out
-    kept_flat = pixels / flat_layout(geom).span
+    if jit_direct_same.applies(geom):
+        kept_flat = pixels / round_up(pixels, lv.LANES)
+    else:
+        kept_flat = pixels / flat_layout(geom).span
     kept_lanes = pixels / round_up(pixels, POSITION_BLOCK) * kernels / round_up(kernels, BLOCK_KERNELS)
     speed = LANES_SPEED if kernels > BLOCK_KERNELS else ONE_BLOCK_SPEED
     return kept_lanes * speed > kept_flat
@@ -150,7 +154,10 @@ COPY_TILE = 16
 #: the speed it implies: 8x8 128 -> 128 (batch 16) 0.82 / 0.82, 0.98; 16x16 64 -> 64 0.97 / 1.00, 0.94-0.97;
 #: 32x32 32 -> 32 1.04 / 1.08, 0.90-0.94; 28x28 16 -> 32 1.06 / 1.09, 0.88-0.90; 28x28 and 56x56 64 -> 64
 #: (batch 4) 1.00-1.03, 0.94-0.97; 7x7 256 -> 256, 13x13 and 14x14 0.87-0.95 (lanes). It was 0.8 while
-#: ``jit_direct`` rounded its span to blocks of 32 (an 8x8 map's 72 positions computed as 96).
+#: ``jit_direct`` rounded its span to blocks of 32 (an 8x8 map's 72 positions computed as 96). Against
+#: ``jit_direct_same`` (no copies, masked loads) the same speed holds: one Conv and its Relu, 2 threads,
+#: batch 1, same / lanes time (Zen 4 VM, 2026-12-07): 128 -> 128 at 8x8 0.94, 128 at 13x13 0.95, 64 at
+#: 14x14 0.87, 256 at 7x7 1.13 (whose 49 positions there are 64, here 56).
 LANES_SPEED = 0.93
 #: ``LANES_SPEED`` for layers of one block of kernels (``BLOCK_KERNELS`` or fewer): an image's work then
 #: does not split over two threads here, where ``jit_direct``'s blocks of 8 do. cifar10-quick at batch 1
@@ -333,16 +340,23 @@ def direct_conv2d(
     y: np.ndarray,
     mask: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``jit_direct.conv2d``, or this module's where it keeps more of its work (``variant``)."""
-    return variant(geom, int(w.shape[0])).conv2d(x, w, bias, geom, relu, y, mask=mask)
+    """``jit_direct.conv2d``, or a variant's where it keeps more of its work (``variant``; X read through
+    ``mask`` only by the variants that copy its planes)."""
+    chosen = variant(geom, int(w.shape[0]))
+    if mask is not None and chosen is jit_direct_same:
+        chosen = jit_direct
+    return chosen.conv2d(x, w, bias, geom, relu, y, mask=mask)
 
 
 def variant(geom: Geometry, kernels: int) -> ModuleType:
-    """The direct kernel for these windows: ``jit_direct_phases`` for strided ones, this module where it
-    keeps more of its work (``prefers_lanes``), else ``jit_direct``."""
+    """The direct kernel for these windows: ``jit_direct_phases`` for strided ones, ``jit_direct_same``
+    for those that keep the map's size, this module where it keeps more of its work (``prefers_lanes``),
+    else ``jit_direct``."""
     if any(axis.stride != 1 for axis in geom.axes):
         return jit_direct_phases
-    return sys.modules[__name__] if prefers_lanes(geom, kernels) else jit_direct
+    if prefers_lanes(geom, kernels):
+        return sys.modules[__name__]
+    return jit_direct_same if jit_direct_same.applies(geom) else jit_direct
 
 
 @numba.njit(nogil=True, cache=True)
