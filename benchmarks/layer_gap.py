@@ -38,6 +38,8 @@ from hetflow import InferenceSession, zoo
 ORT_SUFFIX = "_kernel_time"
 #: ORT's NCHWc transformer appends this to the nodes it rewrites.
 NCHWC_SUFFIX = "_nchwc"
+#: ORT's activation fusion names the node it makes with this prefix ("fused fc1", a FusedGemm).
+FUSED_PREFIX = "fused "
 #: Runs of one runtime in a row, after one untimed run, before the other runtime's.
 BLOCK = 5
 
@@ -78,7 +80,7 @@ def _ort_times(profile: Path, timed: list[bool]) -> dict[str, tuple[str, list[fl
     for event in json.loads(profile.read_text()):
         name = event.get("name", "")
         if event.get("cat") == "Node" and name.endswith(ORT_SUFFIX):
-            key = name[: -len(ORT_SUFFIX)].removesuffix(NCHWC_SUFFIX)
+            key = name[: -len(ORT_SUFFIX)].removesuffix(NCHWC_SUFFIX).removeprefix(FUSED_PREFIX)
             times.setdefault(key, (event.get("args", {}).get("op_name", ""), []))[1].append(event["dur"] / 1e6)
     return {key: (op, [t for t, keep in zip(values, timed) if keep]) for key, (op, values) in times.items()}
 
