@@ -156,7 +156,7 @@ COPY_TILE = 16
 #: (batch 4) 1.00-1.03, 0.94-0.97; 7x7 256 -> 256, 13x13 and 14x14 0.87-0.95 (lanes). It was 0.8 while
 #: ``jit_direct`` rounded its span to blocks of 32 (an 8x8 map's 72 positions computed as 96). Against
 #: ``jit_direct_same`` (no copies, masked loads) the same speed holds: one Conv and its Relu, 2 threads,
-#: batch 1, same / lanes time (Zen 4 VM, 2026-12-07): 128 -> 128 at 8x8 0.94, 128 at 13x13 0.95, 64 at
+#: batch 1, same / lanes time (Zen 4 VM, 2026-12-06): 128 -> 128 at 8x8 0.94, 128 at 13x13 0.95, 64 at
 #: 14x14 0.87, 256 at 7x7 1.13 (whose 49 positions there are 64, here 56).
 LANES_SPEED = 0.93
 #: ``LANES_SPEED`` for layers of one block of kernels (``BLOCK_KERNELS`` or fewer): an image's work then

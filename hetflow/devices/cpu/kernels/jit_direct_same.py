@@ -17,7 +17,7 @@ as its accumulators are stored into Y.
 The block is ``jit_direct``'s (``POSITION_VECTORS`` vectors of positions times ``KERNEL_BLOCK`` kernels,
 16 accumulators in registers), with the taps looped over outside the channels (of ``CHANNEL_CHUNK`` at a
 time), so that each tap's masks are read once per chunk, not per channel. One core of the Zen 4 VM
-(2026-12-07), one image, 3x3 "same" with a Relu, against ``jit_direct`` with its copies, in GFLOP/s
+(2026-12-06), one image, 3x3 "same" with a Relu, against ``jit_direct`` with its copies, in GFLOP/s
 counted on the Conv's own multiply-adds: 32 -> 32 at 32x32 111 vs 107, 64 -> 64 at 16x16 112 vs 105,
 128 -> 32 at 14x14 106 vs 92, 64 -> 64 at 56x56 114 vs 112, 3 -> 64 at 224x224 101 vs 78. With plain
 loads everywhere (wrong at the borders) a prototype ran at 116-117 where the masked one ran at 111-112.
@@ -62,9 +62,9 @@ from hetflow.ops.spatial import Geometry
 #: Output positions per block.
 BLOCK_POSITIONS = lv.LANES * POSITION_VECTORS
 #: Channels a block runs every tap over before the next ones: the X lines of 8 channels' 3 rows stay in
-#: L1 across the taps, where all of 64 or 128 did not. One core, one image (Zen 4 VM, 2026-12-07),
-#: against ``jit_direct``: 64 -> 64 at 56x56 and 128 -> 32 at 56x56 0.98 / 0.97 in chunks of 8 or 16;
-#: with no chunks, in two-thread sessions at batch 16, 1.03 / 1.08.
+#: L1 across the taps, where those of 64 or 128 did not. This variant's time over ``jit_direct``'s on
+#: 64 -> 64 and 128 -> 32 at 56x56 (Zen 4 VM, 2026-12-06): 0.98 / 0.97 in chunks of 8 (or 16), one core,
+#: one image; without chunks 1.03 / 1.08 in two-thread sessions at batch 16.
 CHANNEL_CHUNK = 8
 #: A mask whose 16 lanes are all read.
 WHOLE_MASK = (1 << lv.LANES) - 1
