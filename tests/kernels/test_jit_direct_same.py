@@ -21,7 +21,7 @@ RNG = np.random.default_rng(31)
 #: (attrs, X shape, W shape) of windows that keep the map's size: odd maps and kernel counts off the
 #: blocks (8), an even kernel with SAME_UPPER-style pads, dilation, 1x1 on 1x1, a 1x3 window on a map
 #: wider than a block, a map of fewer positions than a vector, channels in two chunks and part of a third
-#: (``CHANNEL_CHUNK``), and a map that ends mid-vector.
+#: (``CHANNEL_CHUNK``), a plane of one block and a whole pair of vectors, and one that ends mid-vector.
 CASES = [
     (ConvAttrs(pads=(1, 1, 1, 1)), (2, 5, 9, 13), (11, 5, 3, 3)),
     (ConvAttrs(pads=(1, 1, 2, 2)), (3, 4, 7, 7), (17, 4, 4, 4)),
@@ -30,10 +30,11 @@ CASES = [
     (ConvAttrs(pads=(0, 1, 0, 1)), (1, 3, 6, 40), (3, 3, 1, 3)),
     (ConvAttrs(pads=(2, 2, 2, 2)), (2, 3, 3, 3), (8, 3, 5, 5)),
     (ConvAttrs(pads=(1, 1, 1, 1)), (2, 19, 6, 9), (10, 19, 3, 3)),
+    (ConvAttrs(pads=(1, 1, 1, 1)), (1, 6, 8, 10), (9, 6, 3, 3)),
     (ConvAttrs(pads=(1, 1, 1, 1)), (1, 7, 5, 11), (40, 7, 3, 3)),
 ]
 IDS = ["pad1", "4x4-same-upper", "dilated", "1x1-on-1x1", "1x3-wide-row", "3x3-map-5x5", "19-channels",
-       "55-positions"]
+       "80-positions", "55-positions"]
 
 
 def _case(attrs: ConvAttrs, x_shape: tuple[int, ...], w_shape: tuple[int, ...]):  # noqa: ANN202
