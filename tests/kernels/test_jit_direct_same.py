@@ -15,6 +15,7 @@ from hetflow.devices.cpu.threads import own_threads, spinning
 from hetflow.ops.conv import DIRECT_FMA, ConvAttrs
 from tests.kernels.test_conv_train import direct_conv
 from tests.kernels.test_jit_direct import _geometry, _relative_error
+from tests.kernels.test_jit_direct_phases import _case
 
 RNG = np.random.default_rng(31)
 
@@ -35,12 +36,6 @@ CASES = [
 ]
 IDS = ["pad1", "4x4-same-upper", "dilated", "1x1-on-1x1", "1x3-wide-row", "3x3-map-5x5", "19-channels",
        "80-positions", "55-positions"]
-
-
-def _case(attrs: ConvAttrs, x_shape: tuple[int, ...], w_shape: tuple[int, ...]):  # noqa: ANN202
-    x, w, b = (RNG.standard_normal(shape).astype(np.float32) for shape in (x_shape, w_shape, w_shape[:1]))
-    expected = direct_conv(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), attrs)
-    return x, w, b, expected
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4])

@@ -340,18 +340,14 @@ def direct_conv2d(
     y: np.ndarray,
     mask: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``jit_direct.conv2d``, or a variant's where it keeps more of its work (``variant``; X read through
-    ``mask`` only by the variants that copy its planes)."""
-    chosen = variant(geom, int(w.shape[0]))
-    if mask is not None and chosen is jit_direct_same:
-        chosen = jit_direct
-    return chosen.conv2d(x, w, bias, geom, relu, y, mask=mask)
+    """``jit_direct.conv2d``, or a variant's where it keeps more of its work (``variant``)."""
+    return variant(geom, int(w.shape[0])).conv2d(x, w, bias, geom, relu, y, mask=mask)
 
 
 def variant(geom: Geometry, kernels: int) -> ModuleType:
-    """The direct kernel for these windows: ``jit_direct_phases`` for strided ones, ``jit_direct_same``
-    for those that keep the map's size, this module where it keeps more of its work (``prefers_lanes``),
-    else ``jit_direct``."""
+    """The direct kernel for these windows: ``jit_direct_phases`` for strided ones, this module where it
+    keeps more of its work (``prefers_lanes``), else ``jit_direct_same`` for those that keep the map's
+    size and ``jit_direct`` for the others."""
     if any(axis.stride != 1 for axis in geom.axes):
         return jit_direct_phases
     if prefers_lanes(geom, kernels):
