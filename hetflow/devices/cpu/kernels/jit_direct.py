@@ -370,6 +370,14 @@ def conv2d(
     return y
 
 
+def call_parts(batch: int, threads: int) -> tuple[int, int]:
+    """How a variant's ``conv2d`` splits a call of ``batch`` images over ``threads``: (shares of each
+    image's kernel blocks, parts): runs of whole images, one part a thread, or (fewer images than threads)
+    each image's kernel blocks in ``threads // batch`` shares, one part a share."""
+    shares = 1 if batch >= threads else max(1, threads // batch)
+    return shares, threads if shares == 1 else batch * shares
+
+
 def loop_window(geom: Geometry) -> tuple[tuple[int, int], int, np.ndarray]:
     """What the compiled loops of both variants take of ``geom``'s flat layout: the padding before the
     rows and the columns, the padded row length, and the taps' offsets."""

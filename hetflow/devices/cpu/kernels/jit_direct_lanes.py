@@ -39,6 +39,7 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     PartBuffers,
     block_shares,
     blocked_weights,
+    call_parts,
     chunk_parts,
     conv_inputs,
     fit_buffers,
@@ -214,9 +215,7 @@ def conv2d(
     batch, blocks = int(x.shape[0]), int(wt.shape[0])
     threads = split_threads(computed_products(batch, int(x.shape[1]), kernels, geom), batch, blocks)
     threads, buffers = fit_buffers(threads, buffers, buffer_shapes(int(x.shape[1]), kernels, geom))
-    # Whole images per part, or (fewer images than threads) shares of one image's kernel blocks.
-    shares = 1 if batch >= threads else max(1, threads // batch)
-    parts = threads if shares == 1 else batch * shares
+    shares, parts = call_parts(batch, threads)
     # Y as [N, K, P]: a view, as each image's planes are contiguous (also in a Concat's image-strided output).
     y_planes = y.reshape(batch, kernels, -1)
     assert np.may_share_memory(y_planes, y), "each image of Y must be contiguous"

@@ -37,6 +37,7 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     PartBuffers,
     block_shares,
     blocked_weights,
+    call_parts,
     chunk_parts,
     crop_products,
     fit_buffers,
@@ -131,8 +132,7 @@ def conv2d(
     blocks = int(wt.shape[0])
     threads = split_threads(computed_products(batch, channels, kernels, geom), batch, blocks)
     threads, buffers = fit_buffers(threads, buffers, buffer_shapes(channels, kernels, geom))
-    shares = 1 if batch >= threads else max(1, threads // batch)
-    parts = threads if shares == 1 else batch * shares
+    shares, parts = call_parts(batch, threads)
     images = output_images(y) if shares > 1 else None
 
     def run(part: int) -> None:

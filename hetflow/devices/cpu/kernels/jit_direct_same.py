@@ -46,6 +46,7 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     PartBuffers,
     block_shares,
     blocked_weights,
+    call_parts,
     chunk_parts,
     image_of,
     output_images,
@@ -329,8 +330,7 @@ def conv2d(
     batch, blocks = int(x.shape[0]), int(wt.shape[0])
     threads = split_threads(computed_products(batch, int(x.shape[1]), kernels, geom), batch, blocks)
     images = output_images(y)
-    shares = 1 if batch >= threads else max(1, threads // batch)
-    parts = threads if shares == 1 else batch * shares
+    shares, parts = call_parts(batch, threads)
 
     def run(part: int) -> None:
         if shares == 1:
