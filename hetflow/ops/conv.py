@@ -200,8 +200,46 @@ F43_MIN_SIDE_DEEP_BATCH = 14
 F43_MAX_CHANNELS_DEEP_BATCH = 256
 
 
+#: The most bytes of X (one image) a 1x1 Conv may read to run direct rather than on the tile GEMM
+#: (``_direct_pointwise``): the direct kernel reads X once per block of 8 kernels, from L2 while it fits.
+POINTWISE_DIRECT_MAX_X_BYTES = 1 << 20
+#: The least share of a 1x1 Conv's vectors of 16 positions that its positions fill for it to run direct:
+#: below (7x7 maps: 49 of 64) the direct kernel takes the lanes variant, slower than the tile GEMM there.
+POINTWISE_DIRECT_MIN_FILL = 0.9
+
+
+def _direct_pointwise(
+    spec: WindowSpec, x_shape: Sequence[int], group: int, dtype: np.dtype | None, residual: bool,
+    activation: str | None,
+) -> bool:
+    """Whether one image's 1x1 Conv runs on the direct kernel (``jit_direct_same`` reads X and stores Y
+    where they lie, with the bias and a Relu; no packing of X's columns) rather than the tile GEMM.
+
+    Measured in MobileNet v2's replayed run at batch 1 (2 threads, Zen 4 VM, 2026-12-06; tile GEMM ->
+    direct, in-run ms): 144 -> 32 at 28x28 0.043 -> 0.038, 192 -> 64 at 14x14 0.032 -> 0.025, 384 -> 96
+    at 14x14 0.086 -> 0.072; but 96 -> 24 at 56x56 (X 1.2 MB) 0.074 -> 0.098, 576 -> 160 at 7x7 0.058 ->
+    0.079, 960 -> 320 at 7x7 0.19 -> 0.20. A folded residual or an activation other than Relu would run
+    after the direct kernel, outside a replayed run's jobs, so those stay on the tile GEMM."""
+    if int(x_shape[0]) != 1 or residual or activation not in (None, "Relu") or dtype is None:
+        return False
+    if direct_unsupported(spec, group, dtype, int(x_shape[1])) is not None:
+        return False
+    positions = math.prod(int(d) for d in x_shape[2:])
+    fill = positions / (-(-positions // 16) * 16)
+    x_bytes = int(x_shape[1]) * positions * np.dtype(dtype).itemsize
+    return x_bytes <= POINTWISE_DIRECT_MAX_X_BYTES and fill >= POINTWISE_DIRECT_MIN_FILL
+
+
+def fused_epilogue(node: Node) -> tuple[bool, str | None]:
+    """What a Conv node applies after its products (``heuristic_conv_algorithm``'s ``residual`` and
+    ``activation``): whether it adds a folded residual, and its fused activation's op type (None)."""
+    fused = getattr(node.attrs, "fused", None)
+    return bool(getattr(node.attrs, "residual", False)), None if fused is None else fused.op_type
+
+
 def heuristic_conv_algorithm(
-    spec: WindowSpec, x_shape: Sequence[int], kernels: int, group: int, dtype: np.dtype | None = None
+    spec: WindowSpec, x_shape: Sequence[int], kernels: int, group: int, dtype: np.dtype | None = None,
+    residual: bool = False, activation: str | None = None,
 ) -> str:
     """The cost model's algorithm when no measurement exists (see ``hetflow.tuning``); ``dtype``: X's
     (the direct kernel is considered only when it is given and computed there).
@@ -239,6 +277,8 @@ def heuristic_conv_algorithm(
     1.23 ms.
     """
     structural = conv_algorithm(spec, int(x_shape[1]), group)
+    if structural == POINTWISE and _direct_pointwise(spec, x_shape, group, dtype, residual, activation):
+        return DIRECT_FMA
     if structural != IM2COL:
         return structural
     channels = int(x_shape[1])

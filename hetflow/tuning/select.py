@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from hetflow.devices.base import Device, Kernel
 from hetflow.graph import Graph, Node
 from hetflow.ops.base import TensorInfo
-from hetflow.ops.conv import ALGORITHM_FALLBACK, conv_window, heuristic_conv_algorithm
+from hetflow.ops.conv import ALGORITHM_FALLBACK, conv_window, fused_epilogue, heuristic_conv_algorithm
 from hetflow.tuning.cache import TuningCache, TuningRecord, cache_path, kernels_hash, now
 from hetflow.tuning.measure import MeasureOptions, measure
 from hetflow.tuning.space import Workload, tunable_kernels, workload_of
@@ -36,7 +36,8 @@ def _conv_heuristic(node: Node, inputs: Sequence[TensorInfo | None]) -> str:
     x, w = inputs[0], inputs[1]
     assert x is not None and w is not None
     spec = conv_window(node.attrs, w.shape)
-    return heuristic_conv_algorithm(spec, [int(d) for d in x.shape], int(w.shape[0]), node.attrs.group, x.dtype)
+    return heuristic_conv_algorithm(spec, [int(d) for d in x.shape], int(w.shape[0]), node.attrs.group, x.dtype,
+                                    *fused_epilogue(node))
 
 
 #: Op type -> the algorithm its cost model prefers for concrete inputs.

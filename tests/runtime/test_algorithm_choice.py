@@ -273,3 +273,41 @@ def test_the_cost_model_runs_small_layers_direct(channels, kernels, side, batch,
     assert heuristic_conv_algorithm(spec, shape, kernels, 1, np.dtype(np.float32)) == expected
     if expected == "direct_fma":  # without X's dtype the direct kernel is not considered
         assert heuristic_conv_algorithm(spec, shape, kernels, 1) in ("im2col", "winograd_f23", "winograd_f43")
+
+
+@pytest.mark.parametrize(
+    ("channels", "kernels", "side", "batch", "residual", "activation", "expected"),
+    [
+        (192, 64, 14, 1, False, "Relu", "direct_fma"),  # one image, X in L2, whole vectors: direct
+        (144, 32, 28, 1, False, None, "direct_fma"),
+        (256, 64, 32, 1, False, "Relu", "direct_fma"),  # X exactly POINTWISE_DIRECT_MAX_X_BYTES
+        (96, 24, 56, 1, False, None, "pointwise"),  # X 1.2 MB: past L2, re-read per block of kernels
+        (576, 160, 7, 1, False, None, "pointwise"),  # 49 of 64 lanes: the lanes variant, slower
+        (192, 64, 14, 1, True, "Relu", "pointwise"),  # a folded residual: the tile GEMM adds it
+        (192, 64, 14, 1, False, "Clip", "pointwise"),  # Relu6 would run after the direct kernel
+        (192, 64, 14, 16, False, "Relu", "pointwise"),  # a batch keeps the tile GEMM
+    ],
+)
+def test_one_images_1x1_layers_run_direct_where_x_stays_in_l2(
+    channels, kernels, side, batch, residual, activation, expected
+):
+    from hetflow.ops.conv import ConvAttrs, conv_window, heuristic_conv_algorithm
+
+    spec = conv_window(ConvAttrs(), (kernels, channels, 1, 1))
+    shape = (batch, channels, side, side)
+    chosen = heuristic_conv_algorithm(spec, shape, kernels, 1, np.dtype(np.float32), residual, activation)
+    assert chosen == expected
+    assert heuristic_conv_algorithm(spec, shape, kernels, 1, None, residual, activation) == "pointwise"
+
+
+def test_a_1x1_layer_run_direct_matches_onnx_runtime():
+    rng = np.random.default_rng(3)
+    weights = {"w": rng.standard_normal((48, 96, 1, 1)).astype(np.float32),
+               "b": rng.standard_normal(48).astype(np.float32)}  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
+    model = make_model(nodes, [("x", TensorProto.FLOAT, [1, 96, 13, 13])], [("y", TensorProto.FLOAT, None)], weights)
+    x = rng.standard_normal((1, 96, 13, 13)).astype(np.float32)
+    session = hetflow.InferenceSession(model)
+    assert [step.kernel.algorithm for step in session.plan_for({}).steps] == ["direct_fma"]
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], run_onnxruntime(model, {"x": x})[0],
+                               rtol=1e-4, atol=1e-4)  # fmt: skip

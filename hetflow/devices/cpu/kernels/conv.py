@@ -73,6 +73,7 @@ from hetflow.ops.conv import (
     channel_columns,
     conv_algorithm,
     conv_window,
+    fused_epilogue,
     heuristic_conv_algorithm,
 )
 from hetflow.ops.spatial import Geometry, WindowSpec, geometry
@@ -314,7 +315,8 @@ def _supports_depthwise(node: Node, inputs: InputInfos) -> str | None:
 # -- the algorithms ----------------------------------------------------------------------------------
 def _auto_algorithm(node: Node, x_shape: Sequence[int], w_shape: Sequence[int], dtype: np.dtype) -> str:
     spec = conv_window(node.attrs, w_shape)
-    return heuristic_conv_algorithm(spec, x_shape, int(w_shape[0]), node.attrs.group, dtype)
+    return heuristic_conv_algorithm(spec, x_shape, int(w_shape[0]), node.attrs.group, dtype,
+                                    *fused_epilogue(node))
 
 
 def _auto_workspace(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...], dtype: np.dtype) -> int:
