@@ -162,29 +162,36 @@ DIRECT_OVER_F43_MAX_MEAN = 86
 DIRECT_OVER_F43_MAX_SIDE = 112
 
 
-#: Input channels up to which the direct kernel takes strided windows (on the input's phase planes,
-#: ``hetflow.devices.cpu.kernels.jit_direct_phases``): the image stems, whose im2col GEMM is 3 channels
-#: x taps deep.
-DIRECT_STRIDED_MAX_CHANNELS = 4
+#: Input channels up to which a strided Conv is an image's stem, whose im2col GEMM is only 3 channels x
+#: taps deep (``_direct_takes_strided``).
+STEM_MAX_CHANNELS = 4
 
 
-def direct_unsupported(
-    spec: WindowSpec, group: int, dtype: np.dtype | None, channels: int | None = None
-) -> str | None:
+def direct_unsupported(spec: WindowSpec, group: int, dtype: np.dtype | None) -> str | None:
     """Why the direct kernel cannot compute this window (None when it can): 2-D, one group, float32 (or
-    float16, computed in float32), stride 1 or, on up to ``DIRECT_STRIDED_MAX_CHANNELS`` input
-    ``channels``, any stride."""
+    float16, computed in float32); strided windows run on the input's phase planes
+    (``hetflow.devices.cpu.kernels.jit_direct_phases``)."""
     if dtype is not None and np.dtype(dtype) not in DIRECT_DTYPES:
         return f"the direct Conv computes float32; got {np.dtype(dtype)}"
     if spec.rank != 2:
         return f"the direct Conv is 2-D; got a {spec.rank}-D window"
-    strided = any(stride != 1 for stride in spec.strides)
-    if strided and (channels is None or channels > DIRECT_STRIDED_MAX_CHANNELS):
-        return (f"the direct Conv takes strides {spec.strides} on up to {DIRECT_STRIDED_MAX_CHANNELS} input "
-                f"channels; got {channels}")  # fmt: skip
     if group != 1:
         return f"the direct Conv needs group 1; got group {group}"
     return None
+
+
+def _direct_takes_strided(spec: WindowSpec, x_shape: Sequence[int]) -> bool:
+    """Whether the cost model gives a strided window to the direct kernel (on the input's phase planes):
+    an image's stem (``STEM_MAX_CHANNELS``), one image's but for a 3x3 one (``IM2COL_STEM_MAX_TAPS``).
+
+    Deeper strided layers stay with im2col (``hetflow tune`` measures the direct kernel on them). Timed
+    one at a time in a run's threads (2 threads, Zen 4 VM, 2026-12-06), direct / im2col ms: Inception
+    v2's 3x3/2 128 -> 192 at 14x14 0.17 / 0.18-0.30, 256 -> 256 at 14x14 0.42 / 0.58, 128 -> 160 and 96 ->
+    96 at 28x28 alike; ResNet-50's 3x3/2 layers 1.32-1.50 / 1.21-1.27 and its 1x1/2 ones 2.2-3.3 / 1.0-1.1.
+    Inception v2's four direct made its whole run no faster (blocks of runs alternating in one process:
+    1.005, 1.008)."""
+    channels, batched, taps = int(x_shape[1]), int(x_shape[0]) > 1, math.prod(spec.kernel)
+    return channels <= STEM_MAX_CHANNELS and (batched or taps > IM2COL_STEM_MAX_TAPS)
 
 
 #: A batch's 3x3 layers from this many input and output channels take F(4,3) from maps of
@@ -222,7 +229,7 @@ def _direct_pointwise(
     after the direct kernel, outside a replayed run's jobs, so those stay on the tile GEMM."""
     if int(x_shape[0]) != 1 or residual or activation not in (None, "Relu") or dtype is None:
         return False
-    if direct_unsupported(spec, group, dtype, int(x_shape[1])) is not None:
+    if direct_unsupported(spec, group, dtype) is not None:
         return False
     positions = math.prod(int(d) for d in x_shape[2:])
     fill = positions / (-(-positions // 16) * 16)
@@ -268,7 +275,7 @@ def heuristic_conv_algorithm(
     alone on the deep ones, 7.0 ms on the last, but lost in ResNet-50's run: its transformed weights,
     4x the raw, come from memory there; A/B 1.05.)
 
-    One image's stem (3 channels, any stride) is direct too, but for a 3x3 one (``IM2COL_STEM_MAX_TAPS``).
+    One image's stem (3 channels, any stride) is direct too, but for a 3x3 one (``_direct_takes_strided``).
     It had been left to im2col's bands since an A/B in which the stems ran faster direct alone yet
     GoogLeNet, ResNet-50 and Inception v2 took 2-3% longer; since runs replay the direct kernel's job
     (im2col is still called from Python between the replayed stretches), it is the other way round: A/B
@@ -285,10 +292,9 @@ def heuristic_conv_algorithm(
     batched = int(x_shape[0]) > 1
     thin = channels <= THIN_CHANNELS or kernels <= THIN_CHANNELS
     winograd_fits = winograd_unsupported(spec, group) is None
-    direct_runs = dtype is not None and direct_unsupported(spec, group, dtype, channels) is None
-    strided = any(stride != 1 for stride in spec.strides)
-    if strided and not batched and math.prod(spec.kernel) <= IM2COL_STEM_MAX_TAPS:
-        direct_runs = False
+    direct_runs = dtype is not None and direct_unsupported(spec, group, dtype) is None
+    if any(stride != 1 for stride in spec.strides):
+        direct_runs = direct_runs and _direct_takes_strided(spec, x_shape)
     if direct_runs:
         if not batched:
             macs = kernels * channels * math.prod(spec.kernel) * math.prod(geometry(spec, x_shape[2:]).out)

@@ -10,7 +10,14 @@ from hetflow import InferenceSession
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import jit_direct, jit_direct_lanes, jit_direct_phases
 from hetflow.devices.cpu.threads import own_threads, spinning
-from hetflow.ops.conv import DIRECT_FMA, IM2COL, ConvAttrs, conv_window, heuristic_conv_algorithm
+from hetflow.ops.conv import (
+    DIRECT_FMA,
+    IM2COL,
+    ConvAttrs,
+    conv_window,
+    direct_unsupported,
+    heuristic_conv_algorithm,
+)
 from tests.kernels.test_conv_train import direct_conv
 from tests.kernels.test_jit_direct import _geometry, _relative_error
 
@@ -24,8 +31,11 @@ CASES = [
     (ConvAttrs(strides=(3, 2), pads=(1, 0, 2, 1)), (3, 2, 14, 17), (9, 2, 5, 3)),
     (ConvAttrs(strides=(2, 2), pads=(2, 2, 2, 2), dilations=(2, 2)), (2, 4, 13, 12), (8, 4, 3, 3)),
     (ConvAttrs(strides=(2, 2)), (1, 1, 10, 40), (5, 1, 2, 2)),
+    # Deeper layers (the tuner measures the direct kernel there): channels in several chunks, a 5x5/2.
+    (ConvAttrs(strides=(2, 2), pads=(1, 1, 1, 1)), (1, 40, 14, 14), (24, 40, 3, 3)),
+    (ConvAttrs(strides=(2, 2), pads=(2, 2, 2, 2)), (2, 19, 15, 15), (9, 19, 5, 5)),
 ]
-IDS = ["7x7s2", "11x11s4", "5x3-s3x2-asym", "dilated", "2x2-wide"]
+IDS = ["7x7s2", "11x11s4", "5x3-s3x2-asym", "dilated", "2x2-wide", "3x3s2-deep", "5x5s2-deep"]
 
 
 def _case(attrs: ConvAttrs, x_shape: tuple[int, ...], w_shape: tuple[int, ...]):  # noqa: ANN202
@@ -99,10 +109,10 @@ def test_phase_planes_hold_the_padded_input():
             assert not planes[:, phase.shape[1] * layout.width:].any()
 
 
-def test_strided_windows_are_direct_only_on_few_channels():
+def test_the_cost_model_runs_strided_windows_direct_only_on_few_channels():
     """The stems (3 channels) take the direct kernel, one image's as a batch's, but for one image's 3x3
     stem (im2col's columns copy each input little there); a deeper strided layer stays with im2col at any
-    batch."""
+    batch, though the direct kernel supports it (the tuner measures it there)."""
     float32 = np.dtype(np.float32)
     stem = conv_window(ConvAttrs(strides=(2, 2), pads=(3, 3, 3, 3)), (64, 3, 7, 7))
     assert heuristic_conv_algorithm(stem, (16, 3, 224, 224), 64, 1, float32) == DIRECT_FMA
@@ -113,6 +123,7 @@ def test_strided_windows_are_direct_only_on_few_channels():
     deep = conv_window(ConvAttrs(strides=(2, 2), pads=(1, 1, 1, 1)), (128, 64, 3, 3))
     for batch in (1, 16):
         assert heuristic_conv_algorithm(deep, (batch, 64, 56, 56), 128, 1, float32) != DIRECT_FMA
+    assert direct_unsupported(deep, 1, float32) is None
 
 
 def test_a_stem_in_a_session_matches_onnx_runtime():

@@ -44,8 +44,7 @@ def _supports_direct(node: Node, inputs: InputInfos) -> str | None:
     if isinstance(spec, str):
         return spec
     x = inputs[0] if inputs is not None else None
-    channels = x.shape[1] if x is not None and len(x.shape) > 1 and isinstance(x.shape[1], int) else None
-    return direct_unsupported(spec, node.attrs.group, None if x is None else x.dtype, channels)
+    return direct_unsupported(spec, node.attrs.group, None if x is None else x.dtype)
 
 
 def _weight_block(variant) -> int:  # noqa: ANN001

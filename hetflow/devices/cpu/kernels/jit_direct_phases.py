@@ -12,7 +12,7 @@ at row ``r + (i*dh)//sh``, column ``c + (j*dw)//sw``: at flat position ``q = r*w
 that depends only on the tap. So every tap of 16 consecutive positions is one contiguous vector load, as in
 ``jit_direct``, whose FMA blocks (``multiply_blocks``) and copy into Y (``crop_products``, bias and Relu)
 run unchanged; only the planes are filled differently (``fill_phase_planes``). Which strided layers run
-here: ``hetflow.ops.conv.DIRECT_STRIDED_MAX_CHANNELS``.
+here: ``hetflow.ops.conv._direct_takes_strided``.
 
 Measured on one core of the 2-core reference VM, batch 1, 3 -> 64 7x7/2 at 224x224: phases 38 us,
 products 904 us (130 GMAC/s), copy-out 64 us: 1.0 ms, against ONNX Runtime's 0.97 ms on one thread
