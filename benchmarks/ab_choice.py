@@ -20,9 +20,9 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
+from runners import timed_session_runs
 
 #: Runs per block; a block's fastest run stands for it.
 BLOCK = 10
@@ -60,13 +60,7 @@ def main() -> int:
     for index in range(max(args.runs // BLOCK, 1)):
         for enabled in (False, True) if index % 2 == 0 else (True, False):
             session, feeds = with_rule if enabled else without
-            session.run(None, feeds)
-            times = []
-            for _ in range(BLOCK):
-                started = time.perf_counter()
-                session.run(None, feeds)
-                times.append(time.perf_counter() - started)
-            blocks[enabled].append(min(times) * 1e3)
+            blocks[enabled].append(min(timed_session_runs(session, feeds, BLOCK, warmup=1)) * 1e3)
     off, on = np.array(blocks[False]), np.array(blocks[True])
     print(f"{args.model} batch {args.batch}, {len(off)} blocks of {BLOCK} runs each")
     print(f"  {args.off} off  min {off.min():8.3f} ms  median block {np.median(off):8.3f} ms")
