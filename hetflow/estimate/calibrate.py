@@ -233,14 +233,7 @@ def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) ->
                 bar.update(len(grid) + len(probes))
                 break
             gemm_sweeps.append(_time_gemm_grid(settings, grid, hardware, bar.update))
-            swept = _time_probes([probes[i] for i in again], settings, hardware, terms, bar, LATER_SWEEP, gauge,
-                                 stop_at=sweeps_by)
-            later = list(measured)
-            for index, samples, spell in zip(again, swept.samples, swept.spells):
-                later[index] = samples
-                spells[index] = spells[index] and spell
-            bar.update(len(probes) - len(swept.samples))
-            measured = _fastest(measured, later)
+            measured = _swept_again(probes, again, measured, spells, settings, hardware, terms, bar, gauge, sweeps_by)
         if gauge is not None:
             bar.set_postfix_str("re-measuring slow spells", refresh=True)
             _remeasure_spells(probes, measured, spells, settings, hardware, terms, gauge, stop_at=spells_by)
@@ -753,6 +746,23 @@ class _SpellWatch:
             return False
         time.sleep(SETTLE_SECONDS)
         return self.gauge.slow(self.gauge.read())
+
+
+def _swept_again(
+    probes: Sequence[probe_catalogue.Probe], again: Sequence[int], measured: list[list[Sample]],
+    spells: list[bool], settings: Settings, device: Device, terms: Terms, bar: Any, gauge: SpellGauge | None,
+    stop_at: float,
+) -> list[list[Sample]]:
+    """``measured`` after a later sweep over the probes ``again`` lists (until ``stop_at``): each sample
+    the faster of its two measurements. A probe stays marked in ``spells`` only if this sweep timed it in
+    a spell too; the probes the sweep did not reach keep their first measurement and mark."""
+    swept = _time_probes([probes[i] for i in again], settings, device, terms, bar, LATER_SWEEP, gauge, stop_at=stop_at)
+    later = list(measured)
+    for index, samples, spell in zip(again, swept.samples, swept.spells):
+        later[index] = samples
+        spells[index] = spells[index] and spell
+    bar.update(len(probes) - len(swept.samples))
+    return _fastest(measured, later)
 
 
 def _fastest(first: list[list[Sample]], second: list[list[Sample]]) -> list[list[Sample]]:

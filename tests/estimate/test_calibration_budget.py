@@ -73,3 +73,13 @@ def test_the_budget_counts_down_from_its_start():
     assert budget.until(3.0) == pytest.approx(budget.started + 7.0)
     unbounded = calibrate._Budget(None)
     assert unbounded.left() == float("inf") and unbounded.until(5.0) == float("inf")
+
+
+def test_a_budget_with_time_left_sweeps_again_until_its_reserve(monkeypatch):
+    stops = _sweeps(monkeypatch)
+    _two_passes(monkeypatch, 1000.0)
+    started = time.perf_counter()
+    calibrate.calibrate("cpu", quick=True, progress=False)
+    assert len(stops) == 2 and stops[0] == float("inf")
+    reserve = calibrate.OUTLIER_RESERVE_SECONDS + calibrate.SPELL_RESERVE_SECONDS
+    assert started + 1000.0 - reserve - 60 < stops[1] < started + 1000.0 - reserve
