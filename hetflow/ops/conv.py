@@ -213,6 +213,8 @@ POINTWISE_DIRECT_MAX_X_BYTES = 1 << 20
 #: The least share of a 1x1 Conv's vectors of 16 positions that its positions fill for it to run direct:
 #: below (7x7 maps: 49 of 64) the direct kernel takes the lanes variant, slower than the tile GEMM there.
 POINTWISE_DIRECT_MIN_FILL = 0.9
+#: Positions a direct kernel's vector holds (16 float32 lanes of AVX-512).
+_VECTOR_POSITIONS = 16
 
 
 def _direct_pointwise(
@@ -232,7 +234,7 @@ def _direct_pointwise(
     if direct_unsupported(spec, group, dtype) is not None:
         return False
     positions = math.prod(int(d) for d in x_shape[2:])
-    fill = positions / (-(-positions // 16) * 16)
+    fill = positions / (-(-positions // _VECTOR_POSITIONS) * _VECTOR_POSITIONS)
     x_bytes = int(x_shape[1]) * positions * np.dtype(dtype).itemsize
     return x_bytes <= POINTWISE_DIRECT_MAX_X_BYTES and fill >= POINTWISE_DIRECT_MIN_FILL
 
@@ -240,8 +242,8 @@ def _direct_pointwise(
 def fused_epilogue(node: Node) -> tuple[bool, str | None]:
     """What a Conv node applies after its products (``heuristic_conv_algorithm``'s ``residual`` and
     ``activation``): whether it adds a folded residual, and its fused activation's op type (None)."""
-    fused = getattr(node.attrs, "fused", None)
-    return bool(getattr(node.attrs, "residual", False)), None if fused is None else fused.op_type
+    fused = node.attrs.fused
+    return bool(node.attrs.residual), None if fused is None else fused.op_type
 
 
 def heuristic_conv_algorithm(
@@ -275,7 +277,9 @@ def heuristic_conv_algorithm(
     alone on the deep ones, 7.0 ms on the last, but lost in ResNet-50's run: its transformed weights,
     4x the raw, come from memory there; A/B 1.05.)
 
-    One image's stem (3 channels, any stride) is direct too, but for a 3x3 one (``_direct_takes_strided``).
+    One image's stem (3 channels, any stride) is direct too, but for a 3x3 one (``_direct_takes_strided``),
+    and so are one image's 1x1 layers whose X fits L2 (``_direct_pointwise``; ``residual`` and
+    ``activation``, the node's ``fused_epilogue``, keep some on the tile GEMM).
     It had been left to im2col's bands since an A/B in which the stems ran faster direct alone yet
     GoogLeNet, ResNet-50 and Inception v2 took 2-3% longer; since runs replay the direct kernel's job
     (im2col is still called from Python between the replayed stretches), it is the other way round: A/B
