@@ -679,9 +679,8 @@ def _time_probes(
     watch = _SpellWatch(gauge, spells)
 
     def timed(index: int, run: Callable[[], list[tuple[str, Sample]]]) -> list[tuple[str, Sample]]:
-        started = time.perf_counter()
-        named = run()
-        spent[index] += time.perf_counter() - started
+        named, seconds = _timed(run)
+        spent[index] += seconds
         watch.timed(index)
         return named
 
