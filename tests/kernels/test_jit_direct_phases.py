@@ -87,9 +87,12 @@ def test_bound_calls_one_part_and_shared_blocks(attrs, x_shape, w_shape):
         assert _relative_error(y, expected) < 1e-5
 
 
-def test_phase_planes_hold_the_padded_input():
-    """Every padded pixel lands in its phase at its row and column over the strides; the rest is zero."""
-    attrs, x_shape, w_shape = CASES[2]
+@pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), CASES, ids=IDS)
+def test_phase_planes_hold_the_padded_input(attrs: ConvAttrs, x_shape: tuple, w_shape: tuple) -> None:
+    """Every padded pixel lands in its phase at its row and column over the strides; the rest is zero
+    (whatever the scratch held before)."""
+    if x_shape[0] < 2:
+        x_shape = (2, *x_shape[1:])
     x = RNG.standard_normal(x_shape).astype(np.float32)
     geom = _geometry(attrs, x_shape, w_shape)
     layout = jit_direct_phases.phase_layout(geom)

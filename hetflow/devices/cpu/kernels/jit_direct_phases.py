@@ -16,7 +16,8 @@ here: ``hetflow.ops.conv._direct_takes_strided``.
 
 Measured on one core of the 2-core reference VM, batch 1, 3 -> 64 7x7/2 at 224x224: phases 38 us,
 products 904 us (130 GMAC/s), copy-out 64 us: 1.0 ms, against ONNX Runtime's 0.97 ms on one thread
-and hetflow's im2col kernel's 1.29 ms (BLAS at one thread).
+and hetflow's im2col kernel's 1.29 ms (BLAS at one thread). The phase planes, filled by column pairs
+since (``fill_phase_planes``), take 23 us there (2026-12-06).
 """
 
 from __future__ import annotations
@@ -248,26 +249,79 @@ def _image(x, image, window, width, offsets, wt, block_first, block_last, bias, 
 @numba.njit(nogil=True, cache=True)
 def fill_phase_planes(x, image, window, width, xp):  # noqa: ANN001
     """Image ``image`` of X into its phase planes ``xp [C, plane]`` (``window``: pad top, pad left, row
-    stride, column stride, phase size), zeros everywhere else. Each input row goes out a column phase at
-    a time: a contiguous run of the phase's row, read from every ``sw``-th column."""
-    channels, height, columns = x.shape[1], x.shape[2], x.shape[3]
+    stride, column stride, phase size), zeros everywhere else. Each phase row is written once, its
+    padding and all: rows with no input row are zeroed; at column stride 2 both column phases of an
+    input row come from one loop over its column pairs (``_paired_phase_rows``); at other strides each
+    phase's row is a strided copy (``_phase_row``).
+
+    Why the pairs: a stride-2 copy into one phase ran scalar, and the planes took 51 us of a 3x3/2 stem
+    on 224x224 (one core), as much as one of its four blocks of kernels; paired, 17-22 us.
+    """
+    channels, height = x.shape[1], x.shape[2]
     top, left, row_stride, column_stride, phase_size = window[0], window[1], window[2], window[3], window[4]
     flat = xp.reshape(xp.size)
-    zero = np.float32(0)
-    for i in range(np.uint64(flat.shape[0])):
-        flat[i] = zero
-    step = np.uint64(column_stride)
+    rows = phase_size // width
     for channel in range(channels):
-        for r in range(height):
-            padded_row = top + r
-            row_start = (channel * xp.shape[1] + (padded_row % row_stride) * column_stride * phase_size
-                         + (padded_row // row_stride) * width)  # fmt: skip
-            source = x[image, channel, r]
-            for phase in range(column_stride):
-                # The first input column in this column phase, and where it lands in the phase's row.
-                column = (phase - left % column_stride + column_stride) % column_stride
-                start = np.uint64(row_start + phase * phase_size + (left + column) // column_stride)
-                count = np.uint64(max(0, (columns - column + column_stride - 1) // column_stride))
-                first = np.uint64(column)
-                for t in range(count):
-                    flat[start + t] = source[first + t * step]
+        for qr in range(row_stride):
+            phases = channel * xp.shape[1] + qr * column_stride * phase_size
+            for pr in range(rows):
+                r = pr * row_stride + qr - top
+                row = phases + pr * width
+                if r < 0 or r >= height:
+                    for qc in range(column_stride):
+                        _zero(flat, row + qc * phase_size, row + qc * phase_size + width)
+                elif column_stride == 2:
+                    _paired_phase_rows(flat, row, row + phase_size, x[image, channel, r], width, left)
+                else:
+                    for qc in range(column_stride):
+                        _phase_row(flat, row + qc * phase_size, x[image, channel, r], width, column_stride, qc, left)
+            for qc in range(column_stride):
+                start = phases + qc * phase_size
+                _zero(flat, start + rows * width, start + phase_size)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _zero(flat, first, last):  # noqa: ANN001, ANN202
+    """``flat[first:last]`` = 0."""
+    zero = np.float32(0)
+    for t in range(np.uint64(first), np.uint64(last)):
+        flat[t] = zero
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _phase_row(flat, row, source, width, column_stride, qc, left):  # noqa: ANN001, ANN202
+    """One phase row from ``row`` of ``flat``: column pc holds ``source[pc * column_stride + qc - left]``
+    where that lies in the input row ``source``, zero elsewhere."""
+    columns = source.shape[0]
+    lo = min(width, max(0, (left - qc + column_stride - 1) // column_stride))
+    hi = max(lo, min(width, (columns - 1 - qc + left) // column_stride + 1))
+    _zero(flat, row, row + lo)
+    step, first, start = np.uint64(column_stride), np.uint64(lo * column_stride + qc - left), np.uint64(row + lo)
+    for t in range(np.uint64(hi - lo)):
+        flat[start + t] = source[first + t * step]
+    _zero(flat, row + hi, row + width)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _paired_phase_rows(flat, even, odd, source, width, left):  # noqa: ANN001, ANN202
+    """Both column phases of the input row ``source`` at column stride 2, phase 0's row from ``even`` and
+    phase 1's from ``odd`` of ``flat``: column pc holds ``source[2 pc - left]`` and ``source[2 pc + 1 -
+    left]``, zero outside the row. Where both lie inside, one loop reads each pair and writes both (LLVM
+    makes it vector loads and shuffles); the few columns at the ends go one at a time."""
+    columns, zero = source.shape[0], np.float32(0)
+    lo = min(width, (left + 1) // 2)
+    hi = max(lo, min(width, (columns + left) // 2))
+    for pc in range(lo):
+        for qc, row in ((0, even), (1, odd)):
+            c = 2 * pc + qc - left
+            flat[row + pc] = source[c] if 0 <= c < columns else zero
+    first, a, b = np.uint64(2 * lo - left), np.uint64(even + lo), np.uint64(odd + lo)
+    two, one = np.uint64(2), np.uint64(1)
+    for t in range(np.uint64(hi - lo)):
+        flat[a + t] = source[first + two * t]
+        flat[b + t] = source[first + two * t + one]
+    # NOTE: the edges written here, not by a helper of their own: one made the pair loop 1.7x slower.
+    for pc in range(hi, width):
+        for qc, row in ((0, even), (1, odd)):
+            c = 2 * pc + qc - left
+            flat[row + pc] = source[c] if 0 <= c < columns else zero
