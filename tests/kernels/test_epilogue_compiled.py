@@ -88,3 +88,19 @@ def test_a_run_on_its_own_threads_splits_the_planes(monkeypatch, own):
         assert finish_planes(y, bias, fused)
     assert splits == ([2] if own else [])
     np.testing.assert_array_equal(y, expected)
+
+
+@pytest.mark.parametrize("fused", ACTIVATIONS[1:], ids=lambda f: f.op_type)
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_an_activation_job_covers_every_element_in_its_chunks(fused, chunks):
+    """``activation_job`` in place over a flat Y, its chunks run one after another (as a pool would run
+    them on its threads): every element activated once, NaN kept, as numpy's epilogue does."""
+    from hetflow.devices.cpu import spin_pool
+    from hetflow.devices.cpu.kernels.jit_epilogue import activation_code, activation_job
+
+    y = (RNG.standard_normal(1001) * 4).astype(np.float32)
+    y[500] = np.nan
+    expected = _numpy_epilogue(y, None, fused)
+    code, alpha, beta = activation_code(fused)
+    spin_pool.replay_alone(spin_pool.JobScript([activation_job(y, y, code, alpha, beta, chunks=chunks)]))
+    np.testing.assert_array_equal(y, expected)

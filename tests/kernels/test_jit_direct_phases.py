@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from hetflow import InferenceSession
 from hetflow.devices.cpu import spin_pool
@@ -150,3 +151,38 @@ def test_a_stem_in_a_session_matches_onnx_runtime():
     found = session.run(None, {"x": x})[0]
     expected = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert _relative_error(found, expected) < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("activation", "reference"),
+    [
+        (helper.make_node("Clip", ["c", "low", "high"], ["y"]), lambda v: np.clip(v, 0.0, 6.0)),
+        (helper.make_node("LeakyRelu", ["c"], ["y"], alpha=0.1), lambda v: np.where(v < 0, 0.1 * v, v)),
+    ],
+    ids=["clip", "leaky-relu"],
+)
+def test_a_stem_with_an_activation_the_copy_out_leaves_is_replayed_whole(activation, reference, tmp_path):
+    """A direct stem followed by an activation the copy-out does not apply (MobileNet's ReLU6) is captured
+    as its share job and a job for the activation: every step of the run replays, none is called from
+    Python, and Y is the float64 sum's, run after run."""
+    w = RNG.standard_normal((16, 3, 7, 7)).astype(np.float32) * 0.3
+    b = RNG.standard_normal(16).astype(np.float32)
+    bounds = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("low", 0.0), ("high", 6.0))]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], strides=[2, 2], pads=[3, 3, 3, 3]), activation],
+        "stem",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 40, 40])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"), *bounds],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = InferenceSession(model, threads=2, tuning_cache=str(tmp_path / "tuning.jsonl"))
+    [step] = session.plan_for({}).steps
+    assert step.kernel.algorithm == DIRECT_FMA
+    x = RNG.standard_normal((1, 3, 40, 40)).astype(np.float32)
+    attrs = ConvAttrs(strides=(2, 2), pads=(3, 3, 3, 3))
+    expected = reference(direct_conv(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), attrs))
+    for _ in range(4):
+        (y,) = session.run(None, {"x": x})
+        assert _relative_error(y, expected) < 1e-5
+    assert session.replay_report() == {"replayed": [step.node.name], "called": []}

@@ -27,6 +27,7 @@ from hetflow.devices.cpu.kernels import jit_direct, jit_direct_lanes
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, aligned, image_contiguous
 from hetflow.devices.cpu.kernels.conv import FINISHING, conv_kernel, target_y, window_of
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
+from hetflow.devices.cpu.kernels.jit_epilogue import NO_ACTIVATION, activation_code, activation_job
 from hetflow.devices.cpu.kernels.weight_cache import WeightCache
 from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.threads import available_cores, in_numba_pool, intra_op_threads, spinning
@@ -137,6 +138,7 @@ def _prepare(
     fused = node.attrs.fused
     relu = fused is not None and fused.op_type == "Relu"
     after = None if relu else fused  # a fused activation the copy-out does not apply
+    after_code, *after_constants = activation_code(after)
     one_part = variant.bind_one_part(x_shape, kernels, geo, relu, buffers)
     products_computed = variant.computed_products(y_shape[0], channels, kernels, geo)
     # In numba's pool, a batch smaller than the threads shares out each image's kernel blocks.
@@ -174,15 +176,23 @@ def _prepare(
         return [y]
 
     def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
-        """The call as one share job: split on the spinning pool as ``call`` splits, else in one chunk."""
+        """The call as one share job, split on the spinning pool as ``call`` splits, else in one chunk; then
+        a job applying a fused activation the copy-out does not (Clip, LeakyRelu), split alike."""
         x, w = arrays[0], arrays[1]
-        if after is not None or not x.flags.c_contiguous:  # type: ignore[union-attr]
+        if not x.flags.c_contiguous:  # type: ignore[union-attr]
+            return None
+        y = np.empty(y_shape, np.float32) if target is None else target
+        # A fused activation the copy-out does not apply (Clip, LeakyRelu) is a job of its own over Y.
+        if after is not None and (after_code == NO_ACTIVATION or not y.flags.c_contiguous):
             return None
         b = arrays[2] if len(arrays) > 2 else None
         bias = no_bias if b is None else np.ascontiguousarray(b, np.float32)
-        y = np.empty(y_shape, np.float32) if target is None else target
         parts = min(intra_op_threads(), spin_parts) if splits and spinning() is not None else 1
-        return [y], [split.job(x, BLOCKED_WEIGHTS.get(w, block), bias, y, parts)]
+        jobs = [split.job(x, BLOCKED_WEIGHTS.get(w, block), bias, y, parts)]
+        if after is not None:
+            flat = y.reshape(-1)
+            jobs.append(activation_job(flat, flat, after_code, *after_constants, chunks=parts))
+        return [y], jobs
 
     return with_capture(call, capture)
 

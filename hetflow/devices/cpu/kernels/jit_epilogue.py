@@ -152,14 +152,17 @@ def _rows_address() -> int:
     return spin_pool.job(_rows_job)
 
 
-def activation_job(x: np.ndarray, y: np.ndarray, code: int, alpha: float = 0.0, beta: float = 0.0) -> Job:
+def activation_job(
+    x: np.ndarray, y: np.ndarray, code: int, alpha: float = 0.0, beta: float = 0.0, chunks: int = 1
+) -> Job:
     """``y = activation(x)`` (``code``, one of the codes ``store_activated`` applies) over flat float32
-    arrays, which may be the same memory, as a spin-pool job of one chunk: what a captured run replays
-    for an activation no kernel before it took (ShuffleNet's Relu after each Concat)."""
+    arrays, which may be the same memory, as a spin-pool job of ``chunks`` contiguous ranges: what a
+    captured run replays for an activation no kernel before it took (ShuffleNet's Relu after each
+    Concat, a Clip after a direct Conv)."""
     constants = np.array([alpha, beta, 0.0], np.float32)
     block = np.empty(_ACTIVATION_BLOCK_SLOTS, np.int64)
     put_values(block, put_arrays(block, 0, (x, y, constants)), (code,))
-    return Job(_activation_address(), block, 1, (x, y, constants))
+    return Job(_activation_address(), block, chunks, (x, y, constants))
 
 
 #: Slots of ``activation_job``'s block: X, Y and the constants (1-D each), the code.
@@ -167,8 +170,10 @@ _ACTIVATION_BLOCK_SLOTS = 7
 
 
 def _activation_job(args, chunk, chunks):  # noqa: ANN001, ANN202
-    """``store_activated`` as a spin-pool job (``activation_job``'s block)."""
-    store_activated(float32_1d(args, 0), float32_1d(args, 2), args[6], float32_1d(args, 4))
+    """``store_activated`` over chunk ``chunk``'s range as a spin-pool job (``activation_job``'s block)."""
+    x, y = float32_1d(args, 0), float32_1d(args, 2)
+    first, last = x.shape[0] * chunk // chunks, x.shape[0] * (chunk + 1) // chunks
+    store_activated(x[first:last], y[first:last], args[6], float32_1d(args, 4))
 
 
 @functools.cache
