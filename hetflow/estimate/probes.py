@@ -249,6 +249,9 @@ def _conv_probes() -> list[Probe]:
         ((3, 227, 96, 11, 4, 0), {}, False),
         ((3, 112, 32, 3, 2, 1), {}, False),
         ((3, 224, 32, 3, 2, 1), {}, False),
+        # SqueezeNet's stem, which one image runs direct (on phase planes) from 64 kernels: the 7x7
+        # stems alone left the @phases model's fill term to a window 5x as deep.
+        ((3, 224, 64, 3, 2, 0), {}, False),
         ((1, 28, 20, 5, 1, 0), {}, True),
         # A single input channel at batch 16 (MNIST's first layer): the direct kernel's pass per image
         # dominates, 33 GMAC/s where the fit of the other shapes said 65.

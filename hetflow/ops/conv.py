@@ -127,12 +127,17 @@ def winograd_unsupported(spec: WindowSpec, group: int) -> str | None:
     return None
 
 
-#: Taps up to which one image's strided stem stays with im2col: its columns copy each input about
-#: taps / strides times, little for a 3x3/2 window, while the direct kernel first fills the input's
-#: phase planes. One image, 2 threads, each timed as a run replays it (2026-12-02), im2col / direct:
-#: 3x3/2 3 -> 32 at 224x224 (MobileNet v2) 0.195 / 0.215 ms, 3 -> 24 (ShuffleNet) 0.151 / 0.231; 7x7/2
-#: 3 -> 64 1.23 / 0.84.
+#: Taps up to which one image's strided stem stays with im2col below ``DIRECT_STEM_MIN_KERNELS``: its
+#: columns copy each input about taps / strides times, little for a 3x3/2 window, while the direct kernel
+#: first fills the input's phase planes (each thread of a split all of them) and shares its blocks of 8
+#: kernels out over the threads. One image, 2 threads, ``hetflow tune`` (2026-12-06, phase planes filled
+#: by column pairs), direct / im2col ms: 3x3/2 3 -> 64 (SqueezeNet) 0.254 / 0.304, 3 -> 32 (MobileNet v2,
+#: its Clip a job after) 0.203 / 0.207, 3 -> 24 (ShuffleNet, 3 blocks over 2 threads) 0.146 / 0.161;
+#: whole runs, direct / im2col (``benchmarks/ab_choice.py --off _direct_takes_strided --runs 600``):
+#: squeezenet 0.974-0.987, mobilenetv2 1.03-1.04, shufflenet 1.00-1.01. 7x7/2 3 -> 64: 1.23 / 0.84.
 IM2COL_STEM_MAX_TAPS = 9
+#: Kernels from which one image's 3x3 stem runs direct all the same (``IM2COL_STEM_MAX_TAPS``).
+DIRECT_STEM_MIN_KERNELS = 64
 #: Channel counts (input or output) up to which a Conv's GEMM operand is thin and the direct kernel wins.
 THIN_CHANNELS = 32
 #: Up to this many multiply-adds, one image's Conv (3x3 or 5x5, stride 1) is fastest direct, whatever
@@ -180,9 +185,10 @@ def direct_unsupported(spec: WindowSpec, group: int, dtype: np.dtype | None) -> 
     return None
 
 
-def _direct_takes_strided(spec: WindowSpec, x_shape: Sequence[int]) -> bool:
+def _direct_takes_strided(spec: WindowSpec, x_shape: Sequence[int], kernels: int) -> bool:
     """Whether the cost model gives a strided window to the direct kernel (on the input's phase planes):
-    an image's stem (``STEM_MAX_CHANNELS``), one image's but for a 3x3 one (``IM2COL_STEM_MAX_TAPS``).
+    an image's stem (``STEM_MAX_CHANNELS``), one image's but for a 3x3 one of few kernels
+    (``IM2COL_STEM_MAX_TAPS``, ``DIRECT_STEM_MIN_KERNELS``).
 
     Deeper strided layers stay with im2col (``hetflow tune`` measures the direct kernel on them). Timed
     one at a time in a run's threads (2 threads, Zen 4 VM, 2026-12-06), direct / im2col ms: Inception
@@ -191,7 +197,8 @@ def _direct_takes_strided(spec: WindowSpec, x_shape: Sequence[int]) -> bool:
     Inception v2's four direct made its whole run no faster (blocks of runs alternating in one process:
     1.005, 1.008)."""
     channels, batched, taps = int(x_shape[1]), int(x_shape[0]) > 1, math.prod(spec.kernel)
-    return channels <= STEM_MAX_CHANNELS and (batched or taps > IM2COL_STEM_MAX_TAPS)
+    wide = taps > IM2COL_STEM_MAX_TAPS or kernels >= DIRECT_STEM_MIN_KERNELS
+    return channels <= STEM_MAX_CHANNELS and (batched or wide)
 
 
 #: A batch's 3x3 layers from this many input and output channels take F(4,3) from maps of
@@ -277,9 +284,9 @@ def heuristic_conv_algorithm(
     alone on the deep ones, 7.0 ms on the last, but lost in ResNet-50's run: its transformed weights,
     4x the raw, come from memory there; A/B 1.05.)
 
-    One image's stem (3 channels, any stride) is direct too, but for a 3x3 one (``_direct_takes_strided``),
-    and so are one image's 1x1 layers whose X fits L2 (``_direct_pointwise``; ``residual`` and
-    ``activation``, the node's ``fused_epilogue``, keep some on the tile GEMM).
+    One image's stem (3 channels, any stride) is direct too, but for a 3x3 one of under 64 kernels
+    (``_direct_takes_strided``), and so are one image's 1x1 layers whose X fits L2 (``_direct_pointwise``;
+    ``residual`` and ``activation``, the node's ``fused_epilogue``, keep some on the tile GEMM).
     It had been left to im2col's bands since an A/B in which the stems ran faster direct alone yet
     GoogLeNet, ResNet-50 and Inception v2 took 2-3% longer; since runs replay the direct kernel's job
     (im2col is still called from Python between the replayed stretches), it is the other way round: A/B
@@ -298,7 +305,7 @@ def heuristic_conv_algorithm(
     winograd_fits = winograd_unsupported(spec, group) is None
     direct_runs = dtype is not None and direct_unsupported(spec, group, dtype) is None
     if any(stride != 1 for stride in spec.strides):
-        direct_runs = direct_runs and _direct_takes_strided(spec, x_shape)
+        direct_runs = direct_runs and _direct_takes_strided(spec, x_shape, kernels)
     if direct_runs:
         if not batched:
             macs = kernels * channels * math.prod(spec.kernel) * math.prod(geometry(spec, x_shape[2:]).out)

@@ -115,8 +115,8 @@ def test_phase_planes_hold_the_padded_input(attrs: ConvAttrs, x_shape: tuple, w_
 
 def test_the_cost_model_runs_strided_windows_direct_only_on_few_channels():
     """The stems (3 channels) take the direct kernel, one image's as a batch's, but for one image's 3x3
-    stem (im2col's columns copy each input little there); a deeper strided layer stays with im2col at any
-    batch, though the direct kernel supports it (the tuner measures it there)."""
+    stem of under 64 kernels (im2col's columns copy each input little there); a deeper strided layer
+    stays with im2col at any batch, though the direct kernel supports it (the tuner measures it there)."""
     float32 = np.dtype(np.float32)
     stem = conv_window(ConvAttrs(strides=(2, 2), pads=(3, 3, 3, 3)), (64, 3, 7, 7))
     assert heuristic_conv_algorithm(stem, (16, 3, 224, 224), 64, 1, float32) == DIRECT_FMA
@@ -124,6 +124,8 @@ def test_the_cost_model_runs_strided_windows_direct_only_on_few_channels():
     small_stem = conv_window(ConvAttrs(strides=(2, 2), pads=(1, 1, 1, 1)), (32, 3, 3, 3))
     assert heuristic_conv_algorithm(small_stem, (16, 3, 224, 224), 32, 1, float32) == DIRECT_FMA
     assert heuristic_conv_algorithm(small_stem, (1, 3, 224, 224), 32, 1, float32) == IM2COL
+    squeezenet_stem = conv_window(ConvAttrs(strides=(2, 2)), (64, 3, 3, 3))
+    assert heuristic_conv_algorithm(squeezenet_stem, (1, 3, 224, 224), 64, 1, float32) == DIRECT_FMA
     deep = conv_window(ConvAttrs(strides=(2, 2), pads=(1, 1, 1, 1)), (128, 64, 3, 3))
     for batch in (1, 16):
         assert heuristic_conv_algorithm(deep, (batch, 64, 56, 56), 128, 1, float32) != DIRECT_FMA
