@@ -87,6 +87,9 @@ SWEPT = [  # 3x3 windows with rows long enough to sweep (``jit_pool_rows``): eac
     ({"kernel_shape": (3, 3), "pads": (1, 0, 1, 0)}, (2, 3, 9, 20)),  # 9 rows: a block of 7, a short one of 2
     ({"kernel_shape": (3, 3), "pads": (0, 1, 0, 1)}, (1, 3, 14, 16)),  # 12: 7, then 5 of a block of 7
     ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (1, 2, 23, 68)),  # overhang right and below
+    # Stride-2 rows shorter than a vector of 16 outputs and longer than one: SqueezeNet's 27, 14 padded.
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (1, 3, 29, 55)),
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}, (2, 2, 11, 28)),
 ]
 
 
@@ -129,9 +132,9 @@ def test_maps_past_the_cache_prefetch_and_match_the_reference(op_type, attrs, sh
     np.testing.assert_allclose(y, expected, rtol=2e-6, atol=2e-6)
 
 
-def test_rows_sweep_only_three_by_three_windows_with_rows_of_a_vector_per_stride():
+def test_rows_sweep_only_three_by_three_windows_with_rows_long_enough_per_stride():
     assert jit_pool_rows.sweeps(3, 3, 1, 1, 1, 1, 16) and not jit_pool_rows.sweeps(3, 3, 1, 1, 1, 1, 15)
-    assert jit_pool_rows.sweeps(3, 3, 2, 2, 1, 1, 32) and not jit_pool_rows.sweeps(3, 3, 2, 2, 1, 1, 31)
+    assert jit_pool_rows.sweeps(3, 3, 2, 2, 1, 1, 14) and not jit_pool_rows.sweeps(3, 3, 2, 2, 1, 1, 13)
     assert not jit_pool_rows.sweeps(2, 2, 2, 2, 1, 1, 64)  # windows that tile: no row to share
     assert not jit_pool_rows.sweeps(3, 3, 1, 2, 1, 1, 64) and not jit_pool_rows.sweeps(3, 3, 1, 1, 2, 2, 64)
 
