@@ -558,6 +558,8 @@ def catalogue() -> list[Probe]:
         Probe("avgpool 3x3/2 240x56 b4 split", pool("AveragePool", 240, 56, 3, 2, 1, batch=4), split=True),
         Probe("lrn 96x55 b8 split", lrn(96, 55, 8), split=True),
         Probe("lrn 256x27 b8 split", lrn(256, 27, 8), split=True),
+        # ZFNet's LRN at batch 16 (18 M elements, 8x the largest above): priced from those at 1.8x its time.
+        Probe("lrn 96x109 b16 split", lrn(96, 109, 16), split=True),
         Probe("fc 800 -> 500 relu spin", fully_connected(1, 800, 500, relu=True), spin=True),
         Probe("fc 2048 -> 512 relu spin", fully_connected(1, 2048, 512, relu=True), spin=True),
         Probe("fc 1024 -> 64 spin", fully_connected(1, 1024, 64), spin=True),
