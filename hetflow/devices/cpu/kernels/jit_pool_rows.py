@@ -36,8 +36,8 @@ MIN_ROW_OUTPUTS_STRIDE_1 = 16
 #: image, the planes' loop alone, swept vs ``jit_pool_lanes``, us): max 64x111 -> 55 128 vs 173, 192x56
 #: -> 28 101 vs 133, 128x55 -> 27 69 vs 90, 32x32 -> 16 6.8 vs 8.5, 480x28 -> 14 85 vs 95, 256x27 -> 13
 #: 47 vs 47, but 832x14 -> 7 96 vs 52; average 240x56 -> 28 144 vs 195, 128x55 -> 27 75 vs 102, 32x16 ->
-#: 8 5.1 vs 3.3. (Rows of 16 to 31 outputs had been left to ``jit_pool_lanes`` on an earlier sweep's
-#: numbers: 256x27x27 38 vs 32.)
+#: 8 5.1 vs 3.3. (Rows of 14 to 31 outputs had been left to ``jit_pool_lanes`` on an earlier sweep's
+#: numbers, taken before both loops changed: 256x27 -> 13 38 vs 32, 320x28 -> 14 48 vs 40.)
 MIN_ROW_OUTPUTS_STRIDE_2 = 14
 _WINDOW = 3
 _BODIES = tuple((stride, is_max) for stride in STRIDES for is_max in (True, False))
