@@ -136,7 +136,6 @@ def test_a_stem_in_a_session_matches_onnx_runtime():
     """GoogLeNet's stem with its Relu, at batch 2 (where the cost model picks the direct kernel), through
     a session, against ONNX Runtime."""
     import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
 
     w = (RNG.standard_normal((64, 3, 7, 7)) * 0.1).astype(np.float32)
     b = RNG.standard_normal(64).astype(np.float32)
