@@ -80,7 +80,7 @@ def _tile_intrinsic(vectors: int):  # noqa: ANN202
             mask = lv.lanes_inside(builder, lv.INT(0), lv.LANES, lanes_v)
             zero = lv.float_vector(lv.LANES, 0.0)
             slots = lv.accumulators(builder, ROWS, vectors)
-            w_rows = _weight_rows(builder, w_start_v, w_row_v, rows_v)
+            w_rows = weight_rows(builder, w_start_v, w_row_v, rows_v)
             ahead = builder.mul(lv.INT(PREFETCH_ROWS), x_row_v)
             _prefetch_outputs(builder, y_data, y_start_v, y_row_v, r_data, r_start_v, r_row_v, vectors)
             with cgutils.for_range(builder, depth_v) as loop:
@@ -122,7 +122,7 @@ def _prefetch_outputs(builder: ir.IRBuilder, y_data: ir.Value, y_start: ir.Value
                 lv.prefetch(builder, r_data, builder.add(r_r, lv.INT(v * lv.LANES)), lv.INTO_L2)
 
 
-def _weight_rows(builder: ir.IRBuilder, w_start: ir.Value, w_row: ir.Value, rows: ir.Value) -> list[ir.Value]:
+def weight_rows(builder: ir.IRBuilder, w_start: ir.Value, w_row: ir.Value, rows: ir.Value) -> list[ir.Value]:
     """Where each of the tile's ``ROWS`` rows of W starts (``w_row`` apart); rows from ``rows`` on read the
     last one again."""
     last = builder.sub(rows, lv.INT(1))
@@ -133,7 +133,7 @@ def _weight_rows(builder: ir.IRBuilder, w_start: ir.Value, w_row: ir.Value, rows
     return starts
 
 
-def _row_stores(builder: ir.IRBuilder, slots: list[list[ir.Value]], rows: ir.Value):  # noqa: ANN202
+def row_stores(builder: ir.IRBuilder, slots: list[list[ir.Value]], rows: ir.Value):  # noqa: ANN202
     """(r, row slots) for the tile's rows below ``rows``, each yielded inside its guard."""
     for r, row in enumerate(slots):
         with builder.if_then(builder.icmp_signed("<", lv.INT(r), rows)):
@@ -146,7 +146,7 @@ def _finish(builder, slots, y_data, y_start, y_row, rows, mask, b_data, b_start,
     low_vector = lv.broadcast(builder, low)
     high_vector = lv.broadcast(builder, high)
     has_residual = builder.icmp_signed(">=", r_row, lv.INT(0))
-    for r, row in _row_stores(builder, slots, rows):
+    for r, row in row_stores(builder, slots, rows):
         b = lv.broadcast(builder, lv.load_scalar(builder, b_data, builder.add(b_start, lv.INT(r))))
         y_r = builder.add(y_start, builder.mul(y_row, lv.INT(r)))
         r_r = builder.add(r_start, builder.mul(r_row, lv.INT(r)))

@@ -13,7 +13,9 @@ tile GEMM finishes each tile in registers. It runs where hetflow arranges the th
 Where a product's positions leave many of the tile GEMM's vector lanes empty (a 7x7 map: 49 of 64) and
 its kernels fill whole tiles of 64, ``jit_lane_gemm`` runs it instead, kernels in the lanes
 (``lanes_pay``), its weights packed once per array (``LANE_WEIGHTS``; a memory budget that cannot hold
-the copy clears ``ConvAttrs.packed_weights``).
+the copy clears ``ConvAttrs.packed_weights``). In a batch, such a product's job takes the images end to
+end instead (``jit_span_gemm``, ``tile_share_job``): no copy of anything, every lane but the last
+tile's.
 
 One example beside BLAS's threads keeps OpenBLAS, which splits a product over both cores (its spinning
 workers would take the core a split of ours needs), and so do numba-pool runs, whose splits are arranged
@@ -46,7 +48,7 @@ from typing import NamedTuple
 import numpy as np
 
 from hetflow.devices.base import BoundCall
-from hetflow.devices.cpu.kernels import jit_band_gemm, jit_lane_gemm, jit_tile_gemm
+from hetflow.devices.cpu.kernels import jit_band_gemm, jit_lane_gemm, jit_span_gemm, jit_tile_gemm
 from hetflow.devices.cpu.kernels.buffers import Out, Scratch, flat_images
 from hetflow.devices.cpu.kernels.epilogue import apply_activation
 from hetflow.devices.cpu.kernels.jit_im2col import im2col as compiled_im2col
@@ -131,18 +133,39 @@ def work_items(batch: int, positions: int, parts: int) -> list[np.ndarray]:
 
 
 def spin_shares(batch: int, kernels: int, positions: int, groups: int, threads: int) -> tuple[int, int]:
-    """(shares, row parts) of a product on ``threads`` spinning threads (``jit_tile_gemm.gemm_share``):
+    """(shares, row parts) of a product on ``threads`` spinning threads (``tile_share_job``):
     ``SPIN_SHARES_PER_THREAD`` shares a thread, by runs of column tiles where the images' groups' tiles
-    are that many and X outweighs W (each share of columns reads all of W), else by ranges of each
-    group's row blocks (each reads all of X)."""
+    (or the tiles of the images end to end, ``jit_span_gemm.spans_pay``) are that many and X outweighs W
+    (each share of columns reads all of W), else by ranges of each group's row blocks (each reads all of
+    X)."""
     wanted = threads * SPIN_SHARES_PER_THREAD
-    tiles = batch * groups * -(-positions // jit_tile_gemm.TILE_POSITIONS)
+    if jit_span_gemm.spans_pay(batch, positions, groups):
+        tiles = -(-batch * positions // jit_tile_gemm.TILE_POSITIONS)
+    else:
+        tiles = batch * groups * -(-positions // jit_tile_gemm.TILE_POSITIONS)
     blocks = -(-kernels // groups // jit_tile_gemm.ROWS)
     if tiles >= wanted and batch * positions >= kernels:
         return wanted, 1
     if blocks >= wanted:
         return wanted, wanted
     return max(1, min(tiles, wanted)), 1
+
+
+def tile_share_job(
+    w: np.ndarray, x: np.ndarray, y: np.ndarray, y_image: int, r: np.ndarray, r_image: int, bias: np.ndarray,
+    bounds: np.ndarray, kernels: int, groups: int, shares: tuple[int, int],
+) -> Job:  # fmt: skip
+    """``Y[n] = clamp(W @ X[n] + bias [+ R[n]], *bounds)`` for every image of X ``[N, depth, P]`` as a
+    spin-pool job of ``shares`` (``spin_shares``): on ``jit_span_gemm`` where its tiles run from one
+    image into the next (``spans_pay``), else on ``jit_tile_gemm``. Y and R flat, their images ``y_image``
+    and ``r_image`` floats apart (``r_image`` < 0: no residual)."""
+    batch, _, positions = x.shape
+    count, row_parts = shares
+    if jit_span_gemm.spans_pay(batch, positions, groups):
+        return jit_span_gemm.share_job(w, x, y, y_image, r, r_image, bias, bounds, kernels, row_parts,
+                                       jit_tile_gemm.BLOCK_BYTES, count)  # fmt: skip
+    return jit_tile_gemm.share_job(w, x, y, y_image, r, r_image, bias, bounds, kernels, positions, groups, row_parts,
+                                   jit_tile_gemm.BLOCK_BYTES, count)  # fmt: skip
 
 
 #: Depth from which the lane GEMM may take a product: its epilogue scatters every output once, a cost
@@ -298,10 +321,8 @@ class _TileCall:
             return jit_lane_gemm.share_job(LANE_WEIGHTS.get(raw_w, self.kernels), ops.x, ops.y_flat, ops.y_image,
                                            ops.r, ops.r_image, ops.bias, self.bounds, self.kernels,
                                            self._lane_shares(threads))  # fmt: skip
-        shares, row_parts = self._spin_shares(threads)
-        return jit_tile_gemm.share_job(ops.w, ops.x, ops.y_flat, ops.y_image, ops.r, ops.r_image, ops.bias,
-                                       self.bounds, self.kernels, self.positions, self.groups, row_parts,
-                                       jit_tile_gemm.BLOCK_BYTES, shares)  # fmt: skip
+        return tile_share_job(ops.w, ops.x, ops.y_flat, ops.y_image, ops.r, ops.r_image, ops.bias, self.bounds,
+                              self.kernels, self.groups, self._spin_shares(threads))  # fmt: skip
 
     def _lanes_on_python_pool(self, packed: np.ndarray, ops: _Operands) -> None:
         """The product on the lane GEMM, its kernel tiles shared out on the Python pool."""
@@ -371,9 +392,9 @@ def product_on_own_threads(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: 
     batch, depth, positions = x.shape
     kernels = int(y.shape[1])
     if pool is not None:
-        shares, row_parts = spin_shares(batch, kernels, positions, groups, pool.workers + 1)
-        jit_tile_gemm.share_job(w.reshape(-1), x, flat_y, image, flat_y, -1, zero_bias(kernels), NO_BOUNDS, kernels,
-                                positions, groups, row_parts, jit_tile_gemm.BLOCK_BYTES, shares).run(pool)  # fmt: skip
+        shares = spin_shares(batch, kernels, positions, groups, pool.workers + 1)
+        tile_share_job(w.reshape(-1), x, flat_y, image, flat_y, -1, zero_bias(kernels), NO_BOUNDS, kernels, groups,
+                       shares).run(pool)  # fmt: skip
         return True
     threads = intra_op_threads()
     items = work_items(batch, positions, threads)
