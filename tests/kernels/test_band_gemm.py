@@ -346,6 +346,7 @@ def test_a_batch_off_a_spinning_run_calls_the_plain_kernel(monkeypatch, narrow_b
 @pytest.mark.parametrize(("case", "x_shape", "w_shape", "attrs", "narrow", "taken"), [
     ("strided 3x3", (2, 64, 56, 56), (128, 64, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2)), True, True),
     ("wide BLAS", (2, 64, 56, 56), (128, 64, 3, 3), ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2)), False, False),
+    ("strided 1x1, wide BLAS", (2, 512, 56, 56), (512, 512, 1, 1), ConvAttrs(strides=(2, 2)), False, True),
     ("a 7x7 map: one product over the chunk", (4, 64, 14, 14), (64, 64, 3, 3),
      ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2)), True, False),
     ("small weights: the batch's bands", (4, 8, 28, 28), (16, 8, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), True, False),

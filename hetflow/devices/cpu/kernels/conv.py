@@ -508,9 +508,14 @@ def _batch_columns_chunk(node: Node, x_info: TensorInfo, w_info: TensorInfo) -> 
     """Images per chunk where a batch's im2col Conv runs as whole columns on the tile GEMM on a spinning
     run (``own_gemm.prepare_bands``), else None: float32, 2-D compiled columns, group 1, more than one
     image, shapes known, BLAS narrower than the tiles (``blas_is_narrow``; elsewhere BLAS keeps these
-    products), over maps of ``WHOLE_CHUNK_MAX_POSITIONS`` positions or more, and not what a batch's bands
-    take (``_batch_bands_take``) unless it adds a folded residual, which the bands leave to a pass of its
-    own. The chunk is the one ``_im2col_scratch`` declares columns for."""
+    products but a 1x1 window's), over maps of ``WHOLE_CHUNK_MAX_POSITIONS`` positions or more, and not
+    what a batch's bands take (``_batch_bands_take``) unless it adds a folded residual, which the bands
+    leave to a pass of its own. The chunk is the one ``_im2col_scratch`` declares columns for.
+
+    A strided 1x1 window's columns are a quarter of X and its product shallow: on the Zen 4 VM
+    (2026-12-06, OpenBLAS on its SkylakeX kernels) ResNet-50's 1x1 stride-2 projections at batch 16 ran
+    in-run 23.5 -> 19.3 ms (256 -> 512) and 20.1 -> 17.8 (512 -> 1024) on the tiles, where its 3x3
+    stride-2 layers ran slower (26.2 -> 29.4, 21.4 -> 23.4), so those stay on BLAS."""
     x_shape, w_shape = x_info.shape, w_info.shape
     if x_info.dtype != np.float32 or w_info.dtype != np.float32 or len(x_shape) != 4 or len(w_shape) != 4:
         return None
@@ -518,7 +523,7 @@ def _batch_columns_chunk(node: Node, x_info: TensorInfo, w_info: TensorInfo) -> 
         return None
     geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
     weight_bytes = 4 * math.prod(w_shape)
-    if not _compiled_columns(geo, x_info.dtype) or not blas_is_narrow():
+    if not _compiled_columns(geo, x_info.dtype) or not (blas_is_narrow() or math.prod(geo.kernel) == 1):
         return None
     if math.prod(geo.out) < WHOLE_CHUNK_MAX_POSITIONS:
         return None  # one product over a chunk's images fills the tiles' lanes (``_whole_chunk_gemm``)
