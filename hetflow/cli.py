@@ -425,8 +425,23 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     print(f"{len(layers)} layers, {len({layer.workload for layer in layers})} distinct shapes measured; "
           f"tuned {chosen_total * 1e3:.2f} ms vs cost model {heuristic_total * 1e3:.2f} ms: predicted gain "
           f"{gain * 1e3:.2f} ms per run ({gain / heuristic_total * 100 if heuristic_total else 0:.1f}%)")
+    _tune_sub_batch(args)
     print(f"records appended to {tuner.path or cache_path()}")
     return 0
+
+
+def _tune_sub_batch(args: argparse.Namespace) -> None:
+    """Whole runs of the batch at once against runs of fewer images (``InferenceSession``'s ``sub_batch``),
+    recorded in the tuning cache, where the model computes its images apart."""
+    if args.device != "cpu":
+        return
+    session = InferenceSession(args.model, tune=True, threads=args.threads)
+    record = session.sub_batch_record(args.batch)
+    if record is None:
+        return
+    times = "  ".join(f"{images} {seconds * 1e3:.2f} ms" for images, seconds in
+                      sorted(record.candidates.items(), key=lambda item: -int(item[0])))  # fmt: skip
+    print(f"images per run (a batch of {args.batch}): {times}; chosen {record.chosen}")
 
 
 def _layer_shape(params: dict) -> str:

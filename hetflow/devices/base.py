@@ -247,6 +247,10 @@ class KernelTable:
     def op_types(self) -> list[str]:
         return sorted(self.kernels)
 
+    def all_kernels(self) -> list[Kernel]:
+        """Every kernel of this device, op by op."""
+        return [kernel for op_type in sorted(self.kernels) for kernel in self.kernels[op_type]]
+
 
 class Device(abc.ABC):
     """A place where kernels run.

@@ -35,8 +35,19 @@ from hetflow.runtime.placement import (
     time_plans,
 )
 from hetflow.runtime.plan import Plan
-from hetflow.runtime.planner import make_plan
+from hetflow.runtime.planner import make_plan, run_arrangement
+from hetflow.runtime.sub_batch import (
+    batch_symbol,
+    candidates,
+    check_sub_batch,
+    fastest,
+    least_seconds,
+    run_in_parts,
+    sub_batch_workload,
+)
+from hetflow.tuning.cache import TuningRecord, kernels_hash, now
 from hetflow.tuning.select import Tuner
+from hetflow.tuning.space import Workload
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,11 @@ class InferenceSession:
             (``hetflow.runtime.budget``); runs are then sequential and one at a time. Raises
             ``BudgetError`` when even streaming cannot fit (checked at batch 1 when the session is made,
             and for each new batch size).
+        sub_batch: run a batch as runs of this many images each (depth first: each run's activations stay
+            in cache; ``hetflow.runtime.sub_batch``), where the graph computes its images apart; None:
+            as the tuning cache's record for the model and batch says (``hetflow tune MODEL --batch B``
+            measures it; with ``tune``, the first run at a batch size measures it), else the whole
+            batch at once.
 
     Example::
 
@@ -103,6 +119,7 @@ class InferenceSession:
         execution_mode: ExecutionMode = "sequential",
         placement: Mapping[str, str] | None = None,
         memory_budget: int | str | None = None,
+        sub_batch: int | None = None,
         **options: Any,
     ):
         unknown = sorted(set(options) - _ACCEPTED_OPTIONS)
@@ -147,6 +164,11 @@ class InferenceSession:
         # (name, dtype, shape) of every feed of an accepted run -> its plan: a run fed alike skips the
         # checks and the binding (~8 us of LeNet's ~130 at batch 1).
         self._accepted: dict[tuple[tuple[str, np.dtype, tuple[int, ...]], ...], Plan] = {}
+        self._sub_batch = check_sub_batch(sub_batch)
+        self._batch_symbol = batch_symbol(self._graph) if cpu_only and memory_budget is None else None
+        #: batch -> images per run (None: the whole batch at once), decided on the first run at that batch.
+        self._images_per_run: dict[int, int | None] = {}
+        self._images_lock = threading.Lock()
         if self._budget is not None:
             self._start_budget()
         elif _is_concrete(self._graph):
@@ -376,6 +398,15 @@ class InferenceSession:
             FeedError: a feed is missing, unknown, or has the wrong dtype or shape.
         """
         names = self._all_outputs if output_names is None else self._check_output_names(output_names)
+        images = self._images_for(input_feed) if observer is None and self._batch_symbol is not None else None
+        if images is not None:
+            return run_in_parts(lambda part: self._run_whole(names, part, None), input_feed, images)
+        return self._run_whole(names, input_feed, observer)
+
+    def _run_whole(
+        self, names: list[str], input_feed: Mapping[str, Any], observer: Observer | None
+    ) -> list[np.ndarray]:
+        """``run`` of the whole batch in ``input_feed`` at once."""
         signature = _signature(input_feed)
         plan = self._accepted.get(signature) if signature is not None else None
         if plan is not None:
@@ -394,6 +425,69 @@ class InferenceSession:
         else:
             results = execute(plan, feeds, names, observer, threads=self._threads, mode=self._mode)
         return [results[name] for name in names]
+
+    # -- sub-batches -------------------------------------------------------------------------------
+    def images_per_run(self, batch: int) -> int | None:
+        """How many images a run of ``batch`` takes at a time (None: all of them; see ``sub_batch``)."""
+        if self._batch_symbol is None or batch < 2:
+            return None
+        if batch not in self._images_per_run:
+            # Its own lock: measuring runs the session, whose plans take ``_lock``.
+            with self._images_lock:
+                if batch not in self._images_per_run:
+                    self._images_per_run[batch] = self._choose_images(batch)
+        return self._images_per_run[batch]
+
+    def _images_for(self, input_feed: Mapping[str, Any]) -> int | None:
+        """``images_per_run`` for the batch of ``input_feed`` (None where the feeds do not say one)."""
+        first = input_feed.get(self._inputs[0].name) if self._inputs else None
+        shape = getattr(first, "shape", None)
+        if not shape or any(np.ndim(value) < 1 for value in input_feed.values()):
+            return None
+        return self.images_per_run(int(shape[0]))
+
+    def sub_batch_record(self, batch: int) -> TuningRecord | None:
+        """The tuning cache's measurement of runs of ``batch`` images whole and split (seconds per batch
+        by images per run), measured now where the session tunes; None where there is none."""
+        if self._batch_symbol is None or not candidates(batch) or not (self._tuner.use_cache or self._tuner.tune):
+            return None
+        device = get_device("cpu")
+        cache = self._tuner.cache(device)
+        bound = bind_batch(self._graph, {self._batch_symbol: batch})  # type: ignore[dict-item]
+        workload = sub_batch_workload(self._graph, batch, run_arrangement(bound, self._threads).label, self._mode)
+        version = kernels_hash(device.kernels.all_kernels())
+        record = cache.lookup(workload, version) if self._tuner.use_cache else None
+        if record is None and self._tuner.tune:
+            record = self._measure_images(batch, device, workload, version)
+            cache.add(record)
+        return record
+
+    def _choose_images(self, batch: int) -> int | None:
+        """The ``sub_batch`` option, else the tuning cache's record (measured here with ``tune``)."""
+        if self._sub_batch is not None:
+            return self._sub_batch if self._sub_batch < batch else None
+        record = self.sub_batch_record(batch)
+        if record is None:
+            return None
+        images = int(record.chosen)
+        return images if images < batch else None
+
+    def _measure_images(self, batch: int, device: Device, workload: Workload, version: str) -> TuningRecord:
+        """Whole runs of ``batch`` random images, at once and in each of ``candidates``' sizes."""
+        from hetflow import __version__
+
+        feeds = random_feeds(bind_batch(self._graph, {self._batch_symbol: batch}))  # type: ignore[dict-item]
+        names = self._all_outputs
+        runs = {batch: lambda: self._run_whole(names, feeds, None)}
+        for images in candidates(batch):
+            runs[images] = lambda images=images: run_in_parts(
+                lambda part: self._run_whole(names, part, None), feeds, images
+            )
+        times = least_seconds(runs, MEASURED_RUNS)
+        return TuningRecord(
+            device.fingerprint(), device.kind, workload, version, {str(k): v for k, v in times.items()},
+            str(fastest(times)), protocol={"runs": MEASURED_RUNS}, hetflow=__version__, date=now(),
+        )  # fmt: skip
 
     # -- validation ----------------------------------------------------------------------------
     def _check_output_names(self, output_names: Sequence[str] | None) -> list[str]:
@@ -429,6 +523,8 @@ class InferenceSession:
 #: ``placement_seconds``'s label of the per-node mix.
 MIXED = "mixed"
 _ACCEPTED_OPTIONS = frozenset({"sess_options", "providers", "provider_options"})
+#: Timed rounds (a run of each candidate) when a session measures its images per run.
+MEASURED_RUNS = 5
 
 
 def _session_devices(devices: list[Device], rules: PlacementRules) -> list[Device]:
