@@ -484,10 +484,20 @@ class InferenceSession:
                 lambda part: self._run_whole(names, part, None), feeds, images
             )
         times = least_seconds(runs, MEASURED_RUNS)
+        self._forget_batches({batch, *candidates(batch)} - {fastest(times)})
         return TuningRecord(
             device.fingerprint(), device.kind, workload, version, {str(k): v for k, v in times.items()},
             str(fastest(times)), protocol={"runs": MEASURED_RUNS}, hetflow=__version__, date=now(),
         )  # fmt: skip
+
+    def _forget_batches(self, batches: set[int]) -> None:
+        """Drop the plans (and with them the arenas and captured runs) bound for these batch sizes: those
+        a measurement of images per run made and will not use."""
+        with self._lock:
+            for key in [key for key in self._bound_plans if dict(key).get(self._batch_symbol) in batches]:
+                del self._bound_plans[key]
+            for signature in [s for s in self._accepted if s and s[0][2] and s[0][2][0] in batches]:
+                del self._accepted[signature]
 
     # -- validation ----------------------------------------------------------------------------
     def _check_output_names(self, output_names: Sequence[str] | None) -> list[str]:

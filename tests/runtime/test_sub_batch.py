@@ -157,3 +157,14 @@ def test_the_tune_command_measures_the_split_of_a_batch(capsys, monkeypatch) -> 
     records = TuningCache(cache_path(), CPUDevice().fingerprint()).records()
     [split] = [r for r in records if r.workload.op == SUB_BATCH_OP]
     assert set(split.candidates) == {"4", "2"} and split.workload.params["threads"].split("+")[0].endswith(":1")
+
+
+def test_measuring_keeps_only_the_plan_of_the_chosen_size(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """The whole batch's plan and those of the sizes not chosen hold arenas: dropped after measuring."""
+    monkeypatch.setattr(session_module, "MEASURED_RUNS", 1)
+    session = _lenet(tune=True, tuning_cache=tmp_path / "records.jsonl")
+    chosen = session.images_per_run(8) or 8
+    bound = {dict(key)["N"] for key in session._bound_plans}  # noqa: SLF001  (what the session holds)
+    assert bound == {chosen}
+    [y] = session.run(None, _lenet_feeds(8))
+    assert y.shape == (8, 10)
