@@ -137,15 +137,11 @@ def _finish(builder, slots, rows, b_data, b_start, out, res, halves, low, high) 
     for r, row in jit_tile_gemm.row_stores(builder, slots, rows):
         b = lv.broadcast(builder, lv.load_scalar(builder, b_data, builder.add(b_start, lv.INT(r))))
         for v, slot in enumerate(row):
-            value = builder.fadd(builder.load(slot), b)
-            before = builder.block
-            with builder.if_then(has_residual):
-                r_offset = builder.add(r_at[v], builder.mul(r_row, lv.INT(r)))
-                added = builder.fadd(value, _load_spanning(builder, r_data, r_offset, r_shift, halves[v], zero))
-                inside = builder.block
-            summed = builder.phi(value.type)
-            summed.add_incoming(value, before)
-            summed.add_incoming(added, inside)
+            r_offset = builder.add(r_at[v], builder.mul(r_row, lv.INT(r)))
+            summed = jit_tile_gemm.add_if(
+                builder, builder.fadd(builder.load(slot), b), has_residual,
+                lambda r_offset=r_offset, v=v: _load_spanning(builder, r_data, r_offset, r_shift, halves[v], zero),
+            )  # fmt: skip
             value = lv.clamp(builder, summed, low_vector, high_vector)
             y_offset = builder.add(y_at[v], builder.mul(y_row, lv.INT(r)))
             _store_spanning(builder, value, y_data, y_offset, y_shift, halves[v])

@@ -30,6 +30,7 @@ slicing the depth to keep a tile's columns in L1.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -162,9 +163,15 @@ def _finish(builder, slots, y_data, y_start, y_row, rows, mask, b_data, b_start,
 def _add_residual(builder: ir.IRBuilder, value: ir.Value, has_residual: ir.Value, base: ir.Value,
                   offset: ir.Value, mask: ir.Value | None) -> ir.Value:  # fmt: skip
     """``value + R[offset:offset + 16]`` when ``has_residual``, else ``value`` (R never read then)."""
+    fill = lv.float_vector(lv.LANES, 0.0)
+    return add_if(builder, value, has_residual, lambda: lv.load_lanes(builder, base, offset, mask, fill))
+
+
+def add_if(builder: ir.IRBuilder, value: ir.Value, condition: ir.Value, load: Callable[[], ir.Value]) -> ir.Value:
+    """``value + load()`` where ``condition`` holds, else ``value``: what ``load`` emits runs only then."""
     before = builder.block
-    with builder.if_then(has_residual):
-        added = builder.fadd(value, lv.load_lanes(builder, base, offset, mask, lv.float_vector(lv.LANES, 0.0)))
+    with builder.if_then(condition):
+        added = builder.fadd(value, load())
         inside = builder.block
     result = builder.phi(value.type)
     result.add_incoming(value, before)
