@@ -4,9 +4,9 @@ A batch of 16 through SqueezeNet or MobileNet v2 writes activations of 25-77 MB 
 reads its input back from memory, and the write-backs of the last layer's output compete with it. Run
 as four runs of four images, each run's activations stay in the last-level cache. Whole runs on the
 Zen 4 VM (2 threads, 2026-12-06), batch 16 against four runs of 4 images: squeezenet 62.4 / 58.6 ms,
-mobilenetv2 70.6 / 66.2, densenet121 489.6 / 471.1; but resnet50 635 / 739 and googlenet 212 / 264
-(their weights, read again by every run, outweigh what stays cached). So the split is measured per
-model and batch (``hetflow tune MODEL --batch B``) and kept in the tuning cache (``SUB_BATCH_OP``
+mobilenetv2 70.6 / 66.2, densenet121 489.6 / 471.1; but resnet50 635 / 739 (its 100 MB of weights are
+read again by every run) and googlenet 212 / 210 (four runs of 4 in a fresh session). So the split is
+measured per model and batch (``hetflow tune MODEL --batch B``) and kept in the tuning cache (``SUB_BATCH_OP``
 records), or set with the session's ``sub_batch``.
 
 Only a graph whose images never meet is split: every input and output carries the batch symbol as its
