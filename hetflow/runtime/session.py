@@ -458,7 +458,7 @@ class InferenceSession:
         version = kernels_hash(device.kernels.all_kernels())
         record = cache.lookup(workload, version) if self._tuner.use_cache else None
         if record is None and self._tuner.tune:
-            record = self._measure_images(batch, device, workload, version)
+            record = self._measure_images(bound, batch, device, workload, version)
             cache.add(record)
         return record
 
@@ -472,11 +472,14 @@ class InferenceSession:
         images = int(record.chosen)
         return images if images < batch else None
 
-    def _measure_images(self, batch: int, device: Device, workload: Workload, version: str) -> TuningRecord:
-        """Whole runs of ``batch`` random images, at once and in each of ``candidates``' sizes."""
+    def _measure_images(
+        self, bound: Graph, batch: int, device: Device, workload: Workload, version: str
+    ) -> TuningRecord:
+        """Whole runs of ``batch`` random images (``bound``: the graph at that batch), at once and in each of
+        ``candidates``' sizes."""
         from hetflow import __version__
 
-        feeds = random_feeds(bind_batch(self._graph, {self._batch_symbol: batch}))  # type: ignore[dict-item]
+        feeds = random_feeds(bound)
         names = self._all_outputs
         runs = {batch: lambda: self._run_whole(names, feeds, None)}
         for images in candidates(batch):
@@ -484,10 +487,11 @@ class InferenceSession:
                 lambda part: self._run_whole(names, part, None), feeds, images
             )
         times = least_seconds(runs, MEASURED_RUNS)
-        self._forget_batches({batch, *candidates(batch)} - {fastest(times)})
+        chosen = fastest(times)
+        self._forget_batches({batch, *candidates(batch)} - {chosen})
         return TuningRecord(
             device.fingerprint(), device.kind, workload, version, {str(k): v for k, v in times.items()},
-            str(fastest(times)), protocol={"runs": MEASURED_RUNS}, hetflow=__version__, date=now(),
+            str(chosen), protocol={"runs": MEASURED_RUNS}, hetflow=__version__, date=now(),
         )  # fmt: skip
 
     def _forget_batches(self, batches: set[int]) -> None:
