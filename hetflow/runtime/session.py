@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -166,6 +167,12 @@ class InferenceSession:
         self._accepted: dict[tuple[tuple[str, np.dtype, tuple[int, ...]], ...], Plan] = {}
         self._sub_batch = check_sub_batch(sub_batch)
         self._batch_symbol = batch_symbol(self._graph) if cpu_only and memory_budget is None else None
+        if self._sub_batch is not None and self._batch_symbol is None:
+            warnings.warn(
+                "sub_batch is ignored: the session runs every batch whole (its graph may mix images, or it "
+                "runs under a memory budget or beside another device)",
+                stacklevel=2,
+            )
         #: batch -> images per run (None: the whole batch at once), decided on the first run at that batch.
         self._images_per_run: dict[int, int | None] = {}
         self._images_lock = threading.Lock()

@@ -96,7 +96,8 @@ def test_sub_batch_must_be_a_positive_int(bad) -> None:  # noqa: ANN001
 def test_a_graph_that_mixes_images_is_never_split() -> None:
     model = make_model([helper.make_node("Softmax", ["x"], ["y"], axis=0)], [("x", TensorProto.FLOAT, ["N", 3])],
                        [("y", TensorProto.FLOAT, ["N", 3])])  # fmt: skip
-    session = InferenceSession(model, sub_batch=1)
+    with pytest.warns(UserWarning, match="sub_batch is ignored"):
+        session = InferenceSession(model, sub_batch=1)
     assert session.images_per_run(4) is None
     x = RNG.standard_normal((4, 3)).astype(np.float32)
     [y] = session.run(None, {"x": x})
