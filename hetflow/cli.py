@@ -65,7 +65,8 @@ def _build_parser() -> argparse.ArgumentParser:
     info.add_argument("--batch", type=int, default=1, help="batch size of the memory plan (1)")
     info.set_defaults(handler=_cmd_info)
 
-    tune = commands.add_parser("tune", help="measure every Conv layer's algorithms into the tuning cache")
+    tune = commands.add_parser("tune", help="measure every Conv layer's algorithms, and a batch's images per run, "
+                                            "into the tuning cache")
     tune.add_argument("model", help="model path or zoo:NAME")
     tune.add_argument("--batch", type=int, default=1, help="batch size the layers are measured at (1)")
     tune.add_argument("--effort", choices=("none", "fast", "full"), default="fast",
