@@ -42,7 +42,6 @@ from hetflow.runtime.sub_batch import (
     candidates,
     check_sub_batch,
     fastest,
-    least_seconds,
     run_in_parts,
     sub_batch_workload,
 )
@@ -485,15 +484,16 @@ class InferenceSession:
         """Whole runs of ``batch`` random images (``bound``: the graph at that batch), at once and in each of
         ``candidates``' sizes."""
         from hetflow import __version__
+        from hetflow.bench.timing import side_by_side
 
         feeds = random_feeds(bound)
         names = self._all_outputs
-        runs = {batch: lambda: self._run_whole(names, feeds, None)}
+        runs = {str(batch): lambda: self._run_whole(names, feeds, None)}
         for images in candidates(batch):
-            runs[images] = lambda images=images: run_in_parts(
+            runs[str(images)] = lambda images=images: run_in_parts(
                 lambda part: self._run_whole(names, part, None), feeds, images
             )
-        times = least_seconds(runs, MEASURED_RUNS)
+        times = {int(images): timing.min for images, timing in side_by_side(runs, MEASURED_RUNS).items()}
         chosen = fastest(times)
         self._forget_batches({batch, *candidates(batch)} - {chosen})
         return TuningRecord(
@@ -544,7 +544,8 @@ class InferenceSession:
 #: ``placement_seconds``'s label of the per-node mix.
 MIXED = "mixed"
 _ACCEPTED_OPTIONS = frozenset({"sess_options", "providers", "provider_options"})
-#: Timed rounds (a run of each candidate) when a session measures its images per run.
+#: Timed rounds (a run of each candidate, interleaved: ``side_by_side``) when a session measures its
+#: images per run.
 MEASURED_RUNS = 5
 
 

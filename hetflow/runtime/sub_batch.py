@@ -17,8 +17,6 @@ with the axis rules of ``_separable_node``).
 from __future__ import annotations
 
 import hashlib
-import math
-import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -131,18 +129,3 @@ def check_sub_batch(sub_batch: int | None) -> int | None:
 def fastest(times: Mapping[int, float]) -> int:
     """The images per run of the least seconds per batch in ``times``."""
     return min(times, key=lambda images: (times[images], -images))
-
-
-def least_seconds(runs: Mapping[int, Callable[[], object]], rounds: int) -> dict[int, float]:
-    """The least of ``rounds`` timings of each of ``runs`` (by images per run), the candidates taking
-    turns round by round (so that a slow spell of the machine does not fall on one of them only), after
-    one untimed run of each."""
-    for run in runs.values():
-        run()
-    best = dict.fromkeys(runs, math.inf)
-    for _ in range(rounds):
-        for images, run in runs.items():
-            start = time.perf_counter()
-            run()
-            best[images] = min(best[images], time.perf_counter() - start)
-    return best
