@@ -198,7 +198,8 @@ def span_columns(w, depth, x, y, y_image, kernels, bias, residual, r_image, low,
     positions = x.shape[2]
     flat_x = x.reshape(x.size)
     x_image = depth * positions
-    r_row = np.int64(positions) if r_image >= 0 else np.int64(-1)
+    y_row = np.int64(positions)
+    r_row = y_row if r_image >= 0 else np.int64(-1)
     opening_spans = np.empty(SPAN_SLOTS, np.int64)
     later_spans = np.empty(SPAN_SLOTS, np.int64)
     chunk = jit_tile_gemm.chunk_depth(depth)
@@ -210,22 +211,24 @@ def span_columns(w, depth, x, y, y_image, kernels, bias, residual, r_image, low,
             opening, closing = k0 == 0, k0 + size >= depth
             chunk_low = low if closing else np.float32(-np.inf)
             chunk_high = high if closing else np.float32(np.inf)
+            # Later chunks add Y's partial sums back in as their residual, with no bias.
+            if opening:
+                b, r, r_step, spans = bias, residual, r_row, opening_spans
+            else:
+                b, r, r_step, spans = no_bias, y, y_row, later_spans
             for tile in range(0, count, TILE_POSITIONS):
                 column = start + tile
                 tile_positions = np.int64(min(TILE_POSITIONS, count - tile))
-                fill_spans(opening_spans, column, positions, x_image, y_image, max(r_image, 0))
-                fill_spans(later_spans, column, positions, x_image, y_image, y_image)
+                if opening:
+                    fill_spans(spans, column, positions, x_image, y_image, max(r_image, 0))
+                else:
+                    fill_spans(spans, column, positions, x_image, y_image, y_image)
                 for block in range(first_block, last_block):
                     row = block * ROWS
                     rows = np.int64(min(ROWS, kernels - row))
-                    if opening:
-                        _span_tile(w, row * depth + k0, depth, flat_x, k0 * positions, positions, size, y,
-                                   row * positions, positions, rows, tile_positions, bias, np.int64(row), residual,
-                                   row * positions, r_row, chunk_low, chunk_high, opening_spans)  # fmt: skip
-                    else:
-                        _span_tile(w, row * depth + k0, depth, flat_x, k0 * positions, positions, size, y,
-                                   row * positions, positions, rows, tile_positions, no_bias, np.int64(row), y,
-                                   row * positions, np.int64(positions), chunk_low, chunk_high, later_spans)  # fmt: skip
+                    _span_tile(w, row * depth + k0, depth, flat_x, k0 * positions, positions, size, y,
+                               row * positions, y_row, rows, tile_positions, b, np.int64(row), r, row * positions,
+                               r_step, chunk_low, chunk_high, spans)  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True)

@@ -227,21 +227,20 @@ def columns(w, depth, x, x_start, x_row, y, y_start, y_row, kernels, bias, resid
             opening, closing = k0 == 0, k0 + size >= depth
             chunk_low = low if closing else np.float32(-np.inf)
             chunk_high = high if closing else np.float32(np.inf)
+            # Later chunks add Y's partial sums back in as their residual, with no bias.
+            if opening:
+                b, r, r_begin, r_rows, r_stride = bias, residual, r_start, r_step, r_row
+            else:
+                b, r, r_begin, r_rows, r_stride = no_bias, y, y_start, y_row, y_row
             for block in range(first_block, last_block):
                 row = block * ROWS
                 rows = np.int64(min(ROWS, kernels - row))
                 for tile in range(0, count, TILE_POSITIONS):
                     column = start + tile
-                    y_at = y_start + row * y_row + column
                     positions = np.int64(min(TILE_POSITIONS, count - tile))
-                    if opening:
-                        _tile(w, row * depth + k0, depth, x, x_start + k0 * x_row + column, x_row, size, y, y_at,
-                              y_row, rows, positions, bias, np.int64(row), residual, r_start + row * r_step + column,
-                              r_row, chunk_low, chunk_high)  # fmt: skip
-                    else:
-                        _tile(w, row * depth + k0, depth, x, x_start + k0 * x_row + column, x_row, size, y, y_at,
-                              y_row, rows, positions, no_bias, np.int64(row), y, y_at, y_row, chunk_low,
-                              chunk_high)  # fmt: skip
+                    _tile(w, row * depth + k0, depth, x, x_start + k0 * x_row + column, x_row, size, y,
+                          y_start + row * y_row + column, y_row, rows, positions, b, np.int64(row), r,
+                          r_begin + row * r_rows + column, r_stride, chunk_low, chunk_high)  # fmt: skip
 
 
 #: Products deeper than this go through their depth in equal chunks (``columns``): a tile over the whole
