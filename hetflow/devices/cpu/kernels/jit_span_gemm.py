@@ -207,10 +207,8 @@ def span_columns(w, depth, x, y, y_image, kernels, bias, residual, r_image, low,
     for start in range(first, last, width):
         count = min(width, last - start)
         for k0 in range(0, depth, chunk):
-            size = min(chunk, depth - k0)
-            opening, closing = k0 == 0, k0 + size >= depth
-            chunk_low = low if closing else np.float32(-np.inf)
-            chunk_high = high if closing else np.float32(np.inf)
+            size, chunk_low, chunk_high = jit_tile_gemm.depth_chunk(k0, chunk, depth, low, high)
+            opening = k0 == 0
             # Later chunks add Y's partial sums back in as their residual, with no bias.
             if opening:
                 b, r, r_step, spans = bias, residual, r_row, opening_spans

@@ -223,10 +223,8 @@ def columns(w, depth, x, x_start, x_row, y, y_start, y_row, kernels, bias, resid
     for start in range(first, last, width):
         count = min(width, last - start)
         for k0 in range(0, depth, chunk):
-            size = min(chunk, depth - k0)
-            opening, closing = k0 == 0, k0 + size >= depth
-            chunk_low = low if closing else np.float32(-np.inf)
-            chunk_high = high if closing else np.float32(np.inf)
+            size, chunk_low, chunk_high = depth_chunk(k0, chunk, depth, low, high)
+            opening = k0 == 0
             # Later chunks add Y's partial sums back in as their residual, with no bias.
             if opening:
                 b, r, r_begin, r_rows, r_stride = bias, residual, r_start, r_step, r_row
@@ -257,6 +255,16 @@ def chunk_depth(depth):  # noqa: ANN001, ANN202
         return depth
     chunks = (depth + DEPTH_CHUNK - 1) // DEPTH_CHUNK
     return (depth + chunks - 1) // chunks
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def depth_chunk(k0, chunk, depth, low, high):  # noqa: ANN001, ANN202
+    """(rows, low, high) of the chunk of depth from row ``k0``: its clamp the product's on the last chunk,
+    none before (the partial sums stay unclamped)."""
+    size = min(chunk, depth - k0)
+    if k0 + size >= depth:
+        return size, low, high
+    return size, np.float32(-np.inf), np.float32(np.inf)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
