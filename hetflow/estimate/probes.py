@@ -505,6 +505,13 @@ def catalogue() -> list[Probe]:
         Probe("fc 1024 -> 64 b16", fully_connected(16, 1024, 64)),
         Probe("fc 2048 -> 512 relu b16", fully_connected(16, 2048, 512, relu=True)),
         Probe("fc 512 -> 256 relu b16", fully_connected(16, 512, 256, relu=True)),
+        # The same as the small networks' batch runs split them, spinning (``DENSE_SPIN_MARK``): there the
+        # dense kernel shares its columns out at any size, and LeNet's 800 -> 500 ran in half the time.
+        Probe("fc 800 -> 500 relu b16 spin", fully_connected(16, 800, 500, relu=True), spin=True, hold_blas=True),
+        Probe("fc 1024 -> 64 b16 spin", fully_connected(16, 1024, 64), spin=True, hold_blas=True),
+        Probe("fc 2048 -> 512 relu b16 spin", fully_connected(16, 2048, 512, relu=True), spin=True, hold_blas=True),
+        Probe("fc 512 -> 256 relu b16 spin", fully_connected(16, 512, 256, relu=True), spin=True, hold_blas=True),
+        Probe("fc 64 -> 10 b16 spin", fully_connected(16, 64, 10), spin=True, hold_blas=True),
         # LRN and BatchNormalization as batch-1 runs split them, on the spinning pool.
         Probe("lrn 96x55 spin", lrn(96, 55), spin=True, hold_blas=True),
         Probe("lrn 192x56 spin", lrn(192, 56), spin=True, hold_blas=True),

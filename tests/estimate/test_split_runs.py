@@ -255,15 +255,23 @@ def test_the_compiled_lstm_scratch_counts_every_driver_and_output(batch, pool_he
 def test_layers_a_spinning_run_splits_have_keys_of_their_own(quick_profile):
     """lenet spins (``executor.spins``) at batch 1 and 16. At batch 1 its direct Convs, pools and fully
     connected layers are predicted from the ``@spin`` models; at 16 its direct Convs (each image a share)
-    and pools from the ``@spin-batch`` ones, and its fully connected layers run the dense kernel
-    (``@own``)."""
-    from hetflow.estimate.predict import OWN_GEMM_MARK, SPIN_BATCH_MARK, SPIN_MARK, key_algorithm, spin_run
+    and pools from the ``@spin-batch`` ones, and its fully connected layers run the dense kernel, shared
+    out on the pool (``@own-spin``; ``@own`` where a run does not spin)."""
+    from hetflow.estimate.predict import (
+        DENSE_SPIN_MARK,
+        OWN_GEMM_MARK,
+        SPIN_BATCH_MARK,
+        SPIN_MARK,
+        key_algorithm,
+        spin_run,
+        unmarked,
+    )
     from hetflow.runtime.executor import spins
 
     session = InferenceSession("zoo:lenet")
     expected = {
         1: {"Conv/direct_fma@spin", "MaxPool/default@spin", "Gemm/default@spin"},
-        16: {"Conv/direct_fma@spin-batch", "MaxPool/default@spin-batch", "Gemm/default@own"},
+        16: {"Conv/direct_fma@spin-batch", "MaxPool/default@spin-batch", "Gemm/default@own-spin"},
     }
     for batch in (1, 16):
         plan = session.plan_for(batch_bindings(session.graph, batch))
@@ -271,13 +279,14 @@ def test_layers_a_spinning_run_splits_have_keys_of_their_own(quick_profile):
         assert spin_run(quick_profile, plan, batch, None) is spinning
         report = estimate(session, quick_profile, batch)
         assert all("@" not in layer.algorithm for layer in report.layers)  # reports name algorithms
-        marks = (SPIN_MARK, SPIN_BATCH_MARK, OWN_GEMM_MARK)
+        marks = (SPIN_MARK, SPIN_BATCH_MARK, OWN_GEMM_MARK, DENSE_SPIN_MARK)
         keys = {key for key in _keys(session, quick_profile, batch) if key.endswith(marks)}
         if spinning:
             assert keys == expected[batch]
         else:
-            assert not any(key.endswith((SPIN_MARK, SPIN_BATCH_MARK)) for key in keys)
+            assert not any(key.endswith((SPIN_MARK, SPIN_BATCH_MARK, DENSE_SPIN_MARK)) for key in keys)
     assert key_algorithm("Conv/direct_fma" + SPIN_MARK) == "direct_fma"
+    assert unmarked("Gemm/default" + DENSE_SPIN_MARK) == "Gemm/default"
     assert key_algorithm("Conv/direct_fma" + SPIN_BATCH_MARK) == "direct_fma"
 
 
@@ -398,6 +407,24 @@ def test_pointwise_layers_on_the_own_gemm_have_a_key_of_their_own(channels, side
     assert layer_key(node, kernel, graph, spinning=True) == split_key
     assert layer_key(node, kernel, graph) == "Conv/pointwise"
     assert key_algorithm(split_key) == "pointwise"
+
+
+def test_a_batch_on_the_dense_kernel_is_keyed_by_whether_the_run_spins():
+    """A fully connected layer at batch 16 runs on the dense kernel: a spinning run shares its columns out
+    at any size (``@own-spin``); elsewhere LeNet's 800 -> 500 runs on one thread (``@own``)."""
+    from hetflow.devices.cpu import CPUDevice
+    from hetflow.estimate.predict import DENSE_SPIN_MARK, OWN_GEMM_MARK, layer_key
+    from hetflow.estimate.probes import fully_connected
+    from hetflow.frontends import load_model
+    from hetflow.passes.manager import optimize
+    from hetflow.runtime.planner import input_infos
+
+    graph = optimize(load_model(fully_connected(16, 800, 500, relu=True)()))
+    node = graph.nodes[0]
+    kernel = CPUDevice().kernels.lookup(node, input_infos(graph, node))
+    assert layer_key(node, kernel, graph, spinning=True) == "Gemm/default" + DENSE_SPIN_MARK
+    assert layer_key(node, kernel, graph) == "Gemm/default" + OWN_GEMM_MARK
+    assert layer_key(node, kernel, graph, split=True) == "Gemm/default" + OWN_GEMM_MARK
 
 
 @pytest.mark.parametrize(("kernels", "channels", "kernel", "batch", "mark"), [
