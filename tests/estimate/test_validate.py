@@ -47,6 +47,25 @@ def test_layer_timing_follows_the_plan_for_the_batch(lenet):
     assert model_seconds(lenet, feeds, min_runs=2, budget=0.0) > 0
 
 
+def test_validate_keeps_each_layers_faster_pass(lenet, quick_profile, monkeypatch):
+    """The layers are timed in two passes, around the whole model's timing; each keeps its faster one."""
+    from hetflow.estimate import validate as validation
+
+    names = [step.node.name for step in lenet.plan_for({"N": 2}).steps]
+    passes = iter([
+        {name: (1e-3 if index % 2 else 3e-3) for index, name in enumerate(names)},
+        {name: 2e-3 for name in names},
+    ])
+    order: list[str] = []
+    monkeypatch.setattr(validation, "layer_seconds", lambda *a, **k: order.append("layers") or next(passes))
+    monkeypatch.setattr(validation, "model_seconds", lambda *a, **k: order.append("model") or 5e-3)
+    result = validate(estimate(lenet, quick_profile, batch=2), lenet, memory=False)
+    assert order == ["layers", "model", "layers"]
+    assert result.measured_ms == pytest.approx(5.0)
+    for index, layer in enumerate(result.layers):
+        assert layer.measured_ms == pytest.approx(1.0 if index % 2 else 2.0), layer.name
+
+
 def test_validate_refuses_feeds_of_another_batch(lenet, quick_profile):
     result = estimate(lenet, quick_profile, batch=2)
     with pytest.raises(ValueError, match="batch 2"):
