@@ -134,7 +134,8 @@ def winograd_unsupported(spec: WindowSpec, group: int) -> str | None:
 #: by column pairs), direct / im2col ms: 3x3/2 3 -> 64 (SqueezeNet) 0.254 / 0.304, 3 -> 32 (MobileNet v2,
 #: its Clip a job after) 0.203 / 0.207, 3 -> 24 (ShuffleNet, 3 blocks over 2 threads) 0.146 / 0.161;
 #: whole runs, direct / im2col (``benchmarks/ab_choice.py --off _direct_takes_strided --runs 600``):
-#: squeezenet 0.974-0.987, mobilenetv2 1.03-1.04, shufflenet 1.00-1.01. 7x7/2 3 -> 64: 1.23 / 0.84.
+#: squeezenet 0.974-0.987, mobilenetv2 1.03-1.04, shufflenet 1.00-1.01. 7x7/2 3 -> 64: 1.23 / 0.84. With
+#: MobileNet v2's Clip in the direct kernels' copy-out (2026-12-06, s51) its whole run tied (1.004, 1.001).
 IM2COL_STEM_MAX_TAPS = 9
 #: Kernels from which one image's 3x3 stem runs direct all the same (``IM2COL_STEM_MAX_TAPS``).
 DIRECT_STEM_MIN_KERNELS = 64

@@ -14,6 +14,7 @@ from hetflow.devices.cpu.kernels import (
     jit_direct_grad,
     jit_direct_lanes,
 )
+from hetflow.devices.cpu.kernels.jit_direct import NO_BOUNDS, RELU_BOUNDS
 from hetflow.ops.activation import FusedActivation
 from hetflow.ops.conv import ConvAttrs, conv_window
 from hetflow.ops.spatial import Geometry, geometry
@@ -55,7 +56,7 @@ def test_conv2d_matches_the_direct_sum(monkeypatch, threads, attrs, x_shape, w_s
     x, w, b = _float32(x_shape, w_shape, w_shape[:1])
     expected = direct_conv(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), attrs)
     y = np.full(expected.shape, np.nan, np.float32)
-    found = jit_direct.conv2d(x, w, b, _geometry(attrs, x_shape, w_shape), False, y)
+    found = jit_direct.conv2d(x, w, b, _geometry(attrs, x_shape, w_shape), NO_BOUNDS, y)
     assert found is y
     assert _relative_error(y, expected) < 1e-5
 
@@ -65,7 +66,7 @@ def test_conv2d_relu_and_no_bias(attrs, x_shape, w_shape):
     x, w = _float32(x_shape, w_shape)
     expected = np.maximum(direct_conv(x.astype(np.float64), w.astype(np.float64), None, attrs), 0)
     assert 0 < (expected > 0).mean() < 1
-    y = jit_direct.conv2d(x, w, None, _geometry(attrs, x_shape, w_shape), True, np.empty(expected.shape, np.float32))
+    y = jit_direct.conv2d(x, w, None, _geometry(attrs, x_shape, w_shape), RELU_BOUNDS, np.empty(expected.shape, np.float32))
     assert _relative_error(y, expected) < 1e-5
     assert (y >= 0).all()
 
@@ -76,7 +77,7 @@ def test_conv2d_reads_x_through_the_mask():
     masked = (x * (mask > 0)).astype(np.float64)
     expected = direct_conv(masked, w.astype(np.float64), None, attrs)
     y = jit_direct.conv2d(
-        x, w, None, _geometry(attrs, x_shape, w_shape), False, np.empty(expected.shape, np.float32), mask=mask
+        x, w, None, _geometry(attrs, x_shape, w_shape), NO_BOUNDS, np.empty(expected.shape, np.float32), mask=mask
     )
     assert _relative_error(y, expected) < 1e-5
 
@@ -174,7 +175,7 @@ def test_small_layers_stay_on_one_thread(monkeypatch):
     attrs, x_shape, w_shape = ConvAttrs(), (1, 1, 28, 28), (20, 1, 5, 5)
     x, w, b = _float32(x_shape, w_shape, w_shape[:1])
     y = np.empty((1, 20, 24, 24), np.float32)
-    jit_direct.conv2d(x, w, b, _geometry(attrs, x_shape, w_shape), False, y)
+    jit_direct.conv2d(x, w, b, _geometry(attrs, x_shape, w_shape), NO_BOUNDS, y)
     assert parts == [1]
     expected = direct_conv(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), attrs)
     assert _relative_error(y, expected) < 1e-5
@@ -189,3 +190,56 @@ def test_computed_products_count_the_dropped_work():
     assert jit_direct.computed_products(2, 20, 50, geom) == 2 * 96 * 56 * 20 * 25
     # The lanes variant: 64 pixels (whole blocks of 8) and 50 kernels in 2 blocks of 32.
     assert jit_direct_lanes.computed_products(2, 20, 50, geom) == 2 * 64 * 64 * 20 * 25
+
+
+@pytest.mark.parametrize("bounds", [NO_BOUNDS, RELU_BOUNDS, (np.float32(0.0), np.float32(6.0)),
+                                    (np.float32(-1.5e-3), np.float32(-0.0)), (np.float32(-3.0), np.float32(2.5e38))])
+def test_bounds_round_trip_through_a_job_word(bounds):
+    """A share job carries its bounds as one int64 of its argument block, both float32s bit for bit."""
+    word = jit_direct.bounds_word(bounds)
+    assert isinstance(word, int) and -(2**63) <= word < 2**63
+    low, high = jit_direct.word_bounds(np.int64(word))
+    assert np.float32(low).tobytes() == np.float32(bounds[0]).tobytes()
+    assert np.float32(high).tobytes() == np.float32(bounds[1]).tobytes()
+
+
+@pytest.mark.parametrize("fused", [
+    FusedActivation("Clip", alpha=0.0, beta=6.0),  # MobileNet v2's ReLU6
+    FusedActivation("Clip", alpha=-0.25, beta=0.5),
+    FusedActivation("Relu"),
+    FusedActivation("LeakyRelu", alpha=0.1),
+], ids=["relu6", "clip", "relu", "leaky"])  # fmt: skip
+@pytest.mark.parametrize(("variant", "strides", "pads", "x_shape"), [
+    ("jit_direct_phases", (2, 2), (1, 1, 1, 1), (1, 3, 33, 33)),
+    ("jit_direct_same", (1, 1), (1, 1, 1, 1), (2, 5, 9, 13)),
+    ("jit_direct", (1, 1), (0, 0, 0, 0), (2, 5, 9, 13)),
+    ("jit_direct_lanes", (1, 1), (0, 0, 0, 0), (1, 64, 7, 7)),
+])  # fmt: skip
+def test_a_fused_clip_is_clamped_in_the_copy_out(fused, variant, strides, pads, x_shape):
+    """Each direct variant clamps Y to a fused Relu's or Clip's bounds as it copies it out: a captured run
+    replays one job (a LeakyRelu, which no copy-out applies, a second over Y), and Y is the clamped sum."""
+    from hetflow.devices.cpu import CPUDevice, spin_pool, threads
+    from hetflow.graph import Node
+    from hetflow.ops.base import array_infos
+
+    attrs = ConvAttrs(kernel_shape=(3, 3), pads=pads, strides=strides, fused=fused)
+    x, w, b = _float32(x_shape, (32, x_shape[1], 3, 3), (32,))
+    x *= 4  # so that outputs pass both of the clips' bounds
+    plain = direct_conv(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), attrs)
+    if fused.op_type == "LeakyRelu":
+        expected = np.where(plain < 0, plain * fused.alpha, plain)
+    else:
+        expected = np.clip(plain, fused.alpha if fused.op_type == "Clip" else 0.0,
+                           fused.beta if fused.op_type == "Clip" else np.inf)  # fmt: skip
+    assert (plain < expected.min()).any() or fused.op_type == "LeakyRelu"
+    chosen = jit_direct_lanes.variant(geometry(conv_window(attrs, w.shape), x_shape[2:]), 32)
+    assert chosen.__name__.rsplit(".", 1)[1] == variant
+    node = Node("Conv", "conv", ["x", "w", "b"], ["y"], attrs)
+    kernel = next(k for k in CPUDevice().kernels.kernels["Conv"] if k.algorithm == "direct_fma")
+    target = np.full(expected.shape, np.nan, np.float32)
+    call = kernel.bind(node, array_infos([x, w, b]), [target], np.empty(1 << 22, np.uint8))
+    with threads.own_threads(2, spin=True):
+        outputs, jobs = call.capture([x, w, b])
+        assert outputs[0] is target and len(jobs) == (2 if fused.op_type == "LeakyRelu" else 1)
+        spin_pool.replay_on(spin_pool.JobScript(jobs), threads.spinning())
+    assert np.abs(target - expected).max() / np.abs(plain).max() < 1e-5

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hetflow.devices.cpu.kernels import jit_direct, jit_direct_lanes
+from hetflow.devices.cpu.kernels.jit_direct import NO_BOUNDS, RELU_BOUNDS
 from hetflow.ops.conv import ConvAttrs
 from tests.kernels.test_conv_train import direct_conv
 from tests.kernels.test_jit_direct import CASES, IDS, _float32, _geometry, _relative_error
@@ -24,7 +25,7 @@ def test_conv2d_matches_the_direct_sum(monkeypatch, threads, attrs, x_shape, w_s
     x, w, b = _float32(x_shape, w_shape, w_shape[:1])
     expected = direct_conv(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), attrs)
     y = np.full(expected.shape, np.nan, np.float32)
-    found = jit_direct_lanes.conv2d(x, w, b, _geometry(attrs, x_shape, w_shape), False, y)
+    found = jit_direct_lanes.conv2d(x, w, b, _geometry(attrs, x_shape, w_shape), NO_BOUNDS, y)
     assert found is y
     assert _relative_error(y, expected) < 1e-5
 
@@ -37,9 +38,9 @@ def test_conv2d_relu_mask_and_no_bias(attrs, x_shape, w_shape):
     masked = (x * (mask > 0)).astype(np.float64)
     expected = np.maximum(direct_conv(masked, w.astype(np.float64), None, attrs), 0)
     assert 0 < (expected > 0).mean() < 1
-    y = jit_direct_lanes.conv2d(x, w, None, geom, True, np.empty(expected.shape, np.float32), mask=mask)
+    y = jit_direct_lanes.conv2d(x, w, None, geom, RELU_BOUNDS, np.empty(expected.shape, np.float32), mask=mask)
     assert _relative_error(y, expected) < 1e-5 and (y >= 0).all()
-    flat = jit_direct.conv2d(x, w, None, geom, True, np.empty(expected.shape, np.float32), mask=mask)
+    flat = jit_direct.conv2d(x, w, None, geom, RELU_BOUNDS, np.empty(expected.shape, np.float32), mask=mask)
     np.testing.assert_array_equal(y, flat)
 
 

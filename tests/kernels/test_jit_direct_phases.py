@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from hetflow import InferenceSession
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import jit_direct, jit_direct_lanes, jit_direct_phases
+from hetflow.devices.cpu.kernels.jit_direct import NO_BOUNDS, RELU_BOUNDS, bounds_of
 from hetflow.devices.cpu.threads import own_threads, spinning
 from hetflow.ops.conv import (
     DIRECT_FMA,
@@ -56,25 +57,28 @@ def test_conv2d_matches_the_direct_sum(monkeypatch, threads, attrs, x_shape, w_s
     geom = _geometry(attrs, x_shape, w_shape)
     assert jit_direct_lanes.variant(geom, w_shape[0]) is jit_direct_phases
     y = np.full(expected.shape, np.nan, np.float32)
-    assert jit_direct_phases.conv2d(x, w, b, geom, False, y) is y
+    assert jit_direct_phases.conv2d(x, w, b, geom, NO_BOUNDS, y) is y
     assert _relative_error(y, expected) < 1e-5
 
 
+@pytest.mark.parametrize("bounds", [RELU_BOUNDS, bounds_of(-0.5, 0.5)], ids=["relu", "clip"])
 @pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), CASES[:3], ids=IDS[:3])
-def test_bound_calls_one_part_and_shared_blocks(attrs, x_shape, w_shape):
+def test_bound_calls_one_part_and_shared_blocks(attrs, x_shape, w_shape, bounds):
     """The prepared calls: one thread over every image, and one image's kernel blocks shared out on
-    numba's threads and on a spinning pool (each share fills its own phase planes); with a fused Relu."""
+    numba's threads and on a spinning pool (each share fills its own phase planes); with a fused Relu or
+    Clip, clamped as the products are copied out."""
     x, w, b, expected = _case(attrs, (1, *x_shape[1:]), w_shape)
-    expected = np.maximum(expected, 0)
+    scale = float(np.abs(expected).max())  # the products' own: a clipped max would hide their rounding
+    expected = np.clip(expected, *bounds)
     geom = _geometry(attrs, x.shape, w_shape)
     kernels = w_shape[0]
     buffers = jit_direct.PartBuffers.allocate(3, jit_direct_phases.buffer_shapes(x.shape[1], kernels, geom))
     wt = jit_direct.blocked_weights(w)
     results = []
     y = np.full(expected.shape, np.nan, np.float32)
-    jit_direct_phases.bind_one_part(x.shape, kernels, geom, True, buffers)(x, wt, b, y)
+    jit_direct_phases.bind_one_part(x.shape, kernels, geom, bounds, buffers)(x, wt, b, y)
     results.append(y)
-    split = jit_direct_phases.bind_block_split(x.shape, kernels, geom, True, buffers)
+    split = jit_direct_phases.bind_block_split(x.shape, kernels, geom, bounds, buffers)
     y = np.full(expected.shape, np.nan, np.float32)
     split(x, wt, b, y, 3)
     results.append(y)
@@ -85,7 +89,7 @@ def test_bound_calls_one_part_and_shared_blocks(attrs, x_shape, w_shape):
         split(x, wt, b, y, 2, pool)
         results.append(y)
     for y in results:
-        assert _relative_error(y, expected) < 1e-5
+        assert np.abs(y - expected).max() / scale < 1e-5 and (y >= bounds[0]).all() and (y <= bounds[1]).all()
 
 
 @pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), CASES, ids=IDS)

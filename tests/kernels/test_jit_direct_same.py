@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from hetflow import InferenceSession
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import jit_direct, jit_direct_lanes, jit_direct_same
+from hetflow.devices.cpu.kernels.jit_direct import NO_BOUNDS, RELU_BOUNDS, bounds_of
 from hetflow.devices.cpu.threads import own_threads, spinning
 from hetflow.ops.conv import DIRECT_FMA, ConvAttrs
 from tests.kernels.test_conv_train import direct_conv
@@ -52,26 +53,28 @@ def test_conv2d_matches_the_direct_sum(monkeypatch, threads, attrs, x_shape, w_s
     # One guard plane past Y: a store past its last position would land there.
     guarded = np.full((expected.size + 64,), np.nan, np.float32)
     y = guarded[: expected.size].reshape(expected.shape)
-    assert jit_direct_same.conv2d(x, w, b, geom, False, y) is y
+    assert jit_direct_same.conv2d(x, w, b, geom, NO_BOUNDS, y) is y
     assert _relative_error(y, expected) < 1e-5
     assert np.isnan(guarded[expected.size :]).all()
 
 
+@pytest.mark.parametrize("bounds", [RELU_BOUNDS, bounds_of(-0.5, 0.5)], ids=["relu", "clip"])
 @pytest.mark.parametrize(("attrs", "x_shape", "w_shape"), CASES[:3] + CASES[-1:], ids=IDS[:3] + IDS[-1:])
-def test_bound_calls_one_part_and_shared_blocks(attrs, x_shape, w_shape):
-    """The prepared calls with a fused Relu, into a Concat's image-strided slice (its other channels left
-    alone): one thread over every image, every image's kernel blocks shared out on numba's threads and on
-    a spinning pool."""
+def test_bound_calls_one_part_and_shared_blocks(attrs, x_shape, w_shape, bounds):
+    """The prepared calls with a fused Relu or Clip, into a Concat's image-strided slice (its other
+    channels left alone): one thread over every image, every image's kernel blocks shared out on numba's
+    threads and on a spinning pool."""
     x, w, b, expected = _case(attrs, x_shape, w_shape)
-    expected = np.maximum(expected, 0)
+    scale = float(np.abs(expected).max())  # the products' own: a clipped max would hide their rounding
+    expected = np.clip(expected, *bounds)
     geom = _geometry(attrs, x_shape, w_shape)
     kernels = w_shape[0]
     buffers = jit_direct.PartBuffers.allocate(4, jit_direct_same.buffer_shapes(x_shape[1], kernels, geom))
     wt = jit_direct.blocked_weights(w)
     concats = [np.full((x_shape[0], kernels + 3, *expected.shape[2:]), np.nan, np.float32) for _ in range(3)]
     results = [concat[:, 2 : 2 + kernels] for concat in concats]
-    jit_direct_same.bind_one_part(x.shape, kernels, geom, True, buffers)(x, wt, b, results[0])
-    split = jit_direct_same.bind_block_split(x.shape, kernels, geom, True, buffers)
+    jit_direct_same.bind_one_part(x.shape, kernels, geom, bounds, buffers)(x, wt, b, results[0])
+    split = jit_direct_same.bind_block_split(x.shape, kernels, geom, bounds, buffers)
     split(x, wt, b, results[1], 4)
     with own_threads(2, spin=True):
         pool = spinning()
@@ -80,7 +83,7 @@ def test_bound_calls_one_part_and_shared_blocks(attrs, x_shape, w_shape):
     for concat in concats:
         assert np.isnan(concat[:, :2]).all() and np.isnan(concat[:, 2 + kernels :]).all()
     for y in results:
-        assert _relative_error(y, expected) < 1e-5 and (y >= 0).all()
+        assert np.abs(y - expected).max() / scale < 1e-5 and (y >= bounds[0]).all() and (y <= bounds[1]).all()
 
 
 def test_relu_keeps_nan_and_no_bias_is_zero():
@@ -90,7 +93,7 @@ def test_relu_keeps_nan_and_no_bias_is_zero():
     x, w, _, _ = _case(attrs, x_shape, w_shape)
     x[0, 0, 4, 6] = np.nan
     geom = _geometry(attrs, x_shape, w_shape)
-    y = jit_direct_same.conv2d(x, w, None, geom, True, np.empty((x_shape[0], w_shape[0], *x_shape[2:]), np.float32))
+    y = jit_direct_same.conv2d(x, w, None, geom, RELU_BOUNDS, np.empty((x_shape[0], w_shape[0], *x_shape[2:]), np.float32))
     assert np.isnan(y[0, :, 3:6, 5:8]).all() and not np.isnan(y[1]).any()
     clean = np.nan_to_num(x.astype(np.float64))
     expected = np.maximum(direct_conv(clean, w.astype(np.float64), None, attrs), 0)
@@ -104,8 +107,8 @@ def test_a_relu_mask_on_x_goes_to_the_flat_kernel():
     x, w, mask = (RNG.standard_normal(shape).astype(np.float32) for shape in (x_shape, w_shape, x_shape))
     geom = _geometry(attrs, x_shape, w_shape)
     out_shape = (x_shape[0], w_shape[0], *x_shape[2:])
-    found = jit_direct_same.conv2d(x, w, None, geom, False, np.empty(out_shape, np.float32), mask=mask)
-    flat = jit_direct.conv2d(x, w, None, geom, False, np.empty(out_shape, np.float32), mask=mask)
+    found = jit_direct_same.conv2d(x, w, None, geom, NO_BOUNDS, np.empty(out_shape, np.float32), mask=mask)
+    flat = jit_direct.conv2d(x, w, None, geom, NO_BOUNDS, np.empty(out_shape, np.float32), mask=mask)
     np.testing.assert_array_equal(found, flat)
 
 

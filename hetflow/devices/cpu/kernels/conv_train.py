@@ -128,7 +128,8 @@ def conv_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, attrs: C
     layout = conv_layout(attrs, x.shape, w.shape, x.itemsize)
     if _direct(layout, x.dtype):
         y = step_empty((layout.batch, layout.kernels, *layout.geom.out), x.dtype)
-        return jit_direct_lanes.direct_conv2d(x, w, bias, layout.geom, relu, y)
+        bounds = jit_direct.RELU_BOUNDS if relu else jit_direct.NO_BOUNDS
+        return jit_direct_lanes.direct_conv2d(x, w, bias, layout.geom, bounds, y)
     y = step_empty((layout.batch, layout.kernels, layout.positions), x.dtype)
     if _position_major(layout, x.dtype):
         _over_images(_position_major_forward(x, w, bias, relu, layout, y), layout)
@@ -249,7 +250,7 @@ def conv_backward(
         gradient_geom = jit_direct.input_gradient_geometry(layout.geom)
         if gradient_geom is not None:
             dx = jit_direct_lanes.direct_conv2d(
-                dy, jit_direct.flipped_weights(w), None, gradient_geom, False, step_empty(x.shape, x.dtype), mask=y
+                dy, jit_direct.flipped_weights(w), None, gradient_geom, jit_direct.NO_BOUNDS, step_empty(x.shape, x.dtype), mask=y
             )
             want_x = False
     if want_w and _direct(layout, x.dtype):

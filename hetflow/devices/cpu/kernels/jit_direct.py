@@ -13,8 +13,8 @@ of the first and the left padding of the second. Output position q = ``oy * widt
 (i, j) at
 ``q + i*dh*width + j*dw``: every tap of 16 consecutive positions is one contiguous vector load, and the
 columns past OW (``width - OW`` of each row) are computed and dropped when the planes are copied out
-(``crop_products``, which also adds the bias and applies a Relu). So any map size, padding and
-dilation run one loop, and no layout other than NCHW appears.
+(``crop_products``, which also adds the bias and clamps to a fused Relu's or Clip's bounds). So any map
+size, padding and dilation run one loop, and no layout other than NCHW appears.
 
 The product (``_fma_block``): ``POSITION_VECTORS`` vectors of 16 positions times ``KERNEL_BLOCK``
 kernels are 16 accumulators, held in registers across the whole reduction over channels and taps;
@@ -44,6 +44,7 @@ from numba.extending import intrinsic
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels.buffers import flat_images
+from hetflow.devices.cpu.kernels.jit_math import float32_from_bits
 from hetflow.devices.cpu.spin_pool import (
     Job,
     SpinPool,
@@ -64,6 +65,31 @@ POSITION_VECTORS = 2
 KERNEL_BLOCK = 8
 #: Output positions per block.
 BLOCK_POSITIONS = lv.LANES * POSITION_VECTORS
+
+
+#: (low, high) a direct Conv clamps its outputs to as it copies them out: no activation (``NO_BOUNDS``), a
+#: Relu (``RELU_BOUNDS``) or a Clip's (``bounds_of``). Float32 both, so the compiled loops compare in float32.
+Bounds = tuple[np.float32, np.float32]
+NO_BOUNDS: Bounds = (np.float32(-np.inf), np.float32(np.inf))
+RELU_BOUNDS: Bounds = (np.float32(0.0), np.float32(np.inf))
+
+
+def bounds_of(low: float, high: float) -> Bounds:
+    """``Bounds`` from two numbers (``own_gemm.clamp_bounds``' pair)."""
+    return np.float32(low), np.float32(high)
+
+
+def bounds_word(bounds: Bounds) -> int:
+    """``bounds`` as one int64 of a share job's argument block: low's float32 bits, then high's above them
+    (``word_bounds`` reads them back)."""
+    low, high = (int(np.float32(v).view(np.uint32)) for v in bounds)
+    return int(np.uint64(low | (high << 32)).view(np.int64))
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def word_bounds(word):  # noqa: ANN001, ANN201
+    """The ``Bounds`` that ``bounds_word`` packed into ``word``."""
+    return float32_from_bits(word), float32_from_bits(word >> 32)
 
 
 #: Positions the computed span is rounded up to: a span of an odd number of vectors ends in a block of
@@ -321,13 +347,13 @@ def conv2d(
     w: np.ndarray,
     bias: np.ndarray | None,
     geom: Geometry,
-    relu: bool,
+    bounds: Bounds,
     y: np.ndarray,
     mask: np.ndarray | None = None,
     wt: np.ndarray | None = None,
     buffers: PartBuffers | None = None,
 ) -> np.ndarray:
-    """``y = W * X + B`` (then ``max(y, 0)`` when ``relu``) for X ``[N, C, H, W]`` and W ``[K, C, kh, kw]``
+    """``y = W * X + B``, clamped to ``bounds``, for X ``[N, C, H, W]`` and W ``[K, C, kh, kw]``
     float32, C-contiguous; ``y`` ``[N, K, OH, OW]`` float32 with C-contiguous images.
 
     ``mask``: an array of X's shape; X is then read as ``X * (mask > 0)`` (a Relu's backward, applied as
@@ -347,7 +373,7 @@ def conv2d(
 
         def images(part: int) -> None:
             first, last = batch * part // threads, batch * (part + 1) // threads
-            _images(x, call.mask, call.masking, first, last, pads, layout.width, offsets, wt, call.bias, relu, y,
+            _images(x, call.mask, call.masking, first, last, pads, layout.width, offsets, wt, call.bias, bounds, y,
                     buffers.planes[part], buffers.products[part])  # fmt: skip
 
         parallel_for(images, threads, threads)
@@ -364,7 +390,7 @@ def conv2d(
         first, last = blocks * share // shares, blocks * (share + 1) // shares
         yb = buffers.products[part][: (last - first) * KERNEL_BLOCK]
         multiply_blocks(xp[image], layout.plane, offsets, wt, first, last, layout.span, yb)
-        crop_products(yb, first * KERNEL_BLOCK, layout.width, call.bias, relu, y[image])
+        crop_products(yb, first * KERNEL_BLOCK, layout.width, call.bias, bounds, y[image])
 
     parallel_for(kernel_blocks, batch * shares, threads)
     return y
@@ -406,7 +432,7 @@ def chunk_parts(total, chunk, chunks):  # noqa: ANN001, ANN201
 
 
 def bind_one_part(
-    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, bounds: Bounds, buffers: PartBuffers
 ) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]:
     """``conv2d`` without a mask, on one thread, bound to X's shape and the scratch's first part:
     ``run(x, wt, bias, y)`` (``wt`` blocked, ``bias`` float32) computes every image into ``y`` with its
@@ -415,7 +441,7 @@ def bind_one_part(
     batch, planes, products = int(x_shape[0]), buffers.planes[0], buffers.products[0]
 
     def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray) -> None:
-        _images(x, x, False, 0, batch, pads, width, offsets, wt, bias, relu, y, planes, products)
+        _images(x, x, False, 0, batch, pads, width, offsets, wt, bias, bounds, y, planes, products)
 
     return run
 
@@ -449,7 +475,7 @@ def share_job(
 
 
 def bind_block_split(
-    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, bounds: Bounds, buffers: PartBuffers
 ) -> BlockSplit:
     """``conv2d`` without a mask, each image's kernel blocks shared out over ``parts`` parts of
     ``buffers``: the parts run by numba's threads (``_split_blocks``, a batch smaller than the threads,
@@ -463,13 +489,13 @@ def bind_block_split(
         shares = block_shares(parts, batch, buffers)
         assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
         images = output_images(y)
-        _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, images.flat, images.stride, images.shape,
+        _split_blocks(shares, x, pads, width, offsets, wt, bias, bounds, images.flat, images.stride, images.shape,
                       buffers.planes, buffers.products)  # fmt: skip
 
     def job(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> Job:
         shares = block_shares(parts, batch, buffers)
         images = output_images(y)
-        return share_job(_share_address(), (shares, int(relu), *pads, width, *images.numbers), x, (offsets,), wt,
+        return share_job(_share_address(), (shares, bounds_word(bounds), *pads, width, *images.numbers), x, (offsets,), wt,
                          bias, images.flat, buffers.planes, buffers.products,
                          spin_chunks(parts, batch, shares, buffers))  # fmt: skip
 
@@ -509,15 +535,15 @@ def image_of(flat, stride, shape, image):  # noqa: ANN001, ANN201
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _split_blocks(shares, x, pads, width, offsets, wt, bias, relu, y_flat, y_stride, y_shape, planes, products):  # noqa: ANN001
+def _split_blocks(shares, x, pads, width, offsets, wt, bias, bounds, y_flat, y_stride, y_shape, planes, products):  # noqa: ANN001
     """Every image's kernel blocks in ``shares`` shares (``_share``), the parts run by numba's threads."""
     for part in numba.prange(x.shape[0] * shares):
-        _share(part, shares, x, pads, width, offsets, wt, bias, relu, y_flat, y_stride, y_shape, planes[part],
+        _share(part, shares, x, pads, width, offsets, wt, bias, bounds, y_flat, y_stride, y_shape, planes[part],
                products[part])  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True)
-def _share(part, shares, x, pads, width, offsets, wt, bias, relu, y_flat, y_stride, y_shape, xp, products):  # noqa: ANN001
+def _share(part, shares, x, pads, width, offsets, wt, bias, bounds, y_flat, y_stride, y_shape, xp, products):  # noqa: ANN001
     """Part ``part``: image ``part // shares``, its kernel-block share ``part % shares``, padding into
     ``xp`` and multiplying into ``products`` (one part of the scratch); Y as ``OutputImages``."""
     blocks = wt.shape[0]
@@ -526,7 +552,7 @@ def _share(part, shares, x, pads, width, offsets, wt, bias, relu, y_flat, y_stri
     pad_image(x, x, False, image, pads, width, xp)
     yb = products[: (last - first) * KERNEL_BLOCK]
     multiply_blocks(xp, xp.shape[1], offsets, wt, first, last, yb.shape[1], yb)
-    crop_products(yb, first * KERNEL_BLOCK, width, bias, relu, image_of(y_flat, y_stride, y_shape, image))
+    crop_products(yb, first * KERNEL_BLOCK, width, bias, bounds, image_of(y_flat, y_stride, y_shape, image))
 
 
 #: Slots of a direct Conv share job's argument block (``pack_share``): 9 numbers (5 of the variant's, then
@@ -542,8 +568,9 @@ X_SLOT = 9
 
 @numba.njit(nogil=True, cache=True)
 def pack_share(block, numbers, x, tables, wt, bias, y_flat, planes, products):  # noqa: ANN001, ANN201
-    """The argument block of a direct Conv share job (``SHARE_BLOCK_SLOTS``): ``numbers`` (shares, relu and
-    three of the variant's, then Y's image stride and image shape, ``OutputImages.numbers``) from slot 0,
+    """The argument block of a direct Conv share job (``SHARE_BLOCK_SLOTS``): ``numbers`` (shares, the
+    bounds as ``bounds_word`` packs them and three of the variant's, then Y's image stride and image
+    shape, ``OutputImages.numbers``) from slot 0,
     then from ``X_SLOT`` X, the int64 ``tables`` (the taps' offsets; the lanes variant's positions first,
     the phases' window first), the weights, the bias, Y's flat memory and the scratch (``put_array`` each)."""
     block[:X_SLOT] = 0
@@ -568,7 +595,7 @@ def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
     first, last = chunk_parts(x.shape[0] * args[0], chunk, chunks)
     for part in range(first, last):
         _share(part, args[0], x, (args[2], args[3]), args[4], int64_1d(args, 14), float32_4d(args, 16),
-               float32_1d(args, 21), args[1] != 0, float32_1d(args, 23), stride, shape, planes[chunk],
+               float32_1d(args, 21), word_bounds(args[1]), float32_1d(args, 23), stride, shape, planes[chunk],
                products[chunk])  # fmt: skip
 
 
@@ -578,14 +605,14 @@ def _share_address() -> int:
 
 
 @numba.njit(nogil=True, cache=True)
-def _images(x, mask, masking, first, last, pads, width, offsets, wt, bias, relu, y, xp, yb):  # noqa: ANN001
+def _images(x, mask, masking, first, last, pads, width, offsets, wt, bias, bounds, y, xp, yb):  # noqa: ANN001
     """Images ``first .. last - 1``: pad their planes into ``xp``, multiply every kernel block into ``yb``,
     crop into ``y``."""
     blocks = wt.shape[0]
     for image in range(first, last):
         pad_image(x, mask, masking, image, pads, width, xp)
         multiply_blocks(xp, xp.shape[1], offsets, wt, 0, blocks, yb.shape[1], yb)
-        crop_products(yb, 0, width, bias, relu, y[image])
+        crop_products(yb, 0, width, bias, bounds, y[image])
 
 
 @numba.njit(nogil=True, cache=True)
@@ -656,13 +683,13 @@ def multiply_blocks(xp, plane, offsets, wt, block_first, block_last, span, yb): 
 
 
 @numba.njit(nogil=True, cache=True)
-def crop_products(yb, kernel_first, width, bias, relu, y_image):  # noqa: ANN001
+def crop_products(yb, kernel_first, width, bias, bounds, y_image):  # noqa: ANN001
     """Planes of ``yb`` (kernel ``kernel_first`` onward, rows ``width`` long) into ``y_image [K, OH, OW]``
-    with the bias added and, when ``relu``, negatives set to 0; blocks' kernels past K are dropped."""
+    with the bias added, clamped to ``bounds``; blocks' kernels past K are dropped."""
     kernels, out_h, out_w = y_image.shape
-    # max() with a floor of -inf when there is no Relu: a branch-free row loop LLVM vectorizes (the
-    # branch per element ran 3-4x slower), and NaN stays NaN as in the Relu op.
-    low = np.float32(0.0) if relu else np.float32(-np.inf)
+    # max() and min() with infinite bounds where there is no activation: a branch-free row loop LLVM
+    # vectorizes (a branch per element ran 3-4x slower), and NaN stays NaN as in the Relu and Clip ops.
+    low, high = bounds
     for k in range(min(yb.shape[0], kernels - kernel_first)):
         kernel = kernel_first + k
         b = bias[kernel]
@@ -670,4 +697,4 @@ def crop_products(yb, kernel_first, width, bias, relu, y_image):  # noqa: ANN001
             products = yb[k, r * width : r * width + out_w]
             row = y_image[kernel, r]
             for c in range(out_w):
-                row[c] = max(products[c] + b, low)
+                row[c] = min(max(products[c] + b, low), high)

@@ -35,10 +35,12 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     IMAGE_STRIDE_SLOT,
     X_SLOT,
     BlockSplit,
+    Bounds,
     OutputImages,
     PartBuffers,
     block_shares,
     blocked_weights,
+    bounds_word,
     call_parts,
     chunk_parts,
     conv_inputs,
@@ -52,6 +54,7 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     share_job,
     spin_chunks,
     split_threads,
+    word_bounds,
 )
 from hetflow.devices.cpu.spin_pool import (
     Job,
@@ -199,7 +202,7 @@ def conv2d(
     w: np.ndarray,
     bias: np.ndarray | None,
     geom: Geometry,
-    relu: bool,
+    bounds: Bounds,
     y: np.ndarray,
     mask: np.ndarray | None = None,
     wt: np.ndarray | None = None,
@@ -232,14 +235,14 @@ def conv2d(
         columns_here = (block_last - block_first) * BLOCK_KERNELS
         yt = buffers.products[part].reshape(-1)[: positions.size * columns_here].reshape(-1, columns_here)
         _images(x, call.mask, call.masking, first, last, call.pads, call.layout.width, positions, call.offsets, wt,
-                block_first, block_last, call.bias, relu, y_planes, buffers.planes[part], yt)  # fmt: skip
+                block_first, block_last, call.bias, bounds, y_planes, buffers.planes[part], yt)  # fmt: skip
 
     parallel_for(run, parts, threads)
     return y
 
 
 def bind_one_part(
-    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, bounds: Bounds, buffers: PartBuffers
 ) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]:
     """``jit_direct.bind_one_part`` for this variant: ``run(x, wt, bias, y)`` (``wt`` blocked by
     ``BLOCK_KERNELS``), one thread, the scratch's first part, Y with C-contiguous images."""
@@ -251,14 +254,14 @@ def bind_one_part(
     yt = buffers.products[0].reshape(-1)[: positions.size * columns_here].reshape(-1, columns_here)
 
     def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray) -> None:
-        _images(x, x, False, 0, batch, pads, width, positions, offsets, wt, 0, blocks, bias, relu,
+        _images(x, x, False, 0, batch, pads, width, positions, offsets, wt, 0, blocks, bias, bounds,
                 y.reshape(batch, kernels, -1), planes, yt)  # fmt: skip
 
     return run
 
 
 def bind_block_split(
-    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, bounds: Bounds, buffers: PartBuffers
 ) -> BlockSplit:
     """``jit_direct.bind_block_split`` for this variant: each image's kernel blocks shared out over
     ``parts`` parts of ``buffers`` (a batch's images on the spinning pool), run by numba's threads or as
@@ -276,13 +279,13 @@ def bind_block_split(
         shares = block_shares(parts, batch, buffers)
         assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
         images = images_of(y)
-        _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, images.flat, images.stride,
+        _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, bounds, images.flat, images.stride,
                       images.shape, buffers.planes, products)  # fmt: skip
 
     def job(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> Job:
         shares = block_shares(parts, batch, buffers)
         images = images_of(y)
-        return share_job(_share_address(), (shares, int(relu), *pads, width, *images.numbers), x,
+        return share_job(_share_address(), (shares, bounds_word(bounds), *pads, width, *images.numbers), x,
                          (positions, offsets), wt, bias, images.flat, buffers.planes, products,
                          spin_chunks(parts, batch, shares, buffers))  # fmt: skip
 
@@ -290,16 +293,16 @@ def bind_block_split(
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, relu, y_flat, y_stride, y_shape, planes,  # noqa: ANN001
+def _split_blocks(shares, x, pads, width, positions, offsets, wt, bias, bounds, y_flat, y_stride, y_shape, planes,  # noqa: ANN001
                   products):  # fmt: skip
     """Every image's kernel blocks in ``shares`` shares (``_share``), the parts run by numba's threads."""
     for part in numba.prange(x.shape[0] * shares):
-        _share(part, shares, x, pads, width, positions, offsets, wt, bias, relu, y_flat, y_stride, y_shape,
+        _share(part, shares, x, pads, width, positions, offsets, wt, bias, bounds, y_flat, y_stride, y_shape,
                planes[part], products[part])  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True)
-def _share(part, shares, x, pads, width, positions, offsets, wt, bias, relu, y_flat, y_stride, y_shape, xp,  # noqa: ANN001
+def _share(part, shares, x, pads, width, positions, offsets, wt, bias, bounds, y_flat, y_stride, y_shape, xp,  # noqa: ANN001
            products):  # fmt: skip
     """Part ``part``: image ``part // shares``, its kernel-block share ``part % shares``, padding into
     ``xp`` and multiplying into ``products`` (one part of the scratch, flat); Y as
@@ -309,7 +312,7 @@ def _share(part, shares, x, pads, width, positions, offsets, wt, bias, relu, y_f
     first, last = blocks * share // shares, blocks * (share + 1) // shares
     columns_here = (last - first) * BLOCK_KERNELS
     yt = products[: positions.shape[0] * columns_here].reshape((positions.shape[0], columns_here))
-    _image(x, x, False, image, pads, width, positions, offsets, wt, first, last, bias, relu,
+    _image(x, x, False, image, pads, width, positions, offsets, wt, first, last, bias, bounds,
            image_of(y_flat, y_stride, y_shape, image), xp, yt)  # fmt: skip
 
 
@@ -321,7 +324,7 @@ def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
     first, last = chunk_parts(x.shape[0] * args[0], chunk, chunks)
     for part in range(first, last):
         _share(part, args[0], x, (args[2], args[3]), args[4], int64_1d(args, 14), int64_1d(args, 16),
-               float32_4d(args, 18), float32_1d(args, 23), args[1] != 0, float32_1d(args, 25), stride, shape,
+               float32_4d(args, 18), float32_1d(args, 23), word_bounds(args[1]), float32_1d(args, 25), stride, shape,
                planes[chunk], products[chunk])  # fmt: skip
 
 
@@ -335,12 +338,12 @@ def direct_conv2d(
     w: np.ndarray,
     bias: np.ndarray | None,
     geom: Geometry,
-    relu: bool,
+    bounds: Bounds,
     y: np.ndarray,
     mask: np.ndarray | None = None,
 ) -> np.ndarray:
     """``jit_direct.conv2d``, or a variant's where it keeps more of its work (``variant``)."""
-    return variant(geom, int(w.shape[0])).conv2d(x, w, bias, geom, relu, y, mask=mask)
+    return variant(geom, int(w.shape[0])).conv2d(x, w, bias, geom, bounds, y, mask=mask)
 
 
 def variant(geom: Geometry, kernels: int) -> ModuleType:
@@ -356,16 +359,16 @@ def variant(geom: Geometry, kernels: int) -> ModuleType:
 
 @numba.njit(nogil=True, cache=True)
 def _images(x, mask, masking, first, last, pads, width, positions, offsets, wt, block_first, block_last,  # noqa: ANN001
-            bias, relu, y, xp, yt):  # fmt: skip
+            bias, bounds, y, xp, yt):  # fmt: skip
     """Images ``first .. last - 1`` (``_image``) into ``y [N, K, P]``."""
     for image in range(first, last):
-        _image(x, mask, masking, image, pads, width, positions, offsets, wt, block_first, block_last, bias, relu,
+        _image(x, mask, masking, image, pads, width, positions, offsets, wt, block_first, block_last, bias, bounds,
                y[image], xp, yt)  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True)
 def _image(x, mask, masking, image, pads, width, positions, offsets, wt, block_first, block_last,  # noqa: ANN001
-           bias, relu, y_image, xp, yt):  # fmt: skip
+           bias, bounds, y_image, xp, yt):  # fmt: skip
     """Image ``image``: pad its planes into ``xp``, multiply kernel blocks ``block_first .. block_last - 1``
     position block by position block into ``yt``, copy the products into ``y_image [K, P]``."""
     channels, plane = xp.shape[0], xp.shape[1]
@@ -381,13 +384,13 @@ def _image(x, mask, masking, image, pads, width, positions, offsets, wt, block_f
             _position_block(flat_x, np.int64(channels), np.int64(plane), positions, np.int64(p), offsets, flat_w,
                             np.int64(block * block_weights), flat_y, np.int64(p * kernels + y_block),
                             np.int64(kernels))  # fmt: skip
-    _planes(yt, block_first * BLOCK_KERNELS, bias, relu, y_image)
+    _planes(yt, block_first * BLOCK_KERNELS, bias, bounds, y_image)
 
 
 @numba.njit(nogil=True, cache=True)
-def _planes(yt, kernel_first, bias, relu, y_image):  # noqa: ANN001
+def _planes(yt, kernel_first, bias, bounds, y_image):  # noqa: ANN001
     """Position-major products ``yt [P', K'']`` (kernel ``kernel_first`` onward) into ``y_image [K, P]``
-    with the bias added and, when ``relu``, negatives set to 0; kernels past K are dropped. Tiles of
+    with the bias added, clamped to ``bounds``; kernels past K are dropped. Tiles of
     COPY_TILE pixels: their position-major rows stay in L1 while every kernel's part of Y is written."""
     kernels = min(yt.shape[1], y_image.shape[0] - kernel_first)
     pixels = y_image.shape[1]
@@ -396,13 +399,12 @@ def _planes(yt, kernel_first, bias, relu, y_image):  # noqa: ANN001
         for k in range(kernels):
             # A constant trip count: the tile's loop is unrolled.
             for p in range(tile, tile + COPY_TILE):
-                y_image[kernel_first + k, p] = _output(yt[p, k], bias[kernel_first + k], relu)
+                y_image[kernel_first + k, p] = _output(yt[p, k], bias[kernel_first + k], bounds)
     for k in range(kernels):
         for p in range(whole, pixels):
-            y_image[kernel_first + k, p] = _output(yt[p, k], bias[kernel_first + k], relu)
+            y_image[kernel_first + k, p] = _output(yt[p, k], bias[kernel_first + k], bounds)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _output(product, bias, relu):  # noqa: ANN001, ANN202
-    value = product + bias
-    return np.float32(0) if relu and value < 0 else value
+def _output(product, bias, bounds):  # noqa: ANN001, ANN202
+    return min(max(product + bias, bounds[0]), bounds[1])

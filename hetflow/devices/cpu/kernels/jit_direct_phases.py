@@ -35,9 +35,11 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     SPAN_POSITIONS,
     X_SLOT,
     BlockSplit,
+    Bounds,
     PartBuffers,
     block_shares,
     blocked_weights,
+    bounds_word,
     call_parts,
     chunk_parts,
     crop_products,
@@ -50,6 +52,7 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     share_job,
     spin_chunks,
     split_threads,
+    word_bounds,
 )
 from hetflow.devices.cpu.spin_pool import Job, float32_1d, float32_3d, float32_4d, int64_1d
 from hetflow.devices.cpu.threads import parallel_for
@@ -115,7 +118,7 @@ def conv2d(
     w: np.ndarray,
     bias: np.ndarray | None,
     geom: Geometry,
-    relu: bool,
+    bounds: Bounds,
     y: np.ndarray,
     mask: np.ndarray | None = None,
     wt: np.ndarray | None = None,
@@ -139,10 +142,10 @@ def conv2d(
     def run(part: int) -> None:
         if images is None:
             first, last = batch * part // parts, batch * (part + 1) // parts
-            _images(x, first, last, layout.window, layout.width, layout.offset_array, wt, 0, blocks, bias, relu, y,
+            _images(x, first, last, layout.window, layout.width, layout.offset_array, wt, 0, blocks, bias, bounds, y,
                     buffers.planes[part], buffers.products[part])  # fmt: skip
         else:
-            _share(part, shares, x, layout.window, layout.width, layout.offset_array, wt, bias, relu, images.flat,
+            _share(part, shares, x, layout.window, layout.width, layout.offset_array, wt, bias, bounds, images.flat,
                    images.stride, images.shape, buffers.planes[part], buffers.products[part])  # fmt: skip
 
     parallel_for(run, parts, threads)
@@ -150,7 +153,7 @@ def conv2d(
 
 
 def bind_one_part(
-    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, bounds: Bounds, buffers: PartBuffers
 ) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]:
     """``jit_direct.bind_one_part`` for strided windows: ``run(x, wt, bias, y)``, one thread, the
     scratch's first part."""
@@ -159,14 +162,14 @@ def bind_one_part(
     blocks = round_up(kernels, KERNEL_BLOCK) // KERNEL_BLOCK
 
     def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray) -> None:
-        _images(x, 0, batch, layout.window, layout.width, layout.offset_array, wt, 0, blocks, bias, relu, y, planes,
+        _images(x, 0, batch, layout.window, layout.width, layout.offset_array, wt, 0, blocks, bias, bounds, y, planes,
                 products)  # fmt: skip
 
     return run
 
 
 def bind_block_split(
-    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, bounds: Bounds, buffers: PartBuffers
 ) -> BlockSplit:
     """``jit_direct.bind_block_split`` for strided windows: each image's kernel blocks shared out over
     ``parts`` parts of ``buffers`` (each share fills its own phase planes; a batch's images on the
@@ -178,13 +181,13 @@ def bind_block_split(
         shares = block_shares(parts, batch, buffers)
         assert batch * shares <= buffers.planes.shape[0], "more images than parts of the scratch"
         images = output_images(y)
-        _split_blocks(shares, x, layout.window, layout.width, layout.offset_array, wt, bias, relu, images.flat,
+        _split_blocks(shares, x, layout.window, layout.width, layout.offset_array, wt, bias, bounds, images.flat,
                       images.stride, images.shape, buffers.planes, buffers.products)  # fmt: skip
 
     def job(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> Job:
         shares = block_shares(parts, batch, buffers)
         images = output_images(y)
-        return share_job(_share_address(), (shares, int(relu), layout.width, 0, 0, *images.numbers), x,
+        return share_job(_share_address(), (shares, bounds_word(bounds), layout.width, 0, 0, *images.numbers), x,
                          (layout.window, layout.offset_array), wt, bias, images.flat, buffers.planes,
                          buffers.products, spin_chunks(parts, batch, shares, buffers))  # fmt: skip
 
@@ -192,21 +195,21 @@ def bind_block_split(
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _split_blocks(shares, x, window, width, offsets, wt, bias, relu, y_flat, y_stride, y_shape, planes, products):  # noqa: ANN001
+def _split_blocks(shares, x, window, width, offsets, wt, bias, bounds, y_flat, y_stride, y_shape, planes, products):  # noqa: ANN001
     """Every image's kernel blocks in ``shares`` shares (``_share``), the parts run by numba's threads."""
     for part in numba.prange(x.shape[0] * shares):
-        _share(part, shares, x, window, width, offsets, wt, bias, relu, y_flat, y_stride, y_shape, planes[part],
+        _share(part, shares, x, window, width, offsets, wt, bias, bounds, y_flat, y_stride, y_shape, planes[part],
                products[part])  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True)
-def _share(part, shares, x, window, width, offsets, wt, bias, relu, y_flat, y_stride, y_shape, xp, yb):  # noqa: ANN001
+def _share(part, shares, x, window, width, offsets, wt, bias, bounds, y_flat, y_stride, y_shape, xp, yb):  # noqa: ANN001
     """Part ``part``: image ``part // shares``, its kernel-block share ``part % shares``, its phase planes
     in ``xp`` and its products in ``yb`` (one part of the scratch); Y as ``jit_direct.OutputImages``."""
     blocks = wt.shape[0]
     image, share = part // shares, part % shares
     first, last = blocks * share // shares, blocks * (share + 1) // shares
-    _image(x, image, window, width, offsets, wt, first, last, bias, relu, image_of(y_flat, y_stride, y_shape, image),
+    _image(x, image, window, width, offsets, wt, first, last, bias, bounds, image_of(y_flat, y_stride, y_shape, image),
            xp, yb)  # fmt: skip
 
 
@@ -218,7 +221,7 @@ def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
     first, last = chunk_parts(x.shape[0] * args[0], chunk, chunks)
     for part in range(first, last):
         _share(part, args[0], x, int64_1d(args, 14), args[2], int64_1d(args, 16), float32_4d(args, 18),
-               float32_1d(args, 23), args[1] != 0, float32_1d(args, 25), stride, shape, planes[chunk],
+               float32_1d(args, 23), word_bounds(args[1]), float32_1d(args, 25), stride, shape, planes[chunk],
                products[chunk])  # fmt: skip
 
 
@@ -228,14 +231,14 @@ def _share_address() -> int:
 
 
 @numba.njit(nogil=True, cache=True)
-def _images(x, first, last, window, width, offsets, wt, block_first, block_last, bias, relu, y, xp, yb):  # noqa: ANN001
+def _images(x, first, last, window, width, offsets, wt, block_first, block_last, bias, bounds, y, xp, yb):  # noqa: ANN001
     """Images ``first .. last - 1`` (``_image``) into ``y``."""
     for image in range(first, last):
-        _image(x, image, window, width, offsets, wt, block_first, block_last, bias, relu, y[image], xp, yb)
+        _image(x, image, window, width, offsets, wt, block_first, block_last, bias, bounds, y[image], xp, yb)
 
 
 @numba.njit(nogil=True, cache=True)
-def _image(x, image, window, width, offsets, wt, block_first, block_last, bias, relu, y_image, xp, yb):  # noqa: ANN001
+def _image(x, image, window, width, offsets, wt, block_first, block_last, bias, bounds, y_image, xp, yb):  # noqa: ANN001
     """Image ``image``: fill its phase planes into ``xp``, then each of the kernel blocks ``block_first ..
     block_last - 1`` multiplied into ``yb`` and cropped into ``y_image``. A block at a time, so the
     products take one block's scratch (0.4 MB for a 224x224 stem, against 3.3 MB for its 64 kernels:
@@ -243,7 +246,7 @@ def _image(x, image, window, width, offsets, wt, block_first, block_last, bias, 
     fill_phase_planes(x, image, window, width, xp)
     for block in range(block_first, block_last):
         multiply_blocks(xp, xp.shape[1], offsets, wt, block, block + 1, yb.shape[1], yb)
-        crop_products(yb, block * KERNEL_BLOCK, width, bias, relu, y_image)
+        crop_products(yb, block * KERNEL_BLOCK, width, bias, bounds, y_image)
 
 
 @numba.njit(nogil=True, cache=True)

@@ -43,9 +43,11 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     KERNEL_BLOCK,
     X_SLOT,
     BlockSplit,
+    Bounds,
     PartBuffers,
     block_shares,
     blocked_weights,
+    bounds_word,
     call_parts,
     chunk_parts,
     image_of,
@@ -54,6 +56,7 @@ from hetflow.devices.cpu.kernels.jit_direct import (
     share_job,
     spin_chunks,
     split_threads,
+    word_bounds,
 )
 from hetflow.devices.cpu.spin_pool import Job, float32_1d, float32_4d, int64_1d
 from hetflow.devices.cpu.threads import parallel_for
@@ -144,11 +147,11 @@ def _block_intrinsic(vectors: int):  # noqa: ANN202
     """The compiled block of ``vectors`` vectors of positions (see ``_multiply_block``)."""
 
     @intrinsic
-    def block(typingctx, x, position, plane, channels, offsets, masks, wt, w_start, kept, bias, low, y, y_start):  # noqa: ANN001, ANN202, E501
-        signature = types.void(x, position, plane, channels, offsets, masks, wt, w_start, kept, bias, low, y, y_start)
+    def block(typingctx, x, position, plane, channels, offsets, masks, wt, w_start, kept, bias, bounds, y, y_start):  # noqa: ANN001, ANN202, E501
+        signature = types.void(x, position, plane, channels, offsets, masks, wt, w_start, kept, bias, bounds, y, y_start)
 
         def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-            (x_v, position_v, plane_v, channels_v, offsets_v, masks_v, wt_v, w_start_v, kept_v, bias_v, low_v,
+            (x_v, position_v, plane_v, channels_v, offsets_v, masks_v, wt_v, w_start_v, kept_v, bias_v, bounds_v,
              y_v, y_start_v) = args  # fmt: skip
             offsets_array = context.make_array(sig.args[4])(context, builder, offsets_v)
             reads = _BlockReads(
@@ -166,7 +169,8 @@ def _block_intrinsic(vectors: int):  # noqa: ANN202
                     reads.tap_over_channels(tap_loop.index, first, count, slots)
             bias_data = lv.array_data(context, builder, sig.args[9], bias_v)
             y_data = lv.array_data(context, builder, sig.args[11], y_v)
-            _store_block(builder, slots, bias_data, low_v, kept_v, position_v, plane_v, y_data, y_start_v)
+            low, high = (builder.extract_value(bounds_v, i) for i in (0, 1))
+            _store_block(builder, slots, bias_data, (low, high), kept_v, position_v, plane_v, y_data, y_start_v)
             return context.get_dummy_value()
 
         return signature, codegen
@@ -231,19 +235,20 @@ class _BlockReads:
 
 
 def _store_block(
-    builder: ir.IRBuilder, slots: list[list[ir.Value]], bias_data: ir.Value, low: ir.Value, kept: ir.Value,
-    position: ir.Value, plane: ir.Value, y_data: ir.Value, y_start: ir.Value,
+    builder: ir.IRBuilder, slots: list[list[ir.Value]], bias_data: ir.Value, bounds: tuple[ir.Value, ir.Value],
+    kept: ir.Value, position: ir.Value, plane: ir.Value, y_data: ir.Value, y_start: ir.Value,
 ) -> None:  # fmt: skip
     """Kernel k < ``kept`` of the block to ``y_data + y_start + k*plane``: its accumulators plus
-    ``bias[k]``, floored at ``low`` (0 for a Relu, else -inf; NaN stays); lanes past the plane's end are
+    ``bias[k]``, clamped to ``bounds`` (``jit_direct.Bounds``; NaN stays); lanes past the plane's end are
     not written."""
-    low_lanes = lv.splat(builder, low)
+    low_lanes, high_lanes = (lv.splat(builder, bound) for bound in bounds)
     for k, row in enumerate(slots):
         with builder.if_then(builder.icmp_signed(">", kept, lv.INT(k))):
             bias = lv.splat(builder, lv.load_scalar(builder, bias_data, lv.INT(k)))
             for v, slot in enumerate(row):
                 value = builder.fadd(builder.load(slot), bias)
                 value = builder.select(builder.fcmp_ordered("<", value, low_lanes), low_lanes, value)
+                value = builder.select(builder.fcmp_ordered(">", value, high_lanes), high_lanes, value)
                 start = builder.add(position, lv.INT(v * lv.LANES))
                 at = builder.add(builder.add(y_start, builder.mul(plane, lv.INT(k))), start)
                 inside = builder.icmp_signed("<=", builder.add(start, lv.INT(lv.LANES)), plane)
@@ -257,8 +262,8 @@ def _store_block(
 
 #: One block of outputs stored into Y's image ``y`` (flat):
 #:
-#: ``y[y_start + k*plane + p] = max(bias[k] + sum over c, t of x[c*plane + p + offsets[t]] (0 where
-#: masks[p // 16 * taps + t] leaves lane p % 16 out) * wt[w_start + (c*taps + t)*KERNEL_BLOCK + k], low)``
+#: ``y[y_start + k*plane + p] = clamp(bias[k] + sum over c, t of x[c*plane + p + offsets[t]] (0 where
+#: masks[p // 16 * taps + t] leaves lane p % 16 out) * wt[w_start + (c*taps + t)*KERNEL_BLOCK + k], *bounds)``
 #:
 #: for k < ``kept`` and the positions p of the block's ``vectors`` vectors from ``position`` that lie in
 #: the plane; ``_multiply_pair`` and ``_multiply_tail`` the same for two vectors and one (a plane's last).
@@ -268,15 +273,14 @@ _multiply_tail = _block_intrinsic(1)
 
 
 @numba.njit(nogil=True, cache=True)
-def multiply_image(x_image, offsets, masks, wt, block_first, block_last, bias, relu, y_image):  # noqa: ANN001
+def multiply_image(x_image, offsets, masks, wt, block_first, block_last, bias, bounds, y_image):  # noqa: ANN001
     """Kernel blocks ``block_first .. block_last - 1`` of one image: ``x_image [C * plane]`` into
-    ``y_image [K * plane]`` (both flat), the bias added, a Relu applied when ``relu``."""
+    ``y_image [K * plane]`` (both flat), the bias added, clamped to ``bounds``."""
     kernels = bias.shape[0]
     plane = y_image.shape[0] // kernels
     channels = x_image.shape[0] // plane
     flat_w = wt.reshape(wt.size)
     block_weights = channels * offsets.shape[0] * KERNEL_BLOCK
-    low = np.float32(0.0) if relu else np.float32(-np.inf)
     whole = plane - plane % BLOCK_POSITIONS
     for block in range(block_first, block_last):
         first = block * KERNEL_BLOCK
@@ -286,23 +290,23 @@ def multiply_image(x_image, offsets, masks, wt, block_first, block_last, bias, r
         y_start = np.int64(first * plane)
         for position in range(0, whole, BLOCK_POSITIONS):
             _multiply_block(x_image, np.int64(position), np.int64(plane), np.int64(channels), offsets, masks,
-                            flat_w, w_start, np.int64(kept), block_bias, low, y_image, y_start)  # fmt: skip
+                            flat_w, w_start, np.int64(kept), block_bias, bounds, y_image, y_start)  # fmt: skip
         position = whole
         if plane - position > lv.LANES:  # two vectors or part of a second
             _multiply_pair(x_image, np.int64(position), np.int64(plane), np.int64(channels), offsets, masks,
-                           flat_w, w_start, np.int64(kept), block_bias, low, y_image, y_start)  # fmt: skip
+                           flat_w, w_start, np.int64(kept), block_bias, bounds, y_image, y_start)  # fmt: skip
             position += 2 * lv.LANES
         if position < plane:
             _multiply_tail(x_image, np.int64(position), np.int64(plane), np.int64(channels), offsets, masks,
-                           flat_w, w_start, np.int64(kept), block_bias, low, y_image, y_start)  # fmt: skip
+                           flat_w, w_start, np.int64(kept), block_bias, bounds, y_image, y_start)  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True)
-def _images(x, first, last, offsets, masks, wt, bias, relu, y_flat, y_stride, y_shape):  # noqa: ANN001
+def _images(x, first, last, offsets, masks, wt, bias, bounds, y_flat, y_stride, y_shape):  # noqa: ANN001
     """Images ``first .. last - 1`` of X ``[N, C, H, W]``, every kernel block, into Y held as
     ``jit_direct.OutputImages``."""
     for image in range(first, last):
-        _share(image, 1, x, offsets, masks, wt, bias, relu, y_flat, y_stride, y_shape)
+        _share(image, 1, x, offsets, masks, wt, bias, bounds, y_flat, y_stride, y_shape)
 
 
 def conv2d(
@@ -310,7 +314,7 @@ def conv2d(
     w: np.ndarray,
     bias: np.ndarray | None,
     geom: Geometry,
-    relu: bool,
+    bounds: Bounds,
     y: np.ndarray,
     mask: np.ndarray | None = None,
     wt: np.ndarray | None = None,
@@ -321,7 +325,7 @@ def conv2d(
     as it copies X's planes. The images are split over the kernel threads (with fewer images than
     threads, each image's kernel blocks are)."""
     if mask is not None:
-        return jit_direct.conv2d(x, w, bias, geom, relu, y, mask=mask)
+        return jit_direct.conv2d(x, w, bias, geom, bounds, y, mask=mask)
     layout = same_layout(geom)
     wt = blocked_weights(w) if wt is None else wt
     kernels = int(w.shape[0])
@@ -335,10 +339,10 @@ def conv2d(
     def run(part: int) -> None:
         if shares == 1:
             first, last = batch * part // parts, batch * (part + 1) // parts
-            _images(x, first, last, layout.offsets, layout.masks, wt, bias, relu, images.flat, images.stride,
+            _images(x, first, last, layout.offsets, layout.masks, wt, bias, bounds, images.flat, images.stride,
                     images.shape)  # fmt: skip
         else:
-            _share(part, shares, x, layout.offsets, layout.masks, wt, bias, relu, images.flat, images.stride,
+            _share(part, shares, x, layout.offsets, layout.masks, wt, bias, bounds, images.flat, images.stride,
                    images.shape)  # fmt: skip
 
     parallel_for(run, parts, threads)
@@ -346,7 +350,7 @@ def conv2d(
 
 
 def bind_one_part(
-    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, bounds: Bounds, buffers: PartBuffers
 ) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]:
     """``jit_direct.bind_one_part`` for this variant: ``run(x, wt, bias, y)`` (``wt`` blocked, ``bias``
     float32, each image of Y contiguous: a Concat's image-strided slice too), one thread, every image."""
@@ -355,13 +359,13 @@ def bind_one_part(
 
     def run(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray) -> None:
         images = output_images(y)
-        _images(x, 0, batch, layout.offsets, layout.masks, wt, bias, relu, images.flat, images.stride, images.shape)
+        _images(x, 0, batch, layout.offsets, layout.masks, wt, bias, bounds, images.flat, images.stride, images.shape)
 
     return run
 
 
 def bind_block_split(
-    x_shape: tuple[int, ...], kernels: int, geom: Geometry, relu: bool, buffers: PartBuffers
+    x_shape: tuple[int, ...], kernels: int, geom: Geometry, bounds: Bounds, buffers: PartBuffers
 ) -> BlockSplit:
     """``jit_direct.bind_block_split`` for this variant: each image's kernel blocks shared out over
     ``parts`` parts (as many as ``buffers`` has), run by numba's threads or as a spin-pool job. X
@@ -372,13 +376,13 @@ def bind_block_split(
     def native(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> None:
         shares = block_shares(parts, batch, buffers)
         images = output_images(y)
-        _split_blocks(shares, x, layout.offsets, layout.masks, wt, bias, relu, images.flat, images.stride,
+        _split_blocks(shares, x, layout.offsets, layout.masks, wt, bias, bounds, images.flat, images.stride,
                       images.shape)  # fmt: skip
 
     def job(x: np.ndarray, wt: np.ndarray, bias: np.ndarray, y: np.ndarray, parts: int) -> Job:
         shares = block_shares(parts, batch, buffers)
         images = output_images(y)
-        return share_job(_share_address(), (shares, int(relu), 0, 0, 0, *images.numbers), x,
+        return share_job(_share_address(), (shares, bounds_word(bounds), 0, 0, 0, *images.numbers), x,
                          (layout.offsets, layout.masks), wt, bias, images.flat, buffers.planes, buffers.products,
                          spin_chunks(parts, batch, shares, buffers))  # fmt: skip
 
@@ -386,21 +390,21 @@ def bind_block_split(
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _split_blocks(shares, x, offsets, masks, wt, bias, relu, y_flat, y_stride, y_shape):  # noqa: ANN001
+def _split_blocks(shares, x, offsets, masks, wt, bias, bounds, y_flat, y_stride, y_shape):  # noqa: ANN001
     """Every image's kernel blocks in ``shares`` shares (``_share``), the parts run by numba's threads."""
     for part in numba.prange(x.shape[0] * shares):
-        _share(part, shares, x, offsets, masks, wt, bias, relu, y_flat, y_stride, y_shape)
+        _share(part, shares, x, offsets, masks, wt, bias, bounds, y_flat, y_stride, y_shape)
 
 
 @numba.njit(nogil=True, cache=True)
-def _share(part, shares, x, offsets, masks, wt, bias, relu, y_flat, y_stride, y_shape):  # noqa: ANN001
+def _share(part, shares, x, offsets, masks, wt, bias, bounds, y_flat, y_stride, y_shape):  # noqa: ANN001
     """Part ``part``: image ``part // shares``, its kernel-block share ``part % shares``; Y as
     ``jit_direct.OutputImages``."""
     blocks = wt.shape[0]
     image, share = part // shares, part % shares
     first, last = blocks * share // shares, blocks * (share + 1) // shares
     y_image = image_of(y_flat, y_stride, y_shape, image)
-    multiply_image(x[image].reshape(x[image].size), offsets, masks, wt, first, last, bias, relu,
+    multiply_image(x[image].reshape(x[image].size), offsets, masks, wt, first, last, bias, bounds,
                    y_image.reshape(y_image.size))  # fmt: skip
 
 
@@ -412,7 +416,7 @@ def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
     first, last = chunk_parts(x.shape[0] * args[0], chunk, chunks)
     for part in range(first, last):
         _share(part, args[0], x, int64_1d(args, 14), int64_1d(args, 16), float32_4d(args, 18),
-               float32_1d(args, 23), args[1] != 0, float32_1d(args, 25), stride, shape)  # fmt: skip
+               float32_1d(args, 23), word_bounds(args[1]), float32_1d(args, 25), stride, shape)  # fmt: skip
 
 
 @functools.cache

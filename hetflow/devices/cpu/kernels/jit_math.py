@@ -37,7 +37,7 @@ _ONE = np.float32(1.0)
 
 
 @intrinsic
-def _float32_from_bits(typingctx, bits):  # noqa: ANN001, ANN202
+def float32_from_bits(typingctx, bits):  # noqa: ANN001, ANN202
     """The float32 whose bit pattern is the low 32 bits of the integer ``bits``."""
     if not isinstance(bits, types.Integer):
         raise TypingError(f"expected an integer, got {bits}")
@@ -68,7 +68,7 @@ def _exp_overload(x):  # noqa: ANN001, ANN202
             r = clamped - n * _LN2_HIGH - n * _LN2_LOW
             p = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
             p = p * r * r + r + _ONE
-            return p * _float32_from_bits((np.int32(n) + 127) << 23)
+            return p * float32_from_bits((np.int32(n) + 127) << 23)
 
         return exp_float32
     if isinstance(x, types.Float):
