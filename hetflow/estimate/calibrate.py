@@ -37,9 +37,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from hetflow.devices.base import Device, Kernel
+from hetflow.devices.cpu.caches import last_level_cache_bytes
 from hetflow.devices.registry import get_device
 from hetflow.estimate import probes as probe_catalogue
-from hetflow.estimate.cache import last_level_cache_bytes
 from hetflow.estimate.models import (
     FALLBACK_COEF,
     features,

@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 
 from hetflow import InferenceSession
+from hetflow.devices.cpu.caches import _parse_size, last_level_cache_bytes
 from hetflow.estimate.cache import (
     BLOCK_BYTES,
     HitCurve,
     Touch,
-    _parse_size,
     cold_bytes,
-    last_level_cache_bytes,
 )
 from hetflow.estimate.calibrate import faster_rereads
 from hetflow.estimate.models import bandwidth
