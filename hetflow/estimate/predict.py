@@ -850,11 +850,34 @@ def estimate(
     in_run = in_run_seconds(graph, steps, keys, planned, profile) * 1e3
     result = Estimate(source_name, batch, _device_label(profile), profile, layers, memory, overhead, notes=notes,
                       in_run_ms=in_run)
+    images = session.images_per_run(batch) if isinstance(session, InferenceSession) else None
+    if images is not None:
+        result = _in_runs_of(result, estimate(session, profile, images, name=source_name), limit)
     if validate:
         from hetflow.estimate.validate import validate as run_validation
 
         run_validation(result, session)
     return result
+
+
+def _in_runs_of(whole: Estimate, part: Estimate, limit: int | None) -> Estimate:
+    """``whole`` (the batch's layers, counted as one run of every image) as the session runs it: runs of
+    ``part.batch`` images (``InferenceSession.images_per_run``). Each layer takes ``part``'s algorithm and
+    its time once a run, and the run's losses and overhead are paid every run; the planned peak is one
+    run's. Augur's counts and memory accounting stay the whole batch's."""
+    runs = whole.batch / part.batch
+    by_name = {layer.name: layer for layer in part.layers}
+    layers = []
+    for layer in whole.layers:
+        found = by_name.get(layer.name)
+        if found is not None:
+            layer = dataclasses.replace(layer, algorithm=found.algorithm, predicted_ms=runs * found.predicted_ms)
+        layers.append(layer)
+    memory = dataclasses.replace(whole.memory, peak_bytes=part.memory.peak_bytes, peak_layer=part.memory.peak_layer,
+                                 cache_bytes=part.memory.cache_bytes, limit_bytes=limit)  # fmt: skip
+    note = f"the session runs a batch of {whole.batch} as {runs:g} runs of {part.batch} images (sub_batch)"
+    return dataclasses.replace(whole, layers=layers, memory=memory, overhead_ms=runs * part.overhead_ms,
+                               in_run_ms=runs * part.in_run_ms, notes=[*whole.notes, note])  # fmt: skip
 
 
 def _memory_plan(session: InferenceSession, plan: Any) -> MemoryPlan | None:

@@ -181,15 +181,20 @@ def validate(
     _check_batch(session, feeds, result.batch)
     if memory:
         result.memory.measured_peak_bytes = peak_run_bytes(session, feeds)
-    measured = layer_seconds(session, feeds, min_time=min_time, rounds=rounds)
+    # A batch the session runs as runs of fewer images (``images_per_run``): its layers are timed as
+    # those runs make them, once a run.
+    images = session.images_per_run(result.batch) or result.batch
+    part = {name: value[:images] for name, value in feeds.items()}
+    runs = result.batch / images
+    measured = layer_seconds(session, part, min_time=min_time, rounds=rounds)
     result.measured_ms = model_seconds(session, feeds) * 1e3
     # NOTE: the layers are timed again after the whole model, each keeping its faster pass. On the
     # 2-vCPU Zen 4 VM a pass sometimes timed a layer split over both threads at one thread's speed for
     # seconds at a time (AlexNet's im2col layers at batch 1 2.5 / 4.0 ms, MobileNet v2's expansions
     # 0.17 / 0.35 ms in back-to-back passes, LeNet's batch-16 classifier 0.068 / 0.114) while whole runs
     # did not slow: the calibration keeps each probe's faster of two sweeps the same way.
-    again = layer_seconds(session, feeds, min_time=min_time, rounds=rounds)
-    measured = {name: min(seconds, again.get(name, seconds)) for name, seconds in measured.items()}
+    again = layer_seconds(session, part, min_time=min_time, rounds=rounds)
+    measured = {name: runs * min(seconds, again.get(name, seconds)) for name, seconds in measured.items()}
     for layer in result.layers:
         seconds = measured.get(layer.name)
         layer.measured_ms = None if seconds is None else seconds * 1e3

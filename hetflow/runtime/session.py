@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from hetflow.devices.base import Device
+from hetflow.devices.cpu.caches import last_level_cache_bytes
 from hetflow.devices.registry import get_device, resolve_devices
 from hetflow.errors import FeedError, InvalidModelError
 from hetflow.frontends import ModelSource, load_model
@@ -41,6 +42,7 @@ from hetflow.runtime.sub_batch import (
     batch_symbol,
     candidates,
     check_sub_batch,
+    default_images,
     fastest,
     run_in_parts,
     sub_batch_workload,
@@ -98,8 +100,10 @@ class InferenceSession:
         sub_batch: run a batch as runs of this many images each (depth first: each run's activations stay
             in cache; ``hetflow.runtime.sub_batch``), where the graph computes its images apart; None:
             as the tuning cache's record for the model and batch says (``hetflow tune MODEL --batch B``
-            measures it; with ``tune``, the first run at a batch size measures it), else the whole
-            batch at once.
+            measures it; with ``tune``, the first run at a batch size measures it), else the cost
+            model's choice: runs of fewer images where the batch's largest layer outgrows the last-level
+            cache and the weights are small (``sub_batch.default_images``), else the whole batch at once.
+            A ``sub_batch`` of the batch or more runs it whole.
 
     Example::
 
@@ -265,16 +269,22 @@ class InferenceSession:
         return self._residency.get(id(self.plan_for(dict.fromkeys(symbols, batch or 1))))
 
     def arena_bytes(self, input_feed: Mapping[str, Any]) -> int:
-        """Bytes of the arena a run on ``input_feed`` works in (allocated once, reused by later runs)."""
+        """Bytes of the arena a run on ``input_feed`` works in (allocated once, reused by later runs): of
+        the runs of fewer images a split batch makes (``images_per_run``), of the whole batch else."""
         feeds = self._check_feeds(input_feed)
+        images = self._images_for(feeds) if self._batch_symbol is not None else None
+        if images is not None:
+            feeds = {name: value[:images] for name, value in feeds.items()}
         plan = self.plan_for(_bindings(self._inputs, feeds))
         memory = memory_plan(plan, [v.name for v in self._outputs])
         return 0 if memory is None else memory.arena_bytes
 
     def memory_report(self, batch: int | None = None) -> MemoryReport:
-        """Weights, planned arena, activation peak and workspace at ``batch`` (for a symbolic batch)."""
+        """Weights, planned arena, activation peak and workspace at ``batch`` (for a symbolic batch): those
+        of the runs of fewer images it is split into, where it is (``images_per_run``)."""
         symbols = {d for v in self._inputs for d in (v.shape or ()) if isinstance(d, str)}
-        plan = self.plan_for(dict.fromkeys(symbols, batch or 1))
+        images = self.images_per_run(batch) if batch else None
+        plan = self.plan_for(dict.fromkeys(symbols, images or batch or 1))
         memory = memory_plan(plan, [v.name for v in self._outputs])
         weights = sum(int(a.nbytes) for a in self._graph.initializers.values())
         transformed = transformed_weight_bytes(plan)
@@ -469,12 +479,15 @@ class InferenceSession:
         return record
 
     def _choose_images(self, batch: int) -> int | None:
-        """The ``sub_batch`` option, else the tuning cache's record (measured here with ``tune``)."""
+        """The ``sub_batch`` option, else the tuning cache's record (measured here with ``tune``), else the
+        cost model's choice (``sub_batch.default_images``)."""
         if self._sub_batch is not None:
             return self._sub_batch if self._sub_batch < batch else None
         record = self.sub_batch_record(batch)
         if record is None:
-            return None
+            # The rule weighs the CPU's cache: a session that may place layers elsewhere runs whole.
+            on_cpu = all(device.kind == "cpu" for device in self._devices)
+            return default_images(self._graph, batch, last_level_cache_bytes()) if on_cpu else None
         images = int(record.chosen)
         return images if images < batch else None
 

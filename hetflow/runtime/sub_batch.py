@@ -7,7 +7,8 @@ Zen 4 VM (2 threads, 2026-12-06), batch 16 against four runs of 4 images: squeez
 mobilenetv2 70.6 / 66.2, densenet121 489.6 / 471.1; but resnet50 635 / 739 (its 100 MB of weights are
 read again by every run) and googlenet 212 / 210 (four runs of 4 in a fresh session). So the split is
 measured per model and batch (``hetflow tune MODEL --batch B``) and kept in the tuning cache (``SUB_BATCH_OP``
-records), or set with the session's ``sub_batch``.
+records), or set with the session's ``sub_batch``; without either, the cost model splits where a batch's
+largest layer outgrows the last-level cache and the weights are small (``default_images``).
 
 Only a graph whose images never meet is split: every input and output carries the batch symbol as its
 first dimension (and no other symbol), and every op computes each image on its own (``SEPARABLE_OPS``,
@@ -102,6 +103,51 @@ def sub_batch_workload(graph: Graph, batch: int, threads: str, mode: str) -> Wor
 def candidates(batch: int) -> list[int]:
     """Images per run worth measuring for a batch of ``batch``: ``CANDIDATE_IMAGES`` that divide it."""
     return [images for images in CANDIDATE_IMAGES if images < batch and batch % images == 0]
+
+
+#: The share of the last-level cache that one run's largest layer (its images' inputs and outputs) may
+#: fill when the cost model splits a batch (``default_images``): the weights and the next layer's
+#: output need the rest.
+CACHE_SHARE = 0.75
+#: Weights, as a share of the last-level cache, up to which the cost model splits a batch: every run
+#: reads them again.
+MAX_WEIGHT_SHARE = 0.5
+
+
+def default_images(graph: Graph, batch: int, cache_bytes: int) -> int | None:
+    """Images per run the cost model splits a batch of ``batch`` into (None: the whole batch at once): the
+    most of ``candidates`` whose largest layer fits ``CACHE_SHARE`` of the last-level cache, where the
+    whole batch's does not and the weights are at most ``MAX_WEIGHT_SHARE`` of it.
+
+    Why: the layers of a batch of 16 through SqueezeNet (4.7 MB of weights) and MobileNet v2 (13 MB)
+    write 25-77 MB each, back to memory, and read them again; runs of 4 images keep them in the 32 MB
+    cache. Fresh processes alternating, 2 threads, Zen 4 VM (2026-12-06), whole batch / 4 a run / 8 a run
+    (minimums, ms): squeezenet 62.8 / 60.4 / 62.0, mobilenetv2 67.2 / 64.8 / 67.6. Networks with more
+    weights re-read them every run and lost (ResNet-50, 97 MB: 635 -> 739 ms at 4 a run); ShuffleNet's
+    largest layer at 16 images (28 MB) fits, and 4 a run measured 1.03x its whole batch.
+    """
+    weights = sum(int(array.nbytes) for array in graph.initializers.values())
+    largest = largest_layer_bytes(graph)
+    if cache_bytes <= 0 or not largest or weights > MAX_WEIGHT_SHARE * cache_bytes or batch * largest <= cache_bytes:
+        return None
+    fitting = [images for images in candidates(batch) if images * largest <= CACHE_SHARE * cache_bytes]
+    return max(fitting) if fitting else None
+
+
+def largest_layer_bytes(graph: Graph) -> int:
+    """Bytes of one image's activations that the layer touching most of them reads and writes (its
+    inputs and outputs that are not weights); 0 where a shape past the batch is not known."""
+    largest = 0
+    for node in graph.nodes:
+        names = [name for name in (*node.inputs, *node.outputs) if name and name not in graph.initializers]
+        touched = 0
+        for name in names:
+            value = graph.values.get(name)
+            if value is None or value.shape is None or not all(isinstance(d, int) for d in value.shape[1:]):
+                return 0
+            touched += int(np.prod(value.shape[1:], dtype=np.int64)) * value.dtype.itemsize
+        largest = max(largest, touched)
+    return largest
 
 
 def run_in_parts(

@@ -102,3 +102,32 @@ def test_planned_peak_replays_release_points(zoo_home, quick_profile, ci_cores):
     assert one.data_bytes + one.workspace_bytes > one.peak_bytes
     assert one.weights_bytes == sum(int(a.nbytes) for a in session.graph.initializers.values())
     assert np.isfinite(one.augur_total_bytes)
+
+
+def test_a_batch_run_in_parts_is_estimated_and_measured_as_its_runs(zoo_home, quick_profile, monkeypatch):
+    """A session that runs a batch of 16 as runs of 4 (``images_per_run``): the estimate is four runs of
+    4, the planned peak one run's; validation times the layers as a run of 4 makes them, four times."""
+    from hetflow.estimate import validate as validation
+    from hetflow.runtime import session as session_module
+
+    monkeypatch.setattr(session_module, "last_level_cache_bytes", lambda: 32 << 20)
+    session = open_session("zoo:squeezenet", "cpu")
+    assert session.images_per_run(16) == 4
+    whole, part = estimate(session, quick_profile, 16), estimate(session, quick_profile, 4)
+    assert whole.batch == 16 and any("4 runs of 4 images" in note for note in whole.notes)
+    assert whole.predicted_ms == pytest.approx(4 * part.predicted_ms)
+    assert whole.memory.peak_bytes == part.memory.peak_bytes
+    assert sum(layer.macs for layer in whole.layers) == 4 * sum(layer.macs for layer in part.layers)
+    assert [layer.algorithm for layer in whole.layers] == [layer.algorithm for layer in part.layers]
+
+    batches: list[int] = []
+
+    def layers(session, feeds, **_):  # noqa: ANN001, ANN202
+        batches.append(next(iter(feeds.values())).shape[0])
+        return {layer.name: 1e-3 for layer in part.layers}
+
+    monkeypatch.setattr(validation, "layer_seconds", layers)
+    monkeypatch.setattr(validation, "model_seconds", lambda *a, **k: 5e-3)
+    validate(whole, session, memory=False)
+    assert batches == [4, 4]
+    assert all(layer.measured_ms == pytest.approx(4.0) for layer in whole.layers)

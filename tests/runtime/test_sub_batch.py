@@ -169,3 +169,46 @@ def test_measuring_keeps_only_the_plan_of_the_chosen_size(tmp_path, monkeypatch)
     assert bound == {chosen}
     [y] = session.run(None, _lenet_feeds(8))
     assert y.shape == (8, 10)
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(("model", "batch", "expected"), [
+    ("squeezenet", 16, 4),  # 4.7 MB of weights; 3.7 MB a layer an image: 60 MB at 16, 15 at 4
+    ("mobilenetv2", 16, 4),  # 13 MB of weights; 5.7 MB an image: 92 MB at 16, 23 at 4
+    ("mobilenetv2", 8, 4),
+    ("squeezenet", 8, None),  # 30 MB at 8: fits the 32 MB cache
+    ("shufflenet", 16, None),  # 28 MB at 16
+    ("resnet50", 16, None),  # 97 MB of weights, read again by every run
+    ("lenet", 16, None),
+])  # fmt: skip
+def test_the_cost_model_splits_a_batch_whose_layers_outgrow_the_cache(model, batch, expected) -> None:  # noqa: ANN001
+    from hetflow.runtime.sub_batch import default_images
+
+    graph = InferenceSession(f"zoo:{model}").graph
+    assert default_images(graph, batch, 32 * MIB) == expected
+    assert default_images(graph, batch, 0) is None  # a cache the system does not report: never split
+
+
+def test_the_largest_layer_counts_one_images_inputs_and_outputs() -> None:
+    from hetflow.runtime.sub_batch import largest_layer_bytes
+
+    # lenet's largest: pool1 reads conv1's 20x24x24 and writes 20x12x12 (floats).
+    assert largest_layer_bytes(InferenceSession("zoo:lenet").graph) == (20 * 24 * 24 + 20 * 12 * 12) * 4
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", TensorProto.FLOAT, ["N", "C"])],
+                       [("y", TensorProto.FLOAT, ["N", "C"])])  # fmt: skip
+    assert largest_layer_bytes(load_model(model)) == 0  # an unknown extent: no rule
+
+
+def test_a_default_session_runs_a_large_batch_in_parts_unless_told_otherwise(monkeypatch) -> None:  # noqa: ANN001
+    """Without a record or an option, the cost model's choice (here on a 32 MB cache); ``sub_batch`` of the
+    batch runs it whole, and both compute the same."""
+    monkeypatch.setattr(session_module, "last_level_cache_bytes", lambda: 32 * MIB)
+    session = InferenceSession("zoo:squeezenet")
+    whole = InferenceSession("zoo:squeezenet", sub_batch=8)
+    assert session.images_per_run(8) is None and session.images_per_run(16) == 4
+    assert whole.images_per_run(8) is None and whole.images_per_run(16) == 8
+    feeds = {session.get_inputs()[0].name: RNG.standard_normal((8, 3, 224, 224)).astype(np.float32)}
+    np.testing.assert_allclose(session.run(None, feeds)[0], whole.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
+    assert InferenceSession("zoo:squeezenet", sub_batch=16).images_per_run(16) is None
