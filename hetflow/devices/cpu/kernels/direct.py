@@ -10,10 +10,9 @@ cost more than the products -- and on windows Winograd does not cover (5x5, dila
 
 float32 only (float16 is computed in float32 by ``run_conv``, as every CPU Conv is). The bias and a
 fused Relu or Clip (``own_gemm.clamp_bounds``) are applied as the products are stored into Y; any other
-fused activation runs after. The
-weights are blocked once per weight array (``BLOCKED_WEIGHTS``); the padded planes and the products of
-each thread's part (none for ``jit_direct_same``) come from the node's workspace, sized for every core
-this process may use.
+fused activation runs after. The weights are blocked once per weight array (``BLOCKED_WEIGHTS``); the
+padded planes and the products of each thread's part (none for ``jit_direct_same``) come from the node's
+workspace, sized for every core this process may use.
 """
 
 from __future__ import annotations
