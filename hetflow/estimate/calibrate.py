@@ -51,9 +51,7 @@ from hetflow.estimate.models import (
     nnls,
 )
 from hetflow.estimate.predict import (
-    COLUMNS_MARK,
-    DENSE_SPIN_MARK,
-    OWN_GEMM_MARK,
+    OWN_PRODUCT_MARKS,
     PHASES_MARK,
     SPIN_BATCH_MARK,
     SPIN_MARK,
@@ -942,7 +940,7 @@ def _placeholders(graph: Graph, node: Node) -> list[np.ndarray | None]:
 #: are among them: on a machine whose batch probes spin (``Terms.batch_spins``: the Zen 4 VM) they were
 #: left out, so ``Conv/direct_fma@phases`` had no samples and was priced from another key, MobileNetV2's
 #: 3 -> 32 stem at batch 16 60% under its time (1.75 ms against 4.43).
-SPINNING_RUN_MARKS = (SPIN_MARK, SPIN_BATCH_MARK, OWN_GEMM_MARK, DENSE_SPIN_MARK, COLUMNS_MARK, PHASES_MARK)
+SPINNING_RUN_MARKS = (SPIN_MARK, SPIN_BATCH_MARK, *OWN_PRODUCT_MARKS, PHASES_MARK)
 
 #: Conv algorithms whose kernels never call BLAS (hetflow's compiled loops).
 _OWN_LOOP_ALGORITHMS = ("direct_fma", "depthwise")
@@ -952,7 +950,7 @@ _BLAS_OPS = ("Conv", "Gemm", "MatMul", "LSTM")
 
 def _may_call_blas(node: Node, algorithm: str, key: str) -> bool:
     """Whether a candidate kernel may multiply on BLAS."""
-    if node.op_type not in _BLAS_OPS or key.endswith((OWN_GEMM_MARK, DENSE_SPIN_MARK, COLUMNS_MARK, TILES_MARK)):
+    if node.op_type not in _BLAS_OPS or key.endswith((*OWN_PRODUCT_MARKS, TILES_MARK)):
         return False
     return not (node.op_type == "Conv" and algorithm in _OWN_LOOP_ALGORITHMS)
 

@@ -272,6 +272,9 @@ THREADS_KEYS = frozenset({
 #: 3 channels. Its samples in the stride-1 model pulled that model's elementwise term from 0.05-0.4 to
 #: 1.3, and VGG-19's 3 -> 64 first layer at batch 16 came out +98%.
 PHASES_MARK = "@phases"
+#: The marks of layers whose products run on hetflow's own GEMMs (the tile GEMM, the dense kernel), not
+#: through BLAS's GEMM model.
+OWN_PRODUCT_MARKS = (OWN_GEMM_MARK, DENSE_SPIN_MARK, COLUMNS_MARK)
 #: Every mark a key may end with.
 MARKS = (
     SPIN_BATCH_MARK, SPIN_MARK, DENSE_SPIN_MARK, OWN_GEMM_MARK, COLUMNS_MARK, TILES_MARK, THREADS_MARK, PHASES_MARK,
@@ -474,7 +477,7 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
         changes["macs"] = products * w[0] * w[1] * tiles
     elif algorithm == getattr(conv_op, "DEPTHWISE", "depthwise"):
         changes.update(gemm=None, macs=0, flops=cost.flops + 2 * cost.macs)
-    if key.endswith((OWN_GEMM_MARK, COLUMNS_MARK, DENSE_SPIN_MARK)):
+    if key.endswith(OWN_PRODUCT_MARKS):
         # hetflow's tile GEMM runs thin products about as fast as wide ones: its multiply-adds at the
         # peak rate, not through BLAS's GEMM model, whose small-matrix curve priced SqueezeNet's 16-kernel
         # 1x1 layers at 2.5x their time.
@@ -847,10 +850,11 @@ def estimate(
     notes = _notes(profile, keys)
     if threads is not None and profile.device == "cpu" and threads != profile.threads:
         notes.append(f"the profile was calibrated with {profile.threads} thread(s); the session runs {threads}")
-    in_run = in_run_seconds(graph, steps, keys, planned, profile) * 1e3
+    images = session.images_per_run(batch) if isinstance(session, InferenceSession) else None
+    # A batch run in parts takes its runs' in-run losses (``_in_runs_of``): the whole batch's are not needed.
+    in_run = in_run_seconds(graph, steps, keys, planned, profile) * 1e3 if images is None else 0.0
     result = Estimate(source_name, batch, _device_label(profile), profile, layers, memory, overhead, notes=notes,
                       in_run_ms=in_run)
-    images = session.images_per_run(batch) if isinstance(session, InferenceSession) else None
     if images is not None:
         result = _in_runs_of(result, estimate(session, profile, images, name=source_name), limit)
     if validate:

@@ -272,7 +272,7 @@ class InferenceSession:
         """Bytes of the arena a run on ``input_feed`` works in (allocated once, reused by later runs): of
         the runs of fewer images a split batch makes (``images_per_run``), of the whole batch else."""
         feeds = self._check_feeds(input_feed)
-        images = self._images_for(feeds) if self._batch_symbol is not None else None
+        images = self._images_for(feeds)
         if images is not None:
             feeds = {name: value[:images] for name, value in feeds.items()}
         plan = self.plan_for(_bindings(self._inputs, feeds))
