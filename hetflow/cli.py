@@ -365,7 +365,9 @@ def _print_memory(session: InferenceSession, batch: int) -> None:
     mib = 2**20
     print(f"memory  (batch {report.batch if report.batch is not None else 'fixed'})")
     print(f"  weights              {report.weights_bytes / mib:10.2f} MiB")
-    print(f"  winograd weights     {report.transformed_bytes / mib:10.2f} MiB  (transformed, kept after the first run)")
+    if report.mapped_bytes:
+        print(f"    mapped from a file {report.mapped_bytes / mib:10.2f} MiB  (not held: streamed, or held packed below)")
+    print(f"  rearranged weights   {report.transformed_bytes / mib:10.2f} MiB  (Winograd's, blocked, packed; kept after the first run)")
     print(f"  arena                {report.arena_bytes / mib:10.2f} MiB  (activations + workspace, by liveness)")
     print(f"  activation peak      {report.activation_bytes / mib:10.2f} MiB")
     print(f"  largest workspace    {report.workspace_bytes / mib:10.2f} MiB")

@@ -4,7 +4,9 @@
 copy, so loading VGG-19 (548 MB of weights) peaked at twice that. Here the file is scanned in protobuf's
 wire format instead: the message is rebuilt without the ``raw_data`` of the large top-level initializers
 (a few kilobytes to parse), and each of those is read from the file straight into its own array. The
-weights then exist once, and the file's pages stay in the page cache, not in this process.
+weights then exist once, and the file's pages stay in the page cache, not in this process. Each array
+read so remembers where it came from (``file_origin``): a kernel that keeps the weights in a layout of
+its own can map the file instead of holding the raw array beside its copy (``dense.pack_large_weights``).
 
 Only the path from ``ModelProto.graph`` (field 7) to ``GraphProto.initializer`` (field 5) to
 ``TensorProto.raw_data`` (field 9) is taken apart; every other field is copied through unchanged. A
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import mmap
 import sys
+import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +44,66 @@ _PLAIN_TYPES = {
     onnx.TensorProto.INT64: np.int64, onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.UINT16: np.uint16,
     onnx.TensorProto.UINT32: np.uint32, onnx.TensorProto.UINT64: np.uint64, onnx.TensorProto.BOOL: np.bool_,
 }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FileOrigin:
+    """Where an array read from a model file lies in it: its bytes from ``offset``, as stored."""
+
+    path: Path
+    offset: int
+    #: the file's size and modification time when it was read (``file_origin`` checks them)
+    stamp: tuple[int, int]
+
+    def mapped(self, array: np.ndarray) -> np.ndarray:
+        """A read-only mapping of the file with ``array``'s dtype and shape (its pages not resident)."""
+        return np.memmap(self.path, array.dtype, "r", self.offset, array.shape)
+
+    def rows(self, array: np.ndarray, start: int, stop: int) -> np.ndarray:
+        """Rows ``start .. stop - 1`` of ``array`` (2-D, as stored) read from the file into a new array,
+        without mapping it (a mapping's pages would count as this process's memory)."""
+        width = int(array.shape[1])
+        out = np.empty((stop - start, width), array.dtype)
+        with open(self.path, "rb") as file:
+            file.seek(self.offset + start * width * array.dtype.itemsize)
+            if file.readinto(memoryview(out.reshape(-1)).cast("B")) != out.nbytes:
+                raise InvalidModelError(f"{self.path}: the file ends inside a weight's data")
+        return out
+
+
+#: id of an array ``Lean.read`` made -> (a weak reference to it, its origin).
+_ORIGINS: dict[int, tuple[weakref.ref, FileOrigin]] = {}
+_ORIGINS_LOCK = threading.Lock()
+
+
+def file_origin(array: np.ndarray) -> FileOrigin | None:
+    """Where ``array`` was read from, if ``Lean.read`` read it and the file has not changed since, else
+    None."""
+    found = _ORIGINS.get(id(array))
+    if found is None or found[0]() is not array:
+        return None
+    origin = found[1]
+    return origin if _stamp(origin.path) == origin.stamp else None
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_size, status.st_mtime_ns
+
+
+def _remember(array: np.ndarray, origin: FileOrigin) -> None:
+    key = id(array)
+
+    def forget(reference: weakref.ref) -> None:
+        # NOTE: no lock here: the collector may call this inside the locked section below.
+        if _ORIGINS.get(key, (None,))[0] is reference:
+            del _ORIGINS[key]
+
+    with _ORIGINS_LOCK:
+        _ORIGINS[key] = (weakref.ref(array, forget), origin)
 
 
 class _NotUnderstood(Exception):
@@ -94,6 +158,7 @@ class Lean:
             file.seek(span.offset)
             if file.readinto(memoryview(array.reshape(-1)).cast("B")) != span.length:
                 raise InvalidModelError(f"tensor '{tensor.name}': the file ends inside its data")
+        _remember(array, FileOrigin(self.path.resolve(), span.offset, _stamp(self.path)))
         return array
 
 

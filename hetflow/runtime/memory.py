@@ -151,7 +151,10 @@ class MemoryReport:
         activation_bytes: the activations alone, laid out by liveness (the planned activation peak).
         workspace_bytes: the largest single step's workspace (im2col columns, Winograd tiles).
         naive_bytes: every activation and workspace side by side, as without a plan.
-        transformed_bytes: Winograd's transformed weights, kept beside the weights after the first run.
+        transformed_bytes: weights rearranged for their kernels (Winograd's transformed, the direct
+            kernel's blocked, the GEMMs' packed ones), kept after the first run.
+        mapped_bytes: of ``weights_bytes``, those mapped from a file and not held in memory: weights a
+            budget streams, and large fully connected ones held only packed (``runtime.held_weights``).
     """
 
     batch: int | None
@@ -161,6 +164,7 @@ class MemoryReport:
     workspace_bytes: int
     naive_bytes: int
     transformed_bytes: int = 0
+    mapped_bytes: int = 0
 
 
 @dataclass

@@ -26,6 +26,7 @@ from hetflow.passes.manager import CPU_ONLY_PASSES
 from hetflow.passes.manager import optimize as optimize_graph
 from hetflow.runtime.budget import Residency, WeightStore, fit_plan, transformed_weight_bytes
 from hetflow.runtime.executor import ExecutionMode, Observer, check_mode, check_threads, execute, memory_plan
+from hetflow.runtime.held_weights import hold_packed
 from hetflow.runtime.memory import MemoryReport
 from hetflow.runtime.placement import (
     MIN_GAIN,
@@ -149,6 +150,10 @@ class InferenceSession:
         self._cpu_graph = self._graph
         if self._measure_placement and optimize and not cpu_only and memory_budget is None:
             self._cpu_graph = optimize_graph(self._graph, list(CPU_ONLY_PASSES))
+        del source_graph  # NOTE: a graph read again on demand must not be held past here
+        if memory_budget is None:
+            holders = [self._graph, self._cpu_graph, self._source_graph]
+            hold_packed([graph for graph in holders if graph is not None])
         self._placement_seconds: dict[tuple[tuple[str, int], ...], dict[str, float]] = {}
         self._tuner = Tuner(tune=tune, path=None if tuning_cache is None else Path(tuning_cache))
         self._threads = check_threads(threads)
@@ -287,9 +292,10 @@ class InferenceSession:
         plan = self.plan_for(dict.fromkeys(symbols, images or batch or 1))
         memory = memory_plan(plan, [v.name for v in self._outputs])
         weights = sum(int(a.nbytes) for a in self._graph.initializers.values())
+        mapped = sum(int(a.nbytes) for a in self._graph.initializers.values() if isinstance(a, np.memmap))
         transformed = transformed_weight_bytes(plan)
         if memory is None:
-            return MemoryReport(batch if symbols else None, weights, 0, 0, 0, 0, transformed)
+            return MemoryReport(batch if symbols else None, weights, 0, 0, 0, 0, transformed, mapped)
         return MemoryReport(
             batch=(batch or 1) if symbols else None,
             weights_bytes=weights,
@@ -298,6 +304,7 @@ class InferenceSession:
             workspace_bytes=memory.workspace_bytes,
             naive_bytes=memory.naive_bytes,
             transformed_bytes=transformed,
+            mapped_bytes=mapped,
         )
 
     def _make_plan(self, graph: Graph, key: tuple[tuple[str, int], ...] = ()) -> Plan:

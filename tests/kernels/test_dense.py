@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from hetflow.devices.cpu import threads
-from hetflow.devices.cpu.kernels import dense, jit_dense
+from hetflow.devices.cpu.kernels import dense, jit_dense, jit_lane_gemm
 from hetflow.devices.cpu.kernels.jit_depthwise_lanes import activation_constants
 from hetflow.devices.cpu.kernels.jit_epilogue import CLIP, LEAKY_RELU, NO_ACTIVATION, RELU
 from hetflow.graph import Node
@@ -126,11 +126,35 @@ def test_which_gemms_run_dense(node: Node, infos: tuple, runs: bool) -> None:
     assert dense.runs_dense(node, infos) is runs
 
 
-def test_weights_past_the_limit_stay_on_blas() -> None:
-    columns = dense.DENSE_MAX_WEIGHT_BYTES // (4 * 800) + 1
-    assert not dense.runs_dense(_gemm_node(transB=1), _infos(16, (columns, 800), bias=None))
-    assert dense.runs_dense(_gemm_node(transB=1), _infos(16, (columns - 1, 800), bias=None))
+def test_large_weights_run_dense_at_every_batch() -> None:
+    columns = dense.HELD_PACKED_BYTES // (4 * 800) + 1
+    large, small = _infos(1, (columns, 800), bias=None), _infos(1, (columns - 1, 800), bias=None)
+    assert dense.runs_dense(_gemm_node(transB=1), large)
+    assert not dense.runs_dense(_gemm_node(transB=1), small)  # one row of a small B: the GEMV
+    symbolic = (TensorInfo(("N", 800), np.dtype(np.float32)), *large[1:])
+    assert dense.runs_dense(_gemm_node(transB=1), symbolic)  # the batch does not matter
+    assert not dense.runs_dense(_gemm_node(transB=1, packed_weights=False), large)
     assert not dense.runs_dense(_gemm_node(transB=1), None)  # shapes unknown
+
+
+@pytest.mark.parametrize("trans_b", [True, False], ids=["transB", "B"])
+@pytest.mark.parametrize("block_bytes", [jit_dense.PACK_BLOCK_BYTES, 3000], ids=["blocks", "small-blocks"])
+@pytest.mark.parametrize(("columns", "depth"), [(500, 800), (64, 3), (130, 7), (1, 257)])
+def test_panels_read_a_block_at_a_time_match_the_packed_copy(
+    monkeypatch, trans_b: bool, block_bytes: int, columns: int, depth: int  # noqa: ANN001
+) -> None:
+    monkeypatch.setattr(jit_dense, "PACK_BLOCK_BYTES", block_bytes)
+    w = RNG.standard_normal((columns, depth)).astype(np.float32)
+    stored = w if trans_b else np.ascontiguousarray(w.T)
+    reads: list[int] = []
+
+    def read_rows(start: int, stop: int) -> np.ndarray:
+        reads.append(stop - start)
+        return stored[start:stop].copy()
+
+    panels = jit_dense.panels_from_rows(read_rows, columns, depth, trans_b)
+    np.testing.assert_array_equal(panels, jit_lane_gemm.packed_weights(w, columns))
+    assert sum(reads) == stored.shape[0]
 
 
 def _fc_model(trans_b: bool, activation: str | None = "Relu", weight_input: bool = False) -> onnx.ModelProto:

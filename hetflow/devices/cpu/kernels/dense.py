@@ -1,16 +1,19 @@
-"""Fully connected layers at a batch on hetflow's dense kernel (``jit_dense``), their weights packed once.
+"""Fully connected layers on hetflow's dense kernel (``jit_dense``), their weights packed once.
 
-A Gemm whose B is a weight (the plan binds it as a ``WeightInfo``: the same array on every call) and
-whose A holds at least ``DENSE_MIN_ROWS`` rows runs here instead of OpenBLAS, which packs B again on
-every call. B is packed into ``jit_dense``'s panels on the
-first call (``PANELS``, kept per weight array), so the packed copy exists only where a run holds a
-batch: one image keeps the GEMV (``jit_gemm``), which reads B where it lies.
+A Gemm whose B is a weight (the plan binds it as a ``WeightInfo``: the same array on every call) runs
+here instead of OpenBLAS, which packs B again on every call, in two cases:
 
-The packed copy is memory beside the raw weights, so only weights up to ``DENSE_MAX_WEIGHT_BYTES`` are
-packed (a memory budget that cannot hold the copies clears ``GemmAttrs.packed_weights``). The large
-layers of AlexNet, ZFNet and VGG-19 (64-392 MB) stay on OpenBLAS: packed they ran twice as fast at
-batch 16 (AlexNet's 9216 -> 4096 layer on two threads: 18.3 -> 8.9 ms), but they would double those
-networks' weights in memory, where hetflow's peak RSS is now at or under ONNX Runtime's.
+- B is small (up to ``HELD_PACKED_BYTES``) and A holds at least ``DENSE_MIN_ROWS`` rows: B is packed into
+  ``jit_dense``'s panels on the first call (``PANELS``, kept per weight array) beside the raw weights.
+  One image keeps the GEMV (``jit_gemm``), which reads a B that fits in cache where it lies.
+- B is large (AlexNet's, ZFNet's and VGG-19's 16-411 MB layers): at every batch, one image included.
+  The session packs such weights when it is made (``runtime.held_weights``) and, where they were read from the
+  model file, maps the file in place of the raw array, so the panels are the only copy in memory (ONNX
+  Runtime prepacks the same way). Two threads, AlexNet's 9216 -> 4096 layer with a ReLU: OpenBLAS 20.4
+  ms at batch 16, 16.2 at batch 2 (it packs 151 MB per call), the GEMV 4.7 at batch 1; here 9.5, 4.2
+  and 4.0 (ONNX Runtime 10.5, 4.8, 4.4).
+
+A memory budget that cannot hold the packed copies clears ``GemmAttrs.packed_weights``.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from hetflow.ops.base import TensorInfo, WeightInfo
 #: 16 x 800 x 500 313 -> 129; but 2 x 800 x 500 25 -> 46 (OpenBLAS multiplies so few rows without
 #: packing B).
 DENSE_MIN_ROWS = 4
-#: The largest weights (bytes of B) packed for this kernel: the packed copy is memory beside them.
-DENSE_MAX_WEIGHT_BYTES = 8 << 20
+#: Weights (bytes of B) past which a layer holds only its packed copy and runs here at any batch
+#: (``runtime.held_weights``); up to it, the packed copy is memory beside the raw weights, from ``DENSE_MIN_ROWS``.
+HELD_PACKED_BYTES = 8 << 20
 #: Multiply-adds from which a product is shared out over the run's threads on the Python pool. Its
 #: worker sleeps between calls and takes ~50-100 us to start on the 2-core VM, so a split gains only
 #: past a few hundred microseconds of work (16 x 800 x 500, 129 us on one core, took 156 split in two).
@@ -47,8 +51,8 @@ PANELS = WeightCache(lambda b, trans_b: jit_dense.packed_panels(b if trans_b els
 
 def runs_dense(node: Node, inputs: Sequence[TensorInfo | None] | None) -> bool:
     """Whether the Gemm ``node`` over inputs (A, B, C) of these shapes runs on ``jit_dense``: B a weight
-    (``WeightInfo``) within ``DENSE_MAX_WEIGHT_BYTES`` with packing allowed (``GemmAttrs.packed_weights``),
-    float32, 2-D, ``alpha`` 1, A not transposed with at least ``DENSE_MIN_ROWS`` rows, C absent or a row of
+    (``WeightInfo``) with packing allowed (``GemmAttrs.packed_weights``), float32, 2-D, ``alpha`` 1, A not
+    transposed with at least ``DENSE_MIN_ROWS`` rows or B past ``HELD_PACKED_BYTES``, C absent or a row of
     biases added once."""
     if not inputs or len(inputs) < 2 or inputs[0] is None or inputs[1] is None:
         return False
@@ -58,12 +62,18 @@ def runs_dense(node: Node, inputs: Sequence[TensorInfo | None] | None) -> bool:
         return False
     if a.dtype != np.float32 or b.dtype != np.float32 or len(a.shape) != 2 or len(b.shape) != 2:
         return False
-    if not all(isinstance(d, int) for d in (*a.shape, *b.shape)) or a.shape[0] < DENSE_MIN_ROWS:
+    if not all(isinstance(d, int) for d in (a.shape[1], *b.shape)):
         return False
-    if b.shape[0] * b.shape[1] * 4 > DENSE_MAX_WEIGHT_BYTES:
+    rows = a.shape[0]
+    if not holds_packed(b) and not (isinstance(rows, int) and rows >= DENSE_MIN_ROWS):
         return False
     columns = b.shape[0] if attrs.transB else b.shape[1]
     return c is None or attrs.beta == 0 or _row_bias(c, columns, attrs.beta)
+
+
+def holds_packed(b: TensorInfo) -> bool:
+    """Whether weights of B's shape are large enough to be held only as panels (``HELD_PACKED_BYTES``)."""
+    return int(np.prod(b.shape)) * b.dtype.itemsize > HELD_PACKED_BYTES
 
 
 def _row_bias(c: TensorInfo, columns: int, beta: float) -> bool:

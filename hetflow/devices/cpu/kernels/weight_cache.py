@@ -39,7 +39,18 @@ class WeightCache:
         found = self._entries.get(key)
         if found is not None:
             return found
-        transformed = self._transform(w, parameter)
+        return self._keep(w, key, self._transform(w, parameter))
+
+    def put(self, w: np.ndarray, parameter: int, transformed: np.ndarray) -> None:
+        """Keep ``transformed`` as ``w`` rearranged for ``parameter`` (made elsewhere, e.g. read from a
+        file a block at a time); a later ``get`` returns it."""
+        if self._dead:
+            with self._lock:
+                self._drop_dead()
+        self._keep(w, (id(w), parameter), transformed)
+
+    def _keep(self, w: np.ndarray, key: tuple[int, int], transformed: np.ndarray) -> np.ndarray:
+        """Enter ``transformed`` under ``key`` unless another thread was first; the entry kept."""
         with self._lock:
             self._entries.setdefault(key, transformed)
             watch = key[0] not in self._watched
