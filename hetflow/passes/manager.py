@@ -12,22 +12,26 @@ from hetflow.passes.fold_channel_shuffle import fold_channel_shuffle
 from hetflow.passes.fuse_activation import fuse_activation
 from hetflow.passes.fuse_residual import fuse_residual
 from hetflow.passes.infer_shapes import infer_shapes
+from hetflow.passes.split_conv_groups import split_conv_groups
 
 Pass = Callable[[Graph], Graph]
 
 #: Applied in order by ``optimize``; each is a ``Graph -> Graph`` function with its own tests.
 #: No-ops go first so that a Dropout between a Conv and its BatchNormalization does not block the
 #: fold, and BatchNormalization folds before activations fuse (a fused activation ends the chain).
-#: Unread optional outputs go last, once no rewrite can add a reader.
+#: Grouped Convs split once their activation is fused (each part keeps it) and a residual is folded (a
+#: Conv with one is left whole). Unread optional outputs go last, once no rewrite can add a reader.
 OPTIMIZATION_PASSES: list[Pass] = [
-    eliminate_noops, fold_batchnorm, fuse_activation, fold_channel_shuffle, fuse_residual, drop_unread_outputs,
+    eliminate_noops, fold_batchnorm, fuse_activation, fold_channel_shuffle, fuse_residual, split_conv_groups,
+    drop_unread_outputs,
 ]
 
 
 #: Passes that fold nodes into hetflow-internal attributes only the CPU device's kernels implement (a
-#: channel shuffle read in place, a residual added in the Conv's epilogue): a session with any other
-#: device skips them, so that every node stays runnable there.
-CPU_ONLY_PASSES: tuple[Pass, ...] = (fold_channel_shuffle, fuse_residual)
+#: channel shuffle read in place, a residual added in the Conv's epilogue), or that rewrite for the CPU's
+#: kernels (grouped Convs split for its one-group algorithms): a session with any other device skips
+#: them, so that every node stays runnable there as the model gave it.
+CPU_ONLY_PASSES: tuple[Pass, ...] = (fold_channel_shuffle, fuse_residual, split_conv_groups)
 
 
 def optimize(graph: Graph, passes: list[Pass] | None = None, *, cpu_only: bool = True) -> Graph:
