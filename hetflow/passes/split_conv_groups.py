@@ -10,8 +10,10 @@ time at batch 16, 0.94 at batch 1.
 
 The split applies to a 2-D Conv of ``2 .. MAX_GROUPS`` groups that is not depthwise and whose window is
 more than one tap (a grouped 1x1 Conv is one GEMM per group whichever way it runs), with constant
-weights (and bias), no residual folded in, and channels read in order (no shuffle folded in). Each
-part keeps the Conv's attributes (its fused activation included) with one group.
+weights (and bias), no residual folded in, and channels read in order (no shuffle folded in), where
+the cost model gives one group's Conv another algorithm than im2col at one image or at a batch (else
+the parts would run as the grouped Conv does). Each part keeps the Conv's attributes (its fused
+activation included) with one group.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from hetflow.graph import Graph, Node, Value
 from hetflow.ops import registry
 from hetflow.ops.attrs import replace
+from hetflow.ops.conv import IM2COL, conv_window, heuristic_conv_algorithm
 from hetflow.passes.rewrite import Rewriter
 
 #: The most groups split: many small Convs (ResNeXt's 32 groups) would each run too little work.
@@ -52,8 +55,23 @@ def _splits(rewriter: Rewriter, node: Node) -> bool:
     if bias and rewriter.constant(bias) is None:
         return False
     x = rewriter.graph.values.get(node.inputs[0])
-    channels = x.shape[1] if x is not None and x.shape is not None and len(x.shape) == 4 else None
-    return isinstance(channels, int) and channels == w.shape[1] * node.attrs.group and w.shape[1] > 1
+    if x is None or x.shape is None or len(x.shape) != 4 or not all(isinstance(d, int) for d in x.shape[1:]):
+        return False
+    if x.shape[1] != w.shape[1] * node.attrs.group or w.shape[1] == 1:
+        return False
+    return _part_leaves_im2col(node, x, w.shape)
+
+
+def _part_leaves_im2col(node: Node, x: Value, w_shape: tuple[int, ...]) -> bool:
+    """Whether the cost model gives one group's Conv another algorithm than im2col, for one image or a
+    batch: otherwise the parts would run as the grouped Conv does, one GEMM per group, plus two nodes."""
+    groups = node.attrs.group
+    spec = conv_window(node.attrs, w_shape)
+    for batch in (1, 2):
+        part = (batch, int(x.shape[1]) // groups, *x.shape[2:])
+        if heuristic_conv_algorithm(spec, part, w_shape[0] // groups, 1, x.dtype) != IM2COL:
+            return True
+    return False
 
 
 def _split(rewriter: Rewriter, conv: Node) -> list[Node]:

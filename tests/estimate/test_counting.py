@@ -47,7 +47,10 @@ def test_batch_multiplies_macs_and_gemm_count_not_dims(quick_profile):
 
 
 def _small_net():
-    """conv 3->8 3x3 pad 1 on 10x10, grouped conv 8->6 (2 groups) 3x3 stride 2, max pool 2, flatten, FC 54->10."""
+    """conv 3->10 3x3 pad 1 on 10x10, grouped conv 10->6 (2 groups) 3x3 stride 2, max pool 2, flatten, FC 54->10.
+
+    Each group of c2 reads 5 channels: too many for a stem, so its parts would run im2col too and
+    ``split_conv_groups`` leaves it grouped."""
     rng = np.random.default_rng(1)
 
     def weights(*shape):
@@ -62,7 +65,7 @@ def _small_net():
         helper.make_node("Flatten", ["p"], ["f"], name="flat"),
         helper.make_node("Gemm", ["f", "w3", "b3"], ["y"], name="fc", transB=1),
     ]
-    inits = {"w1": weights(8, 3, 3, 3), "b1": weights(8), "w2": weights(6, 4, 3, 3),
+    inits = {"w1": weights(10, 3, 3, 3), "b1": weights(10), "w2": weights(6, 5, 3, 3),
              "w3": weights(10, 54), "b3": weights(10)}
     return make_model(nodes, [("x", TensorProto.FLOAT, ["N", 3, 10, 10])], [("y", TensorProto.FLOAT, None)], inits)
 
@@ -72,36 +75,36 @@ def test_small_net_counts_match_hand_counts(quick_profile, batch):
     report = estimate(_small_net(), quick_profile, batch=batch)
     layers = {layer.name: layer for layer in report.layers}
     c1, c2, pool, fc = layers["c1"], layers["c2"], layers["pool"], layers["fc"]
-    # c1: 8 kernels of 3x3x3 + bias over 10x10 positions.
-    assert c1.params == 8 * 27 + 8
-    assert c1.macs == batch * 8 * 100 * 27
-    assert (c1.gemm.n, c1.gemm.m, c1.gemm.k, c1.gemm.count) == (8, 100, 27, batch)
-    # c2: 2 groups of 3 kernels over 4 channels, stride 2 -> 5x5.
+    # c1: 10 kernels of 3x3x3 + bias over 10x10 positions.
+    assert c1.params == 10 * 27 + 10
+    assert c1.macs == batch * 10 * 100 * 27
+    assert (c1.gemm.n, c1.gemm.m, c1.gemm.k, c1.gemm.count) == (10, 100, 27, batch)
+    # c2: 2 groups of 3 kernels over 5 channels, stride 2 -> 5x5.
     assert c2.output_shape == [batch, 6, 5, 5]
-    assert c2.params == 6 * 4 * 9
-    assert c2.macs == batch * 6 * 25 * 4 * 9
-    assert (c2.gemm.n, c2.gemm.m, c2.gemm.k, c2.gemm.count) == (3, 25, 36, 2 * batch)
+    assert c2.params == 6 * 5 * 9
+    assert c2.macs == batch * 6 * 25 * 5 * 9
+    assert (c2.gemm.n, c2.gemm.m, c2.gemm.k, c2.gemm.count) == (3, 25, 45, 2 * batch)
     # pool: 5x5 padded to 6x6 -> 3x3; no parameters or MACs.
     assert pool.output_shape == [batch, 6, 3, 3] and pool.params == 0 and pool.macs == 0
     assert fc.params == 54 * 10 + 10
     assert fc.macs == batch * 54 * 10
     assert (fc.gemm.n, fc.gemm.m, fc.gemm.k) == (10, batch, 54)
     # Bytes: every input read once, the output written once (float32).
-    assert c1.bytes == 4 * (batch * 300 + 8 * 27 + 8 + batch * 800)
+    assert c1.bytes == 4 * (batch * 300 + 10 * 27 + 10 + batch * 1000)
     totals = report.totals()
-    assert totals["params"] == 8 * 27 + 8 + 6 * 36 + 550
+    assert totals["params"] == 10 * 27 + 10 + 6 * 45 + 550
     assert totals["macs"] == sum(layer.macs for layer in report.layers)
     assert totals["weights_bytes"] == 4 * totals["params"]
 
 
 def test_augur_memory_accounting_counts_every_blob_and_im2col_buffer(quick_profile):
     report = estimate(_small_net(), quick_profile, batch=2)
-    blobs = [2 * 3 * 100, 2 * 8 * 100, 2 * 6 * 25, 2 * 6 * 9, 2 * 54, 2 * 10]  # input, c1, c2, pool, flat, fc
+    blobs = [2 * 3 * 100, 2 * 10 * 100, 2 * 6 * 25, 2 * 6 * 9, 2 * 54, 2 * 10]  # input, c1, c2, pool, flat, fc
     assert report.memory.data_bytes == 4 * sum(blobs)
     # Augur's total counts every Conv's im2col buffer [N, C*taps, P], whatever algorithm runs it; each
-    # layer's row carries its own kernel's: c1 (3 -> 8 channels, 3x3 pad 1) runs the direct kernel, which
+    # layer's row carries its own kernel's: c1 (3 -> 10 channels, 3x3 pad 1) runs the direct kernel, which
     # reads X and writes Y where they lie (``jit_direct_same``: no scratch), the grouped c2 im2col.
-    c1_im2col, c2_im2col = 4 * 2 * 27 * 100, 4 * 2 * 8 * 9 * 25
+    c1_im2col, c2_im2col = 4 * 2 * 27 * 100, 4 * 2 * 10 * 9 * 25
     assert report.memory.workspace_bytes == c1_im2col + c2_im2col
     assert report.layers[0].algorithm.endswith("direct_fma") and report.layers[1].algorithm.endswith("im2col")
     assert report.layers[0].workspace_bytes == 0
@@ -120,3 +123,24 @@ def test_a_direct_conv_that_shrinks_the_map_counts_its_planes_and_products(quick
     assert layer.algorithm.endswith("direct_fma")
     cores = available_cores()
     assert layer.workspace_bytes == aligned(cores * 4 * 3 * 154) + aligned(cores * 4 * 8 * 128)
+
+
+def test_a_split_grouped_conv_counts_each_part(quick_profile):
+    """A Conv of 2 groups that the CPU's pass splits (``split_conv_groups``, 3x3 stride 1: each part on
+    Winograd or the direct kernel) is reported as the layers that run: a Split and a Concat that count
+    nothing, and one Conv per group with half the kernels, together the grouped Conv's counts."""
+    rng = np.random.default_rng(3)
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], name="g", kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                            group=2)
+    inits = {"w": rng.standard_normal((64, 32, 3, 3)).astype(np.float32), "b": np.zeros(64, np.float32)}
+    model = make_model([node], [("x", TensorProto.FLOAT, ["N", 64, 13, 13])], [("y", TensorProto.FLOAT, None)], inits)
+    layers = estimate(model, quick_profile, batch=2).layers
+    assert [layer.op for layer in layers] == ["Split", "Conv", "Conv", "Concat"]
+    split, first, second, concat = layers
+    assert split.params == split.macs == concat.params == concat.macs == 0
+    for part in (first, second):
+        assert part.output_shape == [2, 32, 13, 13]
+        assert part.params == 32 * 32 * 9 + 32
+        assert part.macs == 2 * 32 * 169 * 32 * 9
+    assert first.params + second.params == 64 * 32 * 9 + 64
+    assert first.macs + second.macs == 2 * 64 * 169 * 32 * 9

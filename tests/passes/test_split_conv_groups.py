@@ -35,17 +35,19 @@ def grouped_model(group: int = 2, kernel: int = 3, bias: bool = True, channels: 
     return model(nodes, graph_inputs, Y, inits)
 
 
-@pytest.mark.parametrize(("group", "kernel", "bias", "strides"),
-                         [(2, 3, True, (1, 1)), (4, 5, False, (1, 1)), (2, 3, True, (2, 2))])  # fmt: skip
-def test_a_grouped_conv_splits_into_one_conv_per_group(group: int, kernel: int, bias: bool, strides) -> None:  # noqa: ANN001
-    graph = check_pass(grouped_model(group, kernel, bias, strides=strides), split_conv_groups)
+@pytest.mark.parametrize(("group", "kernel", "bias", "strides", "channels"),
+                         [(2, 3, True, (1, 1), 12), (4, 5, False, (1, 1), 12), (2, 3, True, (2, 2), 8)])  # fmt: skip
+def test_a_grouped_conv_splits_into_one_conv_per_group(
+    group: int, kernel: int, bias: bool, strides: tuple[int, int], channels: int
+) -> None:
+    graph = check_pass(grouped_model(group, kernel, bias, channels=channels, strides=strides), split_conv_groups)
     assert op_types(graph) == ["Split", *["Conv"] * group, "Concat"]
     split, *convs, concat = graph.nodes
     assert split.inputs == ["x"] and split.attrs.axis == 1 and concat.attrs.axis == 1
     assert concat.outputs == ["y"] and concat.inputs == [c.outputs[0] for c in convs]
     for index, conv in enumerate(convs):
         assert conv.attrs.group == 1 and conv.inputs[0] == split.outputs[index]
-        assert graph.initializers[conv.inputs[1]].shape == (8 // group, 12 // group, kernel, kernel)
+        assert graph.initializers[conv.inputs[1]].shape == (8 // group, channels // group, kernel, kernel)
         assert len(conv.inputs) == (3 if bias else 2)
     assert not {"W", "B"} & set(graph.initializers)  # the grouped weights are gone
 
@@ -66,8 +68,8 @@ def test_each_part_keeps_the_fused_activation() -> None:
     "proto",
     [grouped_model(group=1), grouped_model(group=12, kernels=12), grouped_model(kernel=1),
      grouped_model(group=6, kernels=12),
-     grouped_model(weight_input=True)],
-    ids=["one-group", "depthwise", "pointwise", "too-many-groups", "weights-fed"],
+     grouped_model(weight_input=True), grouped_model(strides=(2, 2))],
+    ids=["one-group", "depthwise", "pointwise", "too-many-groups", "weights-fed", "parts-on-im2col-too"],
 )
 def test_anything_else_stays(proto) -> None:  # noqa: ANN001
     assert MAX_GROUPS < 6
