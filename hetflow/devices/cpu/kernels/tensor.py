@@ -100,8 +100,11 @@ def concat(node: Node, inputs: Inputs, out: Out = None, workspace: np.ndarray | 
     return [target]
 
 
-@cpu_kernel("Split")
-def split(node: Node, inputs: Inputs) -> list[np.ndarray]:
+@cpu_kernel("Split", writes_out=True)
+def split(node: Node, inputs: Inputs, out: Out = None, workspace: np.ndarray | None = None) -> list[np.ndarray]:
+    """X cut along ``axis``, each piece copied into its own contiguous buffer (``out[i]`` when the runtime
+    gives one): a piece of the channel axis of a batch is strided, and the kernels that read it (the
+    one-group Convs ``split_conv_groups`` makes) run their fast paths on contiguous images only."""
     x = inputs[0]
     assert x is not None
     axis = normalize_axes([node.attrs.axis], x.ndim)[0]
@@ -111,7 +114,17 @@ def split(node: Node, inputs: Inputs) -> list[np.ndarray]:
     if sum(sizes) != x.shape[axis]:
         raise ValueError(f"split sizes {sizes} do not add up to the axis length {x.shape[axis]}")
     bounds = np.cumsum(sizes)[:-1]
-    return np.split(x, bounds, axis=axis)
+    pieces = np.split(x, bounds, axis=axis)
+    return [_contiguous_piece(out, index, piece) for index, piece in enumerate(pieces)]
+
+
+def _contiguous_piece(out: Out, index: int, piece: np.ndarray) -> np.ndarray:
+    """``piece`` copied into ``out[index]`` where it fits, else into a new array."""
+    target = out[index] if out is not None and index < len(out) else None
+    if target is None or target.shape != piece.shape or target.dtype != piece.dtype:
+        return np.array(piece, order="C")  # a copy: the runtime may reuse X's memory once Split has run
+    np.copyto(target, piece)
+    return target
 
 
 @cpu_kernel("Slice")
