@@ -85,6 +85,9 @@ class MemoryEstimate:
     limit_bytes: int | None = None
     cache_bytes: int = 0
     measured_peak_bytes: int | None = None
+    #: of ``weights_bytes``, those the session maps from the model file and does not hold (large fully
+    #: connected weights held only as the dense kernel's panels, counted in ``cache_bytes``)
+    mapped_bytes: int = 0
 
     @property
     def augur_total_bytes(self) -> int:
@@ -92,7 +95,7 @@ class MemoryEstimate:
 
     @property
     def planned_total_bytes(self) -> int:
-        return self.weights_bytes + self.cache_bytes + self.input_bytes + self.peak_bytes
+        return self.weights_bytes - self.mapped_bytes + self.cache_bytes + self.input_bytes + self.peak_bytes
 
     def fits(self) -> bool | None:
         """Whether hetflow's planned total fits the limit (None without a limit)."""
@@ -604,7 +607,12 @@ def im2col_bytes(node: Node, graph: Graph) -> int:
 
 def cache_bytes(node: Node, key: str, graph: Graph) -> int:
     """Memory a kernel keeps for the session's lifetime once it has run (Winograd's transformed
-    weights ``[(m + 2)^2, K, C]``); 0 for kernels that keep nothing."""
+    weights ``[(m + 2)^2, K, C]``, the direct kernel's blocked ones, the dense kernel's panels); 0 for
+    kernels that keep nothing."""
+    if node.op_type == "Gemm" and key.endswith((OWN_GEMM_MARK, DENSE_SPIN_MARK)):
+        from hetflow.devices.cpu.kernels import dense
+
+        return dense.panel_bytes(node, planned_infos(node, graph.values, graph.initializers))
     if node.op_type != "Conv":
         return 0
     from hetflow.ops import conv as conv_op
@@ -1060,6 +1068,8 @@ def plan_memory(
     """
     used = {name for node, _ in steps for name in node.present_inputs()}
     weights = sum(int(array.nbytes) for name, array in graph.initializers.items() if name in used)
+    mapped = sum(int(array.nbytes) for name, array in graph.initializers.items()
+                 if name in used and isinstance(array, np.memmap))  # fmt: skip
     feeds = {value.name for value in graph.input_values()}
     input_bytes = sum(_value_bytes(graph, name) for name in feeds)
     produced = [name for node, _ in steps for name in node.present_outputs()]
@@ -1097,7 +1107,7 @@ def plan_memory(
             if holders[buffer] == 0:
                 live -= sizes[buffer]
     caches = sum(cache_bytes(node, key, graph) for (node, _), key in zip(steps, keys))
-    return MemoryEstimate(weights, data, workspace, input_bytes, peak, peak_layer, limit, caches)
+    return MemoryEstimate(weights, data, workspace, input_bytes, peak, peak_layer, limit, caches, mapped_bytes=mapped)
 
 
 _UNITS = {

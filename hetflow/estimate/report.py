@@ -133,7 +133,9 @@ def _write_memory(result: Estimate, write: Writer) -> None:
     write(f"  Augur's accounting    weights+biases {mem.weights_bytes / MIB:.2f}, every blob {mem.data_bytes / MIB:.2f}, "
           f"all im2col/workspace buffers {mem.workspace_bytes / MIB:.2f}: total {mem.augur_total_bytes / MIB:.2f}\n")
     caches = f" + kernel caches {mem.cache_bytes / MIB:.2f}" if mem.cache_bytes else ""
-    write(f"  hetflow planned peak  weights {mem.weights_bytes / MIB:.2f}{caches} + inputs {mem.input_bytes / MIB:.2f} + "
+    held = mem.weights_bytes - mem.mapped_bytes
+    mapped = f" (of {mem.weights_bytes / MIB:.2f}: {mem.mapped_bytes / MIB:.2f} mapped, held packed)" if mem.mapped_bytes else ""
+    write(f"  hetflow planned peak  weights {held / MIB:.2f}{mapped}{caches} + inputs {mem.input_bytes / MIB:.2f} + "
           f"activations and scratch {mem.peak_bytes / MIB:.2f} (at {mem.peak_layer or '-'}): "
           f"total {mem.planned_total_bytes / MIB:.2f}\n")
     if mem.measured_peak_bytes is not None:

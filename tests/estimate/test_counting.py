@@ -144,3 +144,27 @@ def test_a_split_grouped_conv_counts_each_part(quick_profile):
         assert part.macs == 2 * 32 * 169 * 32 * 9
     assert first.params + second.params == 64 * 32 * 9 + 64
     assert first.macs + second.macs == 2 * 64 * 169 * 32 * 9
+
+
+def test_a_large_weight_held_packed_counts_as_its_panels_not_twice(quick_profile, monkeypatch, tmp_path):
+    """A fully connected layer whose weights pass ``dense.HELD_PACKED_BYTES`` (here lowered to 1 MiB) in
+    a model read from a file: the session maps the raw weights from the file and holds their panels, so
+    the planned total counts the panels as a kernel cache and the mapped weights not at all, while
+    Augur's accounting keeps every weight."""
+    import onnx
+
+    from hetflow.devices.cpu.kernels import dense
+
+    monkeypatch.setattr(dense, "HELD_PACKED_BYTES", 1 << 20)
+    rng = np.random.default_rng(4)
+    node = helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fc", transB=1)
+    inits = {"w": rng.standard_normal((500, 800)).astype(np.float32), "b": np.zeros(500, np.float32)}
+    path = tmp_path / "fc.onnx"
+    onnx.save(make_model([node], [("x", TensorProto.FLOAT, ["N", 800])], [("y", TensorProto.FLOAT, None)], inits),
+              path)  # fmt: skip
+    memory = estimate(str(path), quick_profile, batch=1).memory
+    weights = (500 * 800 + 500) * 4
+    assert memory.weights_bytes == weights and memory.mapped_bytes == 500 * 800 * 4
+    assert memory.cache_bytes == 8 * 64 * 800 * 4  # 500 columns in 8 panels of 64
+    held = weights - memory.mapped_bytes + memory.cache_bytes
+    assert memory.planned_total_bytes == held + memory.input_bytes + memory.peak_bytes
