@@ -112,3 +112,25 @@ def test_a_file_changed_after_reading_gives_no_origin(tmp_path) -> None:  # noqa
     assert file_origin(graph.initializers["b1"]) is None  # too small to be read from the file apart
     os.utime(path, ns=(0, 0))
     assert file_origin(weight) is None
+
+
+def test_a_held_weight_never_falls_back_to_its_mapped_raw_array(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    """An A the dense kernel cannot read in place (here a Fortran-ordered feed) is copied: BLAS on the
+    raw weights, a mapping of the file that is often unaligned, would run without BLAS's kernels."""
+    model = _fc_model(trans_b=True)
+    session = InferenceSession(_saved(model, tmp_path), threads=2)
+    odd_inputs: list[bool] = []
+    original = dense.DenseCall.__call__
+
+    def call(self, arrays):  # noqa: ANN001, ANN202
+        if self.held:
+            odd_inputs.append(not arrays[0].flags.c_contiguous)
+            self.fallback = None  # calling it would fail the test
+        return original(self, arrays)
+
+    monkeypatch.setattr(dense.DenseCall, "__call__", call)
+    for batch in (1, 16):
+        x = np.asfortranarray(RNG.standard_normal((batch, 800)).astype(np.float32))
+        want = run_onnxruntime(model, {"x": np.ascontiguousarray(x)})[0]
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+    assert True in odd_inputs  # the batch's feed reached the held layer as it was

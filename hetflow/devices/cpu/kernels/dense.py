@@ -109,11 +109,17 @@ class DenseCall:
         self.constants = activation_constants(code, alpha, beta)
         self.after = attrs.fused if code == 0 else None  # an activation the tiles cannot apply
         self.macs = self.m * self.n * self.k
+        #: B is held only as panels (its raw array mapped from the file where it was read from one)
+        self.held = holds_packed(b)
 
     def __call__(self, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         a = arrays[0]
         if not a.flags.c_contiguous or a.dtype != np.float32:  # type: ignore[union-attr]
-            return self.fallback(arrays)  # type: ignore[operator]
+            if not self.held:
+                return self.fallback(arrays)  # type: ignore[operator]
+            # NOTE: a held weight's raw array is a mapping of the model file, often unaligned (where
+            # its raw_data lies): numpy multiplies it without BLAS. A is small: copy it instead.
+            a = np.ascontiguousarray(a, np.float32)
         y, panels, bias = self._operands(arrays)
         self._multiply(a.reshape(-1), panels, y.reshape(-1), bias)  # type: ignore[union-attr]
         apply_activation(y, self.after)
@@ -142,7 +148,10 @@ class DenseCall:
 
     def _shares(self, pool: SpinPool | None) -> int:
         threads = pool.workers + 1 if pool is not None else intra_op_threads()
-        return jit_dense.shares_for(self.n, threads) if self.macs >= MIN_MACS_PER_SPLIT or pool is not None else 1
+        # A held B streams from memory whatever the rows (16 MB: ~0.45 ms on one thread), past the
+        # Python pool's hand-off however few its multiply-adds.
+        worth_splitting = self.macs >= MIN_MACS_PER_SPLIT or self.held or pool is not None
+        return jit_dense.shares_for(self.n, threads) if worth_splitting else 1
 
     def _job(self, a: np.ndarray, panels: np.ndarray, y: np.ndarray, bias: np.ndarray, shares: int) -> Job:
         m, n, k = self.m, self.n, self.k
