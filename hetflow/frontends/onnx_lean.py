@@ -6,7 +6,7 @@ wire format instead: the message is rebuilt without the ``raw_data`` of the larg
 (a few kilobytes to parse), and each of those is read from the file straight into its own array. The
 weights then exist once, and the file's pages stay in the page cache, not in this process. Each array
 read so remembers where it came from (``file_origin``): a kernel that keeps the weights in a layout of
-its own can map the file instead of holding the raw array beside its copy (``dense.pack_large_weights``).
+its own can map the file instead of holding the raw array beside its copy (``runtime.held_weights``).
 
 Only the path from ``ModelProto.graph`` (field 7) to ``GraphProto.initializer`` (field 5) to
 ``TensorProto.raw_data`` (field 9) is taken apart; every other field is copied through unchanged. A

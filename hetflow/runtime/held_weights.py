@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-from hetflow.devices.cpu.kernels import jit_dense
+from hetflow.devices.cpu.kernels import jit_lane_gemm
 from hetflow.devices.cpu.kernels.dense import PANELS, holds_packed, runs_dense
 from hetflow.frontends.onnx_lean import file_origin
 from hetflow.graph import Graph
@@ -49,7 +49,7 @@ def hold_packed(graphs: Sequence[Graph]) -> list[str]:
                 holder.initializers[name] = mapped
         del raw  # NOTE: freed here (nothing else holds it) before its panels are made
         columns, depth = mapped.shape if trans_b else mapped.shape[::-1]
-        panels = jit_dense.panels_from_rows(partial(origin.rows, mapped), columns, depth, bool(trans_b))
+        panels = jit_lane_gemm.panels_from_rows(partial(origin.rows, mapped), columns, depth, bool(trans_b))
         PANELS.put(mapped, trans_b, panels)
         mapped_names.append(name)
     return mapped_names

@@ -26,7 +26,6 @@ own panels of B, once.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -159,43 +158,7 @@ def dense_share(a, lda, b, ldb, panel, y, ldy, bias, constants, m, n, k, share, 
 
 def packed_panels(w: np.ndarray) -> np.ndarray:
     """The weights ``W [N, K]`` (B transposed: a Gemm's B with ``transB``) as ``dense_share``'s panels."""
-    return panels_from_rows(lambda start, stop: w[start:stop], int(w.shape[0]), int(w.shape[1]), True)
-
-
-#: About the bytes of B read per block while packing it (``panels_from_rows``).
-PACK_BLOCK_BYTES = 4 << 20
-
-
-def panels_from_rows(read_rows: Callable[[int, int], np.ndarray], columns: int, depth: int,
-                     transposed: bool) -> np.ndarray:  # fmt: skip
-    """B (``depth`` x ``columns``) as ``dense_share``'s panels, read a block of its stored rows at a time:
-    ``read_rows(start, stop)`` returns stored rows ``start .. stop - 1`` as a 2-D array, of ``W [N, K]``
-    (B transposed) where ``transposed``, else of ``B [K, N]``. Only the panels and one block are held at
-    once (the raw weights may be read from a file while they are packed)."""
-    tiles = -(-columns // TILE_COLUMNS)
-    panels = np.zeros((tiles, depth, TILE_COLUMNS), np.float32)
-    if transposed:  # a block is whole panels: TILE_COLUMNS rows of W each
-        per_block = max(1, PACK_BLOCK_BYTES // (TILE_COLUMNS * depth * 4))
-        for first in range(0, tiles, per_block):
-            start, stop = first * TILE_COLUMNS, min(columns, (first + per_block) * TILE_COLUMNS)
-            _put_columns(panels, first, read_rows(start, stop).T)
-        return panels.reshape(-1)
-    per_block = max(1, PACK_BLOCK_BYTES // (columns * 4))  # a block is whole rows of B
-    for start in range(0, depth, per_block):
-        stop = min(depth, start + per_block)
-        _put_columns(panels[:, start:stop], 0, read_rows(start, stop))
-    return panels.reshape(-1)
-
-
-def _put_columns(panels: np.ndarray, first: int, block: np.ndarray) -> None:
-    """Copy ``block`` (rows of B, its columns from panel ``first``'s first) into ``panels [tiles, rows, 64]``."""
-    whole, rest = divmod(block.shape[1], TILE_COLUMNS)
-    rows = block.shape[0]
-    if whole:
-        split = block[:, : whole * TILE_COLUMNS].reshape(rows, whole, TILE_COLUMNS)
-        panels[first : first + whole] = split.transpose(1, 0, 2)
-    if rest:
-        panels[first + whole, :, :rest] = block[:, whole * TILE_COLUMNS :]
+    return jit_lane_gemm.packed_weights(w, int(w.shape[0]))
 
 
 def shares_for(n: int, threads: int) -> int:

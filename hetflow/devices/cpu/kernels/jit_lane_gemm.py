@@ -28,6 +28,7 @@ resnet50 0.99 at batch 16.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -97,11 +98,43 @@ def packed_weights(w: np.ndarray, kernels: int) -> np.ndarray:
     """W ``[kernels, depth]`` (any shape with ``kernels`` rows) packed for ``lane_share``: flat, kernel
     tile t's ``[depth, 64]`` from ``t * depth * 64``, kernels past ``kernels`` zero."""
     rows = np.ascontiguousarray(w, np.float32).reshape(kernels, -1)
-    depth = rows.shape[1]
-    tiles = -(-kernels // TILE_KERNELS)
-    padded = np.zeros((tiles * TILE_KERNELS, depth), np.float32)
-    padded[:kernels] = rows
-    return np.ascontiguousarray(padded.reshape(tiles, TILE_KERNELS, depth).transpose(0, 2, 1)).reshape(-1)
+    return panels_from_rows(lambda start, stop: rows[start:stop], kernels, rows.shape[1], True)
+
+
+#: About the bytes of W read per block while packing it (``panels_from_rows``).
+PACK_BLOCK_BYTES = 4 << 20
+
+
+def panels_from_rows(read_rows: Callable[[int, int], np.ndarray], columns: int, depth: int,
+                     transposed: bool) -> np.ndarray:  # fmt: skip
+    """``packed_weights``'s panels of a ``depth`` x ``columns`` product operand (the dense kernel's B, the
+    lane GEMM's W transposed), read a block of its stored rows at a time: ``read_rows(start, stop)``
+    returns stored rows ``start .. stop - 1`` as a 2-D array, of ``[columns, depth]`` where
+    ``transposed`` (a Gemm's B with ``transB``, a Conv's W), else of ``[depth, columns]``. Only the panels
+    and one block are held at once (the rows may be read from a file as they are packed)."""
+    tiles = -(-columns // TILE_KERNELS)
+    panels = np.zeros((tiles, depth, TILE_KERNELS), np.float32)
+    if transposed:  # a block is whole panels: TILE_KERNELS stored rows each
+        per_block = max(1, PACK_BLOCK_BYTES // (TILE_KERNELS * depth * 4))
+        for first in range(0, tiles, per_block):
+            start, stop = first * TILE_KERNELS, min(columns, (first + per_block) * TILE_KERNELS)
+            _put_columns(panels, first, read_rows(start, stop).T)
+        return panels.reshape(-1)
+    per_block = max(1, PACK_BLOCK_BYTES // (columns * 4))  # a block is whole stored rows
+    for start in range(0, depth, per_block):
+        stop = min(depth, start + per_block)
+        _put_columns(panels[:, start:stop], 0, read_rows(start, stop))
+    return panels.reshape(-1)
+
+
+def _put_columns(panels: np.ndarray, first: int, block: np.ndarray) -> None:
+    """Copy ``block`` (depth rows, its columns from panel ``first``'s first) into ``panels [tiles, rows, 64]``."""
+    whole, rest = divmod(block.shape[1], TILE_KERNELS)
+    rows = block.shape[0]
+    if whole:
+        panels[first : first + whole] = block[:, : whole * TILE_KERNELS].reshape(rows, whole, TILE_KERNELS).transpose(1, 0, 2)
+    if rest:
+        panels[first + whole, :, :rest] = block[:, whole * TILE_KERNELS :]
 
 
 _ADDRESSES = ir.VectorType(lv.INT, lv.LANES)
