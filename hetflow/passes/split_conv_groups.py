@@ -5,8 +5,8 @@ The CPU device's Winograd and direct kernels take one group only, so such a laye
 GEMM per group. Split into ``Split -> Conv per group -> Concat`` on the channel axis, each half is a
 one-group Conv whose algorithm is chosen like any other's (direct for the 5x5, Winograd for the 3x3
 ones), the Split copies the input's channels apart (a few MB), and the Concat costs nothing: the
-memory plan lets each half write its slice of the output. AlexNet, two trees alternating: 0.91 of the
-time at batch 16, 0.94 at batch 1.
+memory plan lets each half write its slice of the output. AlexNet, two trees alternating
+(``benchmarks/ab.py``): 0.88 of the time at batch 16, 0.91 at batch 1.
 
 The split applies to a 2-D Conv of ``2 .. MAX_GROUPS`` groups that is not depthwise and whose window is
 more than one tap (a grouped 1x1 Conv is one GEMM per group whichever way it runs), with constant

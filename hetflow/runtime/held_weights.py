@@ -25,12 +25,11 @@ from hetflow.graph import Graph
 from hetflow.ops.base import planned_infos
 
 
-def hold_packed(graphs: Sequence[Graph]) -> list[str]:
+def hold_packed(graphs: Sequence[Graph]) -> None:
     """Pack the large weights (``dense.holds_packed``) of the dense layers of ``graphs[0]`` now, and map
     those read from the model file in place of their raw arrays in every graph of ``graphs`` that holds
-    them. Weights given in memory keep their raw array beside the panels. Returns the names mapped."""
+    them. Weights given in memory keep their raw array beside the panels."""
     graph = graphs[0]
-    mapped_names: list[str] = []
     for node in graph.nodes:
         if node.op_type != "Gemm":
             continue
@@ -51,5 +50,3 @@ def hold_packed(graphs: Sequence[Graph]) -> list[str]:
         columns, depth = mapped.shape if trans_b else mapped.shape[::-1]
         panels = jit_lane_gemm.panels_from_rows(partial(origin.rows, mapped), columns, depth, bool(trans_b))
         PANELS.put(mapped, trans_b, panels)
-        mapped_names.append(name)
-    return mapped_names

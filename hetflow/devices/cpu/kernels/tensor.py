@@ -114,17 +114,13 @@ def split(node: Node, inputs: Inputs, out: Out = None, workspace: np.ndarray | N
     if sum(sizes) != x.shape[axis]:
         raise ValueError(f"split sizes {sizes} do not add up to the axis length {x.shape[axis]}")
     bounds = np.cumsum(sizes)[:-1]
+    # NOTE: always copies (into a new array without a runtime's buffer): the runtime may reuse X's
+    # memory once Split has run.
     pieces = np.split(x, bounds, axis=axis)
-    return [_contiguous_piece(out, index, piece) for index, piece in enumerate(pieces)]
-
-
-def _contiguous_piece(out: Out, index: int, piece: np.ndarray) -> np.ndarray:
-    """``piece`` copied into ``out[index]`` where it fits, else into a new array."""
-    target = out[index] if out is not None and index < len(out) else None
-    if target is None or target.shape != piece.shape or target.dtype != piece.dtype:
-        return np.array(piece, order="C")  # a copy: the runtime may reuse X's memory once Split has run
-    np.copyto(target, piece)
-    return target
+    targets = [output(out, index, piece.shape, piece.dtype) for index, piece in enumerate(pieces)]
+    for target, piece in zip(targets, pieces, strict=True):
+        np.copyto(target, piece)
+    return targets
 
 
 @cpu_kernel("Slice")
