@@ -411,7 +411,9 @@ BATCH_RUN_CONVS: list[tuple[tuple, dict]] = [
     ((512, 28, 512, 3), {"batch": 16}),
     ((512, 14, 512, 3), {"batch": 8}),
     ((512, 7, 512, 3), {"batch": 8}),
+    # a batch's 3x3 stride-2 layers run direct (``_direct_takes_strided``): ResNet-50's and Inception v2's.
     ((128, 56, 128, 3, 2, 1), {"batch": 8}),
+    ((256, 28, 256, 3, 2, 1), {"batch": 8}),
     ((3, 224, 64, 7, 2, 3), {"batch": 4}),
     ((3, 227, 96, 11, 4, 0), {"batch": 4}),
     ((96, 27, 256, 5), {"group": 2, "batch": 4}),

@@ -139,6 +139,8 @@ def winograd_unsupported(spec: WindowSpec, group: int) -> str | None:
 IM2COL_STEM_MAX_TAPS = 9
 #: Kernels from which one image's 3x3 stem runs direct all the same (``IM2COL_STEM_MAX_TAPS``).
 DIRECT_STEM_MIN_KERNELS = 64
+#: The narrowest output side on which a batch's strided 3x3 layers run direct (``_direct_takes_strided``).
+DIRECT_STRIDED_MIN_SIDE_BATCH = 14
 #: Channel counts (input or output) up to which a Conv's GEMM operand is thin and the direct kernel wins.
 THIN_CHANNELS = 32
 #: Up to this many multiply-adds, one image's Conv (3x3 or 5x5, stride 1) is fastest direct, whatever
@@ -191,14 +193,24 @@ def _direct_takes_strided(spec: WindowSpec, x_shape: Sequence[int], kernels: int
     an image's stem (``STEM_MAX_CHANNELS``), one image's but for a 3x3 one of few kernels
     (``IM2COL_STEM_MAX_TAPS``, ``DIRECT_STEM_MIN_KERNELS``).
 
-    Deeper strided layers stay with im2col (``hetflow tune`` measures the direct kernel on them). Timed
-    one at a time in a run's threads (2 threads, Zen 4 VM, 2026-12-06), direct / im2col ms: Inception
-    v2's 3x3/2 128 -> 192 at 14x14 0.17 / 0.18-0.30, 256 -> 256 at 14x14 0.42 / 0.58, 128 -> 160 and 96 ->
-    96 at 28x28 alike; ResNet-50's 3x3/2 layers 1.32-1.50 / 1.21-1.27 and its 1x1/2 ones 2.2-3.3 / 1.0-1.1.
-    Inception v2's four direct made its whole run no faster (blocks of runs alternating in one process:
-    1.005, 1.008)."""
+    A batch's 3x3 layers whose output is ``DIRECT_STRIDED_MIN_SIDE_BATCH`` or wider run direct too: their
+    whole-chunk columns (9/4 of X, 3.6 MB an image for ResNet-50's 128 -> 128 at 56x56) are written and
+    read back through L3 for each chunk, where the direct kernel reads each image's phase planes once per
+    block of kernels. ResNet-50 at batch 16 (``layer_gap.py``, in its run, 2 threads, Zen 4 VM,
+    2026-12-06), im2col -> direct ms: 128 -> 128 at 56x56 26.8 -> 22.2, 256 -> 256 at 28x28 24.7 -> 21.7
+    (ONNX Runtime 18.7, 19.5); at 14x14 (7x7 out) they tie (``hetflow tune``: 25.2 / 25.1) and stay. Two
+    trees alternating (``ab.py``, 4 x 10 runs): inception_v2 0.96, resnet50 0.98.
+
+    Deeper strided layers of one image stay with im2col (``hetflow tune`` measures the direct kernel on
+    them). Timed one at a time in a run's threads (2 threads, Zen 4 VM, 2026-12-06), direct / im2col ms:
+    Inception v2's 3x3/2 128 -> 192 at 14x14 0.17 / 0.18-0.30, 256 -> 256 at 14x14 0.42 / 0.58, 128 -> 160
+    and 96 -> 96 at 28x28 alike; ResNet-50's 3x3/2 layers 1.32-1.50 / 1.21-1.27 and its 1x1/2 ones 2.2-3.3
+    / 1.0-1.1. Inception v2's four direct made its whole run no faster (blocks of runs alternating in one
+    process: 1.005, 1.008)."""
     channels, batched, taps = int(x_shape[1]), int(x_shape[0]) > 1, math.prod(spec.kernel)
     wide = taps > IM2COL_STEM_MAX_TAPS or kernels >= DIRECT_STEM_MIN_KERNELS
+    if batched and spec.kernel == (3, 3) and min(geometry(spec, x_shape[2:]).out) >= DIRECT_STRIDED_MIN_SIDE_BATCH:
+        return True
     return channels <= STEM_MAX_CHANNELS and (batched or wide)
 
 

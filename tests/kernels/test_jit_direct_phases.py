@@ -117,10 +117,11 @@ def test_phase_planes_hold_the_padded_input(attrs: ConvAttrs, x_shape: tuple, w_
             assert not planes[:, phase.shape[1] * layout.width:].any()
 
 
-def test_the_cost_model_runs_strided_windows_direct_only_on_few_channels():
+def test_the_cost_model_runs_strided_windows_direct_on_stems_and_a_batchs_wide_3x3_layers():
     """The stems (3 channels) take the direct kernel, one image's as a batch's, but for one image's 3x3
     stem of under 64 kernels (im2col's columns copy each input little there); a deeper strided layer
-    stays with im2col at any batch, though the direct kernel supports it (the tuner measures it there)."""
+    stays with im2col for one image, and for a batch where its output is under 14 wide or its window
+    not 3x3, though the direct kernel supports it (the tuner measures it there)."""
     float32 = np.dtype(np.float32)
     stem = conv_window(ConvAttrs(strides=(2, 2), pads=(3, 3, 3, 3)), (64, 3, 7, 7))
     assert heuristic_conv_algorithm(stem, (16, 3, 224, 224), 64, 1, float32) == DIRECT_FMA
@@ -131,8 +132,15 @@ def test_the_cost_model_runs_strided_windows_direct_only_on_few_channels():
     squeezenet_stem = conv_window(ConvAttrs(strides=(2, 2)), (64, 3, 3, 3))
     assert heuristic_conv_algorithm(squeezenet_stem, (1, 3, 224, 224), 64, 1, float32) == DIRECT_FMA
     deep = conv_window(ConvAttrs(strides=(2, 2), pads=(1, 1, 1, 1)), (128, 64, 3, 3))
-    for batch in (1, 16):
-        assert heuristic_conv_algorithm(deep, (batch, 64, 56, 56), 128, 1, float32) != DIRECT_FMA
+    assert heuristic_conv_algorithm(deep, (1, 64, 56, 56), 128, 1, float32) != DIRECT_FMA
+    assert heuristic_conv_algorithm(deep, (16, 64, 56, 56), 128, 1, float32) == DIRECT_FMA
+    assert heuristic_conv_algorithm(deep, (16, 64, 28, 28), 128, 1, float32) == DIRECT_FMA  # 14x14 out
+    assert heuristic_conv_algorithm(deep, (16, 64, 26, 26), 128, 1, float32) != DIRECT_FMA  # 13x13 out
+    assert heuristic_conv_algorithm(deep, (16, 64, 14, 14), 128, 1, float32) != DIRECT_FMA  # 7x7 out
+    wide_window = conv_window(ConvAttrs(strides=(2, 2), pads=(2, 2, 2, 2)), (128, 64, 5, 5))
+    assert heuristic_conv_algorithm(wide_window, (16, 64, 56, 56), 128, 1, float32) != DIRECT_FMA
+    projection = conv_window(ConvAttrs(strides=(2, 2)), (512, 256, 1, 1))
+    assert heuristic_conv_algorithm(projection, (16, 256, 56, 56), 512, 1, float32) != DIRECT_FMA
     assert direct_unsupported(deep, 1, float32) is None
 
 
