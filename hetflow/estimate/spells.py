@@ -8,6 +8,15 @@ depthwise 3x3 over the same map from ~107 to ~115. A calibration that ran throug
 keys timed in it up to 2x slow (ShuffleNet's depthwise and grouped layers at batch 1: its estimate +18%),
 and the sweeps' minimum does not help when a spell outlasts the time between them. ``SpellGauge``
 times that 1x1 layer: a reading well over the fastest seen marks what was timed meanwhile.
+
+What a spell is (measured 2026-12-06): the two vCPUs then sit on different L3 domains. One core reads
+4 MB the other has just written in ~150 us against ~75 outside spells (and against ~72 for 4 MB it wrote
+itself, in or out of one), while each core alone reads memory at the same ~30 GB/s and runs a network
+on one thread as fast as ever (ResNet-50 at batch 1: 80 ms in and out of spells, ONNX Runtime's 75).
+So only work that passes data between the cores slows: two threads ran ResNet-50 at batch 1 in 40 ms
+outside spells and 53 in them, ONNX Runtime in 38 and 41; the spells come and go every 10 s to a few
+minutes, and on that day held more than half the time. This gauge's layer (its output written by both
+cores and read by the caller) reads 2-3.5x its calm time in them.
 """
 
 from __future__ import annotations

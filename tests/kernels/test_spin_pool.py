@@ -42,9 +42,18 @@ def _shift_chunk(args, chunk, chunks):  # noqa: ANN001, ANN202
         rows[step + 1, i] = rows[step, (i + 1) % width] + 1
 
 
+def _order_chunk(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """Record in order[chunk] how many chunks ran before this one (a job for one thread at a time)."""
+    order = int64_1d(args, 0)
+    ran = int64_1d(args, 2)
+    order[chunk] = ran[0]
+    ran[0] += 1
+
+
 COUNT = spin_pool.job(_count_chunk)
 SCALE = spin_pool.job(_scale_chunk)
 SHIFT = spin_pool.job(_shift_chunk)
+ORDER = spin_pool.job(_order_chunk)
 
 
 @pytest.fixture
@@ -158,6 +167,24 @@ def test_back_to_back_jobs_never_run_a_chunk_of_the_next_job_twice(pool):
     for _ in range(50):
         pool.replay(script)
     assert all(c.tolist() == [50] * c.size for c in counts)
+
+
+@pytest.mark.parametrize("from_back", [False, True])
+def test_the_caller_claims_from_the_first_chunk_and_a_worker_from_the_last(from_back):
+    """The claiming loop alone on one thread: as the caller it runs a job's chunks first to last, as a
+    worker last to first, so that two threads keep to their ends of every job (each writes the same part
+    of an output, run after run)."""
+    chunks = 6
+    order, ran = np.full(chunks, -1, np.int64), np.zeros(1, np.int64)
+    block = job_arguments([order, ran])
+    state = np.zeros(spin_pool._STATE_SLOTS, np.int64)
+    state[spin_pool._JOB], state[spin_pool._ARGS], state[spin_pool._CHUNKS] = ORDER, block.ctypes.data, chunks
+    word = 5 << spin_pool._SEQUENCE_SHIFT
+    state[spin_pool._WORD] = word
+    spin_pool._work_on(state, word, from_back)
+    expected = np.arange(chunks)[::-1] if from_back else np.arange(chunks)
+    np.testing.assert_array_equal(order, expected)
+    assert state[spin_pool._DONE] == chunks
 
 
 def test_a_job_has_one_chunk_at_least():
