@@ -1,7 +1,7 @@
 """hetflow vs ONNX Runtime vs OpenVINO, side by side in one process, on the zoo models.
 
     python benchmarks/compare.py [--models alexnet,resnet50] [--batches 1,16] [--repeat 10]
-                                 [--runtimes hetflow,ort,openvino] [--threads 2]
+                                 [--runtimes hetflow,ort,openvino] [--threads 2] [--calm-wait 120]
                                  [--json rows.json] [--markdown table.md]
 
 Every runtime uses the same thread count (2 by default). OpenVINO compiles the ONNX file directly, with
@@ -10,6 +10,12 @@ and then). lstm-gesture runs at batch 64 where the others run at 16. The runtime
 hetflow with ``execution_mode="parallel"`` (``hetflow`` is the default, sequential); ``hetflow-tuned`` is
 hetflow with ``tune=True``: every layer's algorithm measured when its session is made (untimed), where
 ``hetflow`` takes the cost model's (``runners.py``: neither reads the user's tuning cache).
+
+The machine's state: the VM's two vCPUs sometimes sit on separate L3 domains for seconds to minutes
+(``hetflow.estimate.spells``), where work passing data between the cores slows, hetflow's more than its
+peers' (ResNet-50 at batch 1: hetflow 40 -> 53 ms, ONNX Runtime 38 -> 41). Before each model the run
+waits up to ``--calm-wait`` seconds for the cores to share their L3 (``CacheProbe``), probes again after
+it, and marks a row measured with the L3 split at either end ("split" in the table's L3 column).
 
 Timing protocol (``hetflow.bench.timing.side_by_side``, after NOTES.md): runtimes are interleaved per
 repetition; before each timed call the runtime about to be timed runs untimed for >= 100 ms (or, when one
@@ -43,6 +49,7 @@ from runners import LABELS, RUNNER_TYPES, parse_arguments, sgemm_gflops  # noqa:
 import hetflow  # noqa: E402
 from hetflow import zoo  # noqa: E402
 from hetflow.bench.timing import side_by_side  # noqa: E402
+from hetflow.estimate.spells import CacheProbe  # noqa: E402
 from hetflow.ops.cost import total_macs  # noqa: E402
 from hetflow.passes import bind_batch  # noqa: E402
 
@@ -61,6 +68,8 @@ class Row:
     min_ms: dict[str, float]
     median_ms: dict[str, float]
     roofline_gflops: float
+    #: Whether the cores shared their L3 before and after the model's timings (None: not probed).
+    l3_shared: bool | None = None
 
     def ratio(self, peer: str, own: str = "hetflow") -> float | None:
         """``own``'s minimum / the peer's (below 1: ``own``, a hetflow runtime, is faster)."""
@@ -85,15 +94,21 @@ def _feed(path: Path, batch: int) -> tuple[dict[str, np.ndarray], float]:
     return feed, 2 * total_macs(graph) / 1e9
 
 
-def measure(name: str, batch: int, args: argparse.Namespace, roofline: float) -> Row:
+def measure(name: str, batch: int, args: argparse.Namespace, roofline: float, probe: CacheProbe) -> Row:
     path = zoo.model_path(name)
     feed, gflop = _feed(path, batch)
     runners = {key: RUNNER_TYPES[key](path, feed, args.threads) for key in args.runtimes}
     for runner in runners.values():
         runner.run()  # plans made (hetflow-tuned measures its layers here), untimed
+    shared_before = probe.wait_until_shared(args.calm_wait) if probe.available else None
     timings = side_by_side({key: runner.run for key, runner in runners.items()}, args.repeat)
+    shared = None if shared_before is None else bool(shared_before and probe.shared())
     return Row(name, batch, gflop, {k: t.min_ms for k, t in timings.items()},
-               {k: t.median_ms for k, t in timings.items()}, roofline)
+               {k: t.median_ms for k, t in timings.items()}, roofline, shared)
+
+
+def _l3(row: Row) -> str:
+    return "—" if row.l3_shared is None else ("shared" if row.l3_shared else "split")
 
 
 # -- reporting ---------------------------------------------------------------------------------
@@ -119,6 +134,7 @@ def markdown(rows: list[Row], runtimes: list[str]) -> str:
     header += [f"{LABELS[o]} / {LABELS[p]} (min)" for o, p in pairs]
     if "hetflow" in runtimes:
         header += ["hetflow GFLOP/s", "% of sgemm"]
+    header.append("L3")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row.model, str(row.batch), f"{row.gflop:.3f}"]
@@ -128,6 +144,7 @@ def markdown(rows: list[Row], runtimes: list[str]) -> str:
         if "hetflow" in runtimes:
             rate = row.hetflow_gflops
             cells += [_number(rate, 1), _number(None if rate is None else 100 * rate / row.roofline_gflops, 0)]
+        cells.append(_l3(row))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -138,6 +155,7 @@ def _progress_line(row: Row) -> str:
     parts += [f"{LABELS[o]}/{LABELS[p]} {row.ratio(p, o):5.2f}" for o, p in _ratio_pairs(list(row.min_ms))]
     if row.hetflow_gflops is not None:
         parts.append(f"{row.hetflow_gflops:7.1f} GFLOP/s")
+    parts.append(f"L3 {_l3(row)}")
     return "  ".join(parts)
 
 
@@ -160,6 +178,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--models", default=",".join(e.name for e in zoo.list_models()))
     parser.add_argument("--batches", default="1,16", help="lstm-gesture's 16 becomes 64")
     parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--calm-wait", type=float, default=120.0,
+                        help="seconds to wait before each model for the cores to share their L3 (0: none)")
     return parse_arguments(parser, argv, DEFAULT_THREADS)
 
 
@@ -170,9 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     roofline = sgemm_gflops(args.threads, ROOFLINE_SIDE)
     print(f"# sgemm roofline at start: {roofline:.1f} GFLOP/s", flush=True)
     rows = []
+    probe = CacheProbe()
     for name in args.models.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            row = measure(name, LARGE_BATCH.get(name, batch) if batch == 16 else batch, args, roofline)
+            row = measure(name, LARGE_BATCH.get(name, batch) if batch == 16 else batch, args, roofline, probe)
             rows.append(row)
             print(_progress_line(row), flush=True)
     roofline_end = sgemm_gflops(args.threads, ROOFLINE_SIDE)

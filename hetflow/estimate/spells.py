@@ -21,8 +21,12 @@ cores and read by the caller) reads 2-3.5x its calm time in them.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from collections.abc import Callable
 
+import numba
 import numpy as np
 
 #: A reading this many times the fastest one seen is a slow spell (spells read 2.5-2.9x; calm readings
@@ -70,3 +74,90 @@ class SpellGauge:
                 return False
             time.sleep(pause_s)
         return True
+
+
+# -- whether the two cores share their last-level cache now ------------------------------------------
+#: Bytes one core writes and the other reads back (past L2, inside an L3).
+PROBE_BYTES = 4 << 20
+#: The other core's read of them taking this many times a core's read of its own writes: the cores are
+#: on separate L3 domains (2026-12-06: 150 / 72 us split, 75 / 72 shared).
+SPLIT_RATIO = 1.4
+
+
+@numba.njit(nogil=True, cache=True)
+def _fill(values, value):  # noqa: ANN001, ANN202
+    for i in range(values.size):
+        values[i] = value
+
+
+@numba.njit(nogil=True, cache=True, fastmath=True)
+def _total(values):  # noqa: ANN001, ANN202
+    total = 0.0
+    for i in range(values.size):
+        total += values[i]
+    return total
+
+
+class CacheProbe:
+    """Whether the first two CPUs of this process share their last-level cache now (``shared``): CPU 0
+    writes ``PROBE_BYTES``, CPU 1 reads them, against CPU 1 reading what it wrote itself. On a VM whose
+    vCPUs move between L3 domains this tells a slow spell apart from a slow kernel (see the module's
+    docstring). Linux only (threads pinned with ``os.sched_setaffinity``)."""
+
+    def __init__(self) -> None:
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.cpus = tuple(cpus[:2])
+        self.values = np.ones(PROBE_BYTES // 4, np.float32)
+        _fill(self.values, 1.0)
+        _total(self.values)
+
+    @property
+    def available(self) -> bool:
+        """Whether there are two CPUs to probe."""
+        return len(self.cpus) == 2
+
+    def ratio(self, reads: int = 3) -> float:
+        """The other core's read time over the own core's (the fastest of ``reads`` each)."""
+        if not self.available:
+            raise RuntimeError("the cache probe needs two CPUs in this process's affinity mask")
+        writer, reader = self.cpus
+        crossed = min(self._read_after(writer, reader) for _ in range(reads))
+        own = min(self._read_after(reader, reader) for _ in range(reads))
+        return crossed / own
+
+    def shared(self) -> bool | None:
+        """Whether the two CPUs share their L3 now; None without two CPUs."""
+        return self.ratio() < SPLIT_RATIO if self.available else None
+
+    def wait_until_shared(self, limit_s: float, pause_s: float = 0.5) -> bool | None:
+        """Probe until the CPUs share their L3, ``pause_s`` apart, for at most ``limit_s`` seconds;
+        whether they do now (None without two CPUs)."""
+        deadline = time.perf_counter() + limit_s
+        while (shared := self.shared()) is False and time.perf_counter() + pause_s <= deadline:
+            time.sleep(pause_s)
+        return shared
+
+    def _read_after(self, writer: int, reader: int) -> float:
+        _on_cpu(writer, lambda: _fill(self.values, 2.0))
+
+        def timed_read() -> float:
+            started = time.perf_counter()
+            _total(self.values)
+            return time.perf_counter() - started
+
+        return _on_cpu(reader, timed_read)
+
+
+def _on_cpu(cpu: int, work: Callable[[], float | None]) -> float | None:
+    """``work()`` on a thread pinned to ``cpu``; its result."""
+    result: list[float | None] = []
+
+    def pinned() -> None:
+        os.sched_setaffinity(0, {cpu})
+        result.append(work())
+
+    thread = threading.Thread(target=pinned)
+    thread.start()
+    thread.join()
+    return result[0]
+

@@ -1,14 +1,16 @@
 """Calibration reads a slow-spell gauge between its probes and measures again, once the machine is calm,
-what every sweep timed in a spell."""
+what every sweep timed in a spell; the cache probe tells whether the two cores share their L3."""
 
 from __future__ import annotations
 
 import importlib
+import os
 
 import numpy as np
+import pytest
 
 from hetflow.devices.registry import get_device
-from hetflow.estimate.spells import SPELL_RATIO, SpellGauge
+from hetflow.estimate.spells import SPELL_RATIO, CacheProbe, SpellGauge
 
 calibrate = importlib.import_module("hetflow.estimate.calibrate")
 probes = importlib.import_module("hetflow.estimate.probes")
@@ -102,3 +104,26 @@ def _slowed(sample):
 
     return dataclasses.replace(sample, seconds=sample.seconds + 1000.0, features=np.array(sample.features))
 
+
+
+def test_the_cache_probe_compares_a_read_across_cores_with_one_on_a_core():
+    """On two CPUs the probe times a read of what the other CPU wrote against a read of its own writes:
+    a positive, finite ratio, near 1 where they share their L3 (the split state reads ~2)."""
+    probe = CacheProbe()
+    if len(os.sched_getaffinity(0)) < 2:
+        assert not probe.available and probe.shared() is None
+        return
+    ratio = probe.ratio(reads=2)
+    assert 0.3 < ratio < 20
+    assert probe.shared() in (True, False)
+    assert probe.wait_until_shared(0.0) in (True, False)
+
+
+def test_the_cache_probe_without_two_cpus_says_so(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    probe = CacheProbe()
+    assert not probe.available
+    assert probe.shared() is None
+    assert probe.wait_until_shared(1.0) is None
+    with pytest.raises(RuntimeError, match="two CPUs"):
+        probe.ratio()
