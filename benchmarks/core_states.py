@@ -28,6 +28,8 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from runners import fastest_seconds  # noqa: E402
+
 import hetflow  # noqa: E402
 from hetflow import zoo  # noqa: E402
 from hetflow.estimate.spells import CacheProbe  # noqa: E402
@@ -52,17 +54,6 @@ def _runners(model: str, batch: int) -> dict[str, Callable[[], object]]:
     return runners
 
 
-def _block(call: Callable[[], object], runs: int) -> float:
-    """The fastest of ``runs`` calls after one untimed call (which lets another runtime's threads settle)."""
-    call()
-    best = float("inf")
-    for _ in range(runs):
-        started = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet50")
@@ -76,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     runners = _runners(args.model, args.batch)
     for call in runners.values():
-        _block(call, 2)
+        fastest_seconds(call, 2)
     blocks: dict[str, dict[str, list[float]]] = {"shared": defaultdict(list), "split": defaultdict(list)}
     deadline = time.time() + args.seconds
     while time.time() < deadline:
         before = probe.shared()
-        times = {label: _block(call, args.runs) for label, call in runners.items()}
+        times = {label: fastest_seconds(call, args.runs) for label, call in runners.items()}
         if probe.shared() == before:
             for label, seconds in times.items():
                 blocks["shared" if before else "split"][label].append(seconds)
