@@ -160,4 +160,3 @@ def _on_cpu(cpu: int, work: Callable[[], float | None]) -> float | None:
     thread.start()
     thread.join()
     return result[0]
-
