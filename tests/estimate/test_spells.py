@@ -127,3 +127,32 @@ def test_the_cache_probe_without_two_cpus_says_so(monkeypatch):
     assert probe.wait_until_shared(1.0) is None
     with pytest.raises(RuntimeError, match="two CPUs"):
         probe.ratio()
+
+
+class _SplitProbe:
+    """A cache probe that reads the cores' L3 as split (or shared) as told."""
+
+    available = True
+
+    def __init__(self, split: bool) -> None:
+        self.split = split
+
+    def shared(self) -> bool:
+        return not self.split
+
+
+def test_a_reading_with_the_l3_split_is_slow_however_fast_the_gauge_ran():
+    """A gauge made inside a long spell keeps a spell's reading as its fastest; the cache probe still
+    marks what it reads then."""
+    probe = _SplitProbe(split=False)
+    gauge = SpellGauge(probe=probe)
+    assert not gauge.split
+    assert not gauge.slow(gauge.fastest)
+    probe.split = True
+    reading = gauge.read()
+    assert gauge.split
+    assert gauge.slow(min(reading, gauge.fastest))
+    probe.split = False
+    gauge.read()
+    assert not gauge.split
+    assert not gauge.slow(gauge.fastest)
