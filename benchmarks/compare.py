@@ -100,7 +100,7 @@ def measure(name: str, batch: int, args: argparse.Namespace, roofline: float, pr
     runners = {key: RUNNER_TYPES[key](path, feed, args.threads) for key in args.runtimes}
     for runner in runners.values():
         runner.run()  # plans made (hetflow-tuned measures its layers here), untimed
-    shared_before = probe.wait_until_shared(args.calm_wait) if probe.available else None
+    shared_before = probe.wait_until_shared(args.calm_wait)  # None without two CPUs
     timings = side_by_side({key: runner.run for key, runner in runners.items()}, args.repeat)
     shared = None if shared_before is None else bool(shared_before and probe.shared())
     return Row(name, batch, gflop, {k: t.min_ms for k, t in timings.items()},

@@ -52,7 +52,7 @@ from hetflow.estimate.models import gemm_seconds  # noqa: E402
 from hetflow.estimate.predict import Estimate, estimate  # noqa: E402
 from hetflow.estimate.profile import DeviceProfile, default_profile_path  # noqa: E402
 from hetflow.estimate.report import dominant_layers, layer_accuracy, relative_error  # noqa: E402
-from hetflow.estimate.spells import SPELL_RATIO, CacheProbe, SpellGauge  # noqa: E402
+from hetflow.estimate.spells import SPELL_RATIO, SpellGauge  # noqa: E402
 from hetflow.estimate.validate import model_seconds, random_feeds  # noqa: E402
 
 T = TypeVar("T")
@@ -242,11 +242,10 @@ def main() -> int:
     return 0
 
 
-#: Seconds a row waits for the two cores to share their L3 before it is timed (``CacheProbe``): with
-#: the L3 split every hand-off between the cores slows (``hetflow.estimate.spells``), which a profile
-#: calibrated with it shared does not predict.
+#: Seconds a row waits for the two cores to share their L3 before it is timed (the spell gauge's
+#: ``CacheProbe``): with the L3 split every hand-off between the cores slows (``hetflow.estimate.spells``),
+#: which a profile calibrated with it shared does not predict.
 CALM_WAIT_SECONDS = 60.0
-CACHE_PROBE = CacheProbe()
 
 
 def measure_row(
@@ -255,8 +254,7 @@ def measure_row(
     """One row: ``estimate --validate`` of ``session`` at ``batch``, its errors, Augur's baseline and the
     machine's speed around it (``SpeedGauge.around``), timed once the cores share their L3 (or after
     ``CALM_WAIT_SECONDS``)."""
-    if CACHE_PROBE.available:
-        CACHE_PROBE.wait_until_shared(CALM_WAIT_SECONDS)
+    gauge.layer.probe.wait_until_shared(CALM_WAIT_SECONDS)
     result, reading = gauge.around(lambda: estimate(session, profile, batch, validate=True, name=name))
     assert result.measured_ms is not None
     share, count = layer_accuracy(result)
