@@ -123,34 +123,41 @@ REFERENCE_PAUSE = 0.2
 
 class SpeedGauge:
     """The machine's speed over a benchmark, the reference a row's speed is read against: the fastest
-    compute reading seen so far, and the median of the memory readings.
+    compute reading seen so far, and the medians of the memory and spell-gauge readings.
 
     Why the fastest sgemm seen rather than the readings right after calibrating: one reading taken in a
     slow spell (twice on the Zen 5 VM, 115 GFLOP/s against 200-230 for every row after it) made every
     row's speed read 1.7-2x, and on the Zen 4 VM (2026-12-05) the reference came out at 170 GFLOP/s
     against 200-210 for most rows, so rows timed in spells read as the calibration's machine. Why the
     median for memory: its readings spread far wider, and one fast one (51.6 GB/s against 28-36 for every
-    row, Zen 4 VM 2026-12-06) made every row read slow and be measured twice more in vain."""
+    row, Zen 4 VM 2026-12-06) made every row read slow and be measured twice more in vain; the spell
+    gauge's layer likewise (against its fastest reading, 222 us on 2026-12-07 with most calm ones at
+    250-340, every row of a run read slow)."""
 
     def __init__(self, threads: int | None):
         self.threads = threads
         self.best = 0.0
         self.memory_readings: list[float] = []
+        self.layer_readings: list[float] = []  # the spell gauge's layer, runs per second
         self.layer = SpellGauge(threads)
 
     def read(self) -> tuple[float, float, float]:
         """A reading now (``machine_speed``, and the spell gauge's layer in runs per second), added to
         the references."""
+        # The layer first: right after numpy's products, OpenBLAS's workers spin on the other core for a
+        # while and the layer read 1.5-2x slow in every row (2026-12-07), the models at full speed.
+        layer = 1.0 / self.layer.read()
         compute, memory = machine_speed(self.threads)
         self.best = max(self.best, compute)
         self.memory_readings.append(memory)
-        return compute, memory, 1.0 / self.layer.read()
+        self.layer_readings.append(layer)
+        return compute, memory, layer
 
     @property
     def reference(self) -> tuple[float, float, float]:
         """The compute (GFLOP/s), memory (GB/s) and spell-gauge (runs/s) speeds a row's readings are
         divided by."""
-        return self.best, float(np.median(self.memory_readings)), 1.0 / self.layer.fastest
+        return self.best, float(np.median(self.memory_readings)), float(np.median(self.layer_readings))
 
     def start(self) -> None:
         """``REFERENCE_READINGS`` readings over about a second, right after calibrating."""
@@ -197,7 +204,7 @@ def main() -> int:
                         help=f"rounds measuring again, in full, the rows timed in a slow spell (sgemm under "
                              f"{SLOW_SPELL:.2f}x the fastest it ran or the matrix-vector product under "
                              f"{SLOW_MEMORY:.2f}x its median, or the spell gauge's layer over {SPELL_RATIO:.1f}x "
-                             f"its fastest)")
+                             f"its median)")
     parser.add_argument("--save-profile", action="store_true",
                         help="save a fresh calibration as this machine's default profile")
     args = parser.parse_args()
@@ -219,7 +226,7 @@ def main() -> int:
     compute, memory, layer = gauge.reference
     print(f"after calibrating: sgemm {SPEED_PROBE_SIDE}^3 {compute:.0f} GFLOP/s, matrix-vector over "
           f"{BANDWIDTH_PROBE_BYTES >> 20} MiB {memory:.1f} GB/s, spell gauge's layer {1e6 / layer:.0f} us (a row's "
-          "speeds are its ratios to the fastest sgemm, the median matrix-vector reading and the fastest layer seen)")
+          "speeds are its ratios to the fastest sgemm, the median matrix-vector reading and the median layer reading)")
 
     header = (f"{'model':<14} {'batch':>5} {'pred ms':>10} {'meas ms':>10} {'error':>7} {'layers+-20%':>11} "
               f"{'layer MAPE':>10} {'mem err':>8} {'Augur ms':>10} {'Augur err':>9} {'speed':>6} {'memory':>6} "
@@ -363,7 +370,7 @@ def summarise(rows: list[dict]) -> None:
                        if r["speed"] >= 0.9 and r["memory_speed"] >= 0.9 and r["layer_speed"] >= 0.8])
     if steady.size:
         print(f"runs measured at full speed (sgemm within 10% of its fastest, matrix-vector of its median, the "
-              f"spell gauge's layer within 1.25x of its fastest): "
+              f"spell gauge's layer within 1.25x of its median): "
               f"{steady.size} of {len(rows)}; "
               f"{np.mean(steady <= 0.10) * 100:.0f}% of them within +-10%, MAPE {steady.mean() * 100:.1f}%")
 

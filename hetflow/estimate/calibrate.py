@@ -1,7 +1,7 @@
 """Calibration: amortised micro-benchmarks on one device, fitted into a DeviceProfile.
 
-What is measured (each with many iterations per synchronisation, the minimum of a few rounds; the GEMM
-grid and the probes in ``Settings.passes`` whole sweeps, each point keeping its fastest):
+What is measured (each with many iterations per synchronisation, the minimum of a few rounds; the copy
+rates, the GEMM grid and the probes in ``Settings.passes`` whole sweeps, each point keeping its fastest):
 
 1. copy bandwidth over working sets from L1-sized to DRAM-sized, and the elementwise arithmetic rate;
 2. matrix multiplication over an (n, m, k) grid of CNN-typical sizes, fitted as a peak rate times a
@@ -204,8 +204,8 @@ def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) ->
     # A CPU run that splits its GEMMs over its own threads runs each part on one BLAS thread.
     splits = hardware.kind == "cpu" and threads > 1
     one_thread_points = len(one_thread_grid(settings, grid, threads)) if splits else 0
-    sweeps = len(settings.reread_mib) + len(grid) + len(probes)  # what every pass measures
-    total = len(settings.copy_sizes) + 2 + settings.passes * sweeps + one_thread_points
+    sweeps = len(settings.reread_mib) + len(settings.copy_sizes) + len(grid) + len(probes)  # what every pass measures
+    total = 2 + settings.passes * sweeps + one_thread_points
     show = sys.stderr.isatty() if progress is None else progress
     budget = _Budget(settings.budget_seconds)
     with tqdm(total=total, desc=f"calibrating {hardware.id}", unit="bench", disable=not show, leave=False) as bar:
@@ -229,16 +229,19 @@ def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) ->
         sweeps_by = budget.until(reread_seconds + OUTLIER_RESERVE_SECONDS + SPELL_RESERVE_SECONDS)
         for _ in range(settings.passes - 1):
             if time.perf_counter() + grid_seconds >= sweeps_by:
-                bar.update(len(grid) + len(probes))
+                bar.update(len(settings.copy_sizes) + len(grid) + len(probes))
                 break
+            memory = faster_copies(memory, _copy_rates(settings, hardware, bar.update))
             gemm_sweeps.append(_time_gemm_grid(settings, grid, hardware, bar.update))
             measured = _swept_again(probes, again, measured, spells, settings, hardware, terms, bar, gauge, sweeps_by)
         if gauge is not None:
             bar.set_postfix_str("re-measuring slow spells", refresh=True)
             _remeasure_spells(probes, measured, spells, settings, hardware, terms, gauge, stop_at=spells_by)
         if len(gemm_sweeps) > 1:
-            # Features depend on the GEMM model: refit it on the fastest sweep, then recompute them.
-            terms = dataclasses.replace(terms, gemm=_fit_gemm_grid(settings, grid, hardware, gemm_sweeps))
+            # Features depend on the GEMM model and the copy rates: refit the one on the fastest sweep,
+            # take the faster of the others, then recompute them.
+            terms = dataclasses.replace(terms, gemm=_fit_gemm_grid(settings, grid, hardware, gemm_sweeps),
+                                        memory=memory)
             measured = [[_with_features(s, terms) for s in group] for group in measured]
         bar.set_postfix_str("re-measuring outliers", refresh=True)
         samples = _remeasure_outliers(probes, measured, settings, hardware, terms, stop_at=outliers_by)
@@ -319,17 +322,9 @@ def _built_once(probe: probe_catalogue.Probe) -> probe_catalogue.Probe:
 def _calibrate_memory(
     settings: Settings, device: Device, rereads: tuple[list[float], list[float]], step: Callable[[int], object]
 ) -> MemoryModel:
-    """Copy rates by working set, the elementwise rate, and ``rereads`` (``_calibrate_rereads``)."""
-    sizes, rates = [], []
-    for size in settings.copy_sizes:
-        source = np.ones(size // 4, dtype=np.float32)
-        target = np.empty_like(source)
-        seconds = amortised_seconds(lambda s=source, t=target: np.copyto(t, s), min_time=settings.min_time,
-                                    rounds=settings.rounds, synchronize=device.synchronize)
-        sizes.append(float(2 * size))
-        rates.append(2 * size / seconds / 1e9)
-        step(1)
-    rates = _lifted(rates)
+    """Copy rates by working set (``_copy_rates``), the elementwise rate, and ``rereads``
+    (``_calibrate_rereads``)."""
+    sizes, rates = _copy_rates(settings, device, step)
     a = np.ones(1 << 16, dtype=np.float32)
     out = np.empty_like(a)
     seconds = amortised_seconds(lambda: np.multiply(a, a, out=out), min_time=settings.min_time,
@@ -341,17 +336,46 @@ def _calibrate_memory(
                        reread_gbs=reread_gbs)  # fmt: skip
 
 
+def _copy_rates(settings: Settings, device: Device, step: Callable[[int], object]) -> tuple[list[float], list[float]]:
+    """Copy rates (GB/s, bytes read and written) by working set (both arrays' bytes), over
+    ``settings.copy_sizes``."""
+    sizes, rates = [], []
+    for size in settings.copy_sizes:
+        source = np.ones(size // 4, dtype=np.float32)
+        target = np.empty_like(source)
+        seconds = amortised_seconds(lambda s=source, t=target: np.copyto(t, s), min_time=settings.min_time,
+                                    rounds=settings.rounds, synchronize=device.synchronize)
+        sizes.append(float(2 * size))
+        rates.append(2 * size / seconds / 1e9)
+        step(1)
+    return sizes, _lifted(rates)
+
+
 def faster_rereads(memory: MemoryModel, again: tuple[list[float], list[float]]) -> MemoryModel:
     """``memory`` with each footprint's re-read rate the faster of its own and ``again``'s, a sweep taken
     a minute or two after the first. Noise only slows a reading, and a slow reading at a footprint the
     cache holds would put a run's weights out of cache in the estimate; the VM's slow spells, which slow
     memory-bound layers 2-3x for seconds to minutes (``hetflow.estimate.spells``), rarely cover both
     sweeps."""
-    sizes, rates = again
-    if sizes != memory.reread_bytes:
-        return memory
-    faster = [max(first, later) for first, later in zip(memory.reread_gbs, rates, strict=True)]
-    return dataclasses.replace(memory, reread_gbs=faster)
+    faster = _faster_rates(memory.reread_bytes, memory.reread_gbs, again)
+    return memory if faster is None else dataclasses.replace(memory, reread_gbs=faster)
+
+
+def faster_copies(memory: MemoryModel, again: tuple[list[float], list[float]]) -> MemoryModel:
+    """``memory`` with each working set's copy rate the faster of its own and ``again``'s (a later
+    sweep), for the reason of ``faster_rereads``: on the Zen 4 VM (2026-12-07) one calibration's copies ran
+    at 44 / 33 / 25 GB/s over 24 / 32 / 64 MiB working sets and the next one's at 65 / 56 / 33, and with
+    the slow curve VGG-19's batch-1 pools and big-map Winograd layers came out 30-120% over."""
+    faster = _faster_rates(memory.working_set_bytes, memory.bandwidth_gbs, again)
+    return memory if faster is None else dataclasses.replace(memory, bandwidth_gbs=faster)
+
+
+def _faster_rates(sizes: list[float], rates: list[float], again: tuple[list[float], list[float]]) -> list[float] | None:
+    """Each size's rate the faster of ``rates``' and ``again``'s; None where ``again`` measured other sizes."""
+    again_sizes, again_rates = again
+    if again_sizes != sizes:
+        return None
+    return [max(first, later) for first, later in zip(rates, again_rates, strict=True)]
 
 
 #: Bytes of each matrix the re-read sweep reads: large enough that a call's overhead is small against

@@ -16,7 +16,7 @@ from hetflow.estimate.cache import (
     Touch,
     cold_bytes,
 )
-from hetflow.estimate.calibrate import faster_rereads
+from hetflow.estimate.calibrate import faster_copies, faster_rereads
 from hetflow.estimate.models import bandwidth
 from hetflow.estimate.predict import (
     batch_bindings,
@@ -212,3 +212,12 @@ def test_a_second_reread_sweep_keeps_the_faster_rate_of_each_footprint(quick_pro
     assert merged.reread_gbs == [72.0, 45.0, 15.0]
     assert merged.working_set_bytes == memory.working_set_bytes  # the copies untouched
     assert faster_rereads(memory, (sizes[:2], [99.0, 99.0])) is memory  # another grid: nothing to merge
+
+
+def test_a_second_copy_sweep_keeps_the_faster_rate_of_each_working_set(quick_profile: DeviceProfile):
+    sizes = [float(mib * MIB) for mib in (1, 16, 64)]
+    memory = dataclasses.replace(quick_profile.memory, working_set_bytes=sizes, bandwidth_gbs=[90.0, 40.0, 25.0])
+    merged = faster_copies(memory, (sizes, [85.0, 60.0, 24.0]))
+    assert merged.bandwidth_gbs == [90.0, 60.0, 25.0]
+    assert merged.reread_gbs == memory.reread_gbs  # the re-reads untouched
+    assert faster_copies(memory, (sizes[1:], [99.0, 99.0])) is memory  # another grid: nothing to merge
