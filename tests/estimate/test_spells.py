@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 
 import numpy as np
 import pytest
@@ -157,3 +158,31 @@ def test_a_reading_with_the_l3_split_is_slow_however_fast_the_gauge_ran():
     gauge.read()
     assert not gauge.split
     assert not gauge.slow(gauge.fastest)
+
+
+def _scripted_probe(monkeypatch, ratios: list[float]) -> CacheProbe:
+    """A cache probe reading ``ratios`` in turn (the last one repeats), with two CPUs."""
+    probe = CacheProbe()
+    probe.cpus = (0, 1)
+    readings = list(ratios)
+    monkeypatch.setattr(probe, "ratio", lambda reads=3: readings.pop(0) if len(readings) > 1 else readings[0])
+    return probe
+
+
+def test_a_probe_that_never_reads_the_l3_shared_stops_waiting_for_it(monkeypatch):
+    probe = _scripted_probe(monkeypatch, [2.0])  # split by the machine's layout
+    assert probe.wait_until_shared(0.05, pause_s=0.01) is False
+    assert probe.split_by_layout
+    started = time.perf_counter()
+    assert probe.wait_until_shared(30.0, pause_s=0.01) is False
+    assert time.perf_counter() - started < 1.0
+
+
+def test_a_probe_that_has_read_the_l3_shared_waits_out_a_split(monkeypatch):
+    probe = _scripted_probe(monkeypatch, [1.0, 2.0, 2.0])
+    assert probe.shared() is True
+    assert probe.wait_until_shared(0.05, pause_s=0.01) is False  # ran out: a spell, not the layout
+    assert not probe.split_by_layout
+    probe = _scripted_probe(monkeypatch, [1.0, 2.0, 2.0, 1.0])
+    assert probe.shared() is True
+    assert probe.wait_until_shared(30.0, pause_s=0.01) is True
