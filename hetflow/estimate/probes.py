@@ -583,6 +583,9 @@ def catalogue() -> list[Probe]:
         # GB/s where they stream at 37-43 (its batch-1 estimate -20%).
         Probe("fc 4096 -> 4096 spin", fully_connected(1, 4096, 4096), spin=True, hold_blas=True),
         Probe("fc 4096 -> 1000 spin", fully_connected(1, 4096, 1000), spin=True, hold_blas=True),
+        # ... and one past 100 MB: from the two above, ZFNet's 302 MB layer came out at 26 GB/s where it
+        # streams at 35 (its batch-1 estimate +13.7%, 2026-12-07).
+        Probe("fc 9216 -> 4096 spin", fully_connected(1, 9216, 4096), spin=True, hold_blas=True),
         Probe("fc 25088 -> 4096 b2", fully_connected(2, 25088, 4096)),
         Probe("fc 25088 -> 4096 b16 split", fully_connected(16, 25088, 4096), split=True),
         Probe("fc 4096 -> 4096 b16 split", fully_connected(16, 4096, 4096, relu=True), split=True),
