@@ -86,9 +86,9 @@ OUTLIER_RATIO = 1.4
 REMEASURE_PASSES = 2
 #: A probe whose first sweep took longer than this many seconds (its model's build not counted) is not
 #: swept again: its kernels ran long enough for the first sweep's rounds to be the measurement, and an
-#: outlier among them is still measured again (``_remeasure_outliers``). The longest are VGG's 512-channel layers at batch 8 and
-#: its 25088-deep classifier; skipping their second sweep took a calibration on the Zen 4 VM
-#: (2026-12-03) from 124 to 116 s.
+#: outlier among them is still measured again (``_remeasure_outliers``). The longest are VGG's
+#: 512-channel layers at batch 8 and its 25088-deep classifier; skipping their second sweep took a
+#: calibration on the Zen 4 VM (2026-12-03) from 124 to 116 s.
 LONG_PROBE_SECONDS = 1.0
 
 #: Kernels that only dispatch to others at run time: timing them would measure another key twice.

@@ -115,7 +115,8 @@ class CacheProbe:
 
     Cores on separate L3s by design (a desktop CPU's two core complexes, two sockets, CI's runner on
     2026-12-07) never read shared: once a wait runs out with no shared reading ever seen, the probe takes
-    the split for the machine's layout and later waits return at once."""
+    the split for the machine's layout and later waits return after one reading, until a reading finds
+    the L3 shared after all."""
 
     def __init__(self) -> None:
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -145,7 +146,8 @@ class CacheProbe:
         if not self.available:
             return None
         shared = self.ratio() < SPLIT_RATIO
-        self.ever_shared |= shared
+        if shared:  # a spell after all: wait again from now on
+            self.ever_shared, self.split_by_layout = True, False
         return shared
 
     def wait_until_shared(self, limit_s: float, pause_s: float = 0.5) -> bool | None:

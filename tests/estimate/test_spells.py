@@ -186,3 +186,12 @@ def test_a_probe_that_has_read_the_l3_shared_waits_out_a_split(monkeypatch):
     probe = _scripted_probe(monkeypatch, [1.0, 2.0, 2.0, 1.0])
     assert probe.shared() is True
     assert probe.wait_until_shared(30.0, pause_s=0.01) is True
+
+
+def test_a_shared_reading_after_the_layout_verdict_brings_the_waits_back(monkeypatch):
+    probe = _scripted_probe(monkeypatch, [2.0, 2.0, 1.0, 2.0])
+    assert probe.wait_until_shared(0.0, pause_s=0.01) is False  # ran out with no shared reading
+    assert probe.split_by_layout
+    assert probe.wait_until_shared(30.0, pause_s=0.01) is False  # one reading, no wait
+    assert probe.shared() is True  # the cores share their L3 after all: a spell it was
+    assert not probe.split_by_layout and probe.ever_shared
