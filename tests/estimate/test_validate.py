@@ -131,3 +131,20 @@ def test_a_batch_run_in_parts_is_estimated_and_measured_as_its_runs(zoo_home, qu
     validate(whole, session, memory=False)
     assert batches == [4, 4]
     assert all(layer.measured_ms == pytest.approx(4.0) for layer in whole.layers)
+
+
+def test_validate_times_the_layers_on_whole_feeds_without_a_batch_dimension(quick_profile, monkeypatch):
+    """A time-major LSTM's input is [steps, 1, features] with no symbolic batch: its first axis is the
+    sequence, and the layers are timed over every step (slicing it to the batch ran one)."""
+    from hetflow.estimate import probes
+    from hetflow.estimate import validate as validation
+
+    session = open_session(probes.lstm(20, 1, 6, 32, last_only=True)(), "cpu")
+    shapes: list[tuple[int, ...]] = []
+    original = validation.layer_seconds
+    monkeypatch.setattr(validation, "layer_seconds",
+                        lambda s, feeds, **k: shapes.append(feeds["x"].shape) or original(s, feeds, **k))
+    result = validate(estimate(session, quick_profile, batch=1), session, memory=False)
+    assert shapes == [(20, 1, 6), (20, 1, 6)]
+    (layer,) = result.layers
+    assert layer.measured_ms > 0.25 * result.measured_ms  # the whole sequence, not one step of it
