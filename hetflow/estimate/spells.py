@@ -122,7 +122,7 @@ class CacheProbe:
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self.cpus = tuple(cpus[:2])
         self.ever_shared = False  # whether any reading found the L3 shared
-        self.split_by_layout = False  # a wait ran out before any reading found it shared
+        self.waited_out = False  # whether a wait ran to its limit
         self.values = np.ones(PROBE_BYTES // 4, np.float32)
         _fill(self.values, 1.0)
         _total(self.values)
@@ -146,9 +146,14 @@ class CacheProbe:
         if not self.available:
             return None
         shared = self.ratio() < SPLIT_RATIO
-        if shared:  # a spell after all: wait again from now on
-            self.ever_shared, self.split_by_layout = True, False
+        self.ever_shared |= shared
         return shared
+
+    @property
+    def split_by_layout(self) -> bool:
+        """Whether the split is taken for the machine's layout: a wait ran out and no reading has found
+        the L3 shared (one that does makes it a spell again)."""
+        return self.waited_out and not self.ever_shared
 
     def wait_until_shared(self, limit_s: float, pause_s: float = 0.5) -> bool | None:
         """Probe until the CPUs share their L3, ``pause_s`` apart, for at most ``limit_s`` seconds;
@@ -157,7 +162,7 @@ class CacheProbe:
         deadline = time.perf_counter() + limit_s
         while (shared := self.shared()) is False and not self.split_by_layout:
             if time.perf_counter() + pause_s > deadline:
-                self.split_by_layout = not self.ever_shared
+                self.waited_out = True
                 break
             time.sleep(pause_s)
         return shared
