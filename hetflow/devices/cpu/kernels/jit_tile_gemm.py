@@ -14,8 +14,9 @@ columns at a time, and every row block of W passes over those columns before the
 in L2, and each row block writes its rows of Y from start to end. The last vector of a tile is masked
 (positions past N are never read or written).
 
-A share of the work (``gemm_share``, the spinning pool's job) is a run of whole tiles of columns by a
-range of row blocks, so that a 7x7 map (one tile) still splits over the threads, by its kernels.
+A share of the work (``gemm_share``, the spinning pool's job) is a run of whole tiles of columns (of
+whole vectors on small maps, ``share_unit``) by a range of row blocks, so that a 7x7 map (one tile) still
+splits over the threads, by its kernels.
 
 Measured one core, caches warm, against OpenBLAS's product alone (GMAC/s, one process, weights then
 packed in ``ROWS``-row panels): 64x256x3136 75 vs 59, 24x144x3136 64 vs 45, 96x16x12544 46 vs 39,
@@ -309,14 +310,16 @@ def gemm_items(w, x, y, y_image, residual, r_image, bias, low, high, kernels, po
 def gemm_share(w, x, y, y_image, residual, r_image, bias, low, high, kernels, positions, groups, share, shares,
                row_parts, block_bytes):  # noqa: ANN001, E501
     """Share ``share`` of ``shares`` of ``gemm_items``' work over every image and group of ``x``. The
-    shares are ``shares // row_parts`` runs of whole column tiles (each image's groups' tiles taken in
-    order) by ``row_parts`` ranges of each group's row blocks."""
+    shares are ``shares // row_parts`` runs of whole column tiles or vectors (``share_unit``; each image's
+    groups' units taken in order) by ``row_parts`` ranges of each group's row blocks."""
     column_parts = shares // row_parts
     column_part, row_part = share // row_parts, share % row_parts
     blocks = (kernels // groups + ROWS - 1) // ROWS
     first_block, last_block = blocks * row_part // row_parts, blocks * (row_part + 1) // row_parts
-    per_plane = (positions + TILE_POSITIONS - 1) // TILE_POSITIONS
-    total = x.shape[0] * groups * per_plane
+    planes = x.shape[0] * groups
+    unit = share_unit(planes, positions, column_parts)
+    per_plane = (positions + unit - 1) // unit
+    total = planes * per_plane
     first, last = total * column_part // column_parts, total * (column_part + 1) // column_parts
     width = block_width(block_bytes, x.shape[1] // groups)
     for plane in range(first // per_plane, (last + per_plane - 1) // per_plane):
@@ -324,9 +327,21 @@ def gemm_share(w, x, y, y_image, residual, r_image, bias, low, high, kernels, po
         stop = min(last, (plane + 1) * per_plane) - plane * per_plane
         if stop > start:
             _plane(w, x, y, y_image, residual, r_image, bias, low, high, kernels, positions, groups,
-                   plane // groups, plane % groups, np.int64(start * TILE_POSITIONS),
-                   np.int64(min(positions, stop * TILE_POSITIONS)), width, np.int64(first_block),
-                   np.int64(last_block))  # fmt: skip
+                   plane // groups, plane % groups, np.int64(start * unit), np.int64(min(positions, stop * unit)),
+                   width, np.int64(first_block), np.int64(last_block))  # fmt: skip
+
+
+#: Column shares are runs of whole tiles where the planes hold at least this many tiles per share, else
+#: runs of whole vectors: a 14x14 map's 196 positions are 3 full tiles and one of 4 positions, so four
+#: shares of whole tiles left one thread 8 of the 13 vectors.
+TILES_PER_SHARE = 2
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def share_unit(planes, positions, column_parts):  # noqa: ANN001, ANN202
+    """Positions per unit of a column share (``gemm_share``): a whole tile, or one vector on small maps."""
+    tiles = planes * ((positions + TILE_POSITIONS - 1) // TILE_POSITIONS)
+    return TILE_POSITIONS if tiles >= TILES_PER_SHARE * column_parts else lv.LANES
 
 
 # -- on the spinning pool ----------------------------------------------------------------------------
