@@ -10,8 +10,10 @@ import numpy as np
 
 from hetflow.devices.base import BoundCall, Device, Kernel, KernelTable
 from hetflow.devices.cpu.compiled_cache import clear_stale_cpu_kernels
+from hetflow.devices.cpu.numba_registries import import_array_registry_without_scipy
 
 clear_stale_cpu_kernels()  # before any kernel is compiled or loaded from numba's cache
+import_array_registry_without_scipy()  # before numba's first dispatch loads its registries
 
 from hetflow.devices.cpu import kernels as _kernels  # noqa: E402, F401  (registers the kernels)
 from hetflow.devices.cpu.spin_pool import JobScript, replay_on  # noqa: E402
