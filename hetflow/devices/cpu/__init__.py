@@ -9,11 +9,13 @@ from typing import Any
 import numpy as np
 
 from hetflow.devices.base import BoundCall, Device, Kernel, KernelTable
-from hetflow.devices.cpu.compiled_cache import clear_stale_cpu_kernels
-from hetflow.devices.cpu.numba_registries import import_array_registry_without_scipy
+from hetflow.devices.cpu.compiled_cache import clear_stale_cpu_kernels, kernel_cache_folder
+from hetflow.devices.cpu.numba_footprint import cache_runtime, import_array_registry_without_scipy
 
 clear_stale_cpu_kernels()  # before any kernel is compiled or loaded from numba's cache
-import_array_registry_without_scipy()  # before numba's first dispatch loads its registries
+# Both before numba's first dispatch, which loads its registries and its runtime.
+import_array_registry_without_scipy()
+cache_runtime(kernel_cache_folder())
 
 from hetflow.devices.cpu import kernels as _kernels  # noqa: E402, F401  (registers the kernels)
 from hetflow.devices.cpu.spin_pool import JobScript, replay_on  # noqa: E402

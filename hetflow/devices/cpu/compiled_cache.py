@@ -97,14 +97,19 @@ def _read(path: Path) -> str | None:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that no reader ever sees half of it (a read-only folder: skipped)."""
+    """Write ``text`` to ``path`` (``write_atomically``)."""
+    write_atomically(path, (text + "\n").encode("ascii"))
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that no reader ever sees half of it (a read-only folder: skipped)."""
     try:
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".stamp-")
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".hetflow-")
     except OSError:
         return
     try:
-        with os.fdopen(handle, "w", encoding="ascii") as stamp:
-            stamp.write(text + "\n")
+        with os.fdopen(handle, "wb") as target:
+            target.write(data)
         os.replace(temporary, path)
     except OSError:
         Path(temporary).unlink(missing_ok=True)
@@ -113,3 +118,8 @@ def _write_atomically(path: Path, text: str) -> None:
 def clear_stale_cpu_kernels() -> list[Path]:
     """``clear_stale`` over the CPU device's sources (the package this module is in)."""
     return clear_stale(Path(__file__).resolve().parent)
+
+
+def kernel_cache_folder() -> Path | None:
+    """The folder numba caches the CPU device's kernels in (``cache_folder``)."""
+    return cache_folder(Path(__file__).resolve())
