@@ -103,6 +103,21 @@ def test_the_output_transform_writes_a_y_whose_images_are_not_contiguous():
     assert np.isnan(taller[:, :, 0]).all() and np.isnan(taller[:, :, 10]).all()
 
 
+def test_a_layer_with_small_transformed_weights_takes_small_passes():
+    """Passes hold at most ``PASS_PER_U`` times U's bytes (at least ``MIN_PASS_BYTES``, at most
+    ``PASS_BYTES``): GoogLeNet's 64 -> 192 layer at 56x56 and batch 16 in passes of a few images, not all 16."""
+    node = Node("Conv", "c", ["x", "w", "b"], ["y"], ConvAttrs(pads=(1, 1, 1, 1)))
+    f32 = np.dtype(np.float32)
+    small, large = (192, 64, 3, 3), (512, 512, 3, 3)
+    assert winograd.pass_bytes(small, f32, 4) == winograd.PASS_PER_U * 36 * 192 * 64 * 4  # U: 1.8 MB
+    assert winograd.pass_bytes((16, 16, 3, 3), f32, 4) == winograd.MIN_PASS_BYTES
+    assert winograd.pass_bytes(large, f32, 4) == winograd.PASS_BYTES  # U 37.7 MB: passes stay large
+    one_image = sum(winograd._image_scratch(node, (16, 64, 56, 56), small, f32, 4))
+    images = winograd.images_per_pass(node, (16, 64, 56, 56), small, f32, 4)
+    assert images * one_image <= winograd.pass_bytes(small, f32, 4) < (images + 1) * one_image
+    assert images < 16
+
+
 @pytest.mark.parametrize("algorithm", WINOGRADS)
 @pytest.mark.parametrize("fused", [None, FusedActivation("Relu")], ids=["none", "Relu"])
 def test_a_batch_goes_through_in_passes_of_whole_images(algorithm, fused, monkeypatch):

@@ -164,6 +164,12 @@ def _supports_winograd(node: Node, inputs: InputInfos) -> str | None:
 #: time, U being read again by each: VGG-19 at batch 16 took 1.00x as long with 128 MB, 1.12x with 64,
 #: 1.32x with 32.
 PASS_BYTES = 128 * 2**20
+#: A layer whose U is small takes passes of at most this many times U's bytes (but ``MIN_PASS_BYTES`` at
+#: least): reading U again costs such a pass ~3% more traffic. GoogLeNet's and Inception v2's 64 -> 192
+#: layers at 56x56 (U 1.8 MB, 7.2 MB of V and M an image) had held 110 MB at batch 16, the largest
+#: workspace of either network, so most of its arena.
+PASS_PER_U = 16
+MIN_PASS_BYTES = 16 * 2**20
 
 
 def _image_scratch(
@@ -183,9 +189,15 @@ def _passes(
     T]``."""
     batch = int(x_shape[0])
     first, second = _image_scratch(node, x_shape, w_shape, dtype, m)
-    fitting = max(1, PASS_BYTES // max(1, first + second))
+    fitting = max(1, pass_bytes(w_shape, dtype, m) // max(1, first + second))
     images = max(1, -(-batch // -(-batch // fitting)))  # equal passes
     return images, aligned(first * images), aligned(second * images)
+
+
+def pass_bytes(w_shape: tuple[int, ...], dtype: np.dtype, m: int) -> int:
+    """The most bytes of V and M one pass of a layer with weights ``w_shape`` holds (``PASS_PER_U``)."""
+    u_bytes = (m + 2) ** 2 * int(w_shape[0]) * int(w_shape[1]) * np.dtype(dtype).itemsize
+    return min(PASS_BYTES, max(MIN_PASS_BYTES, PASS_PER_U * u_bytes))
 
 
 def images_per_pass(
