@@ -72,7 +72,7 @@ def clear_stale(root: Path) -> list[Path]:
         if _read(stamp) == digest:
             continue
         deleted += _delete_entries(folder, modules)
-        _write_atomically(stamp, digest)
+        write_atomically(stamp, (digest + "\n").encode("ascii"))
     return deleted
 
 
@@ -94,11 +94,6 @@ def _read(path: Path) -> str | None:
         return path.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` (``write_atomically``)."""
-    write_atomically(path, (text + "\n").encode("ascii"))
 
 
 def write_atomically(path: Path, data: bytes) -> None:

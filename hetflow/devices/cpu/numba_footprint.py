@@ -91,18 +91,23 @@ def _load(ctx: Any, path: Path) -> Any:
 
 
 def _compile_and_keep(ctx: Any, path: Path) -> Any:
-    """numba's runtime compiled as ``nrtdynmod.compile_nrt_functions`` does, its object code kept too."""
+    """numba's runtime compiled as ``nrtdynmod.compile_nrt_functions`` does, its object code kept too
+    (None where it could not be compiled so: numba's own compile then runs)."""
+    from numba.core.runtime import nrtdynmod
+
     from hetflow.devices.cpu.compiled_cache import write_atomically
 
     try:
-        from numba.core.runtime import nrtdynmod
-
         module, library = nrtdynmod.create_nrt_module(ctx)
         library.enable_object_caching()
         library.add_ir_module(module)
-        library.finalize()
-        state = library.serialize_using_object_code()
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001  (another numba's internals)
         return None
-    write_atomically(path, pickle.dumps(state))
+    # NOTE: finalised outside the try: its symbols are then in numba's engine, and compiling the runtime
+    # a second time would define them twice.
+    library.finalize()
+    try:
+        write_atomically(path, pickle.dumps(library.serialize_using_object_code()))
+    except Exception:  # noqa: BLE001  (kept next time, perhaps)
+        pass
     return library
