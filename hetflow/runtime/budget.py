@@ -32,6 +32,7 @@ import numpy as np
 from hetflow.devices.cpu.kernels.dense import panel_bytes
 from hetflow.devices.cpu.kernels.direct import blocked_weight_bytes
 from hetflow.devices.cpu.kernels.own_gemm import lane_weight_bytes
+from hetflow.devices.cpu.kernels.winograd import transformed_weight_bytes as winograd_weight_bytes
 from hetflow.errors import BudgetError
 from hetflow.ops.base import planned_infos
 from hetflow.ops.conv import DIRECT_FMA, IM2COL, POINTWISE, WINOGRAD_TILE
@@ -131,10 +132,9 @@ def transformed_weight_bytes(plan: Plan) -> int:
         if step.node.op_type != "Conv":
             continue
         x, w = plan.graph.values[step.node.inputs[0]], plan.graph.values[step.node.inputs[1]]
-        kernels, channels = int(w.shape[0]), int(w.shape[1])  # type: ignore[index]
         tile = WINOGRAD_TILE.get(step.kernel.algorithm)
         if tile is not None:
-            total += (tile + 2) ** 2 * kernels * channels * w.dtype.itemsize
+            total += winograd_weight_bytes(w.shape, w.dtype, tile)  # type: ignore[arg-type]
         elif step.kernel.algorithm == DIRECT_FMA:
             total += blocked_weight_bytes(step.node, x.shape, w.shape)  # type: ignore[arg-type]
         elif step.kernel.algorithm in (POINTWISE, IM2COL) and step.node.attrs.packed_weights:

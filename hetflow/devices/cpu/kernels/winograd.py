@@ -194,10 +194,14 @@ def _passes(
     return images, aligned(first * images), aligned(second * images)
 
 
+def transformed_weight_bytes(w_shape: Sequence[int], dtype: np.dtype, m: int) -> int:
+    """Bytes of U ``[(m+2)^2, K, C]`` for weights of ``w_shape`` ``[K, C, 3, 3]`` (``transform_weights``)."""
+    return (m + 2) ** 2 * int(w_shape[0]) * int(w_shape[1]) * np.dtype(dtype).itemsize
+
+
 def pass_bytes(w_shape: tuple[int, ...], dtype: np.dtype, m: int) -> int:
     """The most bytes of V and M one pass of a layer with weights ``w_shape`` holds (``PASS_PER_U``)."""
-    u_bytes = (m + 2) ** 2 * int(w_shape[0]) * int(w_shape[1]) * np.dtype(dtype).itemsize
-    return min(PASS_BYTES, max(MIN_PASS_BYTES, PASS_PER_U * u_bytes))
+    return min(PASS_BYTES, max(MIN_PASS_BYTES, PASS_PER_U * transformed_weight_bytes(w_shape, dtype, m)))
 
 
 def images_per_pass(
