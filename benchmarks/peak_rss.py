@@ -32,7 +32,7 @@ PEERS = ("ort", "openvino")
 #: The module each runtime imports, loaded before the first reading.
 MODULES = {
     "hetflow": "hetflow", "hetflow-parallel": "hetflow", "hetflow-tuned": "hetflow", "ort": "onnxruntime",
-    "openvino": "openvino",
+    "openvino": "openvino", "hetflow-lite": "hetflow_lite",
 }
 
 
@@ -69,11 +69,11 @@ class Row:
     session_mib: dict[str, float]
     peak_mib: dict[str, float]
 
-    def ratio(self, peer: str) -> float | None:
-        """hetflow's peak / the peer's (at most 1: the target met)."""
-        if "hetflow" not in self.peak_mib or peer not in self.peak_mib:
+    def ratio(self, peer: str, ours: str = "hetflow") -> float | None:
+        """``ours``' peak / the peer's (at most 1: the target met)."""
+        if ours not in self.peak_mib or peer not in self.peak_mib:
             return None
-        return self.peak_mib["hetflow"] / self.peak_mib[peer]
+        return self.peak_mib[ours] / self.peak_mib[peer]
 
 
 def _feed_spec(path: Path, batch: int) -> list[object]:
@@ -110,15 +110,15 @@ def measure(name: str, batch: int, order: list[str], args: argparse.Namespace) -
 
 def markdown(rows: list[Row], runtimes: list[str]) -> str:
     peers = [p for p in runtimes if p in PEERS]
+    ours = [r for r in runtimes if r not in PEERS]
     header = ["model", "batch"]
     header += [f"{LABELS[r]} peak MiB (import, session)" for r in runtimes]
-    header += [f"hetflow / {LABELS[p]}" for p in peers if "hetflow" in runtimes]
+    header += [f"{LABELS[o]} / {LABELS[p]}" for o in ours for p in peers]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row.model, str(row.batch)]
         cells += [f"{row.peak_mib[r]:.0f} ({row.import_mib[r]:.0f}, {row.session_mib[r]:.0f})" for r in runtimes]
-        if "hetflow" in runtimes:
-            cells += [f"{row.ratio(p):.2f}" for p in peers]
+        cells += [f"{row.ratio(p, o):.2f}" for o in ours for p in peers]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         for batch in (int(b) for b in args.batches.split(",")):
             row = measure(name, LARGE_BATCH.get(name, batch) if batch == 16 else batch, order, args)
             rows.append(row)
-            ratios = "  ".join(f"/{LABELS[p]} {row.ratio(p):.2f}" for p in PEERS if row.ratio(p))
+            ratios = "  ".join(f"{LABELS[o]}/{LABELS[p]} {row.ratio(p, o):.2f}" for o in args.runtimes for p in PEERS
+                               if o not in PEERS and row.ratio(p, o))  # fmt: skip
             peaks = "  ".join(f"{LABELS[r]} {v:7.1f}" for r, v in row.peak_mib.items())
             print(f"{name:>14} b{row.batch:<3} peak MiB  {peaks}  {ratios}", flush=True)
     table = markdown(rows, args.runtimes)

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
-RUNTIMES = ("hetflow", "ort", "openvino", "hetflow-parallel", "hetflow-tuned")
+RUNTIMES = ("hetflow", "ort", "openvino", "hetflow-parallel", "hetflow-tuned", "hetflow-lite")
 LABELS = {
     "hetflow": "hetflow", "ort": "ORT", "openvino": "OpenVINO", "hetflow-parallel": "hetflow parallel",
-    "hetflow-tuned": "hetflow tuned",
+    "hetflow-tuned": "hetflow tuned", "hetflow-lite": "hetflow lite",
 }
 
 
@@ -109,9 +109,41 @@ class OpenVinoRunner:
         self.request.infer(self.feed, share_inputs=True)
 
 
+class LiteRunner:
+    """A compiled package of the model (``hetflow compile``, made once per model file, batch and thread
+    count in a separate process and kept under ~/.cache/hetflow/packages), run by ``hetflow_lite``: this
+    process imports neither hetflow nor numba."""
+
+    def __init__(self, path: Path, feed: dict[str, np.ndarray], threads: int):
+        from hetflow_lite import CompiledSession
+
+        self.session = CompiledSession(compiled_package(path, feed, threads), threads=threads)
+        self.feed = feed
+
+    def run(self) -> None:
+        self.session.run(None, self.feed)
+
+
+def compiled_package(path: Path, feed: dict[str, np.ndarray], threads: int) -> Path:
+    """The package of the model at ``path`` for ``feed``'s batch and ``threads`` (compiled if missing)."""
+    import hashlib
+    import subprocess
+    import sys
+
+    batch = next(iter(feed.values())).shape[0]
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    folder = Path.home() / ".cache" / "hetflow" / "packages" / f"{path.stem}-b{batch}-t{threads}-{key}"
+    if not (folder / "manifest.json").exists():
+        command = [sys.executable, "-m", "hetflow.cli", "compile", str(path), "-o", str(folder), "--batch", str(batch),
+                   "--threads", str(threads)]  # fmt: skip
+        subprocess.run(command, check=True, capture_output=True)
+    return folder
+
+
 RUNNER_TYPES: dict[str, Callable[..., Runner]] = {
     "hetflow": HetflowRunner, "ort": OrtRunner, "openvino": OpenVinoRunner, "hetflow-parallel": ParallelHetflowRunner,
-    "hetflow-tuned": TunedHetflowRunner,
+    "hetflow-tuned": TunedHetflowRunner, "hetflow-lite": LiteRunner,
 }
 
 

@@ -78,6 +78,7 @@ def _build_parser() -> argparse.ArgumentParser:
     tune.set_defaults(handler=_cmd_tune)
 
     _add_profile_parser(commands)
+    _add_compile_parser(commands)
     _add_bench_parser(commands)
     _add_estimate_parsers(commands)
     _add_devices_parser(commands)
@@ -228,6 +229,54 @@ def _looks_like_class_scores(array: np.ndarray) -> bool:
 
 def _bar(share: float, width: int = 30) -> str:
     return "#" * max(1, round(share * width)) if share > 0 else ""
+
+
+# -- compile -----------------------------------------------------------------------------------------
+def _add_compile_parser(commands: argparse._SubParsersAction) -> None:
+    compile_ = commands.add_parser(
+        "compile", help="save a model's captured run as a package that hetflow_lite runs without numba or onnx",
+        description="The model runs twice on seeded inputs; its captured run (kernels, weights, arena) is "
+                    "saved to a folder that hetflow_lite.CompiledSession loads with numpy and ctypes only. "
+                    "Needs a C compiler (cc) to link the kernels; the package runs on this CPU model, at "
+                    "the batch it was compiled for.",
+    )
+    compile_.add_argument("model", help="model path or zoo:NAME")
+    compile_.add_argument("-o", "--output", type=Path, required=True, help="the package folder to write")
+    compile_.add_argument("--batch", type=int, default=1, help="batch size for symbolic batch dimensions (1)")
+    compile_.add_argument("--threads", type=int, default=2, help="threads the package's runs split over (2)")
+    compile_.set_defaults(handler=_cmd_compile)
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from hetflow.runtime.compile_package import compile_package
+
+    bar = None
+
+    def progress(index: int, count: int, name: str) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=count, desc="kernels", unit="kernel")
+        bar.set_postfix_str(name)
+        bar.update(1)
+
+    started = time.perf_counter()
+    try:
+        compiled = compile_package(args.model, args.output, batch=args.batch, threads=args.threads, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    manifest = compiled.manifest
+    size = sum(path.stat().st_size for path in compiled.folder.iterdir())
+    print(f"wrote {compiled.folder} in {time.perf_counter() - started:.1f} s: {len(manifest.script)} jobs, "
+          f"{len(manifest.kernels)} kernels, {len(manifest.regions)} regions, {size / 2**20:.1f} MiB")
+    for tensor in manifest.inputs:
+        print(f"input   {tensor.name}: {tensor.dtype} {list(tensor.shape)}")
+    for tensor in manifest.outputs:
+        print(f"output  {tensor.name}: {tensor.dtype} {list(tensor.shape)}")
+    print(f"run it: python -c \"from hetflow_lite import CompiledSession; s = CompiledSession('{compiled.folder}')\"")
+    return 0
 
 
 # -- profile -----------------------------------------------------------------------------------------

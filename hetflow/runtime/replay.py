@@ -114,6 +114,15 @@ class Replay:
         return [(entry.script, entry.owners) for entry in self.entries if isinstance(entry, _Segment)]
 
     @property
+    def made(self) -> dict[int, np.ndarray]:
+        """The arrays the replayed steps leave, by slot (each slot's last), and the feeds' copies."""
+        values = dict(self.feeds)
+        for entry in self.entries:
+            if isinstance(entry, _Segment):
+                values.update(entry.results)
+        return values
+
+    @property
     def called(self) -> int:
         """How many steps a replay still calls from Python."""
         return sum(isinstance(entry, _Called) for entry in self.entries)

@@ -25,7 +25,15 @@ from hetflow.passes import bind_batch
 from hetflow.passes.manager import CPU_ONLY_PASSES
 from hetflow.passes.manager import optimize as optimize_graph
 from hetflow.runtime.budget import Residency, WeightStore, fit_plan, transformed_weight_bytes
-from hetflow.runtime.executor import ExecutionMode, Observer, check_mode, check_threads, execute, memory_plan
+from hetflow.runtime.executor import (
+    ExecutionMode,
+    Observer,
+    Program,
+    check_mode,
+    check_threads,
+    execute,
+    memory_plan,
+)
 from hetflow.runtime.held_weights import hold_packed
 from hetflow.runtime.memory import MemoryReport
 from hetflow.runtime.placement import (
@@ -39,6 +47,7 @@ from hetflow.runtime.placement import (
 )
 from hetflow.runtime.plan import Plan
 from hetflow.runtime.planner import make_plan, run_arrangement
+from hetflow.runtime.replay import Replay
 from hetflow.runtime.sub_batch import (
     batch_symbol,
     candidates,
@@ -391,11 +400,20 @@ class InferenceSession:
         """What this session's runs so far replay (``hetflow.runtime.replay``): ``"replayed"``, the nodes a
         captured run runs from compiled code, and ``"called"``, those it still calls from Python, each in
         run order (of the first captured run; empty before any run was captured)."""
-        for plan in [self._plan, *self._accepted.values()]:
-            for program in plan.programs.values():
-                for found in program.captured_runs():
-                    return {"replayed": list(found.replayed_nodes), "called": list(found.called_nodes)}
+        for _, found in self.captured_runs():
+            return {"replayed": list(found.replayed_nodes), "called": list(found.called_nodes)}
         return {"replayed": [], "called": []}
+
+    def captured_runs(self) -> list[tuple[Program, Replay]]:
+        """The runs captured so far (``hetflow.runtime.replay``), each with the compiled program whose
+        slots its values fill: one per plan (batch), arena and thread arrangement."""
+        plans = {id(plan): plan for plan in [self._plan, *self._accepted.values()]}
+        return [
+            (program, found)
+            for plan in plans.values()
+            for program in plan.programs.values()
+            for found in program.captured_runs()
+        ]
 
     def placement(self, batch: int | None = None) -> dict[str, str]:
         """Node name -> device id where it runs (at ``batch`` for a model with a symbolic batch)."""

@@ -32,7 +32,6 @@ Measured (LeNet's fc1, 800x500 GEMV, float32): one thread 21 us; split in two he
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,29 +43,18 @@ from numba import literal_unroll, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from hetflow_lite import spinning
+
 #: A job's compiled function: ``void(args, chunk, chunks)``, ``args`` the address of its argument block.
 JOB_SIGNATURE = types.void(types.CPointer(types.int64), types.int64, types.int64)
 
-#: Pause-hinted spin iterations a worker keeps spinning after the last run ended (~0.3 ms here: 20,000
-#: pauses alone took 0.23 ms), so that back-to-back runs find it awake.
-GRACE_SPINS = 20_000
-
-# Slots of the shared state (int64), each on its own cache line.
-_WORD = 0  # (sequence << _SEQUENCE_SHIFT) | the next unclaimed chunk
-_DONE = 8  # chunks of the current job finished
-_JOB = 16  # the current job's function address
-_ARGS = 24  # the current job's argument block address
-_CHUNKS = 32  # the current job's chunk count
-_SPIN = 40  # nonzero while a run is active: workers spin without a limit
-_STOP = 48  # nonzero: workers return
-_STATE_SLOTS = 56
-
-# The job word: chunks claimed from the front (low bits), from the back, and the job's sequence number.
-_BACK_SHIFT = 20
-_SEQUENCE_SHIFT = 40
-_CHUNK_MASK = (1 << _BACK_SHIFT) - 1
-#: The most chunks one job may have.
-MAX_CHUNKS = _CHUNK_MASK
+# The shared state's layout, the job word and the workers' grace: one place for this pool and a compiled
+# package's runtime (``hetflow_lite.spinning``).
+_WORD, _DONE, _JOB, _ARGS, _CHUNKS = spinning.WORD, spinning.DONE, spinning.JOB, spinning.ARGS, spinning.CHUNKS
+_SPIN, _STOP, _STATE_SLOTS = spinning.SPIN, spinning.STOP, spinning.STATE_SLOTS
+_BACK_SHIFT, _SEQUENCE_SHIFT, _CHUNK_MASK = spinning.BACK_SHIFT, spinning.SEQUENCE_SHIFT, spinning.CHUNK_MASK
+MAX_CHUNKS = spinning.MAX_CHUNKS
+GRACE_SPINS = spinning.GRACE_SPINS
 
 
 # -- atomics and calls by address, as numba intrinsics ------------------------------------------
@@ -393,7 +381,7 @@ def put_values(block, slot, values):  # noqa: ANN001, ANN201
 def argument_block(slots: int, arrays: tuple[np.ndarray, ...], numbers: tuple[int, ...]) -> np.ndarray:
     """A job's argument block of ``slots`` int64: ``arrays`` (C-contiguous; ``put_arrays``) then
     ``numbers``, filled in compiled code."""
-    block = np.empty(slots, np.int64)
+    block = np.zeros(slots, np.int64)
     put_values(block, put_arrays(block, 0, arrays), numbers)
     return block
 
@@ -474,17 +462,11 @@ _NO_STATE = np.zeros(_STATE_SLOTS, dtype=np.int64)
 
 
 # -- the pool ------------------------------------------------------------------------------------
-class SpinPool:
+class SpinPool(spinning.SpinningThreads):
     """``workers`` spinning threads beside the caller (``run``), started on first use."""
 
-    def __init__(self, workers: int, grace: int = GRACE_SPINS):
-        self.workers = workers
-        self.grace = grace
-        self.state = np.zeros(_STATE_SLOTS, dtype=np.int64)
-        self._busy = threading.Lock()  # one job at a time
-        self._wake = threading.Condition()
-        self._threads: list[threading.Thread] = []
-        self._active_runs = 0
+    def serve(self, seen: int) -> int:
+        return _serve(self.state, seen, self.grace)
 
     def run(self, job: int, args: np.ndarray, chunks: int) -> None:
         """Run the job at address ``job`` (a ``JOB_SIGNATURE`` cfunc) on ``args`` in ``chunks`` chunks,
@@ -522,49 +504,35 @@ class SpinPool:
         finally:
             self._busy.release()
 
-    def spin(self) -> None:
-        """A run starts: wake the workers and keep them spinning until ``rest``."""
-        with self._wake:
-            self._active_runs += 1
-            self.state[_SPIN] = 1
-            self._wake.notify_all()
 
-    def rest(self) -> None:
-        """A run ended: once no run is active, the workers spin ``grace`` more, then sleep."""
-        with self._wake:
-            self._active_runs -= 1
-            if self._active_runs == 0:
-                self.state[_SPIN] = 0
-
-    def close(self) -> None:
-        """Stop the workers (a later ``run`` starts them again)."""
-        with self._wake:
-            self.state[_STOP] = 1
-            self._wake.notify_all()
-        for thread in self._threads:
-            thread.join()
-        self._threads = []
-        self.state[_STOP] = 0
-
-    def _start(self) -> None:
-        if len(self._threads) < self.workers:
-            with self._wake:
-                while len(self._threads) < self.workers:
-                    thread = threading.Thread(target=self._serve, name="hetflow-spin", daemon=True)
-                    thread.start()
-                    self._threads.append(thread)
-
-    def _serve(self) -> None:
-        seen = int(self.state[_WORD]) >> _SEQUENCE_SHIFT
-        while True:
-            seen = _serve(self.state, seen, self.grace)
-            with self._wake:
-                while not self.state[_SPIN] and not self.state[_STOP]:
-                    self._wake.wait()
-                if self.state[_STOP]:
-                    return
+#: Every job compiled in this process: its address -> its Python function, what a compiled package's
+#: shared library is built from (``hetflow.devices.cpu.native_library``).
+COMPILED_JOBS: dict[int, Callable[..., None]] = {}
 
 
 def job(function: Callable[..., None]) -> int:
     """The address of ``function`` compiled as a job (``JOB_SIGNATURE``; cached on disk)."""
-    return numba.cfunc(JOB_SIGNATURE, nogil=True, cache=True)(function).address
+    address = numba.cfunc(JOB_SIGNATURE, nogil=True, cache=True)(function).address
+    COMPILED_JOBS[address] = function
+    return address
+
+
+# -- entry points of a compiled package's shared library (``hetflow_lite``) -------------------------
+_INT64_POINTER = types.CPointer(types.int64)
+#: ``replay_entry``: void(state, jobs, blocks, chunks, count, alone), each array by its address.
+REPLAY_ENTRY_SIGNATURE = types.void(_INT64_POINTER, _INT64_POINTER, _INT64_POINTER, _INT64_POINTER, types.int64,
+                                    types.int64)  # fmt: skip
+#: ``serve_entry``: int64(state, seen, grace).
+SERVE_ENTRY_SIGNATURE = types.int64(_INT64_POINTER, types.int64, types.int64)
+
+
+def replay_entry(state, jobs, blocks, chunks, count, alone):  # noqa: ANN001, ANN201
+    """``_replay`` (untimed) on arrays given by address: a compiled package's whole run in one call."""
+    jobs_array = numba.carray(jobs, (count,))
+    _replay(numba.carray(state, (_STATE_SLOTS,)), jobs_array, numba.carray(blocks, (count,)),
+            numba.carray(chunks, (count,)), alone != 0, jobs_array[:0])  # fmt: skip
+
+
+def serve_entry(state, seen, grace):  # noqa: ANN001, ANN201
+    """``_serve`` on the state at ``state``: a compiled package's worker loop."""
+    return _serve(numba.carray(state, (_STATE_SLOTS,)), seen, grace)

@@ -175,7 +175,7 @@ JOB_SLOTS = 17
 def share_job(a, lda, b, ldb, panel, y, ldy, bias, constants, m, n, k, shares) -> Job:  # noqa: ANN001
     """``dense_share``'s product (A, B, Y flat; see there) as a spin-pool job of ``shares`` chunks, on its
     own block."""
-    block = np.empty(JOB_SLOTS, np.int64)
+    block = np.zeros(JOB_SLOTS, np.int64)
     pack_job(block, a, lda, b, ldb, panel, y, ldy, bias, constants, m, n, k)
     return Job(job_address(), block, shares, (a, b, y, bias, constants))
 

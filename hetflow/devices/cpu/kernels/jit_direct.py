@@ -469,7 +469,7 @@ def share_job(
     bias: np.ndarray, y_flat: np.ndarray, planes: np.ndarray, products: np.ndarray, chunks: int,
 ) -> Job:  # fmt: skip
     """A direct Conv share job (``pack_share``'s block, its own) in ``chunks`` chunks."""
-    block = np.empty(SHARE_BLOCK_SLOTS, np.int64)
+    block = np.zeros(SHARE_BLOCK_SLOTS, np.int64)
     pack_share(block, numbers, x, tables, wt, bias, y_flat, planes, products)
     return Job(address, block, chunks, (x, *tables, wt, bias, y_flat, planes, products))
 

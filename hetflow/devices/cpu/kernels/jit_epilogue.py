@@ -137,7 +137,7 @@ _ROWS_BLOCK_SLOTS = 9
 
 def finish_rows_job(y: np.ndarray, bias: np.ndarray, has_bias: bool, code: int, constants: np.ndarray) -> Job:
     """``finish_rows`` on float32 arrays (``y`` C-contiguous) as a spin-pool job of one chunk."""
-    block = np.empty(_ROWS_BLOCK_SLOTS, np.int64)
+    block = np.zeros(_ROWS_BLOCK_SLOTS, np.int64)
     put_values(block, put_arrays(block, 0, (y, bias, constants)), (int(has_bias), code))
     return Job(_rows_address(), block, 1, (y, bias, constants))
 
@@ -160,7 +160,7 @@ def activation_job(
     captured run replays for an activation no kernel before it took (ShuffleNet's Relu after each
     Concat, a Clip after a direct Conv)."""
     constants = np.array([alpha, beta, 0.0], np.float32)
-    block = np.empty(_ACTIVATION_BLOCK_SLOTS, np.int64)
+    block = np.zeros(_ACTIVATION_BLOCK_SLOTS, np.int64)
     put_values(block, put_arrays(block, 0, (x, y, constants)), (code,))
     return Job(_activation_address(), block, chunks, (x, y, constants))
 

@@ -34,10 +34,7 @@ from numba import types
 
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.spin_pool import Job, SpinPool, float32_matrix, put_values
-
-#: (prefix, suffix) of the 64-bit-integer CBLAS builds numpy ships or links: numpy's wheels bundle
-#: scipy-openblas with prefixed and suffixed names.
-_NAMINGS = (("scipy_cblas_", "64_"), ("cblas_", "64_"))
+from hetflow_lite.blas import NAMINGS, ROUTINES
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
@@ -58,7 +55,6 @@ _sgemm = types.ExternalFunction("hetflow_sgemm", _gemm_type(types.float32))
 _dgemm = types.ExternalFunction("hetflow_dgemm", _gemm_type(types.float64))
 _sgemv = types.ExternalFunction("hetflow_sgemv", _gemv_type(types.float32))
 _dgemv = types.ExternalFunction("hetflow_dgemv", _gemv_type(types.float64))
-_ROUTINES = ("sgemm", "dgemm", "sgemv", "dgemv")
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
@@ -72,10 +68,10 @@ def available() -> bool:
         if getattr(library, "internal_api", "") != "openblas":
             continue
         llvm.load_library_permanently(library.filepath)
-        for prefix, suffix in _NAMINGS:
-            addresses = [llvm.address_of_symbol(f"{prefix}{name}{suffix}") for name in _ROUTINES]
+        for prefix, suffix in NAMINGS:
+            addresses = [llvm.address_of_symbol(f"{prefix}{name}{suffix}") for name in ROUTINES]
             if all(addresses):
-                for name, address in zip(_ROUTINES, addresses):
+                for name, address in zip(ROUTINES, addresses):
                     llvm.add_symbol(f"hetflow_{name}", address)
                 return True
     return False
@@ -144,7 +140,7 @@ def product_job(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int) -> Jo
     if not _one_float_dtype(a, b, out):
         return None
     # NOTE: the layouts are worked out in compiled code with the block: ~2 us less than ``_fits``.
-    block = np.empty(_BLOCK_SLOTS, np.int64)
+    block = np.zeros(_BLOCK_SLOTS, np.int64)
     job = _pack_product(block, a, b, out)
     return None if job < 0 else Job(_spin_jobs()[job], block, parts, (a, b, out))
 
@@ -167,7 +163,7 @@ def split_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int, pool:
     if pool is None:
         _items(parts, *sizes, a, step_a, trans_a, lda, b, step_b, trans_b, ldb, out, out.strides[0] // item, ldc)
     else:
-        block = np.empty(_BLOCK_SLOTS, np.int64)
+        block = np.zeros(_BLOCK_SLOTS, np.int64)
         _pack(block, sizes, a, (step_a, trans_a, lda), b, (step_b, trans_b, ldb), out, (out.strides[0] // item, ldc, item))
         pool.run(_spin_jobs()[2], block, parts)
     return True

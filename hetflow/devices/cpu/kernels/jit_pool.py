@@ -155,7 +155,7 @@ def pool_job(x: np.ndarray, y: np.ndarray, geo: Geometry, scale: np.ndarray | No
     if is_max and y.flags.c_contiguous and runs_tiles(geo, y.dtype):
         if (geo.axes[0].kernel, geo.axes[1].kernel) != (2, 2):
             return None
-        block = np.empty(_TILES_BLOCK_SLOTS, np.int64)
+        block = np.zeros(_TILES_BLOCK_SLOTS, np.int64)
         put_arrays(block, 0, (x, y))
         return Job(_tiles_address(), block, parts, (x, y))
     flat = flat_images(y)
@@ -185,7 +185,7 @@ def plane_means_job(planes: np.ndarray, y: np.ndarray) -> Job:
     """``y[p]`` = the mean of row p of ``planes`` (``[P, size]``, float32, C-contiguous; ``y`` flat, P long)
     as a spin-pool job of one chunk, what a captured run replays: a network's final pool (1024 planes
     of 49 values in GoogLeNet's) is a few microseconds of work, less than a hand-off."""
-    block = np.empty(_MEANS_BLOCK_SLOTS, np.int64)
+    block = np.zeros(_MEANS_BLOCK_SLOTS, np.int64)
     put_arrays(block, 0, (planes, y))
     return Job(_means_address(), block, 1, (planes, y))
 

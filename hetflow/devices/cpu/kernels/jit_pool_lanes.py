@@ -281,7 +281,7 @@ def planes_job(x: np.ndarray, y: np.ndarray, numbers: tuple[int, ...], scale: np
     max on 32x32x32 took 12 us on the caller alone, half of its input coming from the other core. A large
     pool split on the Python pool instead waits for a thread that has no core beside the spinning worker.
     """
-    block = np.empty(_PLANES_BLOCK_SLOTS, np.int64)
+    block = np.zeros(_PLANES_BLOCK_SLOTS, np.int64)
     _pack_planes(block, x, y, numbers, scale)
     return Job(_planes_address(), block, parts, (x, y, scale))
 

@@ -200,8 +200,8 @@ def span_columns(w, depth, x, y, y_image, kernels, bias, residual, r_image, low,
     x_image = depth * positions
     y_row = np.int64(positions)
     r_row = y_row if r_image >= 0 else np.int64(-1)
-    opening_spans = np.empty(SPAN_SLOTS, np.int64)
-    later_spans = np.empty(SPAN_SLOTS, np.int64)
+    opening_spans = np.zeros(SPAN_SLOTS, np.int64)
+    later_spans = np.zeros(SPAN_SLOTS, np.int64)
     chunk = jit_tile_gemm.chunk_depth(depth)
     no_bias = np.zeros(kernels, np.float32)
     for start in range(first, last, width):
@@ -264,7 +264,7 @@ def pack_job(block, w, x, y, y_image, residual, r_image, bias, bounds, kernels, 
 def share_job(w, x, y, y_image, residual, r_image, bias, bounds, kernels, row_parts, block_bytes, shares) -> Job:  # noqa: ANN001
     """``span_share``'s product as a spin-pool job of ``shares`` chunks (``jit_tile_gemm.share_job``'s
     arguments, one group)."""
-    block = np.empty(JOB_SLOTS, np.int64)
+    block = np.zeros(JOB_SLOTS, np.int64)
     pack_job(block, w, x, y, y_image, residual, r_image, bias, bounds, kernels, row_parts, block_bytes)
     return Job(job_address(), block, shares, (w, x, y, residual, bias, bounds))
 

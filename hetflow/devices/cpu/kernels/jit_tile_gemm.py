@@ -351,7 +351,7 @@ JOB_SLOTS = 21
 
 def new_job_block() -> np.ndarray:
     """An argument block for ``pack_job`` (one job at a time uses it)."""
-    return np.empty(JOB_SLOTS, np.int64)
+    return np.zeros(JOB_SLOTS, np.int64)
 
 
 @numba.njit(nogil=True, cache=True)

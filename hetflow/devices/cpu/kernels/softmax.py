@@ -55,7 +55,7 @@ def _prepare_softmax(
 
 def _rows_job(x: np.ndarray, y: np.ndarray) -> Job:
     """``_softmax_rows`` on float32 C-contiguous 2-D arrays as a spin-pool job of one chunk."""
-    block = np.empty(6, np.int64)
+    block = np.zeros(6, np.int64)
     put_arrays(block, 0, (x, y))
     return Job(_rows_address(), block, 1, (x, y))
 

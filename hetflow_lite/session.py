@@ -1,0 +1,209 @@
+"""``CompiledSession``: a compiled package's run, with numpy, ctypes and the package's library only."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+
+from hetflow_lite import blas, package, spinning
+from hetflow_lite.package import Manifest, PackageError, Tensor
+
+__all__ = ["CompiledSession", "PackageError", "TensorInfo"]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """An input or output as ONNX Runtime describes it: name, shape, type (``tensor(float)``...)."""
+
+    name: str
+    shape: list[int]
+    type: str
+
+
+_ONNX_TYPES = {"float32": "tensor(float)", "float64": "tensor(double)", "int64": "tensor(int64)",
+               "int32": "tensor(int32)", "bool": "tensor(bool)", "float16": "tensor(float16)"}  # fmt: skip
+
+
+class _LibraryThreads(spinning.SpinningThreads):
+    """The spinning workers, each running the library's worker loop (``hetflow_serve``) through ctypes,
+    which lets go of the GIL for the call."""
+
+    def __init__(self, workers: int, serve: ctypes._CFuncPtr):
+        super().__init__(workers)
+        self._serve_entry = serve
+
+    def serve(self, seen: int) -> int:
+        return self._serve_entry(self.state.ctypes.data, seen, self.grace)
+
+
+class CompiledSession:
+    """Run a compiled package (``hetflow compile``): ``run`` takes and returns arrays like
+    ``hetflow.InferenceSession.run``. Runs take turns (one arena); sessions in threads of their own may
+    run at once, each on its own pool."""
+
+    def __init__(self, path: str | PathLike[str], threads: int | None = None, check_processor: bool = True):
+        """Load the package at ``path``.
+
+        Args:
+            threads: threads a run splits its jobs over (the caller and ``threads - 1`` spinning
+                workers); None: as many as the package was compiled for. Any count computes the same
+                outputs: a job's chunks are claimed one at a time.
+            check_processor: refuse a package compiled on another CPU model (its kernels use the
+                instructions of the CPU they were built on).
+
+        Raises:
+            PackageError: no package at ``path``, a damaged one, another version's, or another CPU's.
+        """
+        folder = Path(path)
+        self.manifest = manifest = Manifest.read(folder)
+        if check_processor and manifest.target.get("processor") != package.processor_name():
+            raise PackageError(f"{folder} was compiled for {manifest.target.get('processor')!r}, not this "
+                               f"machine's {package.processor_name()!r}: compile the model here")  # fmt: skip
+        self._regions = _load_regions(folder, manifest)
+        self._library = _load_library(folder / package.LIBRARY)
+        kernels = np.array([_symbol_address(self._library, name) for name in manifest.kernels], np.int64)
+        _relocate(folder, self._regions, kernels)
+        script = manifest.script
+        self._jobs = np.array([kernels[job.kernel] for job in script], np.int64)
+        self._blocks = np.array([self._address(job.block_region, job.block_offset) for job in script], np.int64)
+        self._chunks = np.array([job.chunks for job in script], np.int64)
+        self._inputs = [(tensor, self._view(tensor)) for tensor in manifest.inputs]
+        self._outputs = {tensor.name: self._view(tensor) for tensor in manifest.outputs}
+        self._replay = self._library.hetflow_replay
+        self._replay.restype = None
+        self._replay.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
+        serve = self._library.hetflow_serve
+        serve.restype = ctypes.c_int64
+        serve.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+        count = manifest.threads if threads is None else threads
+        if count < 1:
+            raise ValueError(f"threads must be at least 1, not {count}")
+        self._pool = _LibraryThreads(count - 1, serve)
+        self._lock = threading.Lock()
+
+    def get_inputs(self) -> list[TensorInfo]:
+        return [_info(tensor) for tensor in self.manifest.inputs]
+
+    def get_outputs(self) -> list[TensorInfo]:
+        return [_info(tensor) for tensor in self.manifest.outputs]
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The node each job of a run computes, in run order."""
+        return tuple(job.node for job in self.manifest.script)
+
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Compute ``output_names`` (all outputs when None) from ``input_feed``; each a new array.
+
+        Raises:
+            ValueError: a feed is missing, unknown, or has another dtype or shape than compiled for; an
+                unknown output name.
+        """
+        names = list(self._outputs) if output_names is None else list(output_names)
+        unknown = [name for name in names if name not in self._outputs]
+        if unknown:
+            raise ValueError(f"unknown outputs {unknown}; the package computes {list(self._outputs)}")
+        extra = set(input_feed) - {tensor.name for tensor, _ in self._inputs}
+        if extra:
+            raise ValueError(f"unknown inputs {sorted(extra)}; the package takes {[t.name for t, _ in self._inputs]}")
+        with self._lock:
+            for tensor, view in self._inputs:
+                np.copyto(view, _checked_feed(tensor, input_feed))
+            self._run_script()
+            return [self._outputs[name].copy() for name in names]
+
+    def close(self) -> None:
+        """Stop the spinning workers (a later run starts them again)."""
+        self._pool.close()
+
+    def _run_script(self) -> None:
+        pool = self._pool
+        pool.spin()
+        try:
+            if pool.workers > 0:
+                pool._start()
+            self._replay(pool.state.ctypes.data, self._jobs.ctypes.data, self._blocks.ctypes.data,
+                         self._chunks.ctypes.data, len(self._jobs), int(pool.workers < 1))  # fmt: skip
+        finally:
+            pool.rest()
+
+    def _address(self, region: int, offset: int) -> int:
+        return self._regions[region].ctypes.data + offset
+
+    def _view(self, tensor: Tensor) -> np.ndarray:
+        dtype = np.dtype(tensor.dtype)
+        count = int(np.prod(tensor.shape, dtype=np.int64))
+        region = self._regions[tensor.region]
+        if tensor.offset < 0 or tensor.offset + count * dtype.itemsize > region.size:
+            raise PackageError(f"{tensor.name} lies outside its region: the package is damaged")
+        return region[tensor.offset : tensor.offset + count * dtype.itemsize].view(dtype).reshape(tensor.shape)
+
+
+def _info(tensor: Tensor) -> TensorInfo:
+    return TensorInfo(tensor.name, list(tensor.shape), _ONNX_TYPES.get(tensor.dtype, f"tensor({tensor.dtype})"))
+
+
+def _checked_feed(tensor: Tensor, feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+    if tensor.name not in feeds:
+        raise ValueError(f"missing input {tensor.name!r}")
+    value = np.asarray(feeds[tensor.name])
+    if value.dtype != np.dtype(tensor.dtype) or tuple(value.shape) != tensor.shape:
+        raise ValueError(f"input {tensor.name!r} must be {tensor.dtype} {list(tensor.shape)} as compiled, not "
+                         f"{value.dtype} {list(value.shape)}")  # fmt: skip
+    return value
+
+
+def _load_regions(folder: Path, manifest: Manifest) -> list[np.ndarray]:
+    """Each region allocated at its original offset within a page and filled from ``IMAGES``."""
+    regions = []
+    try:
+        with open(folder / package.IMAGES, "rb") as images:
+            for region in manifest.regions:
+                memory = np.empty(region.size + package.PAGE, np.uint8)
+                start = (region.page_offset - memory.ctypes.data) % package.PAGE
+                view = memory[start : start + region.size]
+                images.seek(region.file_offset)
+                if images.readinto(memoryview(view)) != region.size:
+                    raise PackageError(f"{folder / package.IMAGES} is shorter than its manifest says")
+                regions.append(view)
+    except OSError as error:
+        raise PackageError(f"{folder / package.IMAGES} cannot be read: {error}") from error
+    return regions
+
+
+def _load_library(path: Path) -> ctypes.CDLL:
+    try:
+        library = ctypes.CDLL(str(path.resolve()))
+    except OSError as error:
+        raise PackageError(f"{path} cannot be loaded: {error}") from error
+    routines = blas.openblas_routines()
+    if routines is not None:
+        library.hetflow_bind_blas(*(ctypes.c_void_p(address) for address in routines))
+    return library
+
+
+def _symbol_address(library: ctypes.CDLL, name: str) -> int:
+    try:
+        return ctypes.cast(getattr(library, name), ctypes.c_void_p).value or 0
+    except AttributeError:
+        raise PackageError(f"the package's library has no {name}: it is damaged") from None
+
+
+def _relocate(folder: Path, regions: list[np.ndarray], kernels: np.ndarray) -> None:
+    """Write the new addresses where ``RELOCATIONS`` says: a region's base plus an offset, or a kernel's."""
+    try:
+        table = np.load(folder / package.RELOCATIONS, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise PackageError(f"{folder / package.RELOCATIONS} cannot be read: {error}") from error
+    bases = np.array([region.ctypes.data for region in regions], np.int64)
+    for region, offset, target, target_offset in table.reshape(-1, 4).tolist():
+        if not (0 <= region < len(regions) and 0 <= offset <= regions[region].size - 8 and target < len(regions)):
+            raise PackageError(f"{folder / package.RELOCATIONS} points outside the package's regions")
+        address = int(bases[target]) + target_offset if target >= 0 else int(kernels[-1 - target])
+        ctypes.c_int64.from_address(int(bases[region]) + offset).value = address
