@@ -40,6 +40,18 @@ def add_relu_model(opset: int = 17) -> onnx.ModelProto:
     )
 
 
+def prelu_softmax_model() -> onnx.ModelProto:
+    """y = softmax(prelu(x, 0.25)) over the last axis, x: float32 [2, 3, 8]. hetflow's PRelu has no
+    compiled job: a captured run calls it from Python, then replays the Softmax."""
+    return make_model(
+        [helper.make_node("PRelu", ["x", "slope"], ["t"], name="prelu"),
+         helper.make_node("Softmax", ["t"], ["y"], name="softmax", axis=-1)],  # fmt: skip
+        [("x", TensorProto.FLOAT, [2, 3, 8])],
+        [("y", TensorProto.FLOAT, [2, 3, 8])],
+        {"slope": np.full((3, 1), 0.25, np.float32)},
+    )
+
+
 def run_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """ONNX Runtime's outputs for ``model`` (2 threads, all optimisations on)."""
     import onnxruntime as ort

@@ -48,6 +48,9 @@ from hetflow_lite.package import Manifest, Region, ScriptJob, Tensor
 MIN_ADDRESS = 1 << 32
 #: ... and below this (x86-64's and AArch64's 48-bit user space).
 MAX_ADDRESS = 1 << 48
+#: The session's images per run: more than any batch, so that a batch runs whole (a package holds one
+#: run; ``hetflow.runtime.sub_batch``).
+_WHOLE_BATCH = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ def compile_package(
         HetflowError: the run is not wholly captured, a job reads memory the package cannot carry, no C
             compiler, or the package's outputs differ from the session's.
     """
-    session = InferenceSession(model, threads=threads, execution_mode="sequential")
+    session = InferenceSession(model, threads=threads, execution_mode="sequential", sub_batch=_WHOLE_BATCH)
     feed = dict(feeds) if feeds is not None else _seeded_feeds(session, batch)
     expected = session.run(None, feed)  # captures
     replayed = session.run(None, feed)

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 
 import hetflow
 from hetflow import zoo
@@ -24,7 +23,7 @@ from hetflow.errors import HetflowError
 from hetflow.runtime.compile_package import _Kernels, _Memory, compile_package
 from hetflow_lite import CompiledSession, PackageError
 from hetflow_lite.package import MANIFEST
-from tests.helpers import make_model
+from tests.helpers import prelu_softmax_model
 
 
 @pytest.fixture(scope="module")
@@ -128,15 +127,8 @@ def test_a_folder_without_a_package_is_refused(tmp_path):
 
 
 def test_a_run_that_still_calls_steps_from_python_cannot_be_compiled(tmp_path):
-    # PRelu has no compiled job: its step is called from Python before the replayed Softmax.
-    model = make_model(
-        [helper.make_node("PRelu", ["x", "slope"], ["t"], name="prelu"),
-         helper.make_node("Softmax", ["t"], ["y"], name="softmax", axis=-1)],  # fmt: skip
-        [("x", TensorProto.FLOAT, [2, 3, 8])],
-        [("y", TensorProto.FLOAT, [2, 3, 8])],
-        {"slope": np.full((3, 1), 0.25, np.float32)},
-    )
-    with pytest.raises(HetflowError, match="1 steps .* still run from Python .*prelu"):
+    model = prelu_softmax_model()  # PRelu has no compiled job: called from Python before the replayed Softmax
+    with pytest.raises(HetflowError, match=r"1 steps .* still run from Python.*\(prelu\)"):
         compile_package(model, tmp_path / "package", threads=1)
     assert not (tmp_path / "package").exists()
 

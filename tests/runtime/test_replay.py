@@ -17,7 +17,7 @@ from hetflow.devices.cpu.spin_pool import Job, float32_1d, job_arguments
 from hetflow.graph import Node
 from hetflow.runtime import executor, replay
 from hetflow.runtime.replay import Replay, StepFailed
-from tests.helpers import make_model
+from tests.helpers import make_model, prelu_softmax_model
 
 
 def _session(name: str, threads: int = 2) -> hetflow.InferenceSession:
@@ -192,14 +192,7 @@ def test_a_memory_budgeted_session_never_replays():
 def test_a_value_a_called_step_makes_afresh_is_copied_where_a_captured_step_reads_it(monkeypatch):
     """PRelu (no capture) returns a new array every run; the Softmax after it captures and reads the
     array PRelu returned at capture, so each replay copies the new one in."""
-    model = make_model(
-        [helper.make_node("PRelu", ["x", "slope"], ["t"], name="prelu"),
-         helper.make_node("Softmax", ["t"], ["y"], name="softmax", axis=-1)],  # fmt: skip
-        [("x", TensorProto.FLOAT, [2, 3, 8])],
-        [("y", TensorProto.FLOAT, [2, 3, 8])],
-        {"slope": np.full((3, 1), 0.25, np.float32)},
-    )
-    session = hetflow.InferenceSession(model, threads=1)  # one thread: runs replay (no spinning pool here)
+    session = hetflow.InferenceSession(prelu_softmax_model(), threads=1)  # one thread: runs replay (no spinning pool here)
     rng = np.random.default_rng(1)
     feeds = [{"x": rng.standard_normal((2, 3, 8)).astype(np.float32)} for _ in range(3)]
     for _ in range(2):

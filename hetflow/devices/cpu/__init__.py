@@ -22,6 +22,7 @@ from hetflow.devices.cpu.spin_pool import JobScript, replay_on  # noqa: E402
 from hetflow.devices.cpu.table import CPU_KERNELS  # noqa: E402
 from hetflow.devices.cpu.threads import replay_key, spinning  # noqa: E402
 from hetflow.graph import Node  # noqa: E402
+from hetflow_lite.package import processor_name  # noqa: E402
 
 
 class CPUDevice(Device):
@@ -38,7 +39,7 @@ class CPUDevice(Device):
         return {
             "kind": "cpu",
             "machine": platform.machine(),
-            "processor": _cpu_model_name(),
+            "processor": processor_name(),
             "numpy": np.__version__,
         }
 
@@ -73,14 +74,3 @@ def replayed(bound: BoundCall, inputs: Sequence[Any]) -> Callable[[], Sequence[A
         return replay[0]
 
     return call
-
-
-def _cpu_model_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
