@@ -103,7 +103,12 @@ def measure(name: str, batch: int, order: list[str], args: argparse.Namespace) -
 
     path = zoo.model_path(name)
     spec = _feed_spec(path, batch)
-    results = {runtime: measure_one(runtime, path, spec, args) for runtime in order}
+    results = {}
+    for runtime in order:
+        try:
+            results[runtime] = measure_one(runtime, path, spec, args)
+        except RuntimeError as error:  # one runtime that cannot run the model leaves its cells empty
+            print(f"  {LABELS[runtime]} on {name} b{batch}: {str(error).strip().splitlines()[-1]}", flush=True)
     runtimes = [r for r in args.runtimes if r in results]
     return Row(name, batch, *({r: results[r][key] for r in runtimes} for key in ("import_mib", "session_mib", "peak_mib")))
 
@@ -117,8 +122,9 @@ def markdown(rows: list[Row], runtimes: list[str]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row.model, str(row.batch)]
-        cells += [f"{row.peak_mib[r]:.0f} ({row.import_mib[r]:.0f}, {row.session_mib[r]:.0f})" for r in runtimes]
-        cells += [f"{row.ratio(p, o):.2f}" for o in ours for p in peers]
+        cells += [f"{row.peak_mib[r]:.0f} ({row.import_mib[r]:.0f}, {row.session_mib[r]:.0f})"
+                  if r in row.peak_mib else "-" for r in runtimes]  # fmt: skip
+        cells += [f"{row.ratio(p, o):.2f}" if row.ratio(p, o) else "-" for o in ours for p in peers]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

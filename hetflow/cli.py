@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -98,6 +99,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
 # -- run ---------------------------------------------------------------------------------------------
 def _cmd_run(args: argparse.Namespace) -> int:
+    if Path(args.model, "manifest.json").is_file():
+        return _run_package(args)
     loaded = time.perf_counter()
     session = InferenceSession(
         args.model,
@@ -156,7 +159,30 @@ def _demo_feeds(args: argparse.Namespace, session: InferenceSession, feeds: dict
     return labels
 
 
-def _time_runs(session: InferenceSession, feeds: dict[str, np.ndarray], repeat: int) -> list[float]:
+def _run_package(args: argparse.Namespace) -> int:
+    """``hetflow run`` of a compiled package (``hetflow compile``), through ``hetflow_lite``."""
+    from hetflow_lite import CompiledSession
+
+    loaded = time.perf_counter()
+    session = CompiledSession(args.model, threads=args.threads)
+    load_seconds = time.perf_counter() - loaded
+    inputs = [(t.name, t.shape, np.dtype(t.dtype)) for t in session.manifest.inputs]
+    feeds = _feeds_for(inputs, args.input, args.batch, args.seed)
+    print(f"package {args.model}  (loaded in {load_seconds * 1e3:.1f} ms, {len(session.nodes)} jobs, hetflow_lite)")
+    for name, array in feeds.items():
+        print(f"input   {name}: {onnx_name(array.dtype)} {list(array.shape)}")
+    outputs = session.run(None, feeds)
+    latencies = _time_runs(session, feeds, args.repeat)
+    session.close()
+    for tensor, array in zip(session.manifest.outputs, outputs):
+        _print_output(tensor.name, array)
+    if latencies:
+        print(f"latency min {min(latencies) * 1e3:.3f} ms, median {float(np.median(latencies)) * 1e3:.3f} ms "
+              f"over {len(latencies)} runs")
+    return 0
+
+
+def _time_runs(session: Any, feeds: dict[str, np.ndarray], repeat: int) -> list[float]:
     from tqdm import tqdm
 
     latencies = []
@@ -167,25 +193,33 @@ def _time_runs(session: InferenceSession, feeds: dict[str, np.ndarray], repeat: 
     return latencies
 
 
+#: An input to make a feed for: its name, shape (symbolic dimensions take the batch) and dtype.
+InputSpec = tuple[str, Sequence[int | str | None], np.dtype]
+
+
 def _make_feeds(
     session: InferenceSession, specs: list[str], batch: int, seed: int
 ) -> dict[str, np.ndarray]:
-    inputs = session.get_inputs()
-    given = _read_inputs(specs, [arg.name for arg in inputs])
+    inputs = [(arg.name, arg.shape, session.graph.values[arg.name].dtype) for arg in session.get_inputs()]
+    return _feeds_for(inputs, specs, batch, seed)
+
+
+def _feeds_for(inputs: list[InputSpec], specs: list[str], batch: int, seed: int) -> dict[str, np.ndarray]:
+    """A feed per input: read from the --input files ``specs`` where given, else seeded random values."""
+    given = _read_inputs(specs, [name for name, _, _ in inputs])
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
-    for arg in inputs:
-        if arg.name in given:
-            feeds[arg.name] = given[arg.name]
+    for name, dims, dtype in inputs:
+        if name in given:
+            feeds[name] = given[name]
             continue
-        shape = [d if isinstance(d, int) else batch for d in arg.shape]
-        dtype = session.graph.values[arg.name].dtype
+        shape = [d if isinstance(d, int) else batch for d in dims]
         if dtype.kind == "f":
-            feeds[arg.name] = rng.standard_normal(shape).astype(dtype)
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
         elif dtype.kind in "iu":
-            feeds[arg.name] = rng.integers(0, 10, size=shape).astype(dtype)
+            feeds[name] = rng.integers(0, 10, size=shape).astype(dtype)
         else:
-            feeds[arg.name] = np.zeros(shape, dtype=dtype)
+            feeds[name] = np.zeros(shape, dtype=dtype)
     return feeds
 
 

@@ -127,7 +127,7 @@ class CompiledSession:
         pool.spin()
         try:
             if pool.workers > 0:
-                pool._start()
+                pool.start()
             self._replay(pool.state.ctypes.data, self._jobs.ctypes.data, self._blocks.ctypes.data,
                          self._chunks.ctypes.data, len(self._jobs), int(pool.workers < 1))  # fmt: skip
         finally:

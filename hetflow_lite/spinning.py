@@ -79,7 +79,8 @@ class SpinningThreads:
         self._threads = []
         self.state[STOP] = 0
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the workers that are not running (a run calls it before it announces its first job)."""
         if len(self._threads) < self.workers:
             with self._wake:
                 while len(self._threads) < self.workers:

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 
 from hetflow.cli import main
 from tests.devices.conftest import opencl  # noqa: F401  (skips where no OpenCL platform exists)
-from tests.helpers import add_relu_model, make_model
+from tests.helpers import add_relu_model, make_model, prelu_softmax_model
 
 
 @pytest.fixture
@@ -92,6 +92,30 @@ def test_profile_says_which_nodes_a_captured_run_replays(capsys):
     assert main(["profile", "zoo:lenet", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "captured runs: 8 nodes replayed from compiled code" in out and "called from Python: none" in out
+
+
+def test_compile_writes_a_package_that_hetflow_lite_runs_to_the_sessions_outputs(tmp_path, capsys):
+    import hetflow
+    from hetflow_lite import CompiledSession
+
+    folder = tmp_path / "lenet-b1"
+    assert main(["compile", "zoo:lenet", "-o", str(folder), "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {folder}" in out and " jobs, " in out and "output  prob1: float32 [1, 10]" in out
+    assert main(["run", str(folder), "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "jobs, hetflow_lite" in out and "output  prob1: tensor(float) [1, 10]" in out and "over 2 runs" in out
+    lite = CompiledSession(folder)
+    x = np.random.default_rng(3).standard_normal((1, 1, 28, 28)).astype(np.float32)
+    expected = hetflow.InferenceSession("zoo:lenet", threads=1).run(None, {"data": x})[0]
+    np.testing.assert_allclose(lite.run(None, {"data": x})[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_compile_of_a_model_it_cannot_capture_is_an_error_exit(tmp_path, capsys):
+    model_path = tmp_path / "prelu.onnx"
+    onnx.save(prelu_softmax_model(), model_path)
+    assert main(["compile", str(model_path), "-o", str(tmp_path / "package"), "--threads", "1"]) == 1
+    assert "still run from Python" in capsys.readouterr().err
 
 
 def test_session_reports_tuning_cache_use(classifier_path):

@@ -303,3 +303,24 @@ def test_a_kernel_error_in_a_replayed_run_names_the_node():
     entry.step = (broken, *entry.step[1:])  # the called PRelu step now fails
     with pytest.raises(executor.KernelError, match="'prelu'.*broken"):
         session.run(None, feed)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_split_is_replayed_as_copies_of_its_rows(batch):
+    """Split captures as one compiled copy per piece (``jit_copy``): at batch 1 each piece is one run of
+    X's memory, at a batch one run per image."""
+    model = make_model(
+        [helper.make_node("Split", ["x", "sizes"], ["a", "b"], name="split", axis=1),
+         helper.make_node("Relu", ["a"], ["ra"], name="relu_a"),
+         helper.make_node("Sigmoid", ["b"], ["sb"], name="sigmoid_b"),
+         helper.make_node("Concat", ["sb", "ra"], ["y"], name="concat", axis=1)],  # fmt: skip
+        [("x", TensorProto.FLOAT, ["N", 6, 4, 4])],
+        [("y", TensorProto.FLOAT, ["N", 6, 4, 4])],
+        {"sizes": np.array([2, 4], np.int64)},
+    )
+    session = hetflow.InferenceSession(model, threads=1)
+    for seed in range(3):
+        x = np.random.default_rng(seed).standard_normal((batch, 6, 4, 4)).astype(np.float32)
+        expected = np.concatenate([1 / (1 + np.exp(-x[:, 2:])), np.maximum(x[:, :2], 0)], axis=1)
+        np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, rtol=1e-6, atol=1e-7)
+    assert "split" in session.replay_report()["replayed"]

@@ -95,8 +95,8 @@ void hetflow_dgemv(int32_t o, int32_t t, int64_t m, int64_t n, double alpha, uin
     dgemv(o, t, m, n, alpha, a, lda, x, incx, beta, y, incy);
 }
 
-/* numba's no-copy reshape (a reshape of a strided view inside a job): the new strides of the same
-   memory seen with ``newdims``, or 0 where the reshape needs a copy. Axes of length 1 are dropped, then
+/* numba's no-copy reshape (every reshape inside a job): the new strides of the same memory seen with
+   ``newdims``, or 0 where the reshape needs a copy. Axes of length 1 are dropped, then
    runs of old and new axes with equal products are matched, each run of old axes must be contiguous
    among themselves, and the new axes of a run take strides from the run's innermost (C order) or
    outermost (Fortran order) old stride. */
@@ -110,7 +110,11 @@ int numba_attempt_nocopy_reshape(int64_t nd, const int64_t *dims, const int64_t 
     }
     for (int64_t i = 0; i < newnd; i++) new_size *= newdims[i];
     for (int64_t i = 0; i < oldnd; i++) old_size *= olddims[i];
-    if (new_size != old_size || new_size == 0) return 0;
+    if (new_size != old_size) return 0;
+    if (new_size == 0) {  /* no element is ever read: any strides do (numba gives the item size) */
+        for (int64_t i = 0; i < newnd; i++) newstrides[i] = itemsize;
+        return 1;
+    }
     int64_t oi = 0, oj = 1, ni = 0, nj = 1;
     while (ni < newnd && oi < oldnd) {
         int64_t np_ = newdims[ni], op = olddims[oi];

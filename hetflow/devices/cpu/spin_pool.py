@@ -486,7 +486,7 @@ class SpinPool(spinning.SpinningThreads):
             _dispatch_steps(self.state, job, args, chunks, steps, step_slot, True)
             return
         try:
-            self._start()
+            self.start()
             _dispatch_steps(self.state, job, args, chunks, steps, step_slot, False)
         finally:
             self._busy.release()
@@ -499,7 +499,7 @@ class SpinPool(spinning.SpinningThreads):
             _replay(_NO_STATE, script.addresses, script.blocks, script.chunks, True, stamps)
             return
         try:
-            self._start()
+            self.start()
             _replay(self.state, script.addresses, script.blocks, script.chunks, False, stamps)
         finally:
             self._busy.release()

@@ -18,6 +18,8 @@ from onnx import TensorProto
 
 from hetflow.devices.base import BoundCall, with_capture
 from hetflow.devices.cpu.kernels.buffers import Out, output
+from hetflow.devices.cpu.kernels.jit_copy import copy_rows_job
+from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
@@ -100,7 +102,42 @@ def concat(node: Node, inputs: Inputs, out: Out = None, workspace: np.ndarray | 
     return [target]
 
 
-@cpu_kernel("Split", writes_out=True)
+def _prepare_split(
+    node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
+) -> BoundCall | None:
+    """Split bound to its planned pieces: a call as ``split`` makes it, and, for a float32 X whose every
+    piece has its planned C-contiguous buffer, a capture that copies each piece's rows in a compiled job
+    (``jit_copy``), so that a captured run replays it."""
+    x_info = inputs[0] if inputs else None
+    if out is None or x_info is None or x_info.dtype != np.float32:
+        return None
+    shape = tuple(x_info.shape)
+    if not all(isinstance(d, int) for d in shape) or len(out) != len(node.outputs):
+        return None
+    if any(t is None or t.dtype != np.float32 or not t.flags.c_contiguous or t.ndim != len(shape) for t in out):
+        return None
+    axis = normalize_axes([node.attrs.axis], len(shape))[0]
+    sizes = [target.shape[axis] for target in out]
+    if sum(sizes) != shape[axis]:
+        return None
+    rows, inner = math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
+
+    def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        return split(node, arrays, out, workspace)
+
+    def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
+        x = arrays[0]
+        if x is None or x.shape != shape or not x.flags.c_contiguous:
+            return None
+        flat, starts = x.reshape(-1), np.cumsum([0, *sizes[:-1]]) * inner
+        jobs = [copy_rows_job(flat, target.reshape(-1), rows, int(start), shape[axis] * inner, min(rows, 4))
+                for target, start in zip(out, starts)]  # fmt: skip
+        return list(out), jobs
+
+    return with_capture(call, capture)
+
+
+@cpu_kernel("Split", writes_out=True, prepare=_prepare_split)
 def split(node: Node, inputs: Inputs, out: Out = None, workspace: np.ndarray | None = None) -> list[np.ndarray]:
     """X cut along ``axis``, each piece copied into its own contiguous buffer (``out[i]`` when the runtime
     gives one): a piece of the channel axis of a batch is strided, and the kernels that read it (the

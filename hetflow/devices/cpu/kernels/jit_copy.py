@@ -1,0 +1,44 @@
+"""Rows of one float32 array copied into another as a spin-pool job: what a captured run replays for a
+Split (each piece a run of rows of X, ``hetflow.runtime.replay``).
+
+Why: a step called from Python between replayed ones costs its interpreter and cache misses (~20-80 us
+at batch 1), and a run that calls any step cannot become a compiled package (``hetflow compile``).
+AlexNet's grouped convolutions split their input in two (the ONNX file's Split nodes) three times.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from hetflow.devices.cpu import spin_pool
+from hetflow.devices.cpu.spin_pool import Job, float32_1d
+
+#: Slots of ``copy_rows_job``'s block: X and Y (1-D each), rows, start, stride, length.
+_BLOCK_SLOTS = 8
+
+
+def copy_rows_job(x: np.ndarray, y: np.ndarray, rows: int, start: int, stride: int, chunks: int = 1) -> Job:
+    """``y``'s ``rows`` rows (each ``y.size // rows`` elements, contiguous) copied from ``x`` (flat,
+    C-contiguous) at ``start + row * stride``, as a job of ``chunks`` runs of rows."""
+    length = y.size // rows
+    if rows * length != y.size or start + (rows - 1) * stride + length > x.size:
+        raise ValueError("the rows do not fit X or Y")
+    block = np.zeros(_BLOCK_SLOTS, np.int64)
+    block[:] = [x.ctypes.data, x.size, y.ctypes.data, y.size, rows, start, stride, length]
+    return Job(_copy_rows_address(), block, max(1, min(chunks, rows)), (x, y))
+
+
+def _copy_rows_job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """``copy_rows_job``'s copy of chunk ``chunk``'s rows."""
+    x, y = float32_1d(args, 0), float32_1d(args, 2)
+    rows, start, stride, length = args[4], args[5], args[6], args[7]
+    for row in range(rows * chunk // chunks, rows * (chunk + 1) // chunks):
+        source = start + row * stride
+        y[row * length : (row + 1) * length] = x[source : source + length]
+
+
+@functools.cache
+def _copy_rows_address() -> int:
+    return spin_pool.job(_copy_rows_job)
