@@ -254,7 +254,8 @@ def build_library(entries: Sequence[NativeEntry], output: Path, progress: Progre
             objects.append(str(path))
         shim = Path(folder) / "shim.c"
         shim.write_text(_SHIM + _runtime_stubs(declared))
-        command = [compiler, "-shared", "-fPIC", "-O2", "-o", str(output), *objects, str(shim), "-lm"]
+        # -Bsymbolic: the library's calls to its own NRT, BLAS and job symbols never bind elsewhere in the process.
+        command = [compiler, "-shared", "-fPIC", "-O2", "-Wl,-Bsymbolic", "-o", str(output), *objects, str(shim), "-lm"]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise HetflowError(f"linking the compiled package's kernels failed:\n{done.stderr[-2000:]}")
