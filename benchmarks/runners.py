@@ -134,11 +134,21 @@ def compiled_package(path: Path, feed: dict[str, np.ndarray], threads: int) -> P
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     folder = Path.home() / ".cache" / "hetflow" / "packages" / f"{path.stem}-b{batch}-t{threads}-{key}"
-    if not (folder / "manifest.json").exists():
+    if not _current_package(folder):
         command = [sys.executable, "-m", "hetflow.cli", "compile", str(path), "-o", str(folder), "--batch", str(batch),
                    "--threads", str(threads)]  # fmt: skip
         subprocess.run(command, check=True, capture_output=True)
     return folder
+
+
+def _current_package(folder: Path) -> bool:
+    """Whether ``folder`` holds a package of the format this hetflow_lite reads."""
+    from hetflow_lite import package
+
+    try:
+        return json.loads((folder / package.MANIFEST).read_text()).get("version") == package.VERSION
+    except (OSError, ValueError):
+        return False
 
 
 RUNNER_TYPES: dict[str, Callable[..., Runner]] = {

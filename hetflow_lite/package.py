@@ -13,8 +13,9 @@ A package is a folder:
   a target from 0 up is a region, -1 - k is the library's kernel k.
 
 A region is a stretch of memory some job reads or writes: the union of the arrays the captured jobs
-keep. Loading allocates each region again (at the same offset within a page as before, so that every
-array keeps its alignment), reads its bytes, and writes the new addresses where the relocations say.
+keep. Each lies in ``regions.bin`` at an offset with the same remainder modulo the page as its memory
+had, so that loading can map the file copy-on-write (every array keeps its alignment, the weights stay
+shared pages of the file) and then writes the new addresses where the relocations say.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 FORMAT = "hetflow-compiled-package"
-VERSION = 1
+#: 2: regions at their page offsets in ``IMAGES``, for mapping.
+VERSION = 2
 MANIFEST = "manifest.json"
 LIBRARY = "kernels.so"
 IMAGES = "regions.bin"
 RELOCATIONS = "relocations.npy"
-#: Regions are placed at their original offset within a page of this size.
+#: Regions keep their original offset within a page of this size, in memory and in ``IMAGES``.
 PAGE = 4096
 
 

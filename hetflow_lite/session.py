@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -65,7 +67,7 @@ class CompiledSession:
         if check_processor and manifest.target.get("processor") != package.processor_name():
             raise PackageError(f"{folder} was compiled for {manifest.target.get('processor')!r}, not this "
                                f"machine's {package.processor_name()!r}: compile the model here")  # fmt: skip
-        self._regions = _load_regions(folder, manifest)
+        self._images, self._regions = _map_regions(folder, manifest)
         self._library = _load_library(folder / package.LIBRARY)
         kernels = np.array([_symbol_address(self._library, name) for name in manifest.kernels], np.int64)
         _relocate(folder, self._regions, kernels)
@@ -159,22 +161,26 @@ def _checked_feed(tensor: Tensor, feeds: Mapping[str, np.ndarray]) -> np.ndarray
     return value
 
 
-def _load_regions(folder: Path, manifest: Manifest) -> list[np.ndarray]:
-    """Each region allocated at its original offset within a page and filled from ``IMAGES``."""
-    regions = []
+def _map_regions(folder: Path, manifest: Manifest) -> tuple[mmap.mmap | None, list[np.ndarray]]:
+    """The images file mapped copy-on-write, and each region as a view of it: the weights stay pages of
+    the file (shared by every process that runs the package, read as the jobs first touch them); what
+    a run writes (the arena, the argument blocks' addresses) becomes the process's own."""
+    path = folder / package.IMAGES
     try:
-        with open(folder / package.IMAGES, "rb") as images:
+        with open(path, "rb") as images:
+            size = os.fstat(images.fileno()).st_size
             for region in manifest.regions:
-                memory = np.empty(region.size + package.PAGE, np.uint8)
-                start = (region.page_offset - memory.ctypes.data) % package.PAGE
-                view = memory[start : start + region.size]
-                images.seek(region.file_offset)
-                if images.readinto(memoryview(view)) != region.size:
-                    raise PackageError(f"{folder / package.IMAGES} is shorter than its manifest says")
-                regions.append(view)
+                if region.file_offset + region.size > size:
+                    raise PackageError(f"{path} is shorter than its manifest says")
+                if region.file_offset % package.PAGE != region.page_offset:
+                    raise PackageError(f"{path}: a region lies at another page offset than its manifest says")
+            if size == 0:
+                return None, []
+            mapped = mmap.mmap(images.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     except OSError as error:
-        raise PackageError(f"{folder / package.IMAGES} cannot be read: {error}") from error
-    return regions
+        raise PackageError(f"{path} cannot be mapped: {error}") from error
+    regions = [np.frombuffer(mapped, np.uint8, count=r.size, offset=r.file_offset) for r in manifest.regions]
+    return mapped, regions
 
 
 def _load_library(path: Path) -> ctypes.CDLL:

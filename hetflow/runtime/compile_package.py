@@ -256,9 +256,7 @@ class _Memory:
                 merged.append([low, high])
         self._starts = [low for low, _ in merged]
         self._ends = [high for _, high in merged]
-        offsets = np.cumsum([0, *(high - low for low, high in merged)])
-        self.regions = tuple(Region(high - low, low % package.PAGE, int(offset))
-                             for (low, high), offset in zip(merged, offsets))  # fmt: skip
+        self.regions = tuple(_file_layout(merged))
 
     def find(self, address: int) -> int | None:
         """The region holding ``address`` (its end included: a pointer one past an array), or None."""
@@ -301,9 +299,22 @@ class _Memory:
         return list(found.values())
 
     def write_images(self, path: Path) -> None:
+        """Each region's bytes at its file offset (the gaps between them zeros)."""
         with open(path, "wb") as images:
-            for start, end in zip(self._starts, self._ends):
+            for region, start, end in zip(self.regions, self._starts, self._ends):
+                images.seek(region.file_offset)
                 images.write(ctypes.string_at(start, end - start))
+
+
+def _file_layout(stretches: list[list[int]]) -> Iterator[Region]:
+    """The regions of ``stretches`` ([low, high) addresses), each placed in the images file at an offset
+    with the same remainder modulo the page as its memory had, so that a mapping of the file puts every
+    array at its old alignment (``hetflow_lite`` maps the file rather than reading it)."""
+    cursor = 0
+    for low, high in stretches:
+        offset = cursor + (low - cursor) % package.PAGE
+        yield Region(high - low, low % package.PAGE, offset)
+        cursor = offset + high - low
 
 
 def _byte_bounds(array: np.ndarray) -> tuple[int, int]:

@@ -114,6 +114,7 @@ def _edited_copy(package: Path, folder: Path, edit) -> Path:  # noqa: ANN001
         (lambda m: m["target"].update(processor="another CPU"), "compiled for 'another CPU'"),
         (lambda m: m.pop("regions"), "damaged"),
         (lambda m: m["regions"][-1].update(size=m["regions"][-1]["size"] + 4096), "shorter"),
+        (lambda m: m["regions"][0].update(page_offset=(m["regions"][0]["page_offset"] + 8) % 4096), "page offset"),
     ],
 )
 def test_a_package_of_another_version_processor_or_damaged_is_refused(lenet_package, tmp_path, edit, message):
