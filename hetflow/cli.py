@@ -269,8 +269,9 @@ def _bar(share: float, width: int = 30) -> str:
 def _add_compile_parser(commands: argparse._SubParsersAction) -> None:
     compile_ = commands.add_parser(
         "compile", help="save a model's captured run as a package that hetflow_lite runs without numba or onnx",
-        description="The model runs twice on seeded inputs; its captured run (kernels, weights, arena) is "
-                    "saved to a folder that hetflow_lite.CompiledSession loads with numpy and ctypes only. "
+        description="The model's run on seeded inputs is captured and saved (kernels, weights, arena) to a "
+                    "folder that hetflow_lite.CompiledSession loads with numpy and ctypes only, then checked "
+                    "against the session on other inputs. "
                     "Needs a C compiler (cc) to link the kernels; the package runs on this CPU model, at "
                     "the batch it was compiled for.",
     )
