@@ -77,12 +77,9 @@ class CompiledSession:
         self._chunks = np.array([job.chunks for job in script], np.int64)
         self._inputs = [(tensor, self._view(tensor)) for tensor in manifest.inputs]
         self._outputs = {tensor.name: self._view(tensor) for tensor in manifest.outputs}
-        self._replay = self._library.hetflow_replay
-        self._replay.restype = None
-        self._replay.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2
-        serve = self._library.hetflow_serve
-        serve.restype = ctypes.c_int64
-        serve.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+        # hetflow_replay(state, jobs, blocks, chunks, count, alone); hetflow_serve(state, seen, grace) -> seen
+        self._replay = _entry(self._library, "hetflow_replay", None, [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2)
+        serve = _entry(self._library, "hetflow_serve", ctypes.c_int64, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64])
         count = manifest.threads if threads is None else threads
         if count < 1:
             raise ValueError(f"threads must be at least 1, not {count}")
@@ -192,6 +189,14 @@ def _load_library(path: Path) -> ctypes.CDLL:
     if routines is not None:
         library.hetflow_bind_blas(*(ctypes.c_void_p(address) for address in routines))
     return library
+
+
+def _entry(library: ctypes.CDLL, name: str, result: type | None, arguments: list[type]) -> ctypes._CFuncPtr:
+    """The library's function ``name`` with its C signature set (ctypes lets go of the GIL in the call)."""
+    function = getattr(library, name)
+    function.restype = result
+    function.argtypes = arguments
+    return function
 
 
 def _symbol_address(library: ctypes.CDLL, name: str) -> int:
