@@ -88,7 +88,7 @@ def compile_package(
     check_feed = _other_feeds(feed)
     expected = session.run(None, check_feed)
     session.run(None, feed)
-    program, replay = _the_captured_run(session)
+    program, replay = _the_captured_run(session, feed)
     output_names = [arg.name for arg in session.get_outputs()]
     target = Path(folder)
     if target.exists() and not (target / package.MANIFEST).exists() and any(target.iterdir()):
@@ -146,12 +146,17 @@ def _seeded_feeds(session: InferenceSession, batch: int) -> dict[str, np.ndarray
     return feeds
 
 
-def _the_captured_run(session: InferenceSession) -> tuple[Program, Replay]:
+def _the_captured_run(session: InferenceSession, feeds: Mapping[str, np.ndarray]) -> tuple[Program, Replay]:
     runs = session.captured_runs()
     if not runs:
         raise HetflowError("the model's runs were not captured (a budget, another device, or "
                            "HETFLOW_REPLAY=0): nothing to compile")  # fmt: skip
-    program, replay = runs[0]
+    # The run of the feeds' batch (a session may hold runs of other batches, or of other arrangements).
+    shapes = {name: value.shape for name, value in feeds.items()}
+    matching = [(program, replay) for program, replay in runs if _fed_alike(program, replay, shapes)]
+    if not matching:
+        raise HetflowError("no captured run took inputs of the feeds' shapes: nothing to compile")
+    program, replay = matching[0]
     called = replay.called_nodes
     if called:
         listed = ", ".join(called[:5]) + (" ..." if len(called) > 5 else "")
@@ -167,7 +172,7 @@ def _write_package(
     jobs = [job for script, _ in replay.scripts for job in script.jobs]
     owners = [owner for _, names in replay.scripts for owner in names]
     made = replay.made
-    inputs = {name: _value_of(made, program.slots[name], name, "input") for name in _input_names(program, replay)}
+    inputs = {name: _value_of(made, program.slots[name], name, "input") for name in _input_names(program)}
     outputs = {name: _value_of(made, program.slots[name], name, "output") for name in output_names}
     memory = _Memory([*_kept_arrays(jobs), *inputs.values(), *outputs.values()])
     kernels = _Kernels()
@@ -194,7 +199,13 @@ def _write_package(
     return manifest
 
 
-def _input_names(program: Program, replay: Replay) -> list[str]:
+def _fed_alike(program: Program, replay: Replay, shapes: Mapping[str, tuple[int, ...]]) -> bool:
+    """Whether ``replay``'s feed buffers (of the inputs its captured steps read) have ``shapes``."""
+    feeds = {slot: buffer.shape for slot, buffer in replay.feeds}
+    return all(feeds.get(program.slots.get(name), shape) == shape for name, shape in shapes.items())
+
+
+def _input_names(program: Program) -> list[str]:
     by_slot = {slot: name for name, slot in program.slots.items()}
     return [by_slot[slot] for slot in program.input_slots]
 
