@@ -27,6 +27,7 @@ import bisect
 import ctypes
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +81,10 @@ def compile_package(
         HetflowError: the run is not wholly captured, a job reads memory the package cannot carry, no C
             compiler, or the package's outputs differ from the session's.
     """
-    session = InferenceSession(model, threads=threads, execution_mode="sequential", sub_batch=_WHOLE_BATCH)
+    with warnings.catch_warnings():
+        # A graph whose images are not computed apart runs every batch whole anyway, and says so.
+        warnings.filterwarnings("ignore", message="sub_batch is ignored")
+        session = InferenceSession(model, threads=threads, execution_mode="sequential", sub_batch=_WHOLE_BATCH)
     feed = dict(feeds) if feeds is not None else _seeded_feeds(session, batch)
     session.run(None, feed)  # captures
     # The package is checked on other inputs than the last run's: its saved arena holds that run's
@@ -149,8 +153,9 @@ def _seeded_feeds(session: InferenceSession, batch: int) -> dict[str, np.ndarray
 def _the_captured_run(session: InferenceSession, feeds: Mapping[str, np.ndarray]) -> tuple[Program, Replay]:
     runs = session.captured_runs()
     if not runs:
-        raise HetflowError("the model's runs were not captured (a budget, another device, or "
-                           "HETFLOW_REPLAY=0): nothing to compile")  # fmt: skip
+        raise HetflowError("the model's runs were not captured (a memory budget, another device, "
+                           "HETFLOW_REPLAY=0, or a network that splits on BLAS's or the Python pool's "
+                           "threads, not the spinning pool's: try threads=1): nothing to compile")  # fmt: skip
     # The run of the feeds' batch (a session may hold runs of other batches, or of other arrangements).
     shapes = {name: value.shape for name, value in feeds.items()}
     matching = [(program, replay) for program, replay in runs if _fed_alike(program, replay, shapes)]

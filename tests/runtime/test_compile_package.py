@@ -134,6 +134,27 @@ def test_a_run_that_still_calls_steps_from_python_cannot_be_compiled(tmp_path):
     assert not (tmp_path / "package").exists()
 
 
+def test_a_run_that_is_not_captured_cannot_be_compiled(tmp_path):
+    # Two threads on a network without Convs: its runs split on BLAS's threads and are never captured.
+    with pytest.raises(HetflowError, match="not captured.*try threads=1"):
+        compile_package(prelu_softmax_model(), tmp_path / "package", threads=2)
+
+
+@pytest.mark.parametrize("name", ["mentee", "cifar10-quick"])
+def test_other_zoo_networks_compile_to_the_sessions_outputs(name, tmp_path):
+    path = str(zoo.model_path(name))
+    compile_package(path, tmp_path / name, batch=3)
+    session = hetflow.InferenceSession(path, threads=2)
+    lite = CompiledSession(tmp_path / name)
+    (value,) = lite.get_inputs()
+    x = np.random.default_rng(9).standard_normal(value.shape).astype(np.float32)
+    try:
+        np.testing.assert_allclose(lite.run(None, {value.name: x})[0], session.run(None, {value.name: x})[0],
+                                   rtol=1e-5, atol=1e-6)  # fmt: skip
+    finally:
+        lite.close()
+
+
 def test_an_existing_folder_that_is_not_a_package_is_not_overwritten(tmp_path):
     (tmp_path / "mine.txt").write_text("keep me")
     with pytest.raises(HetflowError, match="not a compiled package"):
