@@ -324,3 +324,16 @@ def test_a_split_is_replayed_as_copies_of_its_rows(batch):
         expected = np.concatenate([1 / (1 + np.exp(-x[:, 2:])), np.maximum(x[:, :2], 0)], axis=1)
         np.testing.assert_allclose(session.run(None, {"x": x})[0], expected, rtol=1e-6, atol=1e-7)
     assert "split" in session.replay_report()["replayed"]
+
+
+def test_a_batchs_strided_layers_on_small_maps_replay_their_blas_products(monkeypatch):
+    """ResNet-50's stride-2 layers onto 7x7 maps multiply a chunk of images as one CBLAS product
+    (``conv._WholeChunkCall``): captured as columns, product and a gathering pass (bias, the folded
+    residual of its 1x1 projection, Relu), they replay to the outputs of a plain run."""
+    session = _session("resnet50")
+    feeds = _feeds(session, 2, 2)
+    replayed = [session.run(None, feed)[0] for feed in feeds for _ in range(2)][1::2]
+    report = session.replay_report()
+    assert {"n143", "n148"} <= set(report["replayed"]) and report["called"] == []
+    for got, want in zip(replayed, _plain(session, feeds, monkeypatch)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)

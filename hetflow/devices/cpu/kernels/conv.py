@@ -46,8 +46,15 @@ from hetflow.devices.cpu.kernels.buffers import (
 )
 from hetflow.devices.cpu.kernels.epilogue import add_channel_bias, apply_activation, finish_channels
 from hetflow.devices.cpu.kernels.jit_depthwise import depthwise_2d, shuffled_channels
-from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES, NO_ACTIVATION, activation_code
+from hetflow.devices.cpu.kernels.jit_epilogue import (
+    COMPILED_DTYPES,
+    NO_ACTIVATION,
+    activation_code,
+    gathered_planes_job,
+)
+from hetflow.devices.cpu.kernels.jit_gemm import product_job
 from hetflow.devices.cpu.kernels.jit_im2col import im2col as compiled_im2col
+from hetflow.devices.cpu.kernels.jit_im2col import im2col_job
 from hetflow.devices.cpu.kernels.jit_im2col import im2col_rows as compiled_im2col_rows
 from hetflow.devices.cpu.kernels.jit_residual import add_activate
 from hetflow.devices.cpu.kernels.jit_residual import compiled as residual_compiled
@@ -59,6 +66,7 @@ from hetflow.devices.cpu.threads import (
     intra_op_threads,
     parallel_for,
     spin_parts,
+    spin_product_parts,
     split_matmul,
 )
 from hetflow.graph import Node
@@ -330,7 +338,22 @@ def with_epilogue(algorithm: str) -> Callable[[Node, Sequence[np.ndarray | None]
 
 
 # The lambdas look up ``_batch_columns_chunk``, defined below, when a node is prepared.
-_auto_bands = own_gemm.prepare_bands(with_epilogue(AUTO), lambda *a: _batch_columns_chunk(*a))
+def _or_whole_chunks(
+    prepare: Callable[[Node, Sequence[TensorInfo | None], Out, np.ndarray | None], BoundCall | None],
+    algorithm: str,
+) -> Callable[[Node, Sequence[TensorInfo | None], Out, np.ndarray | None], BoundCall | None]:
+    """``prepare``, or where it binds nothing, ``_WholeChunkCall`` (a batch's products on small maps)."""
+
+    def prepared(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None) -> BoundCall | None:
+        found = prepare(node, inputs, out, workspace)
+        if found is not None:
+            return found
+        return _WholeChunkCall.bind(node, inputs, out, workspace, with_epilogue(algorithm))
+
+    return prepared
+
+
+_auto_bands = _or_whole_chunks(own_gemm.prepare_bands(with_epilogue(AUTO), lambda *a: _batch_columns_chunk(*a)), AUTO)
 
 
 def _prepare_auto(
@@ -419,7 +442,7 @@ def _im2col_scratch(
 
 @conv_kernel(
     IM2COL, supports=None, workspace=lambda *a: scratch_bytes(_im2col_scratch(*a)),
-    prepare=own_gemm.prepare_bands(with_epilogue(IM2COL), lambda *a: _batch_columns_chunk(*a)),
+    prepare=_or_whole_chunks(own_gemm.prepare_bands(with_epilogue(IM2COL), lambda *a: _batch_columns_chunk(*a)), IM2COL),
 )  # fmt: skip
 def im2col(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """Any Conv (N-d, strides, dilations, groups): im2col buffer + GEMM, a chunk of images at a time."""
@@ -630,6 +653,95 @@ def _whole_chunk_gemm(geo: Geometry, x: np.ndarray, weights: np.ndarray, y: np.n
     if not own_gemm.product_on_own_threads(weights, flat_columns[None], products[None]):
         split_matmul(weights, flat_columns, out=products)
     np.copyto(y, products.reshape(kernels, count, positions).transpose(1, 0, 2))
+
+
+class _WholeChunkCall:
+    """A batch's ungrouped im2col Conv on small maps (``_whole_chunk``: under ``WHOLE_CHUNK_MAX_POSITIONS``
+    output positions, every chunk of two images or more), bound so that a captured run replays it: per
+    chunk, the channel-major columns (``jit_im2col``), one CBLAS product in column blocks (``jit_gemm``)
+    and the products gathered into Y with the bias, a folded residual and the activation in one pass
+    (``jit_epilogue.gathered_planes_job``). A call runs the kernel as before (``fallback``).
+
+    Why: these layers (ResNet-50's and Inception v2's stride-2 layers onto 7x7 maps at batch 16) were the
+    steps their captured runs still called from Python, so those runs could not become compiled packages
+    (``hetflow compile``)."""
+
+    def __init__(
+        self, node: Node, geo: Geometry, chunk: int, target: np.ndarray, depth: int,
+        fallback: Callable[[Node, Sequence[np.ndarray | None], Out, np.ndarray | None], np.ndarray],
+        workspace: np.ndarray | None,
+    ) -> None:  # fmt: skip
+        self.node, self.geo, self.fallback, self.workspace = node, geo, fallback, workspace
+        self.out = (target,)
+        self.depth = depth
+        batch = int(target.shape[0])
+        self.chunks = [(first, min(batch, first + chunk)) for first in range(0, batch, chunk)]
+        code, alpha, beta = activation_code(node.attrs.fused)
+        self.code, self.constants = code, np.array([alpha, beta, 0.0], np.float32)
+
+    @classmethod
+    def bind(
+        cls, node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None,
+        fallback: Callable[[Node, Sequence[np.ndarray | None], Out, np.ndarray | None], np.ndarray],
+    ) -> _WholeChunkCall | None:  # fmt: skip
+        """The call where the kernel multiplies whole chunks (see the class) into a planned float32 Y whose
+        images are each C-contiguous (a Concat's slice may be), with an activation the gathering pass
+        applies; else None."""
+        x_info, w_info = inputs[0], inputs[1]
+        if x_info is None or w_info is None or x_info.dtype != np.float32 or w_info.dtype != np.float32:
+            return None
+        if len(x_info.shape) != 4 or not all(isinstance(d, int) for d in (*x_info.shape, *w_info.shape)):
+            return None
+        if node.attrs.fused is not None and activation_code(node.attrs.fused)[0] == NO_ACTIVATION:
+            return None
+        geo = geometry(conv_window(node.attrs, w_info.shape), x_info.shape[2:])
+        batch, channels = int(x_info.shape[0]), int(x_info.shape[1])
+        taps, positions = math.prod(geo.kernel), math.prod(geo.out)
+        chunk = _im2col_chunk(batch, channels, taps, positions, 4)
+        chunks_whole = chunk > 1 and batch % chunk != 1 and _whole_chunk(chunk, node.attrs.group, positions)
+        if not chunks_whole or not _compiled_columns(geo, x_info.dtype):
+            return None
+        target = out[0] if out is not None else None
+        y_shape = (batch, int(w_info.shape[0]), *geo.out)
+        if target is None or target.shape != y_shape or target.dtype != np.float32 or flat_images(target) is None:
+            return None
+        return cls(node, geo, chunk, target, channels * taps, fallback, workspace)
+
+    def __call__(self, arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        return [self.fallback(self.node, arrays, self.out, self.workspace)]
+
+    def capture(self, arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
+        """Each chunk's columns, product and gathering pass as spin-pool jobs (``BoundCall``'s capture);
+        None where an operand is not C-contiguous float32 or the product does not fit CBLAS."""
+        x, w = arrays[0], arrays[1]
+        bias = arrays[2] if len(arrays) > 2 else None
+        residual = arrays[3] if self.node.attrs.residual else None
+        target = self.out[0]
+        if not all(a is None or (a.dtype == np.float32 and a.flags.c_contiguous) for a in (x, w, bias, residual)):
+            return None
+        if residual is not None and residual.shape != target.shape:
+            return None
+        weights = w.reshape(w.shape[0], self.depth)  # type: ignore[union-attr]
+        positions = math.prod(self.geo.out)
+        jobs: list[Job] = []
+        for first, last in self.chunks:
+            count = last - first
+            scratch = Scratch(self.workspace)
+            columns = scratch.take((self.depth, count * positions), np.float32)
+            products = scratch.take((weights.shape[0], count * positions), np.float32)
+            jobs.append(im2col_job(x[first:last], self.geo, columns, channel_major=True))  # type: ignore[index]
+            parts = spin_product_parts(weights.shape[0] * self.depth * count * positions, count * positions)
+            product = product_job(weights, columns, products, parts)
+            if product is None:
+                return None
+            chunk_y = flat_images(target[first:last])
+            assert chunk_y is not None  # (Y's images are each C-contiguous: ``bind``)
+            gathered = gathered_planes_job(
+                products, chunk_y, (count, weights.shape[0], positions), None if residual is None else residual[first:last],
+                bias, count * positions, self.code, self.constants, 2 * parts,
+            )  # fmt: skip
+            jobs += [product, gathered]
+        return [target], jobs
 
 
 def _depthwise_scratch(

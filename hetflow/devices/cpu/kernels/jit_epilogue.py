@@ -202,3 +202,57 @@ def _finish_row(row, offset, code, constants):  # noqa: ANN001, ANN202
     else:
         for j in range(count):
             row[j] += offset
+
+
+#: Slots of ``gathered_planes_job``'s block: the products, Y, the residual, the bias and the constants
+#: (1-D each), then count, kernels, positions, the products' image and kernel strides, Y's image stride,
+#: has_bias, has_residual, code.
+_GATHERED_BLOCK_SLOTS = 19
+
+
+def gathered_planes_job(
+    products: np.ndarray, y: tuple[np.ndarray, int], shape: tuple[int, int, int], residual: np.ndarray | None,
+    bias: np.ndarray | None, kernel_stride: int, code: int, constants: np.ndarray, chunks: int,
+) -> Job:  # fmt: skip
+    """``Y[i, k] = activation(products[k * kernel_stride + i * P ...] + bias[k] + residual[i, k])`` for a Y
+    of ``shape`` ``(n, K, P)`` given as ``buffers.flat_images`` gives it (its flat memory and image
+    stride: each image C-contiguous, the images may lie apart): a chunk of images' products laid out
+    kernel-major (one GEMM's ``[K, n * P]``) gathered into Y with the Conv's epilogue in one pass, as a
+    spin-pool job of ``chunks`` runs of planes. ``residual`` (C-contiguous, Y's shape; it may be Y's own
+    memory) and ``bias`` may be None."""
+    flat_y, image_stride = y
+    count, kernels, positions = shape
+    block = np.zeros(_GATHERED_BLOCK_SLOTS, np.int64)
+    arrays = (products.reshape(-1), flat_y, flat_y if residual is None else residual.reshape(-1),
+              constants if bias is None else bias, constants)  # fmt: skip
+    numbers = (count, kernels, positions, positions, kernel_stride, image_stride, int(bias is not None),
+               int(residual is not None), code)  # fmt: skip
+    put_values(block, put_arrays(block, 0, arrays), numbers)
+    return Job(_gathered_address(), block, max(1, min(chunks, count * kernels)), arrays)
+
+
+def _gathered_job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """``gathered_planes_job``'s planes of chunk ``chunk``."""
+    products, y, residual = float32_1d(args, 0), float32_1d(args, 2), float32_1d(args, 4)
+    bias, constants = float32_1d(args, 6), float32_1d(args, 8)
+    count, kernels, positions, image_stride, kernel_stride = args[10], args[11], args[12], args[13], args[14]
+    y_image_stride, has_bias, has_residual, code = args[15], args[16] != 0, args[17] != 0, args[18]
+    planes = count * kernels
+    for plane in range(planes * chunk // chunks, planes * (chunk + 1) // chunks):
+        image, kernel = plane // kernels, plane % kernels
+        source = kernel * kernel_stride + image * image_stride
+        start = image * y_image_stride + kernel * positions
+        row = y[start : start + positions]
+        offset = bias[kernel] if has_bias else constants[2]
+        if has_residual:
+            for p in range(positions):
+                row[p] = products[source + p] + offset + residual[plane * positions + p]
+        else:
+            for p in range(positions):
+                row[p] = products[source + p] + offset
+        store_activated(row, row, code, constants)
+
+
+@functools.cache
+def _gathered_address() -> int:
+    return spin_pool.job(_gathered_job)

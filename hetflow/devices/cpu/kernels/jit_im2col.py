@@ -153,10 +153,11 @@ def _spin_fill(x: np.ndarray, flat_cols: np.ndarray, numbers: tuple[int, ...], c
     return True
 
 
-def im2col_job(x: np.ndarray, geom: Geometry, cols: np.ndarray) -> Job:
-    """``im2col`` (image-major, float32, C-contiguous arrays) as a spin-pool job, what a captured run
-    replays: by ranges of input channels as a spinning run splits it (``spin_split``), else one chunk."""
-    strides, window, per_channel = _layout(x, geom, channel_major=False)
+def im2col_job(x: np.ndarray, geom: Geometry, cols: np.ndarray, channel_major: bool = False) -> Job:
+    """``im2col`` (float32, C-contiguous arrays; image-major, or channel-major) as a spin-pool job, what a
+    captured run replays: by ranges of input channels as a spinning run splits it (``spin_split``), else
+    one chunk."""
+    strides, window, per_channel = _layout(x, geom, channel_major)
     flat_cols = cols.reshape(-1)
     found = spin_split(x.shape[1], per_channel, (x, flat_cols))
     return _bound_fill(x, flat_cols, (*strides, *window), 1 if found is None else found[1])
