@@ -337,3 +337,16 @@ def test_a_batchs_strided_layers_on_small_maps_replay_their_blas_products(monkey
     assert {"n143", "n148"} <= set(report["replayed"]) and report["called"] == []
     for got, want in zip(replayed, _plain(session, feeds, monkeypatch)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_a_batchs_per_image_blas_products_replay(monkeypatch):
+    """ZFNet's 5x5 stride-2 layer at a batch multiplies each image's columns on BLAS (per image, its
+    columns too large for a chunk of two): captured as columns, one product per image split in column
+    blocks, and the finishing pass in place, it replays to the outputs of a plain run."""
+    session = _session("zfnet512")
+    feeds = _feeds(session, 2, 2)
+    replayed = [session.run(None, feed)[0] for feed in feeds for _ in range(2)][1::2]
+    report = session.replay_report()
+    assert "n4" in report["replayed"] and report["called"] == []
+    for got, want in zip(replayed, _plain(session, feeds, monkeypatch)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)

@@ -338,22 +338,22 @@ def with_epilogue(algorithm: str) -> Callable[[Node, Sequence[np.ndarray | None]
 
 
 # The lambdas look up ``_batch_columns_chunk``, defined below, when a node is prepared.
-def _or_whole_chunks(
+def _or_blas_chunks(
     prepare: Callable[[Node, Sequence[TensorInfo | None], Out, np.ndarray | None], BoundCall | None],
     algorithm: str,
 ) -> Callable[[Node, Sequence[TensorInfo | None], Out, np.ndarray | None], BoundCall | None]:
-    """``prepare``, or where it binds nothing, ``_WholeChunkCall`` (a batch's products on small maps)."""
+    """``prepare``, or where it binds nothing, ``_ChunkedBlasCall`` (a batch's products on BLAS)."""
 
     def prepared(node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None) -> BoundCall | None:
         found = prepare(node, inputs, out, workspace)
         if found is not None:
             return found
-        return _WholeChunkCall.bind(node, inputs, out, workspace, with_epilogue(algorithm))
+        return _ChunkedBlasCall.bind(node, inputs, out, workspace, with_epilogue(algorithm))
 
     return prepared
 
 
-_auto_bands = _or_whole_chunks(own_gemm.prepare_bands(with_epilogue(AUTO), lambda *a: _batch_columns_chunk(*a)), AUTO)
+_auto_bands = _or_blas_chunks(own_gemm.prepare_bands(with_epilogue(AUTO), lambda *a: _batch_columns_chunk(*a)), AUTO)
 
 
 def _prepare_auto(
@@ -442,7 +442,7 @@ def _im2col_scratch(
 
 @conv_kernel(
     IM2COL, supports=None, workspace=lambda *a: scratch_bytes(_im2col_scratch(*a)),
-    prepare=_or_whole_chunks(own_gemm.prepare_bands(with_epilogue(IM2COL), lambda *a: _batch_columns_chunk(*a)), IM2COL),
+    prepare=_or_blas_chunks(own_gemm.prepare_bands(with_epilogue(IM2COL), lambda *a: _batch_columns_chunk(*a)), IM2COL),
 )  # fmt: skip
 def im2col(node: Node, x: np.ndarray, w: np.ndarray, y: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """Any Conv (N-d, strides, dilations, groups): im2col buffer + GEMM, a chunk of images at a time."""
@@ -655,16 +655,18 @@ def _whole_chunk_gemm(geo: Geometry, x: np.ndarray, weights: np.ndarray, y: np.n
     np.copyto(y, products.reshape(kernels, count, positions).transpose(1, 0, 2))
 
 
-class _WholeChunkCall:
-    """A batch's ungrouped im2col Conv on small maps (``_whole_chunk``: under ``WHOLE_CHUNK_MAX_POSITIONS``
-    output positions, every chunk of two images or more), bound so that a captured run replays it: per
-    chunk, the channel-major columns (``jit_im2col``), one CBLAS product in column blocks (``jit_gemm``)
-    and the products gathered into Y with the bias, a folded residual and the activation in one pass
-    (``jit_epilogue.gathered_planes_job``). A call runs the kernel as before (``fallback``).
+class _ChunkedBlasCall:
+    """A batch's ungrouped im2col Conv whose products stay on BLAS (``_im2col``'s chunks of images: on
+    small maps one product over a chunk of two or more, ``_whole_chunk``, else one product per image),
+    bound so that a captured run replays it: per chunk, the columns (``jit_im2col``), the CBLAS products in
+    blocks (``jit_gemm``), and one pass that adds the bias and a folded residual and applies the
+    activation (``jit_epilogue.gathered_planes_job``: gathering a chunk's product into Y, or finishing
+    Y's own products in place). A call runs the kernel as before (``fallback``).
 
-    Why: these layers (ResNet-50's and Inception v2's stride-2 layers onto 7x7 maps at batch 16) were the
-    steps their captured runs still called from Python, so those runs could not become compiled packages
-    (``hetflow compile``)."""
+    Why: these layers (at batch 16, ResNet-50's and Inception v2's stride-2 layers onto 7x7 maps and
+    ZFNet's 5x5 stride-2 layer, which stays on BLAS where BLAS is as wide as the tiles) were the steps
+    their captured runs still called from Python, so those runs could not become compiled packages
+    (``hetflow compile``). A/B at batch 16 (Zen 4 VM): resnet50 1.03 then 1.00, inception_v2 0.99."""
 
     def __init__(
         self, node: Node, geo: Geometry, chunk: int, target: np.ndarray, depth: int,
@@ -676,6 +678,7 @@ class _WholeChunkCall:
         self.depth = depth
         batch = int(target.shape[0])
         self.chunks = [(first, min(batch, first + chunk)) for first in range(0, batch, chunk)]
+        self.whole = _whole_chunk(chunk, node.attrs.group, math.prod(geo.out))
         code, alpha, beta = activation_code(node.attrs.fused)
         self.code, self.constants = code, np.array([alpha, beta, 0.0], np.float32)
 
@@ -683,24 +686,28 @@ class _WholeChunkCall:
     def bind(
         cls, node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None,
         fallback: Callable[[Node, Sequence[np.ndarray | None], Out, np.ndarray | None], np.ndarray],
-    ) -> _WholeChunkCall | None:  # fmt: skip
-        """The call where the kernel multiplies whole chunks (see the class) into a planned float32 Y whose
-        images are each C-contiguous (a Concat's slice may be), with an activation the gathering pass
-        applies; else None."""
+    ) -> _ChunkedBlasCall | None:  # fmt: skip
+        """The call where the kernel multiplies a batch's chunks on BLAS (see the class; not one image's
+        bands) with compiled columns into a planned float32 Y whose images are each C-contiguous (a
+        Concat's slice may be), with an activation the finishing pass applies; else None."""
         x_info, w_info = inputs[0], inputs[1]
         if x_info is None or w_info is None or x_info.dtype != np.float32 or w_info.dtype != np.float32:
             return None
         if len(x_info.shape) != 4 or not all(isinstance(d, int) for d in (*x_info.shape, *w_info.shape)):
             return None
-        if node.attrs.fused is not None and activation_code(node.attrs.fused)[0] == NO_ACTIVATION:
+        if node.attrs.group != 1 or (node.attrs.fused is not None and activation_code(node.attrs.fused)[0] == NO_ACTIVATION):
             return None
         geo = geometry(conv_window(node.attrs, w_info.shape), x_info.shape[2:])
         batch, channels = int(x_info.shape[0]), int(x_info.shape[1])
         taps, positions = math.prod(geo.kernel), math.prod(geo.out)
         chunk = _im2col_chunk(batch, channels, taps, positions, 4)
-        chunks_whole = chunk > 1 and batch % chunk != 1 and _whole_chunk(chunk, node.attrs.group, positions)
-        if not chunks_whole or not _compiled_columns(geo, x_info.dtype):
-            return None
+        if not _compiled_columns(geo, x_info.dtype) or (chunk > 1 and batch % chunk == 1):
+            return None  # (a last chunk of one image may take the bands)
+        banded = channels * taps * positions * 4 >= BAND_MIN_COLUMN_BYTES and 4 * math.prod(w_info.shape) <= BAND_MAX_WEIGHT_BYTES
+        if chunk == 1 and banded:
+            return None  # one image at a time, in bands (``_banded``)
+        if _batch_bands_take(geo, batch, 1, 4 * math.prod(w_info.shape), 4 * math.prod(w_info.shape[1:]), x_info.dtype):
+            return None  # the kernel's bands take it (prepare_bands binds them where it can)
         target = out[0] if out is not None else None
         y_shape = (batch, int(w_info.shape[0]), *geo.out)
         if target is None or target.shape != y_shape or target.dtype != np.float32 or flat_images(target) is None:
@@ -711,37 +718,58 @@ class _WholeChunkCall:
         return [self.fallback(self.node, arrays, self.out, self.workspace)]
 
     def capture(self, arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
-        """Each chunk's columns, product and gathering pass as spin-pool jobs (``BoundCall``'s capture);
-        None where an operand is not C-contiguous float32 or the product does not fit CBLAS."""
+        """Each chunk's columns, products and finishing pass as spin-pool jobs (``BoundCall``'s capture);
+        None where an operand is not C-contiguous float32, the products do not fit CBLAS, or a residual
+        lies in Y's memory where the products are written into Y."""
         x, w = arrays[0], arrays[1]
         bias = arrays[2] if len(arrays) > 2 else None
         residual = arrays[3] if self.node.attrs.residual else None
         target = self.out[0]
         if not all(a is None or (a.dtype == np.float32 and a.flags.c_contiguous) for a in (x, w, bias, residual)):
             return None
-        if residual is not None and residual.shape != target.shape:
+        if residual is not None and (residual.shape != target.shape or (not self.whole and np.shares_memory(residual, target))):
             return None
         weights = w.reshape(w.shape[0], self.depth)  # type: ignore[union-attr]
-        positions = math.prod(self.geo.out)
         jobs: list[Job] = []
         for first, last in self.chunks:
-            count = last - first
-            scratch = Scratch(self.workspace)
-            columns = scratch.take((self.depth, count * positions), np.float32)
-            products = scratch.take((weights.shape[0], count * positions), np.float32)
-            jobs.append(im2col_job(x[first:last], self.geo, columns, channel_major=True))  # type: ignore[index]
-            parts = spin_product_parts(weights.shape[0] * self.depth * count * positions, count * positions)
-            product = product_job(weights, columns, products, parts)
-            if product is None:
+            found = self._chunk_jobs(x[first:last], weights, target[first:last])  # type: ignore[index]
+            if found is None:
                 return None
+            products, strides, chunk_jobs = found
             chunk_y = flat_images(target[first:last])
             assert chunk_y is not None  # (Y's images are each C-contiguous: ``bind``)
-            gathered = gathered_planes_job(
-                products, chunk_y, (count, weights.shape[0], positions), None if residual is None else residual[first:last],
-                bias, count * positions, self.code, self.constants, 2 * parts,
-            )  # fmt: skip
-            jobs += [product, gathered]
+            shape = (last - first, weights.shape[0], math.prod(self.geo.out))
+            chunk_residual = None if residual is None else residual[first:last]
+            jobs += [*chunk_jobs, gathered_planes_job(products, chunk_y, shape, chunk_residual, bias, strides,
+                                                      self.code, self.constants, 2 * intra_op_threads())]  # fmt: skip
         return [target], jobs
+
+    def _chunk_jobs(self, x: np.ndarray, weights: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, tuple[int, int], list[Job]] | None:
+        """A chunk's columns and products as jobs, the products' memory and its (image, kernel) strides."""
+        count, kernels, positions = x.shape[0], weights.shape[0], math.prod(self.geo.out)
+        scratch = Scratch(self.workspace)
+        if self.whole:
+            columns = scratch.take((self.depth, count * positions), np.float32)
+            products = scratch.take((kernels, count * positions), np.float32)
+            parts = spin_product_parts(kernels * self.depth * count * positions, count * positions)
+            product = product_job(weights, columns, products, parts)
+            strides = (positions, count * positions)
+        else:
+            # One product per image, each split in column blocks over the threads (a stack of one
+            # single-threaded product per image left a chunk of one image to one thread: ZFNet 1.26x).
+            columns = scratch.take((count, self.depth, positions), np.float32)
+            views = as_view(y, (count, kernels, positions))
+            parts = spin_product_parts(kernels * self.depth * positions, positions)
+            image_jobs = [product_job(weights, columns[i], views[i], parts) for i in range(count)]
+            found = flat_images(y)
+            if found is None or any(job is None for job in image_jobs):
+                return None
+            products, image_stride = found
+            strides = (image_stride, positions)
+            return products, strides, [im2col_job(x, self.geo, columns), *image_jobs]  # type: ignore[list-item]
+        if product is None:
+            return None
+        return products, strides, [im2col_job(x, self.geo, columns, channel_major=True), product]
 
 
 def _depthwise_scratch(

@@ -212,21 +212,22 @@ _GATHERED_BLOCK_SLOTS = 19
 
 def gathered_planes_job(
     products: np.ndarray, y: tuple[np.ndarray, int], shape: tuple[int, int, int], residual: np.ndarray | None,
-    bias: np.ndarray | None, kernel_stride: int, code: int, constants: np.ndarray, chunks: int,
+    bias: np.ndarray | None, strides: tuple[int, int], code: int, constants: np.ndarray, chunks: int,
 ) -> Job:  # fmt: skip
-    """``Y[i, k] = activation(products[k * kernel_stride + i * P ...] + bias[k] + residual[i, k])`` for a Y
-    of ``shape`` ``(n, K, P)`` given as ``buffers.flat_images`` gives it (its flat memory and image
-    stride: each image C-contiguous, the images may lie apart): a chunk of images' products laid out
-    kernel-major (one GEMM's ``[K, n * P]``) gathered into Y with the Conv's epilogue in one pass, as a
-    spin-pool job of ``chunks`` runs of planes. ``residual`` (C-contiguous, Y's shape; it may be Y's own
-    memory) and ``bias`` may be None."""
+    """``Y[i, k] = activation(products[i * strides[0] + k * strides[1] ...] + bias[k] + residual[i, k])``
+    for a Y of ``shape`` ``(n, K, P)`` given as ``buffers.flat_images`` gives it (its flat memory and
+    image stride: each image C-contiguous, the images may lie apart), in one pass, as a spin-pool job of
+    ``chunks`` runs of planes: a chunk of images' products laid out kernel-major (one GEMM's ``[K, n *
+    P]``: strides ``(P, n * P)``) gathered into Y, or Y's own products finished in place (``products`` Y's
+    flat memory, strides Y's). ``residual`` (C-contiguous, Y's shape; it may be Y's own memory where the
+    products are not) and ``bias`` may be None."""
     flat_y, image_stride = y
     count, kernels, positions = shape
     block = np.zeros(_GATHERED_BLOCK_SLOTS, np.int64)
     arrays = (products.reshape(-1), flat_y, flat_y if residual is None else residual.reshape(-1),
               constants if bias is None else bias, constants)  # fmt: skip
-    numbers = (count, kernels, positions, positions, kernel_stride, image_stride, int(bias is not None),
-               int(residual is not None), code)  # fmt: skip
+    numbers = (count, kernels, positions, *strides, image_stride, int(bias is not None), int(residual is not None),
+               code)  # fmt: skip
     put_values(block, put_arrays(block, 0, arrays), numbers)
     return Job(_gathered_address(), block, max(1, min(chunks, count * kernels)), arrays)
 
