@@ -746,30 +746,34 @@ class _ChunkedBlasCall:
 
     def _chunk_jobs(self, x: np.ndarray, weights: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, tuple[int, int], list[Job]] | None:
         """A chunk's columns and products as jobs, the products' memory and its (image, kernel) strides."""
+        return self._whole_chunk_jobs(x, weights) if self.whole else self._per_image_jobs(x, weights, y)
+
+    def _whole_chunk_jobs(self, x: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, tuple[int, int], list[Job]] | None:
+        """Channel-major columns and one product ``[K, n * P]`` over the chunk (``_whole_chunk_gemm``)."""
         count, kernels, positions = x.shape[0], weights.shape[0], math.prod(self.geo.out)
         scratch = Scratch(self.workspace)
-        if self.whole:
-            columns = scratch.take((self.depth, count * positions), np.float32)
-            products = scratch.take((kernels, count * positions), np.float32)
-            parts = spin_product_parts(kernels * self.depth * count * positions, count * positions)
-            product = product_job(weights, columns, products, parts)
-            strides = (positions, count * positions)
-        else:
-            # One product per image, each split in column blocks over the threads (a stack of one
-            # single-threaded product per image left a chunk of one image to one thread: ZFNet 1.26x).
-            columns = scratch.take((count, self.depth, positions), np.float32)
-            views = as_view(y, (count, kernels, positions))
-            parts = spin_product_parts(kernels * self.depth * positions, positions)
-            image_jobs = [product_job(weights, columns[i], views[i], parts) for i in range(count)]
-            found = flat_images(y)
-            if found is None or any(job is None for job in image_jobs):
-                return None
-            products, image_stride = found
-            strides = (image_stride, positions)
-            return products, strides, [im2col_job(x, self.geo, columns), *image_jobs]  # type: ignore[list-item]
+        columns = scratch.take((self.depth, count * positions), np.float32)
+        products = scratch.take((kernels, count * positions), np.float32)
+        parts = spin_product_parts(kernels * self.depth * count * positions, count * positions)
+        product = product_job(weights, columns, products, parts)
         if product is None:
             return None
-        return products, strides, [im2col_job(x, self.geo, columns, channel_major=True), product]
+        return products, (positions, count * positions), [im2col_job(x, self.geo, columns, channel_major=True), product]
+
+    def _per_image_jobs(self, x: np.ndarray, weights: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, tuple[int, int], list[Job]] | None:
+        """Image-major columns and one product per image into Y itself, each split in column blocks over
+        the threads (a stack of one single-threaded product per image left a chunk of one image to one
+        thread: ZFNet at batch 16 1.26x)."""
+        count, kernels, positions = x.shape[0], weights.shape[0], math.prod(self.geo.out)
+        columns = Scratch(self.workspace).take((count, self.depth, positions), np.float32)
+        views = as_view(y, (count, kernels, positions))
+        parts = spin_product_parts(kernels * self.depth * positions, positions)
+        products = [product_job(weights, columns[i], views[i], parts) for i in range(count)]
+        found = flat_images(y)
+        if found is None or any(job is None for job in products):
+            return None
+        flat_y, image_stride = found
+        return flat_y, (image_stride, positions), [im2col_job(x, self.geo, columns), *products]  # type: ignore[list-item]
 
 
 def _depthwise_scratch(
