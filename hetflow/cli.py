@@ -19,6 +19,7 @@ from hetflow.graph.dtypes import onnx_name
 from hetflow.graph.shapes import format_shape
 from hetflow.runtime.profiler import Profiler
 from hetflow.runtime.session import InferenceSession
+from hetflow_lite import package
 
 DEFAULT_MODEL = "zoo:googlenet"
 
@@ -99,7 +100,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 # -- run ---------------------------------------------------------------------------------------------
 def _cmd_run(args: argparse.Namespace) -> int:
-    if Path(args.model, "manifest.json").is_file():
+    if Path(args.model, package.MANIFEST).is_file():
         return _run_package(args)
     loaded = time.perf_counter()
     session = InferenceSession(
@@ -113,8 +114,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     feeds = _make_feeds(session, args.input, args.batch, args.seed)
     labels = _demo_feeds(args, session, feeds)
     print(f"model   {args.model}  (loaded in {load_seconds:.2f} s, device {', '.join(session.get_providers())})")
-    for name, array in feeds.items():
-        print(f"input   {name}: {onnx_name(array.dtype)} {list(array.shape)}")
+    _print_inputs(feeds)
 
     outputs = session.run(None, feeds)  # warm-up, and the outputs we print
     latencies = _time_runs(session, feeds, args.repeat)
@@ -129,9 +129,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"real examples: predicted {' '.join(map(str, predicted))}")
         print(f"               true      {' '.join(map(str, labels))}  "
               f"({int(np.sum(predicted == labels))}/{len(labels)} correct)")
-    if latencies:
-        print(f"latency min {min(latencies) * 1e3:.3f} ms, median {float(np.median(latencies)) * 1e3:.3f} ms "
-              f"over {len(latencies)} runs (batch {args.batch})")
+    _print_latency(latencies, f" (batch {args.batch})")
     print("time share by op type (one profiled run):")
     for op_type, seconds, share in profiler.op_type_shares():
         print(f"  {op_type:<22} {seconds * 1e3:9.3f} ms  {share * 100:5.1f}%  {_bar(share)}")
@@ -169,17 +167,26 @@ def _run_package(args: argparse.Namespace) -> int:
     inputs = [(t.name, t.shape, np.dtype(t.dtype)) for t in session.manifest.inputs]
     feeds = _feeds_for(inputs, args.input, args.batch, args.seed)
     print(f"package {args.model}  (loaded in {load_seconds * 1e3:.1f} ms, {len(session.nodes)} jobs, hetflow_lite)")
-    for name, array in feeds.items():
-        print(f"input   {name}: {onnx_name(array.dtype)} {list(array.shape)}")
+    _print_inputs(feeds)
     outputs = session.run(None, feeds)
     latencies = _time_runs(session, feeds, args.repeat)
     session.close()
     for tensor, array in zip(session.manifest.outputs, outputs):
         _print_output(tensor.name, array)
+    _print_latency(latencies)
+    return 0
+
+
+def _print_inputs(feeds: dict[str, np.ndarray]) -> None:
+    for name, array in feeds.items():
+        print(f"input   {name}: {onnx_name(array.dtype)} {list(array.shape)}")
+
+
+def _print_latency(latencies: list[float], suffix: str = "") -> None:
+    """The latency line: min and median over the timed runs (nothing when none was timed)."""
     if latencies:
         print(f"latency min {min(latencies) * 1e3:.3f} ms, median {float(np.median(latencies)) * 1e3:.3f} ms "
-              f"over {len(latencies)} runs")
-    return 0
+              f"over {len(latencies)} runs{suffix}")
 
 
 def _time_runs(session: Any, feeds: dict[str, np.ndarray], repeat: int) -> list[float]:

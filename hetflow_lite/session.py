@@ -125,8 +125,7 @@ class CompiledSession:
         pool = self._pool
         pool.spin()
         try:
-            if pool.workers > 0:
-                pool.start()
+            pool.start()
             self._replay(pool.state.ctypes.data, self._jobs.ctypes.data, self._blocks.ctypes.data,
                          self._chunks.ctypes.data, len(self._jobs), int(pool.workers < 1))  # fmt: skip
         finally:

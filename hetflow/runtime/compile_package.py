@@ -40,6 +40,7 @@ from hetflow.devices.cpu import native_library, spin_pool
 from hetflow.devices.cpu.spin_pool import Job
 from hetflow.errors import HetflowError
 from hetflow.runtime.executor import Program
+from hetflow.runtime.placement import random_feeds
 from hetflow.runtime.replay import Replay
 from hetflow.runtime.session import InferenceSession
 from hetflow_lite import package
@@ -85,7 +86,7 @@ def compile_package(
         # A graph whose images are not computed apart runs every batch whole anyway, and says so.
         warnings.filterwarnings("ignore", message="sub_batch is ignored")
         session = InferenceSession(model, threads=threads, execution_mode="sequential", sub_batch=_WHOLE_BATCH)
-    feed = dict(feeds) if feeds is not None else _seeded_feeds(session, batch)
+    feed = dict(feeds) if feeds is not None else random_feeds(session.graph, batch=batch)
     session.run(None, feed)  # captures
     # The package is checked on other inputs than the last run's: its saved arena holds that run's
     # outputs, so a job that did nothing would go unseen on them.
@@ -138,18 +139,6 @@ def _other_feeds(feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
-def _seeded_feeds(session: InferenceSession, batch: int) -> dict[str, np.ndarray]:
-    random = np.random.default_rng(0)
-    feeds = {}
-    for value in session.graph.input_values():
-        shape = [d if isinstance(d, int) and d > 0 else batch for d in value.shape or ()]
-        if np.issubdtype(value.dtype, np.floating):
-            feeds[value.name] = random.standard_normal(shape).astype(value.dtype)
-        else:
-            feeds[value.name] = np.zeros(shape, value.dtype)
-    return feeds
-
-
 def _the_captured_run(session: InferenceSession, feeds: Mapping[str, np.ndarray]) -> tuple[Program, Replay]:
     runs = session.captured_runs()
     if not runs:
@@ -194,7 +183,7 @@ def _write_package(
         hetflow_version=hetflow.__version__,
         target={**native_library.target_description(), "processor": package.processor_name()},
         threads=threads,
-        kernels=tuple(f"hetflow_job_{index}" for index in range(len(kernels.functions))),
+        kernels=tuple(native_library.job_symbol(index) for index in range(len(kernels.functions))),
         regions=memory.regions,
         inputs=tuple(memory.tensor(name, array) for name, array in inputs.items()),
         outputs=tuple(memory.tensor(name, array) for name, array in outputs.items()),

@@ -391,12 +391,13 @@ def time_plans(
     return best
 
 
-def random_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded inputs of the graph's (concrete) input shapes: normal floats, zeros for integers."""
+def random_feeds(graph: Graph, seed: int = 0, batch: int | None = None) -> dict[str, np.ndarray]:
+    """Seeded inputs of the graph's input shapes (concrete, or their symbolic dimensions set to
+    ``batch``): normal floats, zeros for integers."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for value in graph.input_values():
-        shape = tuple(int(d) for d in value.shape or ())
+        shape = tuple(int(d) if batch is None or isinstance(d, int) else batch for d in value.shape or ())
         if np.issubdtype(value.dtype, np.floating):
             feeds[value.name] = rng.standard_normal(shape).astype(value.dtype)
         else:

@@ -205,9 +205,13 @@ def job_entries(functions: Sequence[Callable[..., None]]) -> list[NativeEntry]:
     return [
         NativeEntry(REPLAY_SYMBOL, spin_pool.replay_entry, spin_pool.REPLAY_ENTRY_SIGNATURE),
         NativeEntry(SERVE_SYMBOL, spin_pool.serve_entry, spin_pool.SERVE_ENTRY_SIGNATURE),
-        *(NativeEntry(f"hetflow_job_{index}", function, spin_pool.JOB_SIGNATURE)
-          for index, function in enumerate(functions)),
-    ]  # fmt: skip
+        *(NativeEntry(job_symbol(index), function, spin_pool.JOB_SIGNATURE) for index, function in enumerate(functions)),
+    ]
+
+
+def job_symbol(index: int) -> str:
+    """The exported name of the library's job ``index`` (``job_entries``' order)."""
+    return f"hetflow_job_{index}"
 
 
 def c_compiler() -> str:
