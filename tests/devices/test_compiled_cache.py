@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from hetflow.devices.cpu import compiled_cache
 from hetflow.devices.cpu.compiled_cache import STAMP_NAME, cache_folder, clear_stale
 
@@ -21,6 +23,13 @@ def _package(root: Path) -> Path:
                  "caller.cpython-311.pyc"):  # fmt: skip
         (cache / name).write_bytes(b"x")
     return cache
+
+
+@pytest.fixture(autouse=True)
+def _in_tree_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numba's rules as without NUMBA_CACHE_DIR (caches beside the sources), whatever the caller's
+    environment sets: these tests build their cache folders there."""
+    monkeypatch.setattr(compiled_cache.numba.config, "CACHE_DIR", "")
 
 
 def test_cache_folder_is_numbas_in_tree_pycache(tmp_path: Path) -> None:
@@ -113,8 +122,9 @@ def test_a_cached_caller_sees_its_edited_helper(tmp_path: Path) -> None:
     assert _run_caller(tmp_path, guarded=True) == 11
 
 
-def test_the_cpu_device_stamps_its_kernel_caches() -> None:
+def test_the_cpu_device_stamps_its_kernel_caches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Importing the CPU device ran the guard: its kernel cache folder holds the current stamp."""
+    monkeypatch.undo()  # the folder numba really uses, NUMBA_CACHE_DIR included
     import hetflow.devices.cpu  # noqa: F401
 
     root = Path(compiled_cache.__file__).resolve().parent

@@ -30,23 +30,33 @@ def _large(snapshot: tracemalloc.Snapshot, floor: int = 16 * 1024) -> int:
     return sum(trace.size for trace in snapshot.traces if trace.size >= floor)
 
 
-def _measure(path: str, feed: dict[str, np.ndarray], **options: object) -> tuple[hetflow.InferenceSession, int]:
-    """A session made and warmed under tracemalloc: the tensor bytes it holds plus what a run adds."""
+def _held_by(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, top: int = 6) -> str:
+    """Where the large allocations made between two snapshots were made: for a failing test's message."""
+    grown = [stat for stat in after.compare_to(before, "traceback") if stat.size_diff >= 16 * 1024]
+    return "\n".join(f"{stat.size_diff} B in {stat.count_diff}:\n" + "\n".join(stat.traceback.format()) for stat in grown[:top])
+
+
+def _measure(
+    path: str, feed: dict[str, np.ndarray], **options: object
+) -> tuple[hetflow.InferenceSession, int, str]:
+    """A session made and warmed under tracemalloc: the tensor bytes it holds plus what a run adds, and
+    where the held bytes were allocated."""
     gc.collect()
-    tracemalloc.start()
+    tracemalloc.start(12)
     try:
-        base = _large(tracemalloc.take_snapshot())
+        before = tracemalloc.take_snapshot()
         session = hetflow.InferenceSession(path, **options)
         session.run(None, feed)
         gc.collect()
-        held = _large(tracemalloc.take_snapshot()) - base
+        after = tracemalloc.take_snapshot()
+        held = _large(after) - _large(before)
         now = tracemalloc.get_traced_memory()[0]
         tracemalloc.reset_peak()
         session.run(None, feed)
         transient = tracemalloc.get_traced_memory()[1] - now
     finally:
         tracemalloc.stop()
-    return session, held + transient
+    return session, held + transient, _held_by(before, after)
 
 
 def test_choose_streamed_keeps_the_largest_resident_first():
@@ -69,17 +79,17 @@ def test_a_budget_under_the_weights_streams_them_and_is_never_exceeded(ci_cores)
     budget = report.arena_bytes + report.weights_bytes // 2 + 512 * 1024
     del reference
 
-    free, free_bytes = _measure(path, feed)
+    free, free_bytes, _ = _measure(path, feed)
     assert free_bytes > budget  # without a budget the session would break the promise
     del free
     # Warm-up: a budgeted session's first run may compile kernels (after a kernel source changed, the
     # cache is empty), and numba's compiles would count as the measured session's allocations.
     hetflow.InferenceSession(path, memory_budget=budget).run(None, feed)
-    session, used = _measure(path, feed, memory_budget=budget)
+    session, used, sites = _measure(path, feed, memory_budget=budget)
     residency = session.residency(1)
     assert residency is not None and residency.streamed_bytes > 0 and residency.resident_bytes > 0
     # Mapped weights are not allocations: while their layer runs they count as planned.
-    assert used + residency.stream_peak_bytes <= budget, (used, residency)
+    assert used + residency.stream_peak_bytes <= budget, f"{used} B used, {residency}; held:\n{sites}"
     assert residency.planned_bytes <= budget
     np.testing.assert_allclose(session.run(None, feed)[0], expected, rtol=1e-4, atol=1e-6)
 
