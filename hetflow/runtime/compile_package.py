@@ -41,16 +41,11 @@ from hetflow.devices.cpu.spin_pool import Job
 from hetflow.errors import HetflowError
 from hetflow.runtime.executor import Program
 from hetflow.runtime.placement import random_feeds
-from hetflow.runtime.replay import Replay
+from hetflow.runtime.replay import MAX_ADDRESS, MIN_ADDRESS, Replay, kept_arrays
 from hetflow.runtime.session import InferenceSession
 from hetflow_lite import package
 from hetflow_lite.package import Manifest, Region, ScriptJob, Tensor
 
-#: Integers at or above this are taken for addresses (Linux puts no mapping of a process's arrays below
-#: 4 GiB on 64-bit targets); below it they are sizes, counts and codes.
-MIN_ADDRESS = 1 << 32
-#: ... and below this (x86-64's and AArch64's 48-bit user space).
-MAX_ADDRESS = 1 << 48
 #: The session's images per run: more than any batch, so that a batch runs whole (a package holds one
 #: run; ``hetflow.runtime.sub_batch``).
 _WHOLE_BATCH = 1 << 30
@@ -163,12 +158,13 @@ def _write_package(
     model: Any, program: Program, replay: Replay, output_names: list[str], threads: int, folder: Path,
     progress: native_library.Progress | None,
 ) -> Manifest:  # fmt: skip
+    replay.rest()  # the jobs read the feeds' buffers, which the package carries, not a caller's arrays
     jobs = [job for script, _ in replay.scripts for job in script.jobs]
     owners = [owner for _, names in replay.scripts for owner in names]
     made = replay.made
     inputs = {name: _value_of(made, program.slots[name], name, "input") for name in _input_names(program)}
     outputs = {name: _value_of(made, program.slots[name], name, "output") for name in output_names}
-    memory = _Memory([*_kept_arrays(jobs), *inputs.values(), *outputs.values()])
+    memory = _Memory([*kept_arrays(jobs), *inputs.values(), *outputs.values()])
     kernels = _Kernels()
     relocations = memory.relocations(jobs, owners, kernels)
     script = tuple(
@@ -211,18 +207,6 @@ def _value_of(made: dict[int, np.ndarray], slot: int, name: str, kind: str) -> n
     if not value.flags.c_contiguous:
         raise HetflowError(f"the {kind} {name!r} is not C-contiguous in the captured run")
     return value
-
-
-def _kept_arrays(jobs: list[Job]) -> Iterator[np.ndarray]:
-    """Every array the jobs' blocks may point into: the blocks and what the jobs keep (tuples and lists
-    walked through)."""
-    pending: list[object] = [item for job in jobs for item in (job.block, *job.keep)]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, np.ndarray):
-            yield item
-        elif isinstance(item, (tuple, list)):
-            pending.extend(item)
 
 
 class _Kernels:

@@ -158,6 +158,40 @@ def test_a_strided_feed_is_read_as_a_contiguous_one(monkeypatch):
         np.testing.assert_allclose(session.run(None, strided)[0], expected, rtol=1e-5, atol=1e-6)
 
 
+def _feed_pointers(found: Replay) -> set[int]:
+    """The addresses the replay's jobs now read its one feed at (each pointer less its offset)."""
+    (feed,) = found._feeds
+    return {int(address) for array, indices, offsets in feed.pointers for address in array[indices] - offsets}
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "lenet"])
+def test_a_contiguous_feed_is_read_where_it_lies_and_left_as_it_was(name, monkeypatch):
+    session = _session(name)
+    feeds = _feeds(session, 1, 3)
+    originals = [dict((k, v.copy()) for k, v in feed.items()) for feed in feeds]
+    expected = _plain(session, feeds, monkeypatch)
+    session.run(None, feeds[0])  # the capture: on the feed's copy
+    (found,) = _replays(session)
+    assert found is not None
+    (buffer_address,) = _feed_pointers(found)
+    for feed, want in zip(feeds, expected):
+        np.testing.assert_allclose(session.run(None, feed)[0], want, rtol=1e-4, atol=1e-6)
+        (array,) = feed.values()
+        assert _feed_pointers(found) == {array.ctypes.data} != {buffer_address}
+    for feed, original in zip(feeds, originals):  # read, never written
+        np.testing.assert_array_equal(*feed.values(), *original.values())
+    # A strided array is copied into the buffer, and the jobs read the buffer again.
+    (name_, array), = feeds[1].items()
+    wide = np.zeros(array.shape[:-1] + (2 * array.shape[-1],), np.float32)
+    wide[..., ::2] = array
+    np.testing.assert_allclose(session.run(None, {name_: wide[..., ::2]})[0], expected[1], rtol=1e-4, atol=1e-6)
+    assert _feed_pointers(found) == {buffer_address}
+    # What a compiled package saves: the jobs pointed back at the buffer.
+    session.run(None, feeds[2])
+    assert [slot_buffer[1].ctypes.data for slot_buffer in found.feeds] == [buffer_address]
+    assert _feed_pointers(found) == {buffer_address}
+
+
 def test_runs_from_two_threads_at_once_each_get_their_own_results(monkeypatch):
     """Concurrent runs take separate arenas (each with its replay); the one that finds the spinning pool
     busy replays on its own thread."""
