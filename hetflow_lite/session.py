@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from hetflow_lite import blas, package, spinning
+from hetflow_lite.feeds import InPlaceFeed
 from hetflow_lite.package import Manifest, PackageError, Tensor
 
 __all__ = ["CompiledSession", "PackageError", "TensorInfo"]
@@ -70,12 +71,12 @@ class CompiledSession:
         self._images, self._regions = _map_regions(folder, manifest)
         self._library = _load_library(folder / package.LIBRARY)
         kernels = np.array([_symbol_address(self._library, name) for name in manifest.kernels], np.int64)
-        _relocate(folder, self._regions, kernels)
+        table = _relocate(folder, self._regions, kernels)
         script = manifest.script
         self._jobs = np.array([kernels[job.kernel] for job in script], np.int64)
         self._blocks = np.array([self._address(job.block_region, job.block_offset) for job in script], np.int64)
         self._chunks = np.array([job.chunks for job in script], np.int64)
-        self._inputs = [(tensor, self._view(tensor)) for tensor in manifest.inputs]
+        self._inputs = [(tensor, self._input(tensor, table)) for tensor in manifest.inputs]
         self._outputs = {tensor.name: self._view(tensor) for tensor in manifest.outputs}
         # hetflow_replay(state, jobs, blocks, chunks, count, alone); hetflow_serve(state, seen, grace) -> seen
         self._replay = _entry(self._library, "hetflow_replay", None, [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 2)
@@ -112,8 +113,8 @@ class CompiledSession:
         if extra:
             raise ValueError(f"unknown inputs {sorted(extra)}; the package takes {[t.name for t, _ in self._inputs]}")
         with self._lock:
-            for tensor, view in self._inputs:
-                np.copyto(view, _checked_feed(tensor, input_feed))
+            for tensor, feed in self._inputs:
+                feed.take(_checked_feed(tensor, input_feed))  # read in place where it can be
             self._run_script()
             return [self._outputs[name].copy() for name in names]
 
@@ -133,6 +134,18 @@ class CompiledSession:
 
     def _address(self, region: int, offset: int) -> int:
         return self._regions[region].ctypes.data + offset
+
+    def _input(self, tensor: Tensor, relocations: np.ndarray) -> InPlaceFeed:
+        """An input's buffer, with the relocated slots that hold an address inside it (``feeds``)."""
+        view = self._view(tensor)
+        targets, offsets = relocations[:, 2], relocations[:, 3]
+        inside = (targets == tensor.region) & (offsets >= tensor.offset) & (offsets <= tensor.offset + view.nbytes)
+        pointers = [
+            (self._regions[region][offset : offset + 8].view(np.int64), np.zeros(1, np.intp),
+             np.array([target_offset - tensor.offset], np.int64))
+            for region, offset, _, target_offset in relocations[inside].tolist()
+        ]  # fmt: skip
+        return InPlaceFeed(view, pointers)
 
     def _view(self, tensor: Tensor) -> np.ndarray:
         dtype = np.dtype(tensor.dtype)
@@ -205,8 +218,9 @@ def _symbol_address(library: ctypes.CDLL, name: str) -> int:
         raise PackageError(f"the package's library has no {name}: it is damaged") from None
 
 
-def _relocate(folder: Path, regions: list[np.ndarray], kernels: np.ndarray) -> None:
-    """Write the new addresses where ``RELOCATIONS`` says: a region's base plus an offset, or a kernel's."""
+def _relocate(folder: Path, regions: list[np.ndarray], kernels: np.ndarray) -> np.ndarray:
+    """Write the new addresses where ``RELOCATIONS`` says: a region's base plus an offset, or a kernel's.
+    Returns the table (region, offset, target, target offset), one row a relocation."""
     try:
         table = np.load(folder / package.RELOCATIONS, allow_pickle=False)
     except (OSError, ValueError) as error:
@@ -217,3 +231,4 @@ def _relocate(folder: Path, regions: list[np.ndarray], kernels: np.ndarray) -> N
             raise PackageError(f"{folder / package.RELOCATIONS} points outside the package's regions")
         address = int(bases[target]) + target_offset if target >= 0 else int(kernels[-1 - target])
         ctypes.c_int64.from_address(int(bases[region]) + offset).value = address
+    return table.reshape(-1, 4)

@@ -9,7 +9,7 @@ loops and 106 us called in a row, in a run of 150-190 us, where ONNX Runtime ran
 How: the first sequential run of an arena under a thread arrangement is a capture. Each step's bound
 call is asked to ``capture`` itself (``devices.base.CaptureFn``): the outputs it would return and the
 compiled jobs (``spin_pool.Job``) that compute them. A step that captures and reads only memory that
-stays put from run to run (the weights, the feeds, copied into buffers the replay owns, and the outputs
+stays put from run to run (the weights, the feeds, captured in buffers the replay owns, and the outputs
 of captured steps) runs through its jobs; consecutive such steps form a segment, which later runs
 replay in one compiled call (``SpinPool.replay``). View steps (Flatten, Reshape ...) whose outputs are
 views of their whole input capture with no job. Every other step is called as usual between segments;
@@ -17,9 +17,8 @@ where a captured step reads a value such a step makes, a later run that returns 
 has it copied into the array seen at capture (a guard), so that the jobs' addresses still hold.
 
 A feed is read where the caller's array lies when it can be (C-contiguous, of the captured dtype and
-shape): the jobs' argument blocks are pointed at it (``_Feed``), which costs a microsecond or two where
-copying it into the replay's buffer cost 30-45 us for one 224x224 image (the caller's array is cold by
-then), 2-3% of MobileNet v2's or SqueezeNet's run. Any other array is copied into the buffer.
+shape): the jobs' argument blocks are pointed at it (``hetflow_lite.feeds``) rather than the array
+copied into the replay's buffer.
 
 A capture takes the weights as they are, and what kernels derived from them (blocked, packed or folded
 copies), as the kernels' weight caches do (``weight_cache.WeightCache``): weights changed in place after
@@ -38,6 +37,7 @@ from hetflow.devices.base import BoundCall
 from hetflow.devices.cpu.spin_pool import Job, JobScript, SpinPool, replay_on
 from hetflow.errors import HetflowError
 from hetflow.graph import Node
+from hetflow_lite.feeds import InPlaceFeed, pointers_into
 
 #: Op types whose CPU kernels return views of their input: such a step captures with no job where its
 #: outputs are views of the whole of its first input.
@@ -109,55 +109,12 @@ def kept_arrays(jobs: Sequence[Job]) -> Iterator[np.ndarray]:
             pending.extend(item)
 
 
-def _address(array: np.ndarray) -> int:
-    return array.__array_interface__["data"][0]  # ~0.3 us, where ``ctypes.data`` takes ~1 us
-
-
+@dataclass(frozen=True)
 class _Feed:
-    """A graph input of a captured run: the buffer it was captured in, and every place in the jobs'
-    integer arrays that holds an address inside it (``pointers``: per array, the indices and each
-    address's offset from the buffer's start), so that a run can point the jobs at the caller's array."""
+    """A graph input of a captured run: its slot, and its buffer with the jobs' pointers into it."""
 
-    def __init__(self, slot: int, buffer: np.ndarray, jobs: Sequence[Job]):
-        self.slot = slot
-        self.buffer = buffer
-        start = _address(buffer)
-        self.pointers: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        seen: set[int] = set()
-        for array in kept_arrays(jobs):
-            if array.dtype != np.int64 or not array.flags.c_contiguous or id(array) in seen:
-                continue
-            seen.add(id(array))
-            flat = array.reshape(-1)
-            indices = np.flatnonzero((flat >= start) & (flat <= start + buffer.nbytes))  # one past the end too
-            if indices.size:
-                self.pointers.append((flat, indices, flat[indices] - start))
-        #: Where the pointers now hold the feed: the buffer, or the last caller array read in place.
-        self.pointed = start
-
-    def take(self, value: Any) -> np.ndarray:
-        """The array the jobs read this run: ``value`` in place where its layout is the buffer's, else the
-        buffer with ``value`` copied in."""
-        buffer = self.buffer
-        if (type(value) is np.ndarray and value.dtype == buffer.dtype and value.shape == buffer.shape
-                and value.flags.c_contiguous and self.pointers):  # fmt: skip
-            address = _address(value)
-            if address % buffer.itemsize == 0:
-                self._point_at(address)
-                return value
-        np.copyto(buffer, value)
-        self.rest()
-        return buffer
-
-    def rest(self) -> None:
-        """Point the jobs back at the buffer (what a compiled package saves)."""
-        self._point_at(_address(self.buffer))
-
-    def _point_at(self, address: int) -> None:
-        if address != self.pointed:
-            for array, indices, offsets in self.pointers:
-                array[indices] = offsets + address
-            self.pointed = address
+    slot: int
+    place: InPlaceFeed
 
 
 class Replay:
@@ -167,7 +124,8 @@ class Replay:
                  held: frozenset[int], replayed: tuple[str, ...]):  # fmt: skip
         self.entries = entries
         jobs = [job for entry in entries if isinstance(entry, _Segment) for job in entry.script.jobs]
-        self._feeds = tuple(_Feed(slot, buffer, jobs) for slot, buffer in feeds)
+        arrays = list(kept_arrays(jobs))
+        self._feeds = tuple(_Feed(slot, InPlaceFeed(buffer, pointers_into(buffer, arrays))) for slot, buffer in feeds)
         #: Slots whose values the replay owns (it writes them again on the next run).
         self.held = held
         #: The names of the nodes replayed from compiled code, in run order.
@@ -177,13 +135,13 @@ class Replay:
     def feeds(self) -> tuple[tuple[int, np.ndarray], ...]:
         """The buffers the feeds are captured in, by slot (the jobs pointed back at them: ``rest``)."""
         self.rest()
-        return tuple((feed.slot, feed.buffer) for feed in self._feeds)
+        return tuple((feed.slot, feed.place.buffer) for feed in self._feeds)
 
     def rest(self) -> None:
         """Point every job that reads a feed at the feed's buffer, as at capture: a run may have pointed
         them at the caller's arrays, which a compiled package cannot carry."""
         for feed in self._feeds:
-            feed.rest()
+            feed.place.rest()
 
     @property
     def called_nodes(self) -> tuple[str, ...]:
@@ -217,7 +175,7 @@ class Replay:
     def run(self, env: list[Any], pool: SpinPool | None) -> None:
         """The captured run on the feeds in ``env`` (its values left in ``env`` as a run leaves them)."""
         for feed in self._feeds:
-            env[feed.slot] = feed.take(env[feed.slot])
+            env[feed.slot] = feed.place.take(env[feed.slot])
         for entry in self.entries:
             if isinstance(entry, _Segment):
                 replay_on(entry.script, pool)

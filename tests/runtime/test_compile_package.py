@@ -51,6 +51,29 @@ def test_a_package_computes_what_the_session_computes_on_new_feeds(lenet_package
         lite.close()
 
 
+def test_a_package_reads_a_contiguous_feed_in_place_and_copies_any_other(lenet_package):
+    session = hetflow.InferenceSession(str(zoo.model_path("lenet")), threads=2)
+    lite = CompiledSession(lenet_package)
+    try:
+        ((_, feed),) = lite._inputs
+        assert feed.pointers  # the jobs that read the input, found through the relocations
+        for seed in (5, 6):
+            feeds = _lenet_feed(seed)
+            (array,) = feeds.values()
+            kept = array.copy()
+            np.testing.assert_allclose(lite.run(None, feeds)[0], session.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
+            assert feed.pointed == array.ctypes.data  # read where it lies...
+            np.testing.assert_array_equal(array, kept)  # ...and never written
+        ((name, array),) = _lenet_feed(7).items()
+        wide = np.repeat(array, 2, axis=-1)
+        strided = {name: wide[..., ::2]}  # the same values, every other float of a wider array
+        np.testing.assert_allclose(lite.run(None, strided)[0], session.run(None, {name: array})[0], rtol=1e-5,
+                                   atol=1e-6)  # fmt: skip
+        assert feed.pointed == feed.buffer.ctypes.data  # copied into the package's own buffer
+    finally:
+        lite.close()
+
+
 def test_a_package_runs_on_any_thread_count_to_the_same_outputs(lenet_package):
     feed = _lenet_feed(4)
     outputs = []

@@ -161,7 +161,7 @@ def test_a_strided_feed_is_read_as_a_contiguous_one(monkeypatch):
 def _feed_pointers(found: Replay) -> set[int]:
     """The addresses the replay's jobs now read its one feed at (each pointer less its offset)."""
     (feed,) = found._feeds
-    return {int(address) for array, indices, offsets in feed.pointers for address in array[indices] - offsets}
+    return {int(address) for array, indices, offsets in feed.place.pointers for address in array[indices] - offsets}
 
 
 @pytest.mark.parametrize("name", ["squeezenet", "lenet"])
