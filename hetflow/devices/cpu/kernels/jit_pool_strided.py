@@ -1,0 +1,171 @@
+"""3x3 stride-2 max pools (any padding, floor or ceil rounding) in strips of 16 output columns: the pools of
+SqueezeNet, GoogLeNet, Inception v2, ResNet-50, DenseNet-121, AlexNet, ZFNet and cifar10-quick.
+
+Why: ``jit_pool_lanes`` loads all 9 taps of every vector of outputs, each tap of a stride-2 window one
+32-float load split to 16 lanes by a shuffle, and ``jit_pool_rows``' sweep loads every input row once
+per column tap; on SqueezeNet's 27x27 and 55x55 maps they spent 230 and 600 ns a plane on one core, where
+ONNX Runtime's pools (channels in the lanes) took about half in its runs. Here a strip (``_strip``)
+walks down the plane: each input row is loaded once (two 16-float halves and the next float), split by
+three shuffles into the windows' even, odd and next even columns, and their maximum is the row's 3-wide
+window at all 16 outputs (``_row_maxima``); an output row is the maximum of three such rows, the last
+of which is the next output row's first and stays in a register. One core, one image, the planes
+alone, before -> after (us): 256x27x27 54 -> 19, 128x55x55 82 -> 39, 96x56x56 (ceil) 64 -> 31, 480x28x28
+(ceil) 101 -> 37, 832x14x14 (ceil) 58 -> 36, 32x32x32 12 -> 3.5, 64x111x111 141 -> 105 (a map past L2).
+
+Loads: where a row's 48 floats lie inside the flat X they are plain loads, and the columns outside the
+row (padding, ceil mode's last window) become -inf after the shuffles. On Zen 4 a masked load that fills
+-inf (a ``vblendmps`` from memory, which LLVM also makes of a select applied straight to a load) made the
+whole pool 2.4x slower, so masked loads are kept to X's ends and to rows in the padding (read as -inf).
+
+NaN: x86's max skips a NaN where ``np.maximum`` (and ONNX) propagate it, so every loaded vector is
+tested for NaN (all its lanes: a NaN just beside the row counts too); a plane that met one is left to
+the caller's exact loop (``pool_plane`` says so).
+"""
+
+from __future__ import annotations
+
+import numba
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.errors import TypingError
+from numba.extending import intrinsic
+
+from hetflow.devices.cpu.kernels import llvm_vectors as lv
+from hetflow.devices.cpu.kernels.window_lanes import slot
+
+#: The window (both axes) and the stride (both axes) this kernel takes.
+WINDOW = 3
+STRIDE = 2
+#: Outputs per vector.
+LANES = lv.LANES
+_INT32 = ir.IntType(32)
+_EVEN = ir.Constant(ir.VectorType(_INT32, LANES), list(range(0, 2 * LANES, 2)))
+_ODD = ir.Constant(ir.VectorType(_INT32, LANES), list(range(1, 2 * LANES, 2)))
+#: Lanes 1..15 of the even columns, then lane 0 of the next vector: the columns two further on.
+_NEXT_EVEN = ir.Constant(ir.VectorType(_INT32, LANES), list(range(1, LANES + 1)))
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def takes(kh, kw, sh, sw, dh, dw):  # noqa: ANN001, ANN201
+    """Whether this kernel pools the window: 3x3, stride 2 both ways, no dilation."""
+    return kh == WINDOW and kw == WINDOW and sh == STRIDE and sw == STRIDE and dh == 1 and dw == 1
+
+
+def _maximum(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
+    return builder.select(builder.fcmp_ordered(">", a, b), a, b)  # one maxps
+
+
+def _columns_inside(builder: ir.IRBuilder, first: ir.Value, step: int, offset: int, width: ir.Value) -> ir.Value:
+    """The 16-lane mask of ``0 <= first + step * lane + offset < width``."""
+    lanes = ir.Constant(ir.VectorType(_INT32, LANES), [step * lane + offset for lane in range(LANES)])
+    start = lv.splat(builder, builder.trunc(first, _INT32), LANES)
+    return builder.icmp_unsigned("<", builder.add(start, lanes), lv.splat(builder, builder.trunc(width, _INT32), LANES))
+
+
+def _row_maxima(builder: ir.IRBuilder, data: ir.Value, size: ir.Value, row_at: ir.Value, valid: ir.Value,
+                width: ir.Value, first: ir.Value, masks: list[ir.Value]) -> tuple[ir.Value, ir.Value]:  # fmt: skip
+    """16 outputs' 3-wide window maxima along one input row at ``row_at`` of the flat array at ``data``
+    (``size`` floats; the row ``width`` floats, read only if ``valid``, else -inf), output lane k's window
+    from column ``first + 2k`` (columns outside the row count as -inf); and the i1 "a loaded lane was NaN".
+
+    Where the 48 floats from column ``first`` lie in the flat array they are three plain loads, split by
+    shuffles into the windows' even, odd and next even columns, and the columns outside the row are set
+    to -inf there, after the shuffles: on Zen 4 a masked load that fills -inf (a ``vblendmps`` from memory,
+    which LLVM also makes of a select right on a load) made the whole pool 2.4x slower. Only at the
+    array's ends and for rows in the padding are they masked loads. The NaN test reads every loaded lane,
+    in the row or not: a NaN beside the row only sends the plane to the exact loop."""
+    fill = lv.float_vector(LANES, float("-inf"))
+    start = builder.add(row_at, first)
+    inside = builder.and_(valid, builder.and_(
+        builder.icmp_signed(">=", start, lv.INT(0)),
+        builder.icmp_signed("<=", builder.add(start, lv.INT(3 * LANES)), size),
+    ))  # fmt: skip
+    results: list[tuple[ir.Value, ir.Value, ir.Block]] = []
+    with builder.if_else(inside, likely=True) as (plain, masked):
+        with plain:
+            low, high, next_ = (lv.load_vector(builder, data, builder.add(start, lv.INT(part * LANES)))
+                                for part in range(3))  # fmt: skip
+            nan = builder.or_(builder.fcmp_unordered("uno", low, high), builder.fcmp_unordered("uno", next_, next_))
+            even = builder.shuffle_vector(low, high, _EVEN)
+            odd = builder.shuffle_vector(low, high, _ODD)
+            next_even = builder.shuffle_vector(even, next_, _NEXT_EVEN)
+            columns = [builder.select(mask, vector, fill) for mask, vector in zip(masks, (even, odd, next_even))]
+            results.append((_maximum(builder, _maximum(builder, columns[0], columns[1]), columns[2]), nan, builder.block))
+        with masked:
+            on = lv.splat(builder, valid, LANES)
+            loaded = []
+            for part in range(3):
+                column = builder.add(first, lv.INT(part * LANES))
+                mask = builder.and_(lv.lanes_inside(builder, column, LANES, width), on)
+                loaded.append(lv.masked_load(builder, data, builder.add(row_at, column), mask, fill))
+            low, high, next_ = loaded
+            nan = builder.or_(builder.fcmp_unordered("uno", low, high), builder.fcmp_unordered("uno", next_, next_))
+            even = builder.shuffle_vector(low, high, _EVEN)
+            odd = builder.shuffle_vector(low, high, _ODD)
+            next_even = builder.shuffle_vector(even, next_, _NEXT_EVEN)
+            results.append((_maximum(builder, _maximum(builder, even, odd), next_even), nan, builder.block))
+    maxima = builder.phi(lv.VECTOR)
+    nans = builder.phi(results[0][1].type)
+    for found, nan, block in results:
+        maxima.add_incoming(found, block)
+        nans.add_incoming(nan, block)
+    return maxima, nans
+
+
+@intrinsic
+def _strip(typingctx, x, x_at, height, width, pad_top, first_column, y, y_at, out_h, out_w, count):  # noqa: ANN001, ANN202
+    """A strip of 16 output columns of one plane, every output row: X's ``height`` x ``width`` plane at
+    ``x_at`` of the flat ``x``, output row 0's window from input row ``-pad_top``, output lane k's from
+    column ``first_column + 2k``; the first ``count`` lanes of each output row stored at ``y_at + oy *
+    out_w`` of the flat ``y``. Each input row's maxima are made once: an output row's last input row is
+    the next one's first (kept in a register). Returns 1 when a loaded lane was NaN."""
+    for array in (x, y):
+        if not (isinstance(array, types.Array) and array.dtype == types.float32 and array.ndim == 1):
+            raise TypingError(f"_strip takes flat float32 arrays, not {array}")
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        (x_value, x_at_value, height_value, width_value, pad_top_value, first_value, y_value, y_at_value,
+         out_h_value, out_w_value, count_value) = args  # fmt: skip
+        data = lv.array_data(context, builder, sig.args[0], x_value)
+        size = context.make_array(sig.args[0])(context, builder, x_value).nitems
+        y_data = lv.array_data(context, builder, sig.args[6], y_value)
+        masks = [_columns_inside(builder, first_value, 2, offset, width_value) for offset in range(3)]
+        store_mask = lv.lanes_inside(builder, lv.INT(0), LANES, count_value)
+
+        def row_maxima(row: ir.Value) -> tuple[ir.Value, ir.Value]:
+            valid = builder.icmp_unsigned("<", row, height_value)  # a negative row wraps past any height
+            at = builder.add(x_at_value, builder.mul(row, width_value))
+            return _row_maxima(builder, data, size, at, valid, width_value, first_value, masks)
+
+        first_row, first_nan = row_maxima(builder.sub(lv.INT(0), pad_top_value))
+        carry = slot(builder, first_row)
+        nans = slot(builder, first_nan)
+        with cgutils.for_range(builder, out_h_value) as loop:
+            top = builder.sub(builder.mul(loop.index, lv.INT(2)), pad_top_value)
+            middle, middle_nan = row_maxima(builder.add(top, lv.INT(1)))
+            bottom, bottom_nan = row_maxima(builder.add(top, lv.INT(2)))
+            maxima = _maximum(builder, _maximum(builder, builder.load(carry), middle), bottom)
+            at = builder.add(y_at_value, builder.mul(loop.index, out_w_value))
+            lv.masked_store(builder, maxima, y_data, at, store_mask)
+            builder.store(bottom, carry)
+            builder.store(builder.or_(builder.load(nans), builder.or_(middle_nan, bottom_nan)), nans)
+        bits = builder.bitcast(builder.load(nans), ir.IntType(LANES))
+        return builder.zext(builder.icmp_unsigned("!=", bits, ir.Constant(bits.type, 0)), lv.INT)
+
+    signature = types.int64(x, types.int64, types.int64, types.int64, types.int64, types.int64, y, types.int64,
+                            types.int64, types.int64, types.int64)  # fmt: skip
+    return signature, codegen
+
+
+@numba.njit(nogil=True, cache=True)
+def pool_plane(x, x_at, height, width, pad_top, pad_left, y, y_at, out_h, out_w):  # noqa: ANN001, ANN201
+    """The 3x3 stride-2 maximum of one plane: X's ``height`` x ``width`` floats at ``x_at`` of the flat
+    ``x``, output (0, 0)'s window at row ``-pad_top``, column ``-pad_left``; Y's ``out_h`` x ``out_w`` at
+    ``y_at`` of the flat ``y``. Returns whether a NaN was loaded (the plane is then not exact: pool it
+    again with an exact loop)."""
+    nan = 0
+    for ox in range(0, out_w, LANES):
+        nan |= _strip(x, x_at, height, width, pad_top, 2 * ox - pad_left, y, y_at + ox, out_h, out_w,
+                      min(LANES, out_w - ox))  # fmt: skip
+    return nan != 0
