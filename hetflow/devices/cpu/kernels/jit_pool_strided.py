@@ -13,9 +13,11 @@ alone, before -> after (us): 256x27x27 54 -> 19, 128x55x55 82 -> 39, 96x56x56 (c
 (ceil) 101 -> 37, 832x14x14 (ceil) 58 -> 36, 32x32x32 12 -> 3.5, 64x111x111 141 -> 105 (a map past L2).
 
 Loads: where a row's 48 floats lie inside the flat X they are plain loads, and the columns outside the
-row (padding, ceil mode's last window) become -inf after the shuffles. On Zen 4 a masked load that fills
--inf (a ``vblendmps`` from memory, which LLVM also makes of a select applied straight to a load) made the
-whole pool 2.4x slower, so masked loads are kept to X's ends and to rows in the padding (read as -inf).
+row (padding, ceil mode's last window) become -inf after the shuffles, under lane masks worked out once
+a strip; masked loads are kept to X's ends and to rows in the padding (read as -inf). A first version
+that worked out a lane mask before every load (a broadcast, an add and a compare into a mask register)
+ran no faster than the old kernels: on Zen 4 a load behind such a mask cost twice a plain one, where a
+masked load under a mask made once costs the same (``benchmarks/results/2026-12-07-s57/experiments.txt``).
 
 NaN: x86's max skips a NaN where ``np.maximum`` (and ONNX) propagate it, so every loaded vector is
 tested for NaN (all its lanes: a NaN just beside the row counts too); a plane that met one is left to
@@ -71,8 +73,7 @@ def _row_maxima(builder: ir.IRBuilder, data: ir.Value, size: ir.Value, row_at: i
 
     Where the 48 floats from column ``first`` lie in the flat array they are three plain loads, split by
     shuffles into the windows' even, odd and next even columns, and the columns outside the row are set
-    to -inf there, after the shuffles: on Zen 4 a masked load that fills -inf (a ``vblendmps`` from memory,
-    which LLVM also makes of a select right on a load) made the whole pool 2.4x slower. Only at the
+    to -inf there, after the shuffles, under the strip's ``masks`` (even, odd, next even). Only at the
     array's ends and for rows in the padding are they masked loads. The NaN test reads every loaded lane,
     in the row or not: a NaN beside the row only sends the plane to the exact loop."""
     fill = lv.float_vector(LANES, float("-inf"))
