@@ -132,13 +132,24 @@ def compiled_package(path: Path, feed: dict[str, np.ndarray], threads: int) -> P
 
     batch = next(iter(feed.values())).shape[0]
     stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    # The model file and hetflow's sources: a package holds the kernels and plan of the hetflow that made it.
+    key = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{_sources_digest()}".encode()).hexdigest()[:12]
     folder = Path.home() / ".cache" / "hetflow" / "packages" / f"{path.stem}-b{batch}-t{threads}-{key}"
     if not _current_package(folder):
         command = [sys.executable, "-m", "hetflow.cli", "compile", str(path), "-o", str(folder), "--batch", str(batch),
                    "--threads", str(threads)]  # fmt: skip
         subprocess.run(command, check=True, capture_output=True)
     return folder
+
+
+def _sources_digest() -> str:
+    """A digest of every source of ``hetflow`` and ``hetflow_lite`` (``compiled_cache.source_digest``)."""
+    import hetflow
+    import hetflow_lite
+    from hetflow.devices.cpu.compiled_cache import package_sources, source_digest
+
+    roots = [Path(hetflow.__file__).resolve().parent, Path(hetflow_lite.__file__).resolve().parent]
+    return "".join(source_digest(package_sources(root), root) for root in roots)
 
 
 def _current_package(folder: Path) -> bool:
