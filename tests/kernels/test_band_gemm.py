@@ -176,6 +176,15 @@ def test_band_plan(depth, out_h, out_w, threads, plan) -> None:  # noqa: ANN001
     assert own_gemm.band_plan(depth, out_h, out_w, threads) == plan
 
 
+@pytest.mark.parametrize(("depth", "out_h", "out_w"), [(64, 55, 55), (27, 112, 112), (147, 112, 112), (16, 13, 13)])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_band_plan_fits_one_images_columns_the_kernel_declares(depth, out_h, out_w, threads) -> None:  # noqa: ANN001
+    columns = depth * out_h * out_w * 4  # the im2col kernel's workspace at one image
+    shares, band_rows = own_gemm.band_plan(depth, out_h, out_w, threads, columns)
+    assert shares * band_rows * depth * out_w * 4 <= columns
+    assert (shares, band_rows) <= own_gemm.band_plan(depth, out_h, out_w, threads) and band_rows >= 1
+
+
 # -- columns too deep for bands: built whole, then the tile GEMM ---------------------------------------
 DEEP = [
     ((1, 32, 9, 11), (20, 32, 3, 3), ConvAttrs(pads=(1, 1, 1, 1)), RELU),  # 288 column rows, one tile wide

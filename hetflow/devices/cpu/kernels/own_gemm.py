@@ -552,13 +552,19 @@ def _one_image_2d(x_info: TensorInfo, w_info: TensorInfo) -> bool:
     return all(isinstance(d, int) for d in (*x_shape, *w_shape)) and x_shape[0] == 1
 
 
-def band_plan(depth: int, out_h: int, out_w: int, threads: int) -> tuple[int, int]:
+def band_plan(depth: int, out_h: int, out_w: int, threads: int, workspace_bytes: int | None = None) -> tuple[int, int]:
     """(shares, band rows) of one image's im2col in bands: ``SPIN_SHARES_PER_THREAD`` ranges of output
     rows a thread (at most one a row), each taken a band of whole rows at a time, as many as fit in
-    ``BAND_BYTES`` of columns (at least one)."""
+    ``BAND_BYTES`` of columns (at least one), and with a band for every share within ``workspace_bytes``
+    where given (one image's columns, as the im2col kernel declares: shares of whole rows can add up to
+    more rows than the map, 4 shares of 14 rows for 55, and a plan past the declared workspace allocated
+    its buffer, 0.8 MB past a memory budget)."""
     shares = max(1, min(out_h, threads * SPIN_SHARES_PER_THREAD))
-    fitting = max(1, BAND_BYTES // (depth * out_w * 4))
-    return shares, min(fitting, -(-out_h // shares))
+    row_bytes = depth * out_w * 4
+    band_rows = min(max(1, BAND_BYTES // row_bytes), -(-out_h // shares))
+    if workspace_bytes is not None:
+        band_rows = max(1, min(band_rows, workspace_bytes // (shares * row_bytes)))
+    return shares, band_rows
 
 
 def prepare_bands(
@@ -656,7 +662,8 @@ class _BandCall:
         im2col kernel's declared workspace (one image's columns) where it fits."""
         found = self.plans.get(threads)
         if found is None:
-            shares, band_rows = band_plan(self.depth, self.out_h, self.out_w, threads)
+            declared = self.workspace.nbytes if self.workspace is not None else None
+            shares, band_rows = band_plan(self.depth, self.out_h, self.out_w, threads, declared)
             size = shares * self.depth * band_rows * self.out_w
             workspace = self.workspace if self.workspace is not None and self.workspace.nbytes >= 4 * size else None
             columns = Scratch(workspace).take((size,), np.float32)
