@@ -41,11 +41,16 @@ from hetflow.devices.cpu.spin_pool import Job
 from hetflow.errors import HetflowError
 from hetflow.runtime.executor import Program
 from hetflow.runtime.placement import random_feeds
-from hetflow.runtime.replay import MAX_ADDRESS, MIN_ADDRESS, Replay, kept_arrays
+from hetflow.runtime.replay import Replay, kept_arrays
 from hetflow.runtime.session import InferenceSession
 from hetflow_lite import package
 from hetflow_lite.package import Manifest, Region, ScriptJob, Tensor
 
+#: Integers at or above this are taken for addresses (Linux puts no mapping of a process's arrays below
+#: 4 GiB on 64-bit targets); below it they are sizes, counts and codes.
+MIN_ADDRESS = 1 << 32
+#: ... and below this (x86-64's and AArch64's 48-bit user space).
+MAX_ADDRESS = 1 << 48
 #: The session's images per run: more than any batch, so that a batch runs whole (a package holds one
 #: run; ``hetflow.runtime.sub_batch``).
 _WHOLE_BATCH = 1 << 30

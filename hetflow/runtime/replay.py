@@ -43,12 +43,6 @@ from hetflow_lite.feeds import InPlaceFeed, pointers_into
 #: outputs are views of the whole of its first input.
 VIEW_OPS = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity"})
 
-#: Integers at or above this are taken for addresses (Linux puts no mapping of a process's arrays below
-#: 4 GiB on 64-bit targets); below it they are sizes, counts and codes.
-MIN_ADDRESS = 1 << 32
-#: ... and below this (x86-64's and AArch64's 48-bit user space).
-MAX_ADDRESS = 1 << 48
-
 #: One step as the executor's sequential loop holds it: (call, node, input slots, output slots, slots
 #: released after it).
 HotStep = tuple[BoundCall, Node, tuple[int, ...], tuple[int, ...], tuple[int, ...]]

@@ -82,36 +82,35 @@ def _row_maxima(builder: ir.IRBuilder, data: ir.Value, size: ir.Value, row_at: i
         builder.icmp_signed(">=", start, lv.INT(0)),
         builder.icmp_signed("<=", builder.add(start, lv.INT(3 * LANES)), size),
     ))  # fmt: skip
-    results: list[tuple[ir.Value, ir.Value, ir.Block]] = []
+    loads: list[tuple[list[ir.Value], ir.Block]] = []
     with builder.if_else(inside, likely=True) as (plain, masked):
         with plain:
-            low, high, next_ = (lv.load_vector(builder, data, builder.add(start, lv.INT(part * LANES)))
-                                for part in range(3))  # fmt: skip
-            nan = builder.or_(builder.fcmp_unordered("uno", low, high), builder.fcmp_unordered("uno", next_, next_))
-            even = builder.shuffle_vector(low, high, _EVEN)
-            odd = builder.shuffle_vector(low, high, _ODD)
-            next_even = builder.shuffle_vector(even, next_, _NEXT_EVEN)
-            columns = [builder.select(mask, vector, fill) for mask, vector in zip(masks, (even, odd, next_even))]
-            results.append((_maximum(builder, _maximum(builder, columns[0], columns[1]), columns[2]), nan, builder.block))
+            loads.append(([lv.load_vector(builder, data, builder.add(start, lv.INT(part * LANES)))
+                           for part in range(3)], builder.block))  # fmt: skip
         with masked:
             on = lv.splat(builder, valid, LANES)
-            loaded = []
+            vectors = []
             for part in range(3):
                 column = builder.add(first, lv.INT(part * LANES))
                 mask = builder.and_(lv.lanes_inside(builder, column, LANES, width), on)
-                loaded.append(lv.masked_load(builder, data, builder.add(row_at, column), mask, fill))
-            low, high, next_ = loaded
-            nan = builder.or_(builder.fcmp_unordered("uno", low, high), builder.fcmp_unordered("uno", next_, next_))
-            even = builder.shuffle_vector(low, high, _EVEN)
-            odd = builder.shuffle_vector(low, high, _ODD)
-            next_even = builder.shuffle_vector(even, next_, _NEXT_EVEN)
-            results.append((_maximum(builder, _maximum(builder, even, odd), next_even), nan, builder.block))
-    maxima = builder.phi(lv.VECTOR)
-    nans = builder.phi(results[0][1].type)
-    for found, nan, block in results:
-        maxima.add_incoming(found, block)
-        nans.add_incoming(nan, block)
-    return maxima, nans
+                vectors.append(lv.masked_load(builder, data, builder.add(row_at, column), mask, fill))
+            loads.append((vectors, builder.block))
+    low, high, next_ = (_joined(builder, [(vectors[part], block) for vectors, block in loads]) for part in range(3))
+    nan = builder.or_(builder.fcmp_unordered("uno", low, high), builder.fcmp_unordered("uno", next_, next_))
+    even = builder.shuffle_vector(low, high, _EVEN)
+    odd = builder.shuffle_vector(low, high, _ODD)
+    next_even = builder.shuffle_vector(even, next_, _NEXT_EVEN)
+    # The masked loads read -inf outside the row already; the plain ones take it here.
+    columns = [builder.select(mask, vector, fill) for mask, vector in zip(masks, (even, odd, next_even))]
+    return _maximum(builder, _maximum(builder, columns[0], columns[1]), columns[2]), nan
+
+
+def _joined(builder: ir.IRBuilder, incoming: list[tuple[ir.Value, ir.Block]]) -> ir.Value:
+    """One value from the branches that made it (a phi)."""
+    value = builder.phi(incoming[0][0].type)
+    for found, block in incoming:
+        value.add_incoming(found, block)
+    return value
 
 
 @intrinsic
