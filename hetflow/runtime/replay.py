@@ -127,8 +127,7 @@ class Replay:
 
     @property
     def feeds(self) -> tuple[tuple[int, np.ndarray], ...]:
-        """The buffers the feeds are captured in, by slot (the jobs pointed back at them: ``rest``)."""
-        self.rest()
+        """The buffers the feeds are captured in, by slot (the jobs read them again after ``rest``)."""
         return tuple((feed.slot, feed.place.buffer) for feed in self._feeds)
 
     def rest(self) -> None:

@@ -188,6 +188,7 @@ def test_a_contiguous_feed_is_read_where_it_lies_and_left_as_it_was(name, monkey
     assert _feed_pointers(found) == {buffer_address}
     # What a compiled package saves: the jobs pointed back at the buffer.
     session.run(None, feeds[2])
+    found.rest()
     assert [slot_buffer[1].ctypes.data for slot_buffer in found.feeds] == [buffer_address]
     assert _feed_pointers(found) == {buffer_address}
 
