@@ -78,7 +78,11 @@ def test_packed_weights_lay_each_tile_depth_major_with_zero_kernels_past_the_end
     [
         (512, 4608, 49, 1, True),  # ResNet-50's 3x3 layers on 7x7: 49 of 64 position lanes
         (512, 2048, 49, 1, True),
-        (2048, 512, 49, 1, False),  # too shallow to repay the packed copy
+        (2048, 512, 49, 1, False),  # too shallow for weights this large (4 MB: they come from DRAM)
+        (960, 160, 49, 1, True),  # small weights (600 KB): the FMAs bound the product
+        (1280, 320, 49, 1, True),
+        (1024, 1024, 36, 1, True),  # deep enough whatever W's size
+        (2048, 320, 49, 1, False),  # 2.6 MB of weights
         (1000, 1024, 1, 1, True),  # a classifier as a 1x1 Conv on a 1x1 map
         (160, 1024, 49, 1, False),  # 160 of 192 kernel lanes: no better than 49 of 64
         (512, 128, 49, 1, False),  # too shallow for the scattering epilogue too

@@ -173,6 +173,12 @@ def tile_share_job(
 #: packed copy of W is memory the raw weights already hold. Inside ResNet-50 the 512 -> 2048 layers (512
 #: deep) gained nothing while their copies cost 12 MB of its +62 MB peak RSS; the deeper ones gained 3-15%.
 LANES_MIN_DEPTH = 1024
+#: Shallower products (from ``LANES_SMALL_MIN_DEPTH``) take the lanes where W is at most this many bytes:
+#: such weights come from L2 or L3, not DRAM, so the products are bound by their FMAs, which the lanes
+#: waste fewer of. MobileNet v2 at batch 1 (7x7 maps, in-run, 2 threads): its 160 -> 960 layers 0.107 ->
+#: 0.093 ms, 320 -> 1280 0.262 -> 0.233.
+LANES_SMALL_WEIGHT_BYTES = 2 * 1024 * 1024
+LANES_SMALL_MIN_DEPTH = 160
 #: How much more of its vector lanes the lane GEMM must fill than the tile GEMM to take a product.
 LANES_MIN_GAIN = 0.15
 #: W packed for the lane GEMM, per weight array (``jit_lane_gemm.packed_weights``).
@@ -183,7 +189,9 @@ def lanes_pay(kernels: int, depth: int, positions: int, groups: int, batch: int 
     """Whether ``jit_lane_gemm`` (kernels in the vector lanes) computes a product of ``kernels`` x
     ``depth`` x ``positions`` (one image's) faster than ``jit_tile_gemm`` (positions in the lanes): where
     the positions leave many of the tile GEMM's lanes empty and the kernels fill whole tiles of 64, for one
-    image only (``batch``). At batch 16, two threads, in-run medians over two alternating rounds, the lanes
+    image only (``batch``), from ``LANES_MIN_DEPTH`` deep, or from ``LANES_SMALL_MIN_DEPTH`` where W is at
+    most ``LANES_SMALL_WEIGHT_BYTES`` (whole runs at batch 1, A/B: mobilenetv2 0.95 and 0.97, googlenet
+    0.97, densenet121 1.00 and 0.99). At batch 16, two threads, in-run medians over two alternating rounds, the lanes
     made Inception v2's pointwise layers 6% slower (45.5 vs 42.8 ms; its 1024-deep 7x7 layers) and tied
     in ResNet-50 (157.6 vs 156.8) and DenseNet-121 (116.7 vs 117.3), whose packed copies then cost memory
     for nothing.
@@ -194,7 +202,9 @@ def lanes_pay(kernels: int, depth: int, positions: int, groups: int, batch: int 
     position (a classifier as a 1x1 Conv) 1000 x 1024 0.29; 14x14 256 x 1024 0.95, 13x13 256 x 256 1.11
     (the last seven before ``jit_lane_gemm``'s prefetch, which moved the first three by 1-3%).
     """
-    if batch != 1 or groups != 1 or depth < LANES_MIN_DEPTH:
+    if batch != 1 or groups != 1 or depth < LANES_SMALL_MIN_DEPTH:
+        return False
+    if depth < LANES_MIN_DEPTH and kernels * depth * 4 > LANES_SMALL_WEIGHT_BYTES:
         return False
     position_use = positions / (-(-positions // LANES) * LANES)
     kernel_use = kernels / (-(-kernels // jit_lane_gemm.TILE_KERNELS) * jit_lane_gemm.TILE_KERNELS)
