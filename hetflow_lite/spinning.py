@@ -51,6 +51,7 @@ class SpinningThreads:
         self._wake = threading.Condition()
         self._threads: list[threading.Thread] = []
         self._active_runs = 0
+        self._sleeping = 0  # workers waiting on ``_wake``
 
     def serve(self, seen: int) -> int:
         raise NotImplementedError
@@ -60,7 +61,8 @@ class SpinningThreads:
         with self._wake:
             self._active_runs += 1
             self.state[SPIN] = 1
-            self._wake.notify_all()
+            if self._sleeping:  # back-to-back runs find the workers still spinning: nothing to wake
+                self._wake.notify_all()
 
     def rest(self) -> None:
         """A run ended: once no run is active, the workers spin ``grace`` more, then sleep."""
@@ -94,6 +96,8 @@ class SpinningThreads:
             seen = self.serve(seen)
             with self._wake:
                 while not self.state[SPIN] and not self.state[STOP]:
+                    self._sleeping += 1
                     self._wake.wait()
+                    self._sleeping -= 1
                 if self.state[STOP]:
                     return

@@ -29,10 +29,12 @@ from hetflow.runtime.executor import (
     ExecutionMode,
     Observer,
     Program,
+    SteadyRun,
     check_mode,
     check_threads,
     execute,
     memory_plan,
+    steady_run,
 )
 from hetflow.runtime.held_weights import hold_packed
 from hetflow.runtime.memory import MemoryReport
@@ -182,6 +184,9 @@ class InferenceSession:
         # (name, dtype, shape) of every feed of an accepted run -> its plan: a run fed alike skips the
         # checks and the binding (~8 us of LeNet's ~130 at batch 1).
         self._accepted: dict[tuple[tuple[str, np.dtype, tuple[int, ...]], ...], Plan] = {}
+        # Later runs of an accepted signature whose runs are whole and sequential (see ``SteadyRun``), by
+        # (signature, the outputs asked for).
+        self._steady: dict[tuple, SteadyRun] = {}
         self._sub_batch = check_sub_batch(sub_batch)
         self._batch_symbol = batch_symbol(self._graph) if cpu_only and memory_budget is None else None
         if self._sub_batch is not None and self._batch_symbol is None:
@@ -438,11 +443,33 @@ class InferenceSession:
         Raises:
             FeedError: a feed is missing, unknown, or has the wrong dtype or shape.
         """
+        signature = _signature(input_feed) if observer is None and self._budget is None else None
+        if signature is not None:
+            key = (signature, None if output_names is None else tuple(output_names))
+            steady = self._steady.get(key)
+            if steady is not None:
+                return steady(input_feed)
         names = self._all_outputs if output_names is None else self._check_output_names(output_names)
         images = self._images_for(input_feed) if observer is None and self._batch_symbol is not None else None
         if images is not None:
             return run_in_parts(lambda part: self._run_whole(names, part, None), input_feed, images)
-        return self._run_whole(names, input_feed, observer)
+        results = self._run_whole(names, input_feed, observer)
+        if signature is not None:
+            self._remember_steady(key, signature, names, input_feed)
+        return results
+
+    def _remember_steady(
+        self, key: tuple, signature: tuple, names: list[str], input_feed: Mapping[str, Any]
+    ) -> None:
+        """Keep the run just made on ``input_feed`` as a ``SteadyRun`` for later feeds of its signature."""
+        plan = self._accepted.get(signature)
+        if plan is None:
+            return
+        steady = steady_run(plan, input_feed, names, self._threads, self._mode)
+        if steady is not None:
+            if len(self._steady) >= _MOST_SIGNATURES:
+                self._steady.clear()
+            self._steady[key] = steady
 
     def _run_whole(
         self, names: list[str], input_feed: Mapping[str, Any], observer: Observer | None
@@ -547,6 +574,7 @@ class InferenceSession:
                 del self._bound_plans[key]
             for signature in [s for s in self._accepted if s and s[0][2] and s[0][2][0] in batches]:
                 del self._accepted[signature]
+            self._steady.clear()
 
     # -- validation ----------------------------------------------------------------------------
     def _check_output_names(self, output_names: Sequence[str] | None) -> list[str]:

@@ -122,3 +122,81 @@ def test_a_deleted_session_frees_its_weights():
     del session
     gc.collect()
     assert plan() is None and weights() is None
+
+
+# -- later runs of one signature (``executor.SteadyRun``) ----------------------------------------------
+def _two_outputs_model():  # noqa: ANN202
+    """y = relu(x + 1) and z = x * 2, x: float32 [N, 3]."""
+    return make_model(
+        [
+            helper.make_node("Add", ["x", "b"], ["t"], name="add"),
+            helper.make_node("Relu", ["t"], ["y"], name="relu"),
+            helper.make_node("Mul", ["x", "two"], ["z"], name="mul"),
+        ],
+        [("x", TensorProto.FLOAT, ["N", 3])],
+        [("y", TensorProto.FLOAT, ["N", 3]), ("z", TensorProto.FLOAT, ["N", 3])],
+        {"b": np.ones(3, np.float32), "two": np.full(3, 2, np.float32)},
+    )
+
+
+def _count_executes(monkeypatch) -> list[int]:  # noqa: ANN001
+    """Calls to ``execute`` (the whole path) from the session module, recorded."""
+    from hetflow.runtime import session as session_module
+
+    calls: list[int] = []
+    original = session_module.execute
+
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(session_module, "execute", counted)
+    return calls
+
+
+def test_later_runs_of_one_signature_skip_the_whole_path_and_compute_each_feed(monkeypatch):
+    session = hetflow.InferenceSession(_two_outputs_model())
+    calls = _count_executes(monkeypatch)
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        x = rng.standard_normal((2, 3)).astype(np.float32)
+        y, z = session.run(None, {"x": x})
+        np.testing.assert_array_equal(y, np.maximum(x + 1, 0))
+        np.testing.assert_array_equal(z, x * 2)
+    assert len(calls) == 1  # the first run only
+    for names, want in ((["z"], ["z"]), (["z", "y"], ["z", "y"]), (("y",), ["y"])):
+        x = rng.standard_normal((2, 3)).astype(np.float32)
+        expected = {"y": np.maximum(x + 1, 0), "z": x * 2}
+        for _ in range(2):  # its first run takes the whole path, the second the steady one
+            results = session.run(names, {"x": x})
+            assert len(results) == len(want)
+            for name, result in zip(want, results):
+                np.testing.assert_array_equal(result, expected[name])
+    assert len(calls) == 4
+
+
+def test_a_steady_session_still_checks_other_feeds_and_observes(monkeypatch):
+    session = hetflow.InferenceSession(_two_outputs_model())
+    x = np.ones((1, 3), np.float32)
+    for _ in range(3):
+        session.run(None, {"x": x})
+    with pytest.raises(FeedError, match="expected tensor"):
+        session.run(None, {"x": x.astype(np.float64)})
+    with pytest.raises(FeedError, match="unknown output"):
+        session.run(["nope"], {"x": x})
+    with pytest.raises(FeedError, match="missing"):
+        session.run(None, {})
+    seen: list[str] = []
+    session.run(None, {"x": x}, observer=lambda step, seconds: seen.append(step.node.name))
+    assert sorted(seen) == ["add", "mul"]  # the Relu fused into the Add
+
+
+def test_a_parallel_session_with_branches_runs_whole_every_time(monkeypatch):
+    session = hetflow.InferenceSession(_two_outputs_model(), execution_mode="parallel", threads=2)
+    calls = _count_executes(monkeypatch)
+    x = np.full((2, 3), -3, np.float32)
+    for _ in range(3):
+        y, z = session.run(None, {"x": x})
+        np.testing.assert_array_equal(y, np.zeros((2, 3), np.float32))
+        np.testing.assert_array_equal(z, x * 2)
+    assert len(calls) == 3
