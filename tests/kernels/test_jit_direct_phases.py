@@ -55,7 +55,7 @@ def test_conv2d_matches_the_direct_sum(monkeypatch, threads, attrs, x_shape, w_s
     monkeypatch.setattr(jit_direct, "MIN_PRODUCTS_PER_SHARE", 1)  # and one image's kernel blocks
     x, w, b, expected = _case(attrs, x_shape, w_shape)
     geom = _geometry(attrs, x_shape, w_shape)
-    assert jit_direct_lanes.variant(geom, w_shape[0]) is jit_direct_phases
+    assert jit_direct_lanes.variant(geom, w_shape[0], x_shape[1]) is jit_direct_phases
     y = np.full(expected.shape, np.nan, np.float32)
     assert jit_direct_phases.conv2d(x, w, b, geom, NO_BOUNDS, y) is y
     assert _relative_error(y, expected) < 1e-5
@@ -118,8 +118,9 @@ def test_phase_planes_hold_the_padded_input(attrs: ConvAttrs, x_shape: tuple, w_
 
 
 def test_the_cost_model_runs_strided_windows_direct_on_stems_and_a_batchs_wide_3x3_layers():
-    """The stems (3 channels) take the direct kernel, one image's as a batch's, but for one image's 3x3
-    stem of under 64 kernels (im2col's columns copy each input little there); a deeper strided layer
+    """The stems (3 channels) take the direct kernel, one image's as a batch's (a 3x3/2 one read in place
+    by ``jit_direct_stems``), but for one image's other 3x3 stems of under 64 kernels (im2col's columns
+    copy each input little there, the phase planes' fill costs each share); a deeper strided layer
     stays with im2col for one image, and for a batch where its output is under 14 wide or its window
     not 3x3, though the direct kernel supports it (the tuner measures it there)."""
     float32 = np.dtype(np.float32)
@@ -128,7 +129,9 @@ def test_the_cost_model_runs_strided_windows_direct_on_stems_and_a_batchs_wide_3
     assert heuristic_conv_algorithm(stem, (1, 3, 224, 224), 64, 1, float32) == DIRECT_FMA
     small_stem = conv_window(ConvAttrs(strides=(2, 2), pads=(1, 1, 1, 1)), (32, 3, 3, 3))
     assert heuristic_conv_algorithm(small_stem, (16, 3, 224, 224), 32, 1, float32) == DIRECT_FMA
-    assert heuristic_conv_algorithm(small_stem, (1, 3, 224, 224), 32, 1, float32) == IM2COL
+    assert heuristic_conv_algorithm(small_stem, (1, 3, 224, 224), 32, 1, float32) == DIRECT_FMA
+    stride_3_stem = conv_window(ConvAttrs(strides=(3, 3), pads=(1, 1, 1, 1)), (32, 3, 3, 3))
+    assert heuristic_conv_algorithm(stride_3_stem, (1, 3, 224, 224), 32, 1, float32) == IM2COL
     squeezenet_stem = conv_window(ConvAttrs(strides=(2, 2)), (64, 3, 3, 3))
     assert heuristic_conv_algorithm(squeezenet_stem, (1, 3, 224, 224), 64, 1, float32) == DIRECT_FMA
     deep = conv_window(ConvAttrs(strides=(2, 2), pads=(1, 1, 1, 1)), (128, 64, 3, 3))

@@ -29,7 +29,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from hetflow.devices.cpu import spin_pool
-from hetflow.devices.cpu.kernels import jit_direct, jit_direct_phases, jit_direct_same
+from hetflow.devices.cpu.kernels import jit_direct, jit_direct_phases, jit_direct_same, jit_direct_stems
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels.jit_direct import (
     IMAGE_STRIDE_SLOT,
@@ -343,15 +343,16 @@ def direct_conv2d(
     mask: np.ndarray | None = None,
 ) -> np.ndarray:
     """``jit_direct.conv2d``, or a variant's where it keeps more of its work (``variant``)."""
-    return variant(geom, int(w.shape[0])).conv2d(x, w, bias, geom, bounds, y, mask=mask)
+    return variant(geom, int(w.shape[0]), int(x.shape[1])).conv2d(x, w, bias, geom, bounds, y, mask=mask)
 
 
-def variant(geom: Geometry, kernels: int) -> ModuleType:
-    """The direct kernel for these windows: ``jit_direct_phases`` for strided ones, this module where it
-    keeps more of its work (``prefers_lanes``), else ``jit_direct_same`` for those that keep the map's
-    size and ``jit_direct`` for the others."""
+def variant(geom: Geometry, kernels: int, channels: int) -> ModuleType:
+    """The direct kernel for these windows over ``channels`` input channels: for strided ones
+    ``jit_direct_stems`` where it applies (an image's 3x3/2 stem), else ``jit_direct_phases``; this module
+    where it keeps more of its work (``prefers_lanes``), else ``jit_direct_same`` for those that keep the
+    map's size and ``jit_direct`` for the others."""
     if any(axis.stride != 1 for axis in geom.axes):
-        return jit_direct_phases
+        return jit_direct_stems if jit_direct_stems.applies(geom, channels) else jit_direct_phases
     if prefers_lanes(geom, kernels):
         return sys.modules[__name__]
     return jit_direct_same if jit_direct_same.applies(geom) else jit_direct
