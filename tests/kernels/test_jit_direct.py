@@ -212,7 +212,8 @@ def test_bounds_round_trip_through_a_job_word(bounds):
 @pytest.mark.parametrize(("variant", "strides", "pads", "x_shape"), [
     ("jit_direct_phases", (2, 2), (1, 1, 1, 1), (1, 5, 33, 33)),
     ("jit_direct_stems", (2, 2), (1, 1, 1, 1), (1, 3, 33, 33)),
-    ("jit_direct_stems", (2, 2), (0, 1, 1, 0), (2, 3, 20, 35)),
+    ("jit_direct_stems", (2, 2), (0, 1, 1, 0), (1, 3, 20, 35)),
+    ("jit_direct_phases", (2, 2), (0, 1, 1, 0), (2, 3, 20, 35)),  # a batch's stem
     ("jit_direct_same", (1, 1), (1, 1, 1, 1), (2, 5, 9, 13)),
     ("jit_direct", (1, 1), (0, 0, 0, 0), (2, 5, 9, 13)),
     ("jit_direct_lanes", (1, 1), (0, 0, 0, 0), (1, 64, 7, 7)),
@@ -234,7 +235,7 @@ def test_a_fused_clip_is_clamped_in_the_copy_out(fused, variant, strides, pads, 
         expected = np.clip(plain, fused.alpha if fused.op_type == "Clip" else 0.0,
                            fused.beta if fused.op_type == "Clip" else np.inf)  # fmt: skip
     assert (plain < expected.min()).any() or fused.op_type == "LeakyRelu"
-    chosen = jit_direct_lanes.variant(geometry(conv_window(attrs, w.shape), x_shape[2:]), 32, x_shape[1])
+    chosen = jit_direct_lanes.variant(geometry(conv_window(attrs, w.shape), x_shape[2:]), 32, x_shape)
     assert chosen.__name__.rsplit(".", 1)[1] == variant
     node = Node("Conv", "conv", ["x", "w", "b"], ["y"], attrs)
     kernel = next(k for k in CPUDevice().kernels.kernels["Conv"] if k.algorithm == "direct_fma")

@@ -55,7 +55,7 @@ def test_conv2d_matches_the_direct_sum(monkeypatch, threads, attrs, x_shape, w_s
     monkeypatch.setattr(jit_direct, "MIN_PRODUCTS_PER_SHARE", 1)  # and one image's kernel blocks
     x, w, b, expected = _case(attrs, x_shape, w_shape)
     geom = _geometry(attrs, x_shape, w_shape)
-    assert jit_direct_lanes.variant(geom, w_shape[0], x_shape[1]) is jit_direct_phases
+    assert jit_direct_lanes.variant(geom, w_shape[0], x_shape) is jit_direct_phases
     y = np.full(expected.shape, np.nan, np.float32)
     assert jit_direct_phases.conv2d(x, w, b, geom, NO_BOUNDS, y) is y
     assert _relative_error(y, expected) < 1e-5

@@ -149,7 +149,7 @@ def test_applies_to_windows_that_keep_the_size(attrs, size, applies):
 )
 def test_variant_keeps_the_most_of_its_work(pads, size, kernels, chosen):
     geom = _geometry(ConvAttrs(pads=pads), (1, 16, size, size), (kernels, 16, 3, 3))
-    assert jit_direct_lanes.variant(geom, kernels, 16) is chosen
+    assert jit_direct_lanes.variant(geom, kernels, (1, 16, size, size)) is chosen
 
 
 def _conv_relu_model(batch: int, channels: int, size: int, kernels: int) -> onnx.ModelProto:

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from hetflow import InferenceSession
 from hetflow.devices.cpu import spin_pool
-from hetflow.devices.cpu.kernels import jit_direct, jit_direct_lanes, jit_direct_stems
+from hetflow.devices.cpu.kernels import jit_direct, jit_direct_lanes, jit_direct_phases, jit_direct_stems
 from hetflow.devices.cpu.kernels.jit_direct import NO_BOUNDS, RELU_BOUNDS, bounds_of
 from hetflow.devices.cpu.threads import own_threads, spinning
 from hetflow.ops.conv import DIRECT_FMA, ConvAttrs
@@ -54,7 +54,7 @@ def test_conv2d_matches_the_direct_sum_and_reads_only_x(monkeypatch, threads, pa
     monkeypatch.setattr(jit_direct_stems, "intra_op_threads", lambda: threads)
     attrs, x, w, b, expected = _case(pads, x_shape, w_shape)
     geom = _geometry(attrs, x_shape, w_shape)
-    assert jit_direct_lanes.variant(geom, w_shape[0], x_shape[1]) is jit_direct_stems
+    assert jit_direct_stems.applies(geom, x_shape[1])
     y = np.full(expected.shape, np.nan, np.float32)
     assert jit_direct_stems.conv2d(_inside_nans(x), w, b, geom, NO_BOUNDS, y) is y
     assert _relative_error(y, expected) < 1e-5
@@ -105,6 +105,12 @@ def test_applies_to_3x3_stride_2_windows_on_few_channels(attrs, channels, taken)
     assert jit_direct_stems.applies(geom, channels) is taken
     wide = _geometry(ConvAttrs(strides=(2, 2), pads=(3, 3, 3, 3)), (1, 3, 32, 32), (16, 3, 7, 7))
     assert not jit_direct_stems.applies(wide, 3)  # 7x7 stems stay on the phase planes
+
+
+def test_one_images_stem_runs_here_and_a_batchs_on_phase_planes():
+    geom = _geometry(ConvAttrs(strides=(2, 2), pads=(1, 1, 1, 1)), (1, 3, 32, 32), (16, 3, 3, 3))
+    assert jit_direct_lanes.variant(geom, 16, (1, 3, 32, 32)) is jit_direct_stems
+    assert jit_direct_lanes.variant(geom, 16, (2, 3, 32, 32)) is jit_direct_phases
 
 
 @pytest.mark.parametrize("batch", [1, 2])

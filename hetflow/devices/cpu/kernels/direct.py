@@ -56,7 +56,7 @@ def _weight_block(variant) -> int:  # noqa: ANN001
 
 def _part_shapes(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]) -> tuple[tuple[int, ...], ...]:
     geo = geometry(conv_window(node.attrs, tuple(w_shape)), tuple(x_shape[2:]))
-    return jit_direct_lanes.variant(geo, int(w_shape[0]), int(x_shape[1])).buffer_shapes(int(x_shape[1]), int(w_shape[0]), geo)
+    return jit_direct_lanes.variant(geo, int(w_shape[0]), x_shape).buffer_shapes(int(x_shape[1]), int(w_shape[0]), geo)
 
 
 def workspace_bytes(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]) -> int:
@@ -69,7 +69,7 @@ def blocked_weight_bytes(node: Node, x_shape: Sequence[int], w_shape: Sequence[i
     """What ``BLOCKED_WEIGHTS`` keeps for the node once it has run: W with its kernels padded to whole
     blocks of the chosen variant (float32)."""
     geo = geometry(conv_window(node.attrs, tuple(w_shape)), tuple(x_shape[2:]))
-    block = _weight_block(jit_direct_lanes.variant(geo, int(w_shape[0]), int(x_shape[1])))
+    block = _weight_block(jit_direct_lanes.variant(geo, int(w_shape[0]), x_shape))
     kernels = jit_direct.round_up(int(w_shape[0]), block)
     return kernels * math.prod(int(d) for d in w_shape[1:]) * 4
 
@@ -78,7 +78,7 @@ def computed_products(node: Node, x_shape: Sequence[int], w_shape: Sequence[int]
     """Multiply-adds the chosen variant carries out, those it computes and drops included (pad columns,
     kernels and positions padded to whole blocks): what its time follows, rather than the Conv's MACs."""
     geo = geometry(conv_window(node.attrs, tuple(w_shape)), tuple(x_shape[2:]))
-    variant = jit_direct_lanes.variant(geo, int(w_shape[0]), int(x_shape[1]))
+    variant = jit_direct_lanes.variant(geo, int(w_shape[0]), x_shape)
     return variant.computed_products(int(x_shape[0]), int(x_shape[1]), int(w_shape[0]), geo)
 
 
@@ -93,7 +93,7 @@ def _direct(
     """Y (into ``y`` when given), plus the bias when given, clamped to ``bounds``."""
     geo = geometry(conv_window(node.attrs, w.shape), x.shape[2:])
     y = target_y(y, (x.shape[0], w.shape[0], *geo.out), x.dtype)
-    variant = jit_direct_lanes.variant(geo, int(w.shape[0]), int(x.shape[1]))
+    variant = jit_direct_lanes.variant(geo, int(w.shape[0]), x.shape)
     parts = available_cores()
     planes, products = variant.buffer_shapes(int(x.shape[1]), int(w.shape[0]), geo)
     buffers = jit_direct.PartBuffers(
@@ -129,7 +129,7 @@ def _prepare(
     channels, kernels = int(x_shape[1]), int(w_shape[0])
     geo = geometry(conv_window(node.attrs, w_shape), x_shape[2:])
     y_shape = (int(x_shape[0]), kernels, *geo.out)
-    variant = jit_direct_lanes.variant(geo, kernels, channels)
+    variant = jit_direct_lanes.variant(geo, kernels, x_shape)
     block = _weight_block(variant)
     planes, products = variant.buffer_shapes(channels, kernels, geo)
     scratch = Scratch(workspace)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 import numba
@@ -343,16 +343,16 @@ def direct_conv2d(
     mask: np.ndarray | None = None,
 ) -> np.ndarray:
     """``jit_direct.conv2d``, or a variant's where it keeps more of its work (``variant``)."""
-    return variant(geom, int(w.shape[0]), int(x.shape[1])).conv2d(x, w, bias, geom, bounds, y, mask=mask)
+    return variant(geom, int(w.shape[0]), x.shape).conv2d(x, w, bias, geom, bounds, y, mask=mask)
 
 
-def variant(geom: Geometry, kernels: int, channels: int) -> ModuleType:
-    """The direct kernel for these windows over ``channels`` input channels: for strided ones
-    ``jit_direct_stems`` where it applies (an image's 3x3/2 stem), else ``jit_direct_phases``; this module
-    where it keeps more of its work (``prefers_lanes``), else ``jit_direct_same`` for those that keep the
-    map's size and ``jit_direct`` for the others."""
+def variant(geom: Geometry, kernels: int, x_shape: Sequence[int]) -> ModuleType:
+    """The direct kernel for these windows over an X of ``x_shape``: for strided ones ``jit_direct_stems``
+    where it takes one image's (``jit_direct_stems.takes``: a 3x3/2 stem), else ``jit_direct_phases``;
+    this module where it keeps more of its work (``prefers_lanes``), else ``jit_direct_same`` for those
+    that keep the map's size and ``jit_direct`` for the others."""
     if any(axis.stride != 1 for axis in geom.axes):
-        return jit_direct_stems if jit_direct_stems.applies(geom, channels) else jit_direct_phases
+        return jit_direct_stems if jit_direct_stems.takes(geom, x_shape) else jit_direct_phases
     if prefers_lanes(geom, kernels):
         return sys.modules[__name__]
     return jit_direct_same if jit_direct_same.applies(geom) else jit_direct

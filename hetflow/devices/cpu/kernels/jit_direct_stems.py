@@ -15,7 +15,7 @@ Work is split by units of ``ROWS`` output rows of one image (every kernel block 
 reads the input rows of its output rows only.
 
 Applies (``applies``) to float32 3x3 windows at stride 2, dilation 1, any padding, on up to
-``MAX_CHANNELS`` input channels. One image on two spinning threads (Zen 4 VM, 2026-12-07, minimums),
+``MAX_CHANNELS`` input channels; a run takes it for one image (``takes``). One image on two spinning threads (Zen 4 VM, 2026-12-07, minimums),
 ``jit_direct_phases`` -> here: 3 -> 32 at 224x224 pad 1 (MobileNet v2's stem, which ran on im2col in 0.25
 ms in its run) 142 -> 125 us, 3 -> 24 (ShuffleNet's) 142 -> 94, 3 -> 64 pad 0 (SqueezeNet's) 264 -> 247.
 On one core the two tie (255 / 259 us; 42 GMAC/s). The body compiles for 5x5 and 7x7 windows too, but a
@@ -27,7 +27,7 @@ the 7x7 window's products.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numba
 import numpy as np
@@ -77,6 +77,14 @@ def applies(geom: Geometry, channels: int) -> bool:
         and rows.stride == columns.stride == STRIDE
         and rows.dilation == columns.dilation == 1
     )
+
+
+def takes(geom: Geometry, x_shape: Sequence[int]) -> bool:
+    """Whether the direct Conv runs here rather than on phase planes: one image's stem that ``applies``.
+    A batch's stems stay there, each image's planes filled once by the share that runs it: at batch 16 on
+    two spinning threads (2026-12-07) SqueezeNet's 3 -> 64 stem (111x111 out) ran 6.2 ms here against
+    5.3, its 64 planes written three rows at a time (MobileNet v2's 3 -> 32 2.5 against 2.9)."""
+    return int(x_shape[0]) == 1 and applies(geom, int(x_shape[1]))
 
 
 def computed_products(batch: int, channels: int, kernels: int, geom: Geometry) -> int:
