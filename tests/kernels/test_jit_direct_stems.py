@@ -20,7 +20,7 @@ RNG = np.random.default_rng(58)
 
 #: (pads, X shape, W shape): MobileNet v2's stem on a small map, SqueezeNet's (no padding), uneven
 #: pads, maps narrower than a vector and wider than two, rows not a whole number of units, kernels not
-#: a whole number of blocks, one to four channels, a batch.
+#: a whole number of blocks, one to four channels, a batch; 7x7 windows (GoogLeNet's stem).
 CASES = [
     ((1, 1, 1, 1), (1, 3, 40, 40), (32, 3, 3, 3)),
     ((0, 0, 0, 0), (1, 3, 37, 37), (64, 3, 3, 3)),
@@ -28,8 +28,10 @@ CASES = [
     ((1, 1, 1, 1), (1, 1, 9, 7), (5, 1, 3, 3)),
     ((1, 0, 0, 1), (3, 4, 17, 70), (24, 4, 3, 3)),
     ((1, 1, 1, 1), (1, 2, 3, 3), (8, 2, 3, 3)),
+    ((3, 3, 3, 3), (1, 3, 45, 45), (64, 3, 7, 7)),
+    ((2, 3, 3, 2), (2, 3, 11, 36), (11, 3, 7, 7)),
 ]
-IDS = ["mobilenet", "squeezenet", "uneven", "narrow", "wide-batch", "tiny"]
+IDS = ["mobilenet", "squeezenet", "uneven", "narrow", "wide-batch", "tiny", "7x7", "7x7-uneven"]
 
 
 def _case(pads: tuple[int, ...], x_shape: tuple[int, ...], w_shape: tuple[int, ...]):  # noqa: ANN202
@@ -100,11 +102,13 @@ def test_bound_calls_one_part_numba_threads_and_the_spinning_pool(pads, x_shape,
         (ConvAttrs(strides=(2, 2), pads=(2, 2, 2, 2), dilations=(2, 2)), 3, False),
     ],
 )
-def test_applies_to_3x3_stride_2_windows_on_few_channels(attrs, channels, taken):
+def test_applies_to_3x3_and_7x7_stride_2_windows_on_few_channels(attrs, channels, taken):
     geom = _geometry(attrs, (1, channels, 32, 32), (16, channels, 3, 3))
     assert jit_direct_stems.applies(geom, channels) is taken
-    wide = _geometry(ConvAttrs(strides=(2, 2), pads=(3, 3, 3, 3)), (1, 3, 32, 32), (16, 3, 7, 7))
-    assert not jit_direct_stems.applies(wide, 3)  # 7x7 stems stay on the phase planes
+    seven = _geometry(ConvAttrs(strides=(2, 2), pads=(3, 3, 3, 3)), (1, 3, 32, 32), (16, 3, 7, 7))
+    assert jit_direct_stems.applies(seven, 3)  # GoogLeNet's and ResNet-50's stems
+    five = _geometry(ConvAttrs(strides=(2, 2), pads=(2, 2, 2, 2)), (1, 3, 32, 32), (16, 3, 5, 5))
+    assert not jit_direct_stems.applies(five, 3)  # not measured here
 
 
 def test_one_images_stem_runs_here_and_a_batchs_on_phase_planes():

@@ -72,13 +72,14 @@ def _sweep(
         for index in (0, 6, 10, 12, 14):  # the arrays' data pointers
             values[index] = lv.array_data(context, builder, sig.args[index], args[index])
         window_v, stride_v = args[15:]
+        size = context.make_array(sig.args[0])(context, builder, args[0]).nitems
         for window, stride in _BODIES:
             chosen = builder.and_(
                 builder.icmp_signed("==", window_v, lv.INT(window)),
                 builder.icmp_signed("==", stride_v, lv.INT(stride)),
             )
             with builder.if_then(chosen):
-                _Plane(builder, values[:15], window, stride).emit()
+                _Plane(builder, values[:15], window, stride, size).emit()
         return context.get_dummy_value()
 
     return signature, codegen
@@ -88,8 +89,8 @@ class _Plane(row_sweep.RowSweep):
     """The depthwise Conv's sweep: accumulators start at the bias, each tap is one FMA with its weight
     (held in a register for the whole plane), the activation is applied as the rows are stored."""
 
-    def __init__(self, builder: ir.IRBuilder, values: list[ir.Value], window: int, stride: int):
-        super().__init__(builder, values[: row_sweep.GEOMETRY_VALUES], window, stride)
+    def __init__(self, builder: ir.IRBuilder, values: list[ir.Value], window: int, stride: int, size: ir.Value):
+        super().__init__(builder, values[: row_sweep.GEOMETRY_VALUES], window, stride, size)
         self.w, self.w_start, self.bias, self.bias_at, self.activation = values[row_sweep.GEOMETRY_VALUES :]
         self.fma = lv.fused_multiply_add(builder)
 

@@ -5,23 +5,22 @@ and Y stored where it lies: the variant of the direct kernel for the first layer
 planes, multiplies blocks of kernels into a scratch of products that spans the phases' padded rows, and
 copies those into Y with the bias and the clamp. On one image of a 3-channel stem each share of the work
 (a block of 8 kernels) fills every phase plane again. Here nothing is copied: a block of output rows
-reads each input row it needs once per window column, as 32 floats from X (a masked load: lanes left of
-column 0 or right of the row's end read zero and are never touched) whose even lanes are the 16 windows'
-taps; those feed 8 kernels x ``ROWS`` output rows of 16 positions (24 accumulators), with each weight an
-FMA's broadcast operand. After the channels' taps the accumulators take the bias and the clamp and are
+reads each input row it needs once, 48 floats from X split into its window columns by shuffles
+(``stride_two``: columns outside the row read zero); those feed 8 kernels x ``ROWS`` output rows of 16
+positions (24 accumulators), with each weight an FMA's broadcast operand. After the channels' taps the accumulators take the bias and the clamp and are
 stored straight into Y (masked past the row's end).
 
 Work is split by units of ``ROWS`` output rows of one image (every kernel block of them): a thread's unit
 reads the input rows of its output rows only.
 
-Applies (``applies``) to float32 3x3 windows at stride 2, dilation 1, any padding, on up to
-``MAX_CHANNELS`` input channels; a run takes it for one image (``takes``). One image on two spinning threads (Zen 4 VM, 2026-12-07, minimums),
-``jit_direct_phases`` -> here: 3 -> 32 at 224x224 pad 1 (MobileNet v2's stem, which ran on im2col in 0.25
-ms in its run) 142 -> 125 us, 3 -> 24 (ShuffleNet's) 142 -> 94, 3 -> 64 pad 0 (SqueezeNet's) 264 -> 247.
-On one core the two tie (255 / 259 us; 42 GMAC/s). The body compiles for 5x5 and 7x7 windows too, but a
-7x7/2 stem on 3 -> 64 ran 1246 us here against the phase planes' 1114 (two threads; 2471 / 2198 on one):
-each input row's seven window columns cost a shuffle each, and the phase planes' fill is small beside
-the 7x7 window's products.
+Applies (``applies``) to float32 3x3 and 7x7 windows at stride 2, dilation 1, any padding, on up to
+``MAX_CHANNELS`` input channels; a run takes it for one image (``takes``). One image on two spinning
+threads (Zen 4 VM, 2026-12-07, minimums), ``jit_direct_phases`` -> here: 3 -> 32 at 224x224 pad 1
+(MobileNet v2's stem, which ran on im2col in 0.25 ms in its run) 146 -> 129 us, 3 -> 24 (ShuffleNet's)
+141 -> 87, 3 -> 64 pad 0 (SqueezeNet's) 256 -> 240, 7x7 3 -> 64 pad 3 (GoogLeNet's, ResNet-50's) 1120 ->
+1091. On one core they tie (3x3: 251 / 259 us, 43 GMAC/s; 7x7: 2221 / 2192, 53 GMAC/s). Before the rows
+were read through ``stride_two`` (one masked 32-float load per window column) the 7x7 body ran 2471 us on
+one core and 1246 on two, slower than the phase planes.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from numba.extending import intrinsic
 
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
+from hetflow.devices.cpu.kernels import stride_two
 from hetflow.devices.cpu.kernels.jit_direct import (
     KERNEL_BLOCK,
     BlockSplit,
@@ -54,10 +54,10 @@ from hetflow.devices.cpu.spin_pool import Job, argument_block, float32_1d, float
 from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
 from hetflow.ops.spatial import Geometry
 
-#: Square windows compiled (each its own unrolled body; see the module docstring for 7x7).
+#: Square windows compiled (each its own unrolled body).
 WINDOWS = (3, 5, 7)
-#: Square windows ``applies`` takes.
-TAKEN_WINDOWS = (3,)
+#: Square windows ``applies`` takes (5x5 stems are not measured: none in the zoo).
+TAKEN_WINDOWS = (3, 7)
 #: The stride, both ways.
 STRIDE = 2
 #: Input channels up to which a stem runs here (each adds its taps to the block's inner loop).
@@ -124,9 +124,10 @@ def _unit(
         values = list(args)
         for index in (0, 8, 10, 15):  # the arrays' data pointers
             values[index] = lv.array_data(context, builder, sig.args[index], args[index])
+        x_size = context.make_array(sig.args[0])(context, builder, args[0]).nitems
         for size in WINDOWS:
             with builder.if_then(builder.icmp_signed("==", args[20], lv.INT(size))):
-                _Unit(builder, values[:20], size).emit()
+                _Unit(builder, values[:20], size, x_size).emit()
         return context.get_dummy_value()
 
     return signature, codegen
@@ -135,8 +136,8 @@ def _unit(
 class _Unit:
     """The IR of one unit (see ``_unit``) for a fixed window size."""
 
-    def __init__(self, builder: ir.IRBuilder, values: list[ir.Value], window: int):
-        self.builder, self.window = builder, window
+    def __init__(self, builder: ir.IRBuilder, values: list[ir.Value], window: int, size: ir.Value):
+        self.builder, self.window, self.size = builder, window, size  # size: the flat X's floats
         (self.x, self.x_start, self.channels, self.plane, self.height, self.width, self.top, self.left, self.wt,
          self.wt_start, self.bias, self.bias_start, self.kernels, self.low, self.high, self.y, self.y_start,
          self.y_plane, self.out_w, self.rows) = values  # fmt: skip
@@ -150,10 +151,7 @@ class _Unit:
             first = builder.mul(chunk.index, lv.INT(lv.LANES))
             column = builder.add(self.left, builder.mul(first, lv.INT(STRIDE)))
             slots = lv.accumulators(builder, KERNEL_BLOCK, ROWS)
-            masks = [
-                lv.lanes_inside(builder, builder.add(column, lv.INT(j)), lv.LANES * STRIDE, self.width)
-                for j in range(self.window)
-            ]
+            masks = stride_two.column_masks(builder, column, self.width, self.window)
             with cgutils.for_range(builder, self.channels) as channel:
                 self._channel(channel.index, column, masks, slots)
             self._store(first, slots)
@@ -164,16 +162,17 @@ class _Unit:
         plane_start = builder.add(self.x_start, builder.mul(channel, self.plane))
         taps = window * window
         weights = builder.add(self.wt_start, builder.mul(channel, lv.INT(taps * KERNEL_BLOCK)))
-        fill = lv.float_vector(lv.LANES * STRIDE, 0.0)
+        fill = lv.float_vector(lv.LANES, 0.0)
         for t in range(self.input_rows):
             row = builder.add(self.top, lv.INT(t))
             readers = [(r, t - r * STRIDE) for r in range(ROWS) if 0 <= t - r * STRIDE < window]
             with builder.if_then(builder.icmp_unsigned("<", row, self.height)):  # rows in the padding: skipped
-                start = builder.add(plane_start, builder.add(builder.mul(row, self.width), column))
-                self._prefetch_next_unit(start)
+                row_at = builder.add(plane_start, builder.mul(row, self.width))
+                self._prefetch_next_unit(builder.add(row_at, column))
+                loaded = stride_two.load_row(builder, self.x, self.size, row_at, column, self.width, fill)
+                columns = stride_two.window_columns(builder, loaded, window)
                 for j in range(window):
-                    loaded = lv.masked_load(builder, self.x, builder.add(start, lv.INT(j)), masks[j], fill)
-                    values = lv.every_other(builder, loaded)
+                    values = builder.select(masks[j], columns[j], fill)
                     for r, i in readers:
                         tap = builder.add(weights, lv.INT((i * window + j) * KERNEL_BLOCK))
                         for k in range(KERNEL_BLOCK):

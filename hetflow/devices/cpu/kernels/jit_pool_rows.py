@@ -70,6 +70,7 @@ def _sweep(typingctx, x, x_start, height, width, top, left, y, y_start, out_h, o
         for index in (0, 6, 10):  # the arrays' data pointers
             values[index] = lv.array_data(context, builder, sig.args[index], args[index])
         stride_v, is_max_v = args[11:]
+        size = context.make_array(sig.args[0])(context, builder, args[0]).nitems
         found = slot(builder, lv.INT(0))
         for stride, is_max in _BODIES:
             chosen = builder.and_(
@@ -79,11 +80,11 @@ def _sweep(typingctx, x, x_start, height, width, top, left, y, y_start, out_h, o
             with builder.if_then(chosen):
                 geometry = values[: row_sweep.GEOMETRY_VALUES]
                 if is_max:
-                    plane = _MaxPlane(builder, geometry, _WINDOW, stride)
+                    plane = _MaxPlane(builder, geometry, _WINDOW, stride, size)
                     plane.emit()
                     builder.store(plane.nan_seen(), found)
                 else:
-                    _SumPlane(builder, geometry, _WINDOW, stride, values[10]).emit()
+                    _SumPlane(builder, geometry, _WINDOW, stride, size, values[10]).emit()
         return builder.load(found)
 
     return signature, codegen
@@ -121,9 +122,10 @@ class _SumPlane(row_sweep.RowSweep):
     """The sum of each window times its scale."""
 
     def __init__(
-        self, builder: ir.IRBuilder, geometry: list[ir.Value], window: int, stride: int, scale: ir.Value
-    ):
-        super().__init__(builder, geometry, window, stride)
+        self, builder: ir.IRBuilder, geometry: list[ir.Value], window: int, stride: int, size: ir.Value,
+        scale: ir.Value,
+    ):  # fmt: skip
+        super().__init__(builder, geometry, window, stride, size)
         self.scale = scale
 
     def start(self) -> ir.Value:

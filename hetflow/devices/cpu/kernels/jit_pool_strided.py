@@ -34,6 +34,7 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
+from hetflow.devices.cpu.kernels import stride_two
 from hetflow.devices.cpu.kernels.window_lanes import slot
 
 #: The window (both axes) and the stride (both axes) this kernel takes.
@@ -41,11 +42,6 @@ WINDOW = 3
 STRIDE = 2
 #: Outputs per vector.
 LANES = lv.LANES
-_INT32 = ir.IntType(32)
-_EVEN = ir.Constant(ir.VectorType(_INT32, LANES), list(range(0, 2 * LANES, 2)))
-_ODD = ir.Constant(ir.VectorType(_INT32, LANES), list(range(1, 2 * LANES, 2)))
-#: Lanes 1..15 of the even columns, then lane 0 of the next vector: the columns two further on.
-_NEXT_EVEN = ir.Constant(ir.VectorType(_INT32, LANES), list(range(1, LANES + 1)))
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -58,59 +54,25 @@ def _maximum(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
     return builder.select(builder.fcmp_ordered(">", a, b), a, b)  # one maxps
 
 
-def _columns_inside(builder: ir.IRBuilder, first: ir.Value, step: int, offset: int, width: ir.Value) -> ir.Value:
-    """The 16-lane mask of ``0 <= first + step * lane + offset < width``."""
-    lanes = ir.Constant(ir.VectorType(_INT32, LANES), [step * lane + offset for lane in range(LANES)])
-    start = lv.splat(builder, builder.trunc(first, _INT32), LANES)
-    return builder.icmp_unsigned("<", builder.add(start, lanes), lv.splat(builder, builder.trunc(width, _INT32), LANES))
-
-
 def _row_maxima(builder: ir.IRBuilder, data: ir.Value, size: ir.Value, row_at: ir.Value, valid: ir.Value,
                 width: ir.Value, first: ir.Value, masks: list[ir.Value]) -> tuple[ir.Value, ir.Value]:  # fmt: skip
     """16 outputs' 3-wide window maxima along one input row at ``row_at`` of the flat array at ``data``
     (``size`` floats; the row ``width`` floats, read only if ``valid``, else -inf), output lane k's window
-    from column ``first + 2k`` (columns outside the row count as -inf); and the i1 "a loaded lane was NaN".
+    from column ``first + 2k`` (columns outside the row count as -inf, under the strip's ``masks``); and
+    the i1 "a loaded lane was NaN".
 
-    Where the 48 floats from column ``first`` lie in the flat array they are three plain loads, split by
-    shuffles into the windows' even, odd and next even columns, and the columns outside the row are set
-    to -inf there, after the shuffles, under the strip's ``masks`` (even, odd, next even). Only at the
-    array's ends and for rows in the padding are they masked loads. The NaN test reads every loaded lane,
-    in the row or not: a NaN beside the row only sends the plane to the exact loop."""
+    The row is read as ``stride_two`` reads it (plain loads inside the array, shuffles into the windows'
+    even, odd and next even columns). The NaN test reads every loaded lane, in the row or not: a NaN
+    beside the row only sends the plane to the exact loop."""
     fill = lv.float_vector(LANES, float("-inf"))
-    start = builder.add(row_at, first)
-    inside = builder.and_(valid, builder.and_(
-        builder.icmp_signed(">=", start, lv.INT(0)),
-        builder.icmp_signed("<=", builder.add(start, lv.INT(3 * LANES)), size),
-    ))  # fmt: skip
-    loads: list[tuple[list[ir.Value], ir.Block]] = []
-    with builder.if_else(inside, likely=True) as (plain, masked):
-        with plain:
-            loads.append(([lv.load_vector(builder, data, builder.add(start, lv.INT(part * LANES)))
-                           for part in range(3)], builder.block))  # fmt: skip
-        with masked:
-            on = lv.splat(builder, valid, LANES)
-            vectors = []
-            for part in range(3):
-                column = builder.add(first, lv.INT(part * LANES))
-                mask = builder.and_(lv.lanes_inside(builder, column, LANES, width), on)
-                vectors.append(lv.masked_load(builder, data, builder.add(row_at, column), mask, fill))
-            loads.append((vectors, builder.block))
-    low, high, next_ = (_joined(builder, [(vectors[part], block) for vectors, block in loads]) for part in range(3))
+    loaded = stride_two.load_row(builder, data, size, row_at, first, width, fill, valid)
+    low, high, next_ = loaded
     nan = builder.or_(builder.fcmp_unordered("uno", low, high), builder.fcmp_unordered("uno", next_, next_))
-    even = builder.shuffle_vector(low, high, _EVEN)
-    odd = builder.shuffle_vector(low, high, _ODD)
-    next_even = builder.shuffle_vector(even, next_, _NEXT_EVEN)
-    # The masked loads read -inf outside the row already; the plain ones take it here.
-    columns = [builder.select(mask, vector, fill) for mask, vector in zip(masks, (even, odd, next_even))]
+    columns = [
+        builder.select(mask, vector, fill)
+        for mask, vector in zip(masks, stride_two.window_columns(builder, loaded, WINDOW))
+    ]
     return _maximum(builder, _maximum(builder, columns[0], columns[1]), columns[2]), nan
-
-
-def _joined(builder: ir.IRBuilder, incoming: list[tuple[ir.Value, ir.Block]]) -> ir.Value:
-    """One value from the branches that made it (a phi)."""
-    value = builder.phi(incoming[0][0].type)
-    for found, block in incoming:
-        value.add_incoming(found, block)
-    return value
 
 
 @intrinsic
@@ -130,7 +92,7 @@ def _strip(typingctx, x, x_at, height, width, pad_top, first_column, y, y_at, ou
         data = lv.array_data(context, builder, sig.args[0], x_value)
         size = context.make_array(sig.args[0])(context, builder, x_value).nitems
         y_data = lv.array_data(context, builder, sig.args[6], y_value)
-        masks = [_columns_inside(builder, first_value, 2, offset, width_value) for offset in range(3)]
+        masks = stride_two.column_masks(builder, first_value, width_value, WINDOW)
         store_mask = lv.lanes_inside(builder, lv.INT(0), LANES, count_value)
 
         def row_maxima(row: ir.Value) -> tuple[ir.Value, ir.Value]:

@@ -24,6 +24,7 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from hetflow.devices.cpu.kernels import llvm_vectors as lv
+from hetflow.devices.cpu.kernels import stride_two
 
 #: Output rows per block: seven independent chains, and every map of the zoo (224 / 2^k: 112, 56, 28,
 #: 14, 7) a whole number of blocks; eight rows left two of 14x14's 16 rows idle and measured no faster
@@ -44,9 +45,10 @@ class RowSweep:
     #: What a lane in the padding reads.
     pad_value = 0.0
 
-    def __init__(self, builder: ir.IRBuilder, geometry: list[ir.Value], window: int, stride: int):
+    def __init__(self, builder: ir.IRBuilder, geometry: list[ir.Value], window: int, stride: int, size: ir.Value):
+        """``size``: the flat X's length in floats (a row at stride 2 is read in plain loads inside it)."""
         assert len(geometry) == GEOMETRY_VALUES
-        self.builder, self.window, self.stride = builder, window, stride
+        self.builder, self.window, self.stride, self.size = builder, window, stride, size
         (self.x, self.x_start, self.height, self.width, self.top, self.left, self.y, self.y_start, self.out_h,
          self.out_w) = geometry  # fmt: skip
         self.piece = lv.LANES * stride  # floats loaded per input row and window column
@@ -101,10 +103,14 @@ class RowSweep:
         that read it."""
         builder, window, stride = self.builder, self.window, self.stride
         fill = lv.float_vector(self.piece, self.pad_value)
-        masks = [
-            lv.lanes_inside(builder, builder.add(column, lv.INT(j)), self.piece, self.width)
-            for j in range(window)
-        ]
+        if stride == 2:  # each input row once, split into its window columns (``stride_two``)
+            masks = stride_two.column_masks(builder, column, self.width, window)
+            fill = lv.float_vector(lv.LANES, self.pad_value)
+        else:
+            masks = [
+                lv.lanes_inside(builder, builder.add(column, lv.INT(j)), self.piece, self.width)
+                for j in range(window)
+            ]
         slots = [cgutils.alloca_once(builder, lv.VECTOR) for _ in range(size)]
         initial = self.start()
         for slot in slots:
@@ -115,12 +121,21 @@ class RowSweep:
             with builder.if_then(
                 builder.icmp_unsigned("<", row, self.height)
             ):  # rows in the padding: skipped
-                start = builder.add(self.x_start, builder.add(builder.mul(row, self.width), column))
+                row_at = builder.add(self.x_start, builder.mul(row, self.width))
+                start = builder.add(row_at, column)
                 self._prefetch_next_block(start)
-                for j in range(window):
-                    values = lv.masked_load(builder, self.x, builder.add(start, lv.INT(j)), masks[j], fill)
-                    if stride == 2:
-                        values = lv.every_other(builder, values)
+                if stride == 2:
+                    loaded = stride_two.load_row(builder, self.x, self.size, row_at, column, self.width, fill)
+                    columns = [
+                        builder.select(mask, values, fill)
+                        for mask, values in zip(masks, stride_two.window_columns(builder, loaded, window))
+                    ]
+                else:
+                    columns = [
+                        lv.masked_load(builder, self.x, builder.add(start, lv.INT(j)), masks[j], fill)
+                        for j in range(window)
+                    ]
+                for j, values in enumerate(columns):
                     self.loaded(values)
                     for r, i in readers:
                         builder.store(self.join(builder.load(slots[r]), values, i, j), slots[r])
