@@ -1,6 +1,6 @@
-"""The 3x3 stride-2 max pools in strips (``jit_pool_strided``) against a float64 numpy reference: padding,
-ceil mode, maps narrower and wider than a strip, NaN and infinities, slices of a Concat, the spinning
-pool; and that ``jit_pool.pool_2d`` gives them that loop."""
+"""The 3x3 stride-2 max and average pools in strips (``jit_pool_strided``) against a float64 numpy
+reference: padding, ceil mode, maps narrower and wider than a strip, NaN and infinities, slices of a
+Concat, the spinning pool; and that ``jit_pool.pool_2d`` gives them that loop."""
 
 from __future__ import annotations
 
@@ -34,24 +34,36 @@ def _geometry(attrs: dict, shape: tuple[int, ...]) -> Geometry:
     return geometry(pool_window(registry.get("MaxPool").Attrs(**full)), shape[2:])
 
 
-def _pool(x: np.ndarray, attrs: dict, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(Y by ``jit_pool.pool_2d``, the float64 reference)."""
+def _scale(geo: Geometry) -> np.ndarray:
+    """An average's reciprocal window counts ``[OH, OW]``, padding excluded (and a different factor for
+    every output, so a misplaced one shows)."""
+    ones = np.ones((1, 1, *(axis.size for axis in geo.axes)))
+    counts = pool_reference(ones, geo, np.ones(geo.out))[0, 0]
+    return (1.0 / counts * (1.0 + np.arange(counts.size).reshape(counts.shape) / 1000)).astype(np.float32)
+
+
+def _pool(
+    x: np.ndarray, attrs: dict, out: np.ndarray | None = None, average: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """(Y by ``jit_pool.pool_2d``, the float64 reference): the maximum, or the ``_scale``d sum."""
     geo = _geometry(attrs, x.shape)
+    scale = _scale(geo) if average else None
     y = np.full((*x.shape[:2], *geo.out), np.nan, np.float32) if out is None else out
-    jit_pool.pool_2d(x, y, geo, None, None)
-    return y, pool_reference(x.astype(np.float64), geo, None)
+    jit_pool.pool_2d(x, y, geo, scale, None)
+    return y, pool_reference(x.astype(np.float64), geo, None if scale is None else scale.astype(np.float64))
 
 
-def _strips(x: np.ndarray, attrs: dict) -> tuple[np.ndarray, list[bool]]:
+def _strips(x: np.ndarray, attrs: dict, average: bool = False) -> tuple[np.ndarray, list[bool]]:
     """Every plane of ``x`` by ``jit_pool_strided.pool_plane`` alone, and whether each met a NaN."""
     geo = _geometry(attrs, x.shape)
     (out_h, out_w), (rows, cols) = geo.out, geo.axes
     height, width = x.shape[2:]
+    scale = _scale(geo).reshape(-1) if average else np.ones(1, np.float32)
     y = np.full(x.shape[0] * x.shape[1] * out_h * out_w, np.nan, np.float32)
     flat = x.reshape(-1)
     nans = [
         jit_pool_strided.pool_plane(flat, plane * height * width, height, width, rows.pad_begin, cols.pad_begin, y,
-                                    plane * out_h * out_w, out_h, out_w)
+                                    plane * out_h * out_w, out_h, out_w, not average, scale)
         for plane in range(x.shape[0] * x.shape[1])
     ]  # fmt: skip
     return y.reshape(*x.shape[:2], out_h, out_w), nans
@@ -72,6 +84,29 @@ def test_pool_2d_takes_the_strips_and_matches_the_reference(shape, attrs):
     y, expected = _pool(x, attrs)
     np.testing.assert_array_equal(y, expected)
     np.testing.assert_array_equal(y, _strips(x, attrs)[0])
+
+
+@pytest.mark.parametrize(("shape", "attrs"), CASES)
+def test_average_strips_match_the_float64_reference(shape, attrs):
+    """cifar10-quick's pools: the sum of each window (padding adds zero) times its own factor."""
+    x = RNG.standard_normal(shape).astype(np.float32)
+    y, nans = _strips(x, attrs, average=True)
+    assert not any(nans)
+    pooled, expected = _pool(x, attrs, average=True)
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(pooled, y)
+
+
+def test_an_average_carries_a_nan_and_infinities():
+    x = RNG.standard_normal((1, 3, 27, 27)).astype(np.float32)
+    x[0, 0, 4, 4] = np.nan
+    x[0, 1, 10, 10] = np.inf
+    x[0, 2, 10, 10], x[0, 2, 10, 11] = np.inf, -np.inf
+    with np.errstate(invalid="ignore"):  # the reference's inf - inf
+        y, _ = _pool(x, {}, average=True)
+    assert np.isnan(y[0, 0, 1:3, 1:3]).all() and np.isnan(y[0, 0]).sum() == 4
+    assert np.isposinf(y[0, 1, 4:6, 4:6]).all() and np.isposinf(y[0, 1]).sum() == 4
+    assert np.isnan(y[0, 2, 4:6, 5]).all()  # inf - inf in the windows that hold both
 
 
 def test_only_three_by_three_stride_two_undilated_windows_are_taken():

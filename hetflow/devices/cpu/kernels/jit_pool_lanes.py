@@ -209,19 +209,19 @@ def vector_planes(x, y, image_stride, out_h, out_w, first, last,  # noqa: ANN001
     """Output planes ``first .. last - 1`` (plane p = image p // C, channel p % C) of the flat Y ``y``
     (images ``image_stride`` elements apart, each ``[C, OH, OW]`` contiguous; ``buffers.flat_images``):
     in two separable passes over flat planes where ``jit_pool_same`` takes the window (3x3/1 padded by
-    one), in strips of 16 output columns where ``jit_pool_strided`` does (3x3/2 maxima), swept in rows
+    one), in strips of 16 output columns where ``jit_pool_strided`` does (3x3/2), swept in rows
     where ``jit_pool_rows`` does (a plane whose maximum met a NaN computed again here, as in the
     strips), else ``_vector_planes``."""
     if jit_pool_same.takes(kh, kw, sh, sw, dh, dw, pad_top, pad_left, x.shape[2], x.shape[3], out_h, out_w):
         jit_pool_same.pool_planes(x, y, image_stride, first, last, is_max, scale)
         return
-    if is_max and jit_pool_strided.takes(kh, kw, sh, sw, dh, dw):
+    if jit_pool_strided.takes(kh, kw, sh, sw, dh, dw):
         channels, height, width = x.shape[1], x.shape[2], x.shape[3]
-        flat_x = x.reshape(-1)
+        flat_x, flat_scale = x.reshape(-1), scale.reshape(-1)
         for plane in range(first, last):
             y_at = (plane // channels) * image_stride + (plane % channels) * out_h * out_w
             if jit_pool_strided.pool_plane(flat_x, plane * height * width, height, width, pad_top, pad_left, y, y_at,
-                                           out_h, out_w):  # fmt: skip
+                                           out_h, out_w, is_max, flat_scale):  # fmt: skip
                 _vector_planes(x, y, image_stride, out_h, out_w, plane, plane + 1, kh, kw, sh, sw, dh, dw, pad_top,
                                pad_left, is_max, scale)  # fmt: skip
         return
