@@ -170,9 +170,9 @@ class _Unit:
                 row_at = builder.add(plane_start, builder.mul(row, self.width))
                 self._prefetch_next_unit(builder.add(row_at, column))
                 loaded = stride_two.load_row(builder, self.x, self.size, row_at, column, self.width, fill)
-                columns = stride_two.window_columns(builder, loaded, window)
+                columns = stride_two.WindowColumns(builder, loaded)
                 for j in range(window):
-                    values = builder.select(masks[j], columns[j], fill)
+                    values = builder.select(masks[j], columns.column(j), fill)
                     for r, i in readers:
                         tap = builder.add(weights, lv.INT((i * window + j) * KERNEL_BLOCK))
                         for k in range(KERNEL_BLOCK):
