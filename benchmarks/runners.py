@@ -143,13 +143,21 @@ def compiled_package(path: Path, feed: dict[str, np.ndarray], threads: int) -> P
 
 
 def _sources_digest() -> str:
-    """A digest of every source of ``hetflow`` and ``hetflow_lite`` (``compiled_cache.source_digest``)."""
-    import hetflow
-    import hetflow_lite
-    from hetflow.devices.cpu.compiled_cache import package_sources, source_digest
+    """A digest of every Python source of ``hetflow`` and ``hetflow_lite`` and of numba's version, worked
+    out without importing either: the ``hetflow-lite`` runtime's process must not load hetflow (its peak
+    memory is what ``peak_rss.py`` reads; importing hetflow for this key added ~90 MiB there)."""
+    import hashlib
+    import importlib.metadata
+    import importlib.util
 
-    roots = [Path(hetflow.__file__).resolve().parent, Path(hetflow_lite.__file__).resolve().parent]
-    return "".join(source_digest(package_sources(root), root) for root in roots)
+    digest = hashlib.sha256(importlib.metadata.version("numba").encode())
+    for package in ("hetflow", "hetflow_lite"):
+        spec = importlib.util.find_spec(package)
+        assert spec is not None and spec.submodule_search_locations, f"{package} is not installed as a package"
+        root = Path(next(iter(spec.submodule_search_locations))).resolve()
+        for source in sorted(path for path in root.rglob("*.py") if "__pycache__" not in path.parts):
+            digest.update(source.relative_to(root.parent).as_posix().encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()
 
 
 def _current_package(folder: Path) -> bool:
