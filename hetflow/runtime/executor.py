@@ -146,10 +146,9 @@ class SteadyRun:
     whose jobs leave the caches warm, ~14 in all).
     """
 
-    def __init__(self, plan: Plan, feeds: Mapping[str, np.ndarray], outputs: Sequence[str], threads: int | None):
-        self.program = compiled(plan, tuple(outputs))
-        count = available_cores() if threads is None else threads
-        self.arrangement = self.program.arrangement(holds_batch(feeds), count)
+    def __init__(self, program: Program, arrangement: ThreadArrangement):
+        self.program = program
+        self.arrangement = arrangement
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The outputs, in order, of a run on ``feeds`` (of the signature this was made for)."""
@@ -164,11 +163,11 @@ def steady_run(
 ) -> SteadyRun | None:
     """``execute(plan, feeds, outputs, threads=threads, mode=mode)`` as a ``SteadyRun`` for later feeds
     of the same signature; None where that run would not be sequential (parallel mode over branches)."""
-    steady = SteadyRun(plan, feeds, outputs, threads)
+    program = compiled(plan, tuple(outputs))
     count = available_cores() if threads is None else threads
-    if mode == "parallel" and count > 1 and steady.program.branches:
+    if mode == "parallel" and count > 1 and program.branches:
         return None
-    return steady
+    return SteadyRun(program, program.arrangement(holds_batch(feeds), count))
 
 
 #: Whether sequential runs are captured and replayed (``hetflow.runtime.replay``); ``HETFLOW_REPLAY=0``
