@@ -54,10 +54,9 @@ from hetflow.devices.cpu.spin_pool import Job, argument_block, float32_1d, float
 from hetflow.devices.cpu.threads import intra_op_threads, parallel_for
 from hetflow.ops.spatial import Geometry
 
-#: Square windows compiled (each its own unrolled body).
-WINDOWS = (3, 5, 7)
-#: Square windows ``applies`` takes (5x5 stems are not measured: none in the zoo).
-TAKEN_WINDOWS = (3, 7)
+#: Square windows compiled, each its own unrolled body (5x5 stems would compile alike; none is in the zoo
+#: to measure them on).
+WINDOWS = (3, 7)
 #: The stride, both ways.
 STRIDE = 2
 #: Input channels up to which a stem runs here (each adds its taps to the block's inner loop).
@@ -73,7 +72,7 @@ def applies(geom: Geometry, channels: int) -> bool:
     rows, columns = geom.axes
     return (
         rows.kernel == columns.kernel
-        and rows.kernel in TAKEN_WINDOWS
+        and rows.kernel in WINDOWS
         and rows.stride == columns.stride == STRIDE
         and rows.dilation == columns.dilation == 1
     )
