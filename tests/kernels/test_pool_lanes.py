@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hetflow.devices.cpu.kernels import jit_pool, jit_pool_lanes, jit_pool_rows, window_lanes
+from hetflow.devices.cpu.kernels import (
+    jit_pool,
+    jit_pool_lanes,
+    jit_pool_rows,
+    jit_pool_strided,
+    window_lanes,
+)
 from hetflow.ops import registry
 from hetflow.ops.pool import pool_window
 from hetflow.ops.spatial import Geometry, geometry
@@ -82,12 +88,15 @@ def test_lanes_max_keeps_nan_and_infinities(attrs, shape):
     np.testing.assert_array_equal(y, expected)  # NaN where the reference has it, every other value exact
 
 
-SWEPT = [  # 3x3 windows with rows long enough to sweep (``jit_pool_rows``): each block shape and edge
-    ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (0, 0, 1, 1)}, (1, 4, 66, 66)),  # Inception's
+SWEPT = [  # 3x3/1 windows with rows long enough to sweep (``jit_pool_rows``): each block shape and edge
+    ({"kernel_shape": (3, 3), "pads": (1, 1, 1, 1)}, (1, 4, 20, 20)),
     ({"kernel_shape": (3, 3), "pads": (1, 0, 1, 0)}, (2, 3, 9, 20)),  # 9 rows: a block of 7, a short one of 2
     ({"kernel_shape": (3, 3), "pads": (0, 1, 0, 1)}, (1, 3, 14, 16)),  # 12: 7, then 5 of a block of 7
+]
+STRIPS = [  # 3x3/2 windows, which the strips take (``jit_pool_strided``): each edge
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (0, 0, 1, 1)}, (1, 4, 66, 66)),  # Inception's
     ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (1, 2, 23, 68)),  # overhang right and below
-    # Stride-2 rows shorter than a vector of 16 outputs and longer than one: SqueezeNet's 27, 14 padded.
+    # Rows shorter than a vector of 16 outputs and longer than one: SqueezeNet's 27, 14 padded.
     ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (1, 3, 29, 55)),
     ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}, (2, 2, 11, 28)),
 ]
@@ -99,6 +108,17 @@ def test_swept_rows_match_the_float64_reference(op_type, attrs, shape):
     geo = _geometry(attrs, shape)
     (kh, kw), (sh, sw) = (axis.kernel for axis in geo.axes), (axis.stride for axis in geo.axes)
     assert jit_pool_rows.sweeps(kh, kw, sh, sw, 1, 1, geo.out[1])
+    x = RNG.standard_normal(shape).astype(np.float32)
+    y, expected = _pool(x, geo, op_type)
+    np.testing.assert_allclose(y, expected, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("op_type", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize(("attrs", "shape"), STRIPS)
+def test_strided_windows_in_strips_match_the_float64_reference(op_type, attrs, shape):
+    geo = _geometry(attrs, shape)
+    (kh, kw), (sh, sw) = (axis.kernel for axis in geo.axes), (axis.stride for axis in geo.axes)
+    assert jit_pool_strided.takes(kh, kw, sh, sw, 1, 1) and not jit_pool_rows.sweeps(kh, kw, sh, sw, 1, 1, 64)
     x = RNG.standard_normal(shape).astype(np.float32)
     y, expected = _pool(x, geo, op_type)
     np.testing.assert_allclose(y, expected, rtol=2e-6, atol=2e-6)
@@ -117,8 +137,8 @@ def test_swept_max_computes_a_plane_with_nan_again_exactly():
 
 
 STREAMED = [  # maps past the cache (X of PREFETCH_MIN_FLOATS or more), where the loops prefetch
-    ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}, (4, 1024, 32, 33)),  # vectors
-    ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (2, 64, 182, 182)),  # swept rows
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "pads": (1, 1, 1, 1)}, (4, 1024, 32, 33)),  # strips: many small planes
+    ({"kernel_shape": (3, 3), "strides": (2, 2), "ceil_mode": 1}, (2, 64, 182, 182)),  # strips
 ]
 
 
@@ -134,7 +154,7 @@ def test_maps_past_the_cache_prefetch_and_match_the_reference(op_type, attrs, sh
 
 def test_rows_sweep_only_three_by_three_windows_with_rows_long_enough_per_stride():
     assert jit_pool_rows.sweeps(3, 3, 1, 1, 1, 1, 16) and not jit_pool_rows.sweeps(3, 3, 1, 1, 1, 1, 15)
-    assert jit_pool_rows.sweeps(3, 3, 2, 2, 1, 1, 14) and not jit_pool_rows.sweeps(3, 3, 2, 2, 1, 1, 13)
+    assert not jit_pool_rows.sweeps(3, 3, 2, 2, 1, 1, 64)  # 3x3/2: the strips' (``jit_pool_strided``)
     assert not jit_pool_rows.sweeps(2, 2, 2, 2, 1, 1, 64)  # windows that tile: no row to share
     assert not jit_pool_rows.sweeps(3, 3, 1, 2, 1, 1, 64) and not jit_pool_rows.sweeps(3, 3, 1, 1, 2, 2, 64)
 

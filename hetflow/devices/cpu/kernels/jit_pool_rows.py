@@ -1,5 +1,5 @@
-"""The float32 max and average pools with 3x3 windows, equal strides of 1 or 2 and no dilation, each
-plane swept in blocks of output rows (``row_sweep``, shared with the depthwise Conv).
+"""The float32 max and average pools with 3x3 windows at stride 1 and no dilation, each plane swept in
+blocks of output rows (``row_sweep``, shared with the depthwise Conv).
 
 Why: ``jit_pool_lanes`` computes one vector of outputs per call and loads every tap of it, so each input
 row is read once per output row that covers it (three times at 3x3 stride 1) and every call pays its
@@ -24,21 +24,17 @@ from hetflow.devices.cpu.kernels import llvm_vectors as lv
 from hetflow.devices.cpu.kernels import row_sweep
 from hetflow.devices.cpu.kernels.window_lanes import slot
 
-#: Strides swept (the same both ways) of a 3x3 window: ResNet's, GoogLeNet's and Inception's pools.
-#: 2x2/2 windows do not overlap, so there is no row to share, and they ran 5-25% slower swept.
-STRIDES = (1, 2)
-#: The shortest output row swept at stride 1: a vector is one row's 16 outputs, so shorter rows leave
-#: lanes idle where ``jit_pool_lanes`` packs several rows into one. One core, one image, swept against
+#: Strides swept (the same both ways) of a 3x3 window: ResNet's, GoogLeNet's and Inception's stride-1
+#: pools. 2x2/2 windows do not overlap, so there is no row to share, and they ran 5-25% slower swept.
+#: 3x3/2 windows, once swept here too, are all pooled in strips (``jit_pool_strided``, which takes them
+#: first): swept they had run, one core, one image (us, 2026-12-06), max 64x111 -> 55 128, 128x55 -> 27
+#: 69, 480x28 -> 14 85; in strips (2026-12-07) 100, 37 and 34.
+STRIDES = (1,)
+#: The shortest output row swept: a vector is one row's 16 outputs, so shorter rows leave lanes idle
+#: where ``jit_pool_lanes`` packs several rows into one. One core, one image, swept against
 #: ``jit_pool_lanes`` (us): 96x16x16 max 10.2 vs 12.3, 96x20x20 13.9 vs 24.9, 192x27x27 36 vs 65, 256x28x28
 #: average 56 vs 80, but 576x14x14 average 59 vs 52 and 832x6x6 max 60 vs 19.
 MIN_ROW_OUTPUTS_STRIDE_1 = 16
-#: ... and at stride 2, where each input row's 32 floats are shuffled to 16 (2026-12-06, one core, one
-#: image, the planes' loop alone, swept vs ``jit_pool_lanes``, us): max 64x111 -> 55 128 vs 173, 192x56
-#: -> 28 101 vs 133, 128x55 -> 27 69 vs 90, 32x32 -> 16 6.8 vs 8.5, 480x28 -> 14 85 vs 95, 256x27 -> 13
-#: 47 vs 47, but 832x14 -> 7 96 vs 52; average 240x56 -> 28 144 vs 195, 128x55 -> 27 75 vs 102, 32x16 ->
-#: 8 5.1 vs 3.3. (Rows of 14 to 31 outputs had been left to ``jit_pool_lanes`` on an earlier sweep's
-#: numbers, taken before both loops changed: 256x27 -> 13 38 vs 32, 320x28 -> 14 48 vs 40.)
-MIN_ROW_OUTPUTS_STRIDE_2 = 14
 _WINDOW = 3
 _BODIES = tuple((stride, is_max) for stride in STRIDES for is_max in (True, False))
 
@@ -46,11 +42,11 @@ _BODIES = tuple((stride, is_max) for stride in STRIDES for is_max in (True, Fals
 @numba.njit(nogil=True, cache=True, inline="always")
 def sweeps(kh, kw, sh, sw, dh, dw, out_w):  # noqa: ANN001, ANN201
     """Whether a pool window (``kh`` x ``kw``, strides ``sh``, ``sw``, dilations ``dh``, ``dw``) with
-    output rows ``out_w`` long is swept here: 3x3 with equal strides of 1 or 2, no dilation, rows of at
-    least ``MIN_ROW_OUTPUTS_STRIDE_1`` or ``MIN_ROW_OUTPUTS_STRIDE_2`` outputs."""
-    if kh != _WINDOW or kw != _WINDOW or sh != sw or dh != 1 or dw != 1 or (sh != 1 and sh != 2):
+    output rows ``out_w`` long is swept here: 3x3 at stride 1, no dilation, rows of at least
+    ``MIN_ROW_OUTPUTS_STRIDE_1`` outputs."""
+    if kh != _WINDOW or kw != _WINDOW or sh != 1 or sw != 1 or dh != 1 or dw != 1:
         return False
-    return out_w >= (MIN_ROW_OUTPUTS_STRIDE_1 if sh == 1 else MIN_ROW_OUTPUTS_STRIDE_2)
+    return out_w >= MIN_ROW_OUTPUTS_STRIDE_1
 
 
 @intrinsic
@@ -70,7 +66,7 @@ def _sweep(typingctx, x, x_start, height, width, top, left, y, y_start, out_h, o
         for index in (0, 6, 10):  # the arrays' data pointers
             values[index] = lv.array_data(context, builder, sig.args[index], args[index])
         stride_v, is_max_v = args[11:]
-        size = context.make_array(sig.args[0])(context, builder, args[0]).nitems
+        size = lv.array_size(context, builder, sig.args[0], args[0])
         found = slot(builder, lv.INT(0))
         for stride, is_max in _BODIES:
             chosen = builder.and_(
