@@ -72,7 +72,7 @@ def _sweep(
         for index in (0, 6, 10, 12, 14):  # the arrays' data pointers
             values[index] = lv.array_data(context, builder, sig.args[index], args[index])
         window_v, stride_v = args[15:]
-        size = context.make_array(sig.args[0])(context, builder, args[0]).nitems
+        size = lv.array_size(context, builder, sig.args[0], args[0])
         for window, stride in _BODIES:
             chosen = builder.and_(
                 builder.icmp_signed("==", window_v, lv.INT(window)),

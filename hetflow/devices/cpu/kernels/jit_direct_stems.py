@@ -123,7 +123,7 @@ def _unit(
         values = list(args)
         for index in (0, 8, 10, 15):  # the arrays' data pointers
             values[index] = lv.array_data(context, builder, sig.args[index], args[index])
-        x_size = context.make_array(sig.args[0])(context, builder, args[0]).nitems
+        x_size = lv.array_size(context, builder, sig.args[0], args[0])
         for size in WINDOWS:
             with builder.if_then(builder.icmp_signed("==", args[20], lv.INT(size))):
                 _Unit(builder, values[:20], size, x_size).emit()

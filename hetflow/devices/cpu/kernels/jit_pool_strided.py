@@ -80,9 +80,10 @@ class _Reduction:
         builder = self.builder
         loaded = stride_two.load_row(builder, data, size, row_at, first, width, self.fill, valid)
         low, high, next_ = loaded
-        nan = builder.or_(builder.fcmp_unordered("uno", low, high), builder.fcmp_unordered("uno", next_, next_))
-        if not self.is_max:
-            nan = ir.Constant(nan.type, [0] * LANES)
+        if self.is_max:
+            nan = builder.or_(builder.fcmp_unordered("uno", low, high), builder.fcmp_unordered("uno", next_, next_))
+        else:
+            nan = ir.Constant(ir.VectorType(ir.IntType(1), LANES), [0] * LANES)
         columns = [
             builder.select(mask, vector, self.fill)
             for mask, vector in zip(masks, stride_two.window_columns(builder, loaded, WINDOW))
@@ -108,7 +109,7 @@ def _strip(typingctx, x, x_at, height, width, pad_top, first_column, y, y_at, ou
         (x_value, x_at_value, height_value, width_value, pad_top_value, first_value, y_value, y_at_value,
          out_h_value, out_w_value, count_value, scale_value, scale_at_value, is_max_value) = args  # fmt: skip
         data = lv.array_data(context, builder, sig.args[0], x_value)
-        size = context.make_array(sig.args[0])(context, builder, x_value).nitems
+        size = lv.array_size(context, builder, sig.args[0], x_value)
         y_data = lv.array_data(context, builder, sig.args[6], y_value)
         scale_data = lv.array_data(context, builder, sig.args[11], scale_value)
         masks = stride_two.column_masks(builder, first_value, width_value, WINDOW)

@@ -36,6 +36,11 @@ def array_data(context: Any, builder: ir.IRBuilder, array_type: Any, array: Any)
     return context.make_array(array_type)(context, builder, array).data
 
 
+def array_size(context: Any, builder: ir.IRBuilder, array_type: Any, array: Any) -> ir.Value:
+    """The element count of a numba array argument (int64)."""
+    return context.make_array(array_type)(context, builder, array).nitems
+
+
 def vector_pointer(builder: ir.IRBuilder, base: ir.Value, offset: ir.Value) -> ir.Value:
     """``base + offset`` (floats) as a pointer to a vector."""
     return builder.bitcast(builder.gep(base, [offset]), VECTOR.as_pointer())

@@ -102,13 +102,12 @@ class RowSweep:
         """Each output row's vector at this chunk, every input row loaded once for all the output rows
         that read it."""
         builder, window, stride = self.builder, self.window, self.stride
-        fill = lv.float_vector(self.piece, self.pad_value)
+        fill = lv.float_vector(lv.LANES, self.pad_value)
         if stride == 2:  # each input row once, split into its window columns (``stride_two``)
             masks = stride_two.column_masks(builder, column, self.width, window)
-            fill = lv.float_vector(lv.LANES, self.pad_value)
         else:
             masks = [
-                lv.lanes_inside(builder, builder.add(column, lv.INT(j)), self.piece, self.width)
+                lv.lanes_inside(builder, builder.add(column, lv.INT(j)), lv.LANES, self.width)
                 for j in range(window)
             ]
         slots = [cgutils.alloca_once(builder, lv.VECTOR) for _ in range(size)]

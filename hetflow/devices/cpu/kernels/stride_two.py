@@ -1,6 +1,6 @@
 """One input row read for 16 windows at column stride 2, in LLVM IR: each window column's 16 taps from
 three loads and a few shuffles, shared by the kernels that sweep such windows (the depthwise Conv and the
-pools of ``row_sweep``, the 3x3/2 max pools of ``jit_pool_strided``).
+pools of ``row_sweep``, the 3x3/2 pools of ``jit_pool_strided``, the stems of ``jit_direct_stems``).
 
 Output lane k's window starts at column ``first + 2k``, so window column j reads columns ``first + 2k +
 j``: the even (j even) or odd lanes of the row's 48 floats from ``first``, shifted by j // 2 lanes. The
