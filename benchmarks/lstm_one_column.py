@@ -4,10 +4,10 @@ OpenBLAS's GEMV vs ONNX Runtime, side by side in one process.
     python benchmarks/lstm_one_column.py [--hidden 128,256,320,512] [--steps 100] [--repeat 30] [--threads 2]
 
 Each case is a one-node ONNX LSTM (6 input features, seeded weights, Y_h only, as a classifier reads it).
-"spin" is hetflow as it runs: one column's steps on the spinning pool where each thread's share of R fits
-its core's cache (``jit_lstm.vector_fits``), else the compiled sequence; "sequence" is the same session
-with ``jit_lstm.VECTOR_SHARE_BYTES`` at 0 when it was made, so its steps always run the compiled sequence
-(OpenBLAS's GEMV at the session's threads). Outputs are checked against ONNX Runtime first; minimums are
+"spin" is hetflow as it runs: one column's steps on the spinning pool, on W and R packed in panels
+(``jit_gate_panels``), where R is large enough (``jit_lstm.column_spins``), else the compiled sequence;
+"sequence" is the same session made with ``jit_lstm.VECTOR_MIN_BYTES`` out of reach, so its steps always
+run the compiled sequence (OpenBLAS's GEMV at the session's threads). Outputs are checked against ONNX Runtime first; minimums are
 the stable statistic (``hetflow.bench.timing.side_by_side``).
 """
 
@@ -48,13 +48,13 @@ def lstm_model(steps: int, hidden: int, seed: int = 0) -> onnx.ModelProto:
 
 def sequence_session(path: str, threads: int, feeds: dict[str, np.ndarray]) -> hetflow.InferenceSession:
     """A session made (and run once) with one column's spinning steps turned off."""
-    saved = jit_lstm.VECTOR_SHARE_BYTES
-    jit_lstm.VECTOR_SHARE_BYTES = 0
+    saved = jit_lstm.VECTOR_MIN_BYTES
+    jit_lstm.VECTOR_MIN_BYTES = 1 << 62
     try:
         session = hetflow.InferenceSession(path, threads=threads)
         session.run(None, feeds)
     finally:
-        jit_lstm.VECTOR_SHARE_BYTES = saved
+        jit_lstm.VECTOR_MIN_BYTES = saved
     return session
 
 
@@ -78,7 +78,7 @@ def measure(hidden: int, folder: Path, steps: int, repeat: int, threads: int) ->
         "ort": lambda: peer.run(None, feeds),
     }, repeat)  # fmt: skip
     row: dict[str, object] = {"hidden": hidden, "r_mb": 16 * hidden * hidden / 1e6,
-                              "spins": jit_lstm.vector_fits(hidden, threads)}  # fmt: skip
+                              "spins": jit_lstm.column_spins(hidden, threads)}  # fmt: skip
     for label, timing in timings.items():
         row[f"{label}_min_ms"], row[f"{label}_median_ms"] = timing.min * 1e3, timing.median * 1e3
     return row

@@ -517,8 +517,8 @@ def _lstm_cost(node: Node, cost: Cost, graph: Graph, spinning: bool) -> Cost:
     the run holds one: ``spinning``; 0.6 MB at batch 16 for lstm-gesture, where the op's input
     projection of every step is 13 MB), else the op's. Products: where the compiled sequence makes the
     recurrent product a GEMV per column (``jit_lstm.GEMV_MAX_COLUMNS``), that many one-column products
-    a step, as on the spinning pool for one column (``jit_lstm._spin_vector_step``); on the spinning
-    pool for more (``_spinning_lstm_products``) the tile GEMM's."""
+    a step, as on the spinning pool for one column (``jit_lstm._spin_vector_step``, on packed W and R);
+    on the spinning pool for more (``_spinning_lstm_products``) the tile GEMM's."""
     from hetflow.devices.cpu.kernels import jit_lstm
     from hetflow.devices.cpu.kernels.rnn import compiled_lstm_scratch_bytes
     from hetflow.runtime.planner import input_infos

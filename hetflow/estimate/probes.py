@@ -622,10 +622,13 @@ def catalogue() -> list[Probe]:
         Probe("lstm 40x32x6 h512 last spin", lstm(40, 32, 6, 512, last_only=True), spin=True, hold_blas=True),
         Probe("lstm 60x16x6 h512 last spin", lstm(60, 16, 6, 512, last_only=True), spin=True, hold_blas=True),
         Probe("lstm 10x128x6 h384 last spin", lstm(10, 128, 6, 384, last_only=True), spin=True, hold_blas=True),
-        # One column spins where R fits the cores' caches (``jit_lstm.vector_fits``): a GEMV a step.
+        # One column spins from a size of R on (``jit_lstm.column_spins``): a GEMV a step on packed W and R,
+        # R from L2 (a core's share up to ~1 MB) or from the last-level cache (h384 and h512).
         Probe("lstm 100x1x6 h256 last spin", lstm(100, 1, 6, 256, last_only=True), spin=True, hold_blas=True),
         Probe("lstm 60x1x6 h128 spin", lstm(60, 1, 6, 128), spin=True, hold_blas=True),
         Probe("lstm 80x1x6 h320 last spin", lstm(80, 1, 6, 320, last_only=True), spin=True, hold_blas=True),
+        Probe("lstm 60x1x6 h384 last spin", lstm(60, 1, 6, 384, last_only=True), spin=True, hold_blas=True),
+        Probe("lstm 50x1x6 h512 last spin", lstm(50, 1, 6, 512, last_only=True), True, spin=True, hold_blas=True),
     ]
     probes += _elementwise_probes()
     return probes

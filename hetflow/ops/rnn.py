@@ -347,6 +347,9 @@ class LSTMAttrs:
     hidden_size: int | None = None
     input_forget: int = 0
     layout: int = 0
+    #: hetflow-internal: the CPU may keep W and R packed for one column's steps (``jit_gate_panels``), a
+    #: copy beside the raw weights; a memory budget too small for such copies clears it (``runtime.budget``).
+    packed_weights: bool = True
 
 
 @register_op

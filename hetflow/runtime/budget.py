@@ -9,7 +9,8 @@ a bound plan fit, degrading speed step by step:
 2. Winograd and direct layers go back to im2col (Winograd's transformed weights are 1.8-4x the raw 3x3
    weights and its tile buffers are larger than im2col's columns; the direct kernel keeps a blocked
    copy of its weights), and no Conv keeps a packed copy for the lane GEMM (``ConvAttrs.packed_weights``)
-   nor a fully connected layer one for the dense kernel (``GemmAttrs.packed_weights``);
+   nor a fully connected layer one for the dense kernel (``GemmAttrs.packed_weights``) nor an LSTM one
+   of W and R for one column's steps (``LSTMAttrs.packed_weights``);
 3. weights are streamed: written once to a raw scratch file under the hetflow home, they are mapped
    (``np.memmap``) when their layer runs and unmapped after it, so they do not stay resident. As many
    as fit stay resident, the largest first (CNNdroid's order);
@@ -32,6 +33,7 @@ import numpy as np
 from hetflow.devices.cpu.kernels.dense import panel_bytes
 from hetflow.devices.cpu.kernels.direct import blocked_weight_bytes
 from hetflow.devices.cpu.kernels.own_gemm import lane_weight_bytes
+from hetflow.devices.cpu.kernels.rnn import gate_panel_bytes
 from hetflow.devices.cpu.kernels.winograd import transformed_weight_bytes as winograd_weight_bytes
 from hetflow.errors import BudgetError
 from hetflow.ops.base import planned_infos
@@ -123,11 +125,16 @@ def _remove(path: str) -> None:
 def transformed_weight_bytes(plan: Plan) -> int:
     """Bytes of the rearranged weights the plan's Conv layers keep: Winograd's transformed ones,
     ``(m+2)^2 * K * C`` each, the direct kernel's blocked ones (``direct.blocked_weight_bytes``), and the
-    packed copies of the lane GEMM and of the CPU's dense kernel (``dense.panel_bytes``)."""
+    packed copies of the lane GEMM, of the CPU's dense kernel (``dense.panel_bytes``) and of one column's
+    LSTM steps (``rnn.gate_panel_bytes``)."""
     total = 0
     for step in plan.steps:
         if step.node.op_type == "Gemm" and step.device.id == "cpu":
             total += panel_bytes(step.node, planned_infos(step.node, plan.graph.values, plan.graph.initializers))
+            continue
+        if step.node.op_type == "LSTM" and step.device.id == "cpu":
+            infos = planned_infos(step.node, plan.graph.values, plan.graph.initializers)
+            total += gate_panel_bytes(step.node, infos) if infos is not None else 0
             continue
         if step.node.op_type != "Conv":
             continue
@@ -145,11 +152,12 @@ def transformed_weight_bytes(plan: Plan) -> int:
 def without_winograd(plan: Plan) -> Plan:
     """``plan`` with every Conv that keeps rearranged weights (Winograd, direct) run by im2col instead
     (no kept copies of weights; Winograd's workspace is also larger), and no Conv or Gemm packing its
-    weights for the lane GEMM or the dense kernel (its node's ``packed_weights`` cleared)."""
+    weights for the lane GEMM or the dense kernel, and no LSTM its W and R for one column's steps (its
+    node's ``packed_weights`` cleared)."""
     steps: list[Step] = []
     for step in plan.steps:
         keeps_weights = step.kernel.algorithm in WINOGRAD_TILE or step.kernel.algorithm == DIRECT_FMA
-        if step.node.op_type in ("Conv", "Gemm"):
+        if step.node.op_type in ("Conv", "Gemm", "LSTM"):
             step.node.attrs = replace(step.node.attrs, packed_weights=False)
         if step.node.op_type == "Conv" and keeps_weights:
             im2col = next(k for k in step.device.kernels.kernels["Conv"] if k.algorithm == IM2COL)

@@ -176,9 +176,9 @@ def _peak_of_a_warm_call(kernel, node, inputs, threads) -> int:  # noqa: ANN001
 @pytest.mark.parametrize("batch", [1, 16, 64])
 def test_the_compiled_lstm_scratch_is_what_the_kernel_allocates(batch):
     """The estimator's LSTM workspace is the compiled cell's buffers, not the op's projection of every
-    step (13 MB where the kernel allocates 0.6 MB: lstm-gesture's peak was 52% over); at batch 1 the
-    compiled sequence's projection of every step (0.8 MB), at 16 and 64 the spinning pool's driver's
-    (the kernel called in the threads a run holds)."""
+    step (13 MB where the kernel allocates 0.6 MB: lstm-gesture's peak was 52% over): the spinning
+    pool's driver's at every batch here (the kernel called in the threads a run holds; at batch 1 on W
+    and R packed once, which the plan counts with the weights)."""
 
     from hetflow.devices.cpu import CPUDevice
     from hetflow.devices.cpu.kernels.rnn import compiled_lstm_scratch_bytes, spinning_lstm_batch
@@ -191,14 +191,15 @@ def test_the_compiled_lstm_scratch_is_what_the_kernel_allocates(batch):
     node = next(n for n in graph.nodes if n.op_type == "LSTM")
     infos = input_infos(graph, node)
     recurrent_batch = spinning_lstm_batch(node, infos)
-    scratch = compiled_lstm_scratch_bytes(node, infos, pool_held=recurrent_batch >= 16)
+    assert recurrent_batch == batch
+    scratch = compiled_lstm_scratch_bytes(node, infos, pool_held=True)
     assert scratch is not None
     kernel = CPUDevice().kernels.lookup(node, infos)
     x = np.random.default_rng(0).standard_normal((100, batch, 6)).astype(np.float32)
     inputs = [x] + [graph.initializers[name] for name in node.inputs[1:]]
     allocated = _peak_of_a_warm_call(kernel, node, inputs, run_threads(0, batch > 1, 2, 0, recurrent_batch))
-    # The outputs are made after the scratch is freed: the peak is the scratch.
-    assert scratch == pytest.approx(allocated, rel=0.05)
+    # The peak is the scratch, and the final H's copy (an output, 2 KB, made from the scratch's states).
+    assert scratch == pytest.approx(allocated, rel=0.05, abs=2 * 512 * 4)
     peephole = dataclasses.replace(node, inputs=[*node.inputs, "", "", "", "p"])
     peephole_info = TensorInfo((1, 3 * 512), np.dtype(np.float32))
     assert compiled_lstm_scratch_bytes(peephole, [*input_infos(graph, node), None, None, None, peephole_info]) is None
@@ -332,10 +333,11 @@ def test_the_lstm_is_costed_as_its_driver_runs_it(batch, key, columns):
     assert cost.gemm.m == columns and cost.gemm.count * cost.gemm.m == raw.gemm.count * raw.gemm.m
 
 
-@pytest.mark.parametrize(("batch", "spinning"), [(1, False), (8, False), (16, True), (64, True)])
+@pytest.mark.parametrize(("batch", "spinning"), [(1, True), (8, False), (16, True), (64, True)])
 def test_an_lstm_batch_a_run_spins_for_has_a_spin_key(quick_profile, batch, spinning):
-    """From ``jit_lstm.SPIN_MIN_BATCH`` columns a 2-thread run spins for its LSTM (``spins_recurrent``):
-    the estimate knows (``spin_run``) and prices the LSTM from the ``@spin`` probes."""
+    """One column, and from ``jit_lstm.SPIN_MIN_BATCH`` columns, a 2-thread run spins for its LSTM
+    (``spins_recurrent``): the estimate knows (``spin_run``) and prices the LSTM from the ``@spin``
+    probes (one column's from its own, ``LSTM/vector@spin``)."""
     from hetflow.estimate.predict import SPIN_MARK, spin_run
 
     session = InferenceSession("zoo:lstm-gesture")
@@ -343,9 +345,10 @@ def test_an_lstm_batch_a_run_spins_for_has_a_spin_key(quick_profile, batch, spin
     assert spin_run(quick_profile, plan, batch, 2) is spinning
     assert spin_run(quick_profile, plan, batch, 1) is False
     lstm_keys = [key for key in _keys(session, quick_profile, batch) if key.startswith("LSTM/")]
-    assert lstm_keys == (["LSTM/default" + SPIN_MARK] if spinning and quick_profile.threads > 1 else lstm_keys)
+    spin_key = ("LSTM/vector" if batch == 1 else "LSTM/default") + SPIN_MARK
+    assert lstm_keys == ([spin_key] if spinning and quick_profile.threads > 1 else lstm_keys)
     if spinning and quick_profile.threads > 1:
-        assert "LSTM/default" + SPIN_MARK in quick_profile.ops
+        assert spin_key in quick_profile.ops
 
 
 def test_a_folded_residual_costs_an_add_and_a_read_on_the_add_model(quick_profile):

@@ -11,8 +11,9 @@ import warnings
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
+from hetflow.devices.cpu.kernels.jit_gate_panels import packed_gates
 from hetflow.devices.cpu.table import CPU_KERNELS
 from hetflow.errors import InvalidModelError
 from hetflow.graph import Node
@@ -99,6 +100,17 @@ def make_model(
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 10  # the newest IR version the installed onnxruntime reads
     return model
+
+
+def with_weights(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Make W, R and B of ``make_model``'s model initializers (in place, as a trained model holds them);
+    returns the feeds left to give."""
+    weights = {name: feeds[name] for name in ("W", "R", "B") if name in feeds}
+    kept = [value for value in model.graph.input if value.name not in weights]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    model.graph.initializer.extend(numpy_helper.from_array(array, name) for name, array in weights.items())
+    return {name: array for name, array in feeds.items() if name not in weights}
 
 
 def run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -565,10 +577,12 @@ def _scan_driver(rng: np.random.Generator, batch: int, hidden: int, steps: int, 
     h0 = rng.standard_normal((hidden, batch)).astype(np.float32)
     c0 = rng.standard_normal((hidden, batch)).astype(np.float32)
 
-    def drive(scan):  # noqa: ANN001, ANN202
+    def drive(scan, packed: bool = False):  # noqa: ANN001, ANN202
+        """``packed``: give ``scan`` W and R as one column's spinning steps read them."""
         c = c0.copy()
         y = np.zeros((steps, hidden, batch), np.float32) if keep_y else None
-        h = scan(r, w, bias, x_t, h0.copy(), c, reverse, y)[0]
+        extra = {"panels": (packed_gates(r), packed_gates(w))} if packed else {}
+        h = scan(r, w, bias, x_t, h0.copy(), c, reverse, y, **extra)[0]
         return h.copy(), c, y
 
     return drive
@@ -606,33 +620,41 @@ def test_the_spinning_driver_matches_the_stepwise_lstm_driver(monkeypatch, batch
 
     drive = _scan_driver(np.random.default_rng(batch + hidden), batch, hidden, steps=9, reverse=reverse,
                          keep_y=keep_y)  # fmt: skip
+    calls = []
+    spinning_scan = jit_lstm._scan_spinning
+    monkeypatch.setattr(jit_lstm, "_scan_spinning", lambda *a: calls.append(1) or spinning_scan(*a))
     with own_threads(2, spin=True, hold_blas=True):
         assert jit_lstm.runs_spinning(batch, hidden, np.float32)
-        spinning = drive(jit_lstm.scan)
+        spinning = drive(jit_lstm.scan, packed=batch == 1)
+    assert calls == [1]
     stepwise = drive(jit_lstm._scan_stepwise)
     for mine, theirs in zip(spinning, stepwise):
         if mine is not None:
             np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize(("hidden", "spins"), [(64, False), (128, True), (320, True), (352, False), (512, False)])
-def test_one_column_spins_only_where_r_fits_the_cores_caches(hidden, spins):
+@pytest.mark.parametrize(("hidden", "spins"), [(32, False), (63, False), (64, True), (320, True), (512, True), (1024, True)])
+def test_one_column_spins_from_a_hand_over_sized_r(hidden, spins):
+    """Below ``VECTOR_MIN_BYTES`` of R (hidden 63: 63 504 bytes) a step is shorter than the pool's
+    hand-over; above it one column spins however large R is (its panels stream from the last-level
+    cache as fast as OpenBLAS's GEMV reads R)."""
     from hetflow.devices.cpu.kernels import jit_lstm
     from hetflow.devices.cpu.threads import own_threads
 
-    assert jit_lstm.vector_fits(hidden, 2) is spins
+    assert jit_lstm.column_spins(hidden, 2) is spins
     with own_threads(2, spin=True, hold_blas=True):
         assert jit_lstm.runs_spinning(1, hidden, np.float32) is spins
     assert not jit_lstm.runs_spinning(1, hidden, np.float32)  # no spinning pool held
 
 
-@pytest.mark.parametrize(("hidden", "spins"), [(24, False), (128, True), (400, False)])
-def test_a_batch_one_lstm_session_spins_where_r_fits_and_matches_ort(monkeypatch, hidden, spins):
+@pytest.mark.parametrize(("hidden", "spins"), [(24, False), (128, True), (405, True)])
+def test_a_batch_one_lstm_session_spins_from_a_hand_over_sized_r_and_matches_ort(monkeypatch, hidden, spins):
     from hetflow.devices.cpu.kernels import jit_lstm
     from hetflow.runtime import executor
 
     feeds = make_inputs("LSTM", seq=6, batch=1, input_size=5, hidden=hidden, directions=1, initial=True)
     model = make_model("LSTM", feeds, OUTPUT_NAMES["LSTM"])
+    feeds = with_weights(model, feeds)
     calls = []
     vector_scan = jit_lstm._scan_spinning
     monkeypatch.setattr(jit_lstm, "_scan_spinning", lambda *a: calls.append(1) or vector_scan(*a))
@@ -643,10 +665,52 @@ def test_a_batch_one_lstm_session_spins_where_r_fits_and_matches_ort(monkeypatch
     assert_close(actual, run_ort(model, feeds))
 
 
-@pytest.mark.parametrize(("batch", "spins"), [(1, False), (8, False), (16, True)])
+def test_one_column_reads_w_and_r_packed_once_and_the_plan_counts_the_copies(monkeypatch):
+    from hetflow.devices.cpu.kernels import jit_lstm, rnn
+    from hetflow.devices.cpu.kernels.jit_gate_panels import packed_bytes
+    from hetflow.runtime.budget import transformed_weight_bytes
+
+    hidden, inputs = 130, 5
+    feeds = make_inputs("LSTM", seq=4, batch=1, input_size=inputs, hidden=hidden, directions=2, initial=True)
+    model = make_model("LSTM", feeds, OUTPUT_NAMES["LSTM"], direction="bidirectional")
+    feeds = with_weights(model, feeds)
+    packed = []
+    original = rnn.GATE_PANELS.get
+    monkeypatch.setattr(rnn.GATE_PANELS, "get", lambda m, d: packed.append((m.shape, d)) or original(m, d))
+    steps = []
+    spin = jit_lstm._scan_spinning
+    monkeypatch.setattr(jit_lstm, "_scan_spinning", lambda *a: steps.append(a[-1]) or spin(*a))
+    session = InferenceSession(model, threads=2)
+    expected = 2 * (packed_bytes(hidden, hidden) + packed_bytes(hidden, inputs))
+    assert transformed_weight_bytes(session.plan_for({})) == expected
+    for _ in range(2):
+        assert_close(session.run(None, feeds), run_ort(model, feeds))
+    assert len(steps) == 4 and all(panels is not None for panels in steps)  # two directions, two runs
+    assert sorted(packed) == sorted(2 * [((2, 4 * hidden, shape), d) for shape in (hidden, inputs) for d in (0, 1)])
+
+
+def test_a_budget_without_room_for_the_packed_copies_runs_one_column_unpacked(monkeypatch):
+    from hetflow.devices.cpu.kernels import jit_lstm
+    from hetflow.runtime import executor
+    from hetflow.runtime.budget import transformed_weight_bytes, without_winograd
+
+    feeds = make_inputs("LSTM", seq=5, batch=1, input_size=4, hidden=400, directions=1, initial=True)
+    model = make_model("LSTM", feeds, OUTPUT_NAMES["LSTM"])
+    raw = sum(int(feeds[name].nbytes) for name in ("W", "R", "B"))
+    feeds = with_weights(model, feeds)
+    plan = InferenceSession(model, threads=2).plan_for({})
+    assert transformed_weight_bytes(plan) > 0 and executor.plan_recurrent_batch(plan) == 1
+    fitted = without_winograd(plan)
+    assert transformed_weight_bytes(fitted) == 0 and executor.plan_recurrent_batch(fitted) == 0
+    monkeypatch.setattr(jit_lstm, "_scan_spinning", lambda *a: pytest.fail("one column spun"))
+    session = InferenceSession(model, threads=2, memory_budget=raw + (1 << 20))  # the copies need 2.6 MB
+    assert_close(session.run(None, feeds), run_ort(model, feeds))
+
+
+@pytest.mark.parametrize(("batch", "spins"), [(1, True), (8, False), (16, True)])
 def test_only_a_batch_that_spins_counts_the_spinning_drivers_scratch(batch, spins):
-    """lstm-gesture's LSTM (hidden 512: one column does not fit): inside a run that holds a spinning pool
-    for something else, a batch the pool does not take keeps its own driver's scratch."""
+    """lstm-gesture's LSTM (hidden 512): inside a run that holds a spinning pool for something else, a
+    batch the pool does not take keeps its own driver's scratch."""
     from hetflow.devices.cpu.kernels.rnn import compiled_lstm_scratch_bytes, spinning_lstm_batch
     from hetflow.passes.infer_shapes import bind_batch
     from hetflow.runtime.planner import input_infos

@@ -25,11 +25,12 @@ Four drivers, the same arithmetic:
   b``, then ``R h`` added in place), and updates their cell and hidden states. OpenBLAS multiplied R by
   H at ~120 GMAC/s on two threads here (557 us a step at B = 64, hidden 512), the tile GEMM at ~200,
   and the elementwise work splits too.
-* one column (batch 1) in such a run likewise where each thread's share of R fits its core's L2
-  (``vector_fits``), each step one job (``_spin_vector_step``): every step's input projection made up
-  front with the bias, then a share's rows of R dotted with H four rows at a time (``_row_dots``), and
-  its cells updated. R is then read from L2 at every step; where it is larger (lstm-gesture's 4 MB)
-  OpenBLAS's GEMV in the compiled sequence streams it from the last-level cache faster.
+* one column (batch 1) in such a run likewise, from a size of R on (``column_spins``), each step one
+  job (``_spin_vector_step``) on W and R packed once by the caller (``jit_gate_panels``: 16 hidden
+  units of all four gates a panel): a share takes a range of panels, makes their units' gates ``b + W
+  x_t + R h`` with the units in the vector lanes, and updates their cells. lstm-gesture (hidden 512, R
+  4 MB: 2 MB a core, streamed from the last-level cache at every step) ran 3.6-3.8 ms a sequence by
+  OpenBLAS's GEMV or by rows of R dotted with H, 2.6 ms so (``benchmarks/lstm_one_column.py``).
 
 The stepwise passes, per step after the GEMM (numpy's LSTM step took a dozen ufunc calls, each a pass
 over memory):
@@ -56,6 +57,7 @@ import numpy as np
 
 from hetflow.devices.cpu import spin_pool
 from hetflow.devices.cpu.kernels import jit_gemm
+from hetflow.devices.cpu.kernels.jit_gate_panels import UNITS, panel_count, share_gates
 from hetflow.devices.cpu.kernels.jit_math import exp
 from hetflow.devices.cpu.kernels.jit_tile_gemm import BLOCK_BYTES, ROWS, block_width, columns
 from hetflow.devices.cpu.spin_pool import argument_block, float32_1d, float32_2d, float32_3d
@@ -77,32 +79,27 @@ GEMV_MAX_COLUMNS = 4
 
 
 #: From this many columns (batch), a float32 sequence in a run on the spinning pool runs there
-#: (``_scan_spinning``); so does one column where R fits the cores' caches (``vector_fits``).
+#: (``_scan_spinning``); so does one column where R is large enough (``column_spins``).
 SPIN_MIN_BATCH = 16
-#: A thread's share of R (float32) up to which one column's steps spin (``vector_fits``): the share then
-#: stays in the core's 1 MB L2 from one step to the next. 100 steps, 2 threads, the compiled sequence
-#: (OpenBLAS's GEMV) against the spinning steps, minimums in one process (Zen 4 VM, 2026-12-03): hidden
-#: 200 (R 0.64 MB) 0.91 -> 0.64 ms, 256 (1.0 MB) 1.60 -> 0.99, 320 (1.6 MB) 2.63 -> 1.49, but 352 (2.0
-#: MB) 1.53 -> 1.86, 384 1.78 -> 1.96 and 512 (4 MB, lstm-gesture) 3.57 -> 3.82, where R streams from
-#: the last-level cache at every step and OpenBLAS's GEMV streams it faster.
-VECTOR_SHARE_BYTES = 800 << 10
 #: R's bytes (float32) from which one column's steps spin: below, a step's products are shorter than
-#: the pool's hand-over between steps. Hidden 64 (R 66 KB): 0.175 -> 0.204 ms spinning; 128 (262 KB):
-#: 0.433 -> 0.377 (``benchmarks/lstm_one_column.py``, 2026-12-03).
-VECTOR_MIN_BYTES = 160 << 10
+#: the pool's hand-over between steps. 100 steps, the compiled sequence (OpenBLAS's GEMV) against the
+#: spinning steps on packed panels, minimums (Zen 4 VM, 2026-12-07, ``benchmarks/lstm_one_column.py``):
+#: hidden 32 (R 16 KB) 0.083 -> 0.085 ms, 48 (37 KB) 0.115 -> 0.121, 64 (66 KB) 0.163 -> 0.124, 96
+#: 0.292 -> 0.177, 128 0.400 -> 0.240.
+VECTOR_MIN_BYTES = 64 << 10
 
 
 def spins_at(batch: int) -> bool:
     """Whether a float32 sequence of ``batch`` columns may run on a spinning pool when the run holds one:
-    ``SPIN_MIN_BATCH`` columns and more (on the tile GEMM), or one (GEMVs, where ``vector_fits``)."""
+    ``SPIN_MIN_BATCH`` columns and more (on the tile GEMM), or one (on packed W and R, where
+    ``column_spins``)."""
     return batch == 1 or batch >= SPIN_MIN_BATCH
 
 
-def vector_fits(hidden: int, threads: int) -> bool:
-    """Whether one column's steps spin on ``threads`` threads: R (``4 * hidden`` rows of ``hidden``) from
-    ``VECTOR_MIN_BYTES``, each thread's share of it within ``VECTOR_SHARE_BYTES``."""
-    r_bytes = 16 * hidden * hidden
-    return threads > 1 and VECTOR_MIN_BYTES <= r_bytes <= VECTOR_SHARE_BYTES * threads
+def column_spins(hidden: int, threads: int) -> bool:
+    """Whether one column's steps spin on ``threads`` threads: more than one, and R (``4 * hidden`` rows
+    of ``hidden``) from ``VECTOR_MIN_BYTES``."""
+    return threads > 1 and 16 * hidden * hidden >= VECTOR_MIN_BYTES
 
 
 def runs_spinning(batch: int, hidden: int, dtype: np.dtype) -> bool:
@@ -110,7 +107,7 @@ def runs_spinning(batch: int, hidden: int, dtype: np.dtype) -> bool:
     pool = spinning()
     if pool is None or np.dtype(dtype) != np.float32 or not spins_at(batch):
         return False
-    return batch > 1 or vector_fits(hidden, pool.workers + 1)
+    return batch > 1 or column_spins(hidden, pool.workers + 1)
 
 
 def runs_sequence(batch: int) -> bool:
@@ -140,6 +137,7 @@ def scan(
     c_t: np.ndarray,
     reverse: bool,
     y_t: np.ndarray | None,
+    panels: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run the standard LSTM cell over a sequence; returns the final ``(H^T, C^T)`` ``[hidden, B]``.
 
@@ -151,9 +149,12 @@ def scan(
         h_t, c_t: initial states ``[hidden, B]``; ``c_t`` is updated in place.
         reverse: run the steps from last to first.
         y_t: ``[seq, hidden, B]`` to receive every step's hidden state, or None.
+        panels: R and W as ``jit_gate_panels.packed_gates``, kept by the caller: one column's steps
+            run on the spinning pool only on them.
     """
-    if runs_spinning(x_t.shape[2], r.shape[1], r.dtype):
-        return _scan_spinning(r, w, bias, x_t, h_t, c_t, reverse, y_t)
+    batch = x_t.shape[2]
+    if runs_spinning(batch, r.shape[1], r.dtype) and (batch > 1 or panels is not None):
+        return _scan_spinning(r, w, bias, x_t, h_t, c_t, reverse, y_t, panels)
     if not runs_sequence(x_t.shape[2]):
         return _scan_stepwise(r, w, bias, x_t, h_t, c_t, reverse, y_t)
     # One compiled loop over the steps (``_sequence``).
@@ -324,6 +325,7 @@ def _scan_spinning(
     c_t: np.ndarray,
     reverse: bool,
     y_t: np.ndarray | None,
+    panels: tuple[np.ndarray, np.ndarray] | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``scan`` with every step one job of the spinning pool (see the module docstring)."""
     pool = spinning()
@@ -335,12 +337,10 @@ def _scan_spinning(
     gates = np.empty(rows * batch, np.float32)
     r, w, bias = (np.ascontiguousarray(a, np.float32) for a in (r, w, bias))
     if batch == 1:
-        # Every step's input projection and bias up front (``[seq, rows, 1]``; 0.8 MB for lstm-gesture).
-        projections = np.matmul(w, x_t)
-        projections += bias[:, None]
-        arrays = (r, w, bias, projections, states, h_t, c_t, gates, bias)
-        # One share a thread: a share's rows of R stay in the L2 of the core that keeps taking it.
-        job, shares = _spin_vector_job_address(), min(hidden, pool.workers + 1)
+        assert panels is not None  # scan
+        arrays = (*panels, bias, x_t, states, h_t, c_t, gates, bias)
+        # One share a thread: the panels a core reads last in a step are in its L2 at the next.
+        job, shares = _spin_vector_job_address(), min(panel_count(hidden), pool.workers + 1)
     else:
         arrays = (r, w, bias, x_t, states, h_t, c_t, gates, np.zeros(rows, np.float32))
         job, shares = _spin_job_address(), min(-(-hidden // ROWS), (pool.workers + 1) * SPIN_SHARES_PER_THREAD)
@@ -412,10 +412,11 @@ def _step_places(step, seq_length, reverse, states_are_y, state_size):  # noqa: 
 
 
 def _spin_vector_job(args, share, shares):  # noqa: ANN001, ANN202
-    """``_spin_vector_step`` on a pool job's argument block (``_SPIN_SLOTS``; the projections in X's slot)."""
-    _spin_vector_step(float32_2d(args, 0), float32_3d(args, 8), float32_3d(args, 12), float32_2d(args, 16),
-                      float32_2d(args, 19), float32_1d(args, 22), args[26] != 0, args[27] != 0, args[_STEP_SLOT],
-                      share, shares)  # fmt: skip
+    """``_spin_vector_step`` on a pool job's argument block (``_SPIN_SLOTS``; R's and W's panels in their
+    slots)."""
+    _spin_vector_step(float32_2d(args, 0), float32_2d(args, 3), float32_1d(args, 6), float32_3d(args, 8),
+                      float32_3d(args, 12), float32_2d(args, 16), float32_2d(args, 19), float32_1d(args, 22),
+                      args[26] != 0, args[27] != 0, args[_STEP_SLOT], share, shares)  # fmt: skip
 
 
 @functools.cache
@@ -425,62 +426,24 @@ def _spin_vector_job_address() -> int:
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")
-def _spin_vector_step(r, projections, states, h0, c, gates, reverse, states_are_y, step, share, shares):  # noqa: ANN001, ANN202, E501
-    """``_spin_step`` for one column: share ``share`` of ``shares`` of step ``step`` takes a range of
-    hidden units, their rows of the gates i, o, f, c (``R h`` plus ``projections[t]``, which holds
-    ``W x_t + b``), then their cell and hidden states (``_update_cells``)."""
-    seq_length = projections.shape[0]
+def _spin_vector_step(r_panels, w_panels, bias, x_t, states, h0, c, gates, reverse, states_are_y, step, share, shares):  # noqa: ANN001, ANN202, E501
+    """``_spin_step`` for one column: share ``share`` of ``shares`` of step ``step`` takes a range of the
+    panels of R and W (``jit_gate_panels``: 16 hidden units each), their units' gates i, o, f, c (``b + W
+    x_t + R h``), then their cell and hidden states (``_update_cells``). Each step reads its panels in
+    the order opposite to the last."""
+    seq_length, inputs, _ = x_t.shape
     hidden = c.shape[0]
-    first, last = hidden * share // shares, hidden * (share + 1) // shares
+    count = (hidden + UNITS - 1) // UNITS
+    first, last = count * share // shares, count * (share + 1) // shares
     t, source_start, target = _step_places(step, seq_length, reverse, states_are_y, hidden)
     h_flat = states.reshape(states.size)
     h = h0.reshape(h0.size) if step == 0 else h_flat[source_start : source_start + hidden]
-    r_flat = r.reshape(r.size)
-    projection = projections[t].reshape(4 * hidden)
-    for gate in range(4):
-        row = gate * hidden
-        _row_dots(r_flat, row + first, row + last, hidden, h, projection, gates)
-    _update_cells(gates[first:last], gates[hidden + first:hidden + last], gates[2 * hidden + first:2 * hidden + last],
-                  gates[3 * hidden + first:3 * hidden + last], c.reshape(c.size)[first:last],
-                  h_flat[target + first:target + last])  # fmt: skip
-
-
-#: Reassociation lets the dot products' sums vectorise; no other fast-math assumption (NaNs propagate).
-_DOT_MATH = {"reassoc", "contract"}
-
-
-@numba.njit(nogil=True, cache=True, error_model="numpy", fastmath=_DOT_MATH)
-def _row_dots(m, first, last, columns, v, base, out):  # noqa: ANN001, ANN202
-    """``out[i] = base[i] + m[i, :] . v`` for rows ``first .. last - 1`` of the flat ``m`` (rows ``columns``
-    long), four rows at a time sharing each load of ``v``. One core, 2048 x 512 from the last-level
-    cache: 60 us, as OpenBLAS's GEMV (one row at a time: 67 us)."""
-    i = first
-    while i + 4 <= last:
-        r0 = m[i * columns : (i + 1) * columns]
-        r1 = m[(i + 1) * columns : (i + 2) * columns]
-        r2 = m[(i + 2) * columns : (i + 3) * columns]
-        r3 = m[(i + 3) * columns : (i + 4) * columns]
-        s0 = s1 = s2 = s3 = m.dtype.type(0)
-        for j in range(np.uint64(columns)):
-            vj = v[j]
-            s0 += r0[j] * vj
-            s1 += r1[j] * vj
-            s2 += r2[j] * vj
-            s3 += r3[j] * vj
-        out[i], out[i + 1], out[i + 2], out[i + 3] = base[i] + s0, base[i + 1] + s1, base[i + 2] + s2, base[i + 3] + s3
-        i += 4
-    _tail_dots(m, i, last, columns, v, base, out)
-
-
-@numba.njit(nogil=True, cache=True, error_model="numpy", fastmath=_DOT_MATH)
-def _tail_dots(m, first, last, columns, v, base, out):  # noqa: ANN001, ANN202
-    """``_row_dots`` one row at a time (the rows past its last group of four)."""
-    for k in range(first, last):
-        row = m[k * columns : (k + 1) * columns]
-        total = m.dtype.type(0)
-        for j in range(np.uint64(columns)):
-            total += row[j] * v[j]
-        out[k] = base[k] + total
+    share_gates(r_panels.reshape(r_panels.size), w_panels.reshape(w_panels.size), h, x_t[t].reshape(inputs), bias,
+                gates, first, last, step % 2 == 1)  # fmt: skip
+    start, stop = first * UNITS, min(last * UNITS, hidden)
+    _update_cells(gates[start:stop], gates[hidden + start:hidden + stop], gates[2 * hidden + start:2 * hidden + stop],
+                  gates[3 * hidden + start:3 * hidden + stop], c.reshape(c.size)[start:stop],
+                  h_flat[target + start:target + stop])  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")

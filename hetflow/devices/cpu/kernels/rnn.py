@@ -22,6 +22,8 @@ import numpy as np
 
 from hetflow.devices.cpu.kernels import jit_lstm
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
+from hetflow.devices.cpu.kernels.jit_gate_panels import packed_bytes, packed_gates
+from hetflow.devices.cpu.kernels.weight_cache import WeightCache
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
 from hetflow.graph.shapes import is_static
@@ -38,6 +40,11 @@ from hetflow.ops.rnn import (
 
 Activation = Callable[[np.ndarray], np.ndarray]
 States = tuple[np.ndarray, ...]
+
+#: An LSTM's W or R (``[dirs, 4*hidden, depth]``) packed per direction for one column's spinning steps
+#: (``jit_gate_panels.packed_gates``), per weight array. (W and R fed as graph inputs rather than held as
+#: initializers are packed again for every new array: correct, and the rare case.)
+GATE_PANELS = WeightCache(lambda weights, direction: packed_gates(weights[direction]))
 
 
 # -- activations ------------------------------------------------------------------------------------
@@ -360,7 +367,8 @@ def _run_recurrent(
     ]
     y = np.zeros((seq_length, directions, batch, hidden), work) if _wants(node, 0) else None
     if lengths is None and all(isinstance(cell, _LSTMCell) and cell.compiled for cell in cells):
-        finals = _compiled_lstm(x, w, cells, initial, attrs.direction, y)
+        packs = attrs.packed_weights and batch == 1 and jit_lstm.runs_spinning(batch, hidden, r.dtype)
+        finals = _compiled_lstm(x, w, r if packs else None, cells, initial, attrs.direction, y)
     else:
         finals = _numpy_scans(x, w, cells, initial, lengths, attrs.direction, y)
 
@@ -414,21 +422,33 @@ def _compiled_lstm_shape(node: Node, inputs: Sequence[TensorInfo | None]) -> tup
 
 
 #: The threads a one-column LSTM is taken to spin on where a run decides whether to hold a spinning
-#: pool for it (``spinning_lstm_batch``): the fewest a spinning run has, which fit the least of R.
+#: pool for it (``spinning_lstm_batch``): the fewest a spinning run has.
 VECTOR_DECISION_THREADS = 2
 
 
 def spinning_lstm_batch(node: Node, inputs: Sequence[TensorInfo | None]) -> int:
     """The batch of an LSTM that would run on a spinning pool (``jit_lstm.runs_spinning``, given one),
-    else 0 (a batch ``jit_lstm.spins_at`` refuses; one column whose R does not fit, ``jit_lstm.vector_fits``
-    on ``VECTOR_DECISION_THREADS``): the executor holds that pool for runs with such an LSTM."""
+    else 0 (a batch ``jit_lstm.spins_at`` refuses; one column whose R is too small to spin,
+    ``jit_lstm.column_spins`` on ``VECTOR_DECISION_THREADS``, or whose weights may not be packed,
+    ``LSTMAttrs.packed_weights``): the executor holds that pool for runs with such an LSTM."""
     shape = _compiled_lstm_shape(node, inputs)
     if shape is None or _compute_dtype(np.dtype(inputs[0].dtype)) != np.float32:
         return 0
     batch, hidden = shape[2], shape[4]
-    if not jit_lstm.spins_at(batch) or (batch == 1 and not jit_lstm.vector_fits(hidden, VECTOR_DECISION_THREADS)):
+    if not jit_lstm.spins_at(batch):
+        return 0
+    if batch == 1 and not (node.attrs.packed_weights and jit_lstm.column_spins(hidden, VECTOR_DECISION_THREADS)):
         return 0
     return batch
+
+
+def gate_panel_bytes(node: Node, inputs: Sequence[TensorInfo | None]) -> int:
+    """Bytes of the packed copies of W and R (``GATE_PANELS``) an LSTM keeps: those of every direction
+    where one column spins (``spinning_lstm_batch``), else none."""
+    if node.op_type != "LSTM" or spinning_lstm_batch(node, inputs) != 1:
+        return 0
+    directions, _, _, input_size, hidden = _compiled_lstm_shape(node, inputs)  # type: ignore[misc]
+    return directions * (packed_bytes(hidden, hidden) + packed_bytes(hidden, input_size))
 
 
 def compiled_lstm_scratch_bytes(
@@ -443,7 +463,8 @@ def compiled_lstm_scratch_bytes(
     the driver's own buffers. ``pool_held``: the call runs inside a spinning pool (a run whose recurrent
     batch is one that spins, ``jit_lstm.spins_at``), where float32 steps of that many columns run on it.
 
-    * spinning pool: two state buffers and a zero bias (one column: every step's input projection);
+    * spinning pool: two state buffers, and for a batch a zero bias (one column's steps make their input
+      projection in the step, from W's packed copy: ``gate_panel_bytes``);
     * compiled sequence (``jit_lstm.runs_sequence``): two state buffers and
       ``jit_lstm.sequence_scratch_bytes``;
     * stepwise driver: a projection buffer (``4*hidden x batch``) and four state buffers.
@@ -458,7 +479,7 @@ def compiled_lstm_scratch_bytes(
     states = 2 + sum(_input(inputs, i) is None for i in (5, 6))  # copies, and zeros for the states not given
     shared = ((seq_length * input_size + 4 * hidden + states * hidden) * batch + every_step + 4 * hidden) * itemsize
     if pool_held and spinning_lstm_batch(node, inputs):
-        driver = (2 * hidden * batch + 4 * hidden * (seq_length if batch == 1 else 1)) * itemsize
+        driver = (2 * hidden * batch + (0 if batch == 1 else 4 * hidden)) * itemsize
     elif jit_lstm.runs_sequence(batch):
         driver = 2 * hidden * batch * itemsize + jit_lstm.sequence_scratch_bytes(seq_length, hidden, batch, itemsize)
     else:
@@ -499,12 +520,15 @@ def _numpy_scans(
 def _compiled_lstm(
     x: np.ndarray,
     w: np.ndarray,
+    packed_r: np.ndarray | None,
     cells: Sequence[_LSTMCell],
     initial: Sequence[np.ndarray],
     direction: str,
     y: np.ndarray | None,
 ) -> list[list[np.ndarray]]:
-    """Every direction of a standard LSTM by ``jit_lstm.scan`` (transposed layout; see there)."""
+    """Every direction of a standard LSTM by ``jit_lstm.scan`` (transposed layout; see there);
+    ``packed_r``: ``cells``' recurrent weights R, all directions, where one column's steps read W and R
+    packed (``GATE_PANELS``), else None."""
     seq_length, batch, _ = x.shape
     x_t = np.ascontiguousarray(x.transpose(0, 2, 1))  # [seq, input, B]
     finals: list[list[np.ndarray]] = [[], []]
@@ -516,7 +540,8 @@ def _compiled_lstm(
         h_t, c_t = initial[0][d].T.copy(), initial[1][d].T.copy()
         y_t = None if y is None else np.empty((seq_length, cell.hidden, batch), x.dtype)
         reverse = direction == "reverse" or d == 1
-        h_end, c_end = jit_lstm.scan(cell.r, w[d], bias, x_t, h_t, c_t, reverse, y_t)
+        panels = None if packed_r is None else (GATE_PANELS.get(packed_r, d), GATE_PANELS.get(w, d))
+        h_end, c_end = jit_lstm.scan(cell.r, w[d], bias, x_t, h_t, c_t, reverse, y_t, panels)
         if y is not None and y_t is not None:
             y[:, d] = y_t.transpose(0, 2, 1)
         finals[0].append(h_end.T)
