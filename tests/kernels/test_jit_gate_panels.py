@@ -48,13 +48,11 @@ def test_packing_refuses_a_matrix_that_is_not_four_gates():
 
 
 @pytest.mark.parametrize(("hidden", "inputs"), [(16, 6), (13, 5), (40, 1), (512, 6), (3, 2)])
-@pytest.mark.parametrize("backward", [False, True])
-def test_every_gate_is_the_bias_plus_both_products(hidden, inputs, backward):
+def test_every_gate_is_the_bias_plus_both_products(hidden, inputs):
     r, w, h, x, bias = _operands(hidden, inputs)
     expected = bias.astype(np.float64) + w.astype(np.float64) @ x + r.astype(np.float64) @ h
     gates = np.full(4 * hidden, np.nan, np.float32)
-    share_gates(packed_gates(r).reshape(-1), packed_gates(w).reshape(-1), h, x, bias, gates, 0, panel_count(hidden),
-                backward)  # fmt: skip
+    share_gates(packed_gates(r).reshape(-1), packed_gates(w).reshape(-1), h, x, bias, gates, 0, panel_count(hidden))
     np.testing.assert_allclose(gates, expected, rtol=1e-5, atol=1e-4 * np.sqrt(hidden))
 
 
@@ -64,13 +62,13 @@ def test_a_share_writes_only_its_units_of_each_gate_and_nothing_past_the_gates()
     r_panels, w_panels = packed_gates(r).reshape(-1), packed_gates(w).reshape(-1)
     room = np.full(4 * hidden + 32, np.nan, np.float32)  # the gates, then floats that must stay untouched
     gates = room[: 4 * hidden]
-    share_gates(r_panels, w_panels, h, x, bias, gates, 2, 3, False)  # units 32..39 only
+    share_gates(r_panels, w_panels, h, x, bias, gates, 2, 3)  # units 32..39 only
     written = ~np.isnan(room)
     expected = np.zeros_like(written)
     for gate in range(4):
         expected[gate * hidden + 32 : gate * hidden + 40] = True
     np.testing.assert_array_equal(written, expected)
-    share_gates(r_panels, w_panels, h, x, bias, gates, 0, 2, True)
+    share_gates(r_panels, w_panels, h, x, bias, gates, 0, 2)
     assert not np.isnan(gates).any() and np.isnan(room[4 * hidden :]).all()
     full = bias.astype(np.float64) + w.astype(np.float64) @ x + r.astype(np.float64) @ h
     np.testing.assert_allclose(gates, full, rtol=1e-5, atol=1e-4)
@@ -80,5 +78,5 @@ def test_nan_in_the_state_reaches_every_gate_it_multiplies():
     r, w, h, x, bias = _operands(20, 4, seed=2)
     h[7] = np.nan
     gates = np.zeros(80, np.float32)
-    share_gates(packed_gates(r).reshape(-1), packed_gates(w).reshape(-1), h, x, bias, gates, 0, 2, False)
+    share_gates(packed_gates(r).reshape(-1), packed_gates(w).reshape(-1), h, x, bias, gates, 0, 2)
     assert np.isnan(gates).all()

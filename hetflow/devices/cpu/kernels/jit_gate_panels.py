@@ -18,8 +18,9 @@ in the loop around them than in the loads. Measured one core, R from L2 or the l
 (L2) 11.6 -> 9.7. At that rate the panels stream R at ~30 bytes a cycle, the core's fill rate from L2 and
 L3 alike, so a share's panels from L3 (lstm-gesture's 2 MB a core) cost little more than from L2.
 
-Each step reads its share's panels in the order opposite to the step before: the panels read last are
-still in L2 when the next step starts.
+Reading a share's panels in the opposite order at every other step (so that the panels read last, still
+in L2, come first) measured no faster in a whole sequence (lstm-gesture, 2.5-3.0 ms either way): at ~30
+bytes a cycle from L2 and L3 alike there is little to win.
 """
 
 from __future__ import annotations
@@ -108,9 +109,8 @@ def _panel(typingctx, r_panels, w_panels, panel, h, x, bias, gates):  # noqa: AN
 
 
 @numba.njit(nogil=True, cache=True)
-def share_gates(r_panels, w_panels, h, x, bias, gates, first, last, backward):  # noqa: ANN001, ANN201
+def share_gates(r_panels, w_panels, h, x, bias, gates, first, last):  # noqa: ANN001, ANN201
     """Panels ``first .. last - 1`` of R's and W's ``packed_gates`` (flat): their units' four gates,
-    ``bias + W x + R h``, into ``gates`` (flat ``[4, hidden]``, as ``bias``); ``backward``: the last panel
-    first."""
-    for i in range(last - first):
-        _panel(r_panels, w_panels, last - 1 - i if backward else first + i, h, x, bias, gates)
+    ``bias + W x + R h``, into ``gates`` (flat ``[4, hidden]``, as ``bias``)."""
+    for panel in range(first, last):
+        _panel(r_panels, w_panels, panel, h, x, bias, gates)

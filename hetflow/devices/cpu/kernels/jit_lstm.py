@@ -339,7 +339,8 @@ def _scan_spinning(
     if batch == 1:
         assert panels is not None  # scan
         arrays = (*panels, bias, x_t, states, h_t, c_t, gates, bias)
-        # One share a thread: the panels a core reads last in a step are in its L2 at the next.
+        # One share a thread: a core's panels stream from L2 or L3 at the same rate; more shares only
+        # add hand-overs.
         job, shares = _spin_vector_job_address(), min(panel_count(hidden), pool.workers + 1)
     else:
         arrays = (r, w, bias, x_t, states, h_t, c_t, gates, np.zeros(rows, np.float32))
@@ -429,8 +430,7 @@ def _spin_vector_job_address() -> int:
 def _spin_vector_step(r_panels, w_panels, bias, x_t, states, h0, c, gates, reverse, states_are_y, step, share, shares):  # noqa: ANN001, ANN202, E501
     """``_spin_step`` for one column: share ``share`` of ``shares`` of step ``step`` takes a range of the
     panels of R and W (``jit_gate_panels``: 16 hidden units each), their units' gates i, o, f, c (``b + W
-    x_t + R h``), then their cell and hidden states (``_update_cells``). Each step reads its panels in
-    the order opposite to the last."""
+    x_t + R h``), then their cell and hidden states (``_update_cells``)."""
     seq_length, inputs, _ = x_t.shape
     hidden = c.shape[0]
     count = (hidden + UNITS - 1) // UNITS
@@ -439,7 +439,7 @@ def _spin_vector_step(r_panels, w_panels, bias, x_t, states, h0, c, gates, rever
     h_flat = states.reshape(states.size)
     h = h0.reshape(h0.size) if step == 0 else h_flat[source_start : source_start + hidden]
     share_gates(r_panels.reshape(r_panels.size), w_panels.reshape(w_panels.size), h, x_t[t].reshape(inputs), bias,
-                gates, first, last, step % 2 == 1)  # fmt: skip
+                gates, first, last)  # fmt: skip
     start, stop = first * UNITS, min(last * UNITS, hidden)
     _update_cells(gates[start:stop], gates[hidden + start:hidden + stop], gates[2 * hidden + start:2 * hidden + stop],
                   gates[3 * hidden + start:3 * hidden + stop], c.reshape(c.size)[start:stop],
