@@ -29,7 +29,7 @@ POINTWISE_KERNEL: Kernel = next(k for k in CPUDevice().kernels.kernels["Conv"] i
 SHAPES = [(1, 1, 1), (64, 300, 49), (70, 257, 13), (200, 513, 5), (1000, 40, 1), (130, 20, 7)]
 
 
-def _lanes(w, x, bias, residual, low, high, shares=1):  # noqa: ANN001, ANN202
+def _lanes(w, x, bias, residual, low, high, shares=1, parts=1):  # noqa: ANN001, ANN202
     """Every share of ``lane_share`` on numpy arrays: X ``[N, K, P]``; Y ``[N, M, P]`` (NaN-filled first)."""
     batch, _, positions = x.shape
     kernels = w.shape[0]
@@ -39,7 +39,7 @@ def _lanes(w, x, bias, residual, low, high, shares=1):  # noqa: ANN001, ANN202
     packed = jit_lane_gemm.packed_weights(w, kernels)
     for share in range(shares):
         jit_lane_gemm.lane_share(packed, x, flat_y, y_image, flat_r, r_image, bias, np.float32(low), np.float32(high),
-                                 kernels, share, shares)  # fmt: skip
+                                 kernels, parts, share, shares)  # fmt: skip
     return y
 
 
@@ -56,13 +56,26 @@ def test_lanes_match_numpy(kernels: int, depth: int, positions: int, residual: b
     np.testing.assert_allclose(y, np.clip(want, low, high), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("shares", [2, 3, 5])
-def test_shares_write_every_output_once(shares: int) -> None:
-    """Kernel tiles shared out: together the shares write all of Y (a missed tile stays NaN)."""
+@pytest.mark.parametrize(("shares", "parts"), [(2, 1), (3, 1), (5, 1), (4, 2), (7, 3), (10, 2), (1, 9)])
+def test_shares_write_every_output_once(shares: int, parts: int) -> None:
+    """Kernel tiles, or parts of their positions, shared out: together the shares write all of Y (a
+    missed tile or part stays NaN), each position of a part with its own residual."""
     w = RNG.standard_normal((300, 64)).astype(np.float32)
-    x = RNG.standard_normal((1, 64, 49)).astype(np.float32)
-    y = _lanes(w, x, np.zeros(300, np.float32), None, -math.inf, math.inf, shares)
-    np.testing.assert_allclose(y[0], w @ x[0], rtol=1e-5, atol=1e-4)
+    x = RNG.standard_normal((2, 64, 49)).astype(np.float32)
+    r = RNG.standard_normal((2, 300, 49)).astype(np.float32)
+    y = _lanes(w, x, np.zeros(300, np.float32), r, -math.inf, math.inf, shares, parts)
+    np.testing.assert_allclose(y, np.matmul(w, x) + r, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("kernels", "positions", "threads", "parts"),
+    [(320, 49, 2, 2), (960, 49, 2, 2), (1280, 49, 2, 1), (2048, 49, 2, 1), (320, 49, 1, 1), (320, 5, 2, 1),
+     (320, 7, 2, 2), (1000, 1, 2, 1), (192, 49, 4, 4)],
+)  # fmt: skip
+def test_a_tile_is_split_by_positions_only_where_the_tiles_do_not_share_out_evenly(
+    kernels: int, positions: int, threads: int, parts: int
+) -> None:
+    assert jit_lane_gemm.position_parts(kernels, positions, threads) == parts
 
 
 def test_packed_weights_lay_each_tile_depth_major_with_zero_kernels_past_the_end() -> None:

@@ -14,7 +14,9 @@ its accumulators kept between chunks in a position-major scratch ``[positions, 6
 maps this serves). After the last chunk each of the tile's kernels is copied out of that scratch into
 its row of Y with the bias, a folded residual and the clamp.
 
-A share of the work (``lane_share``) is a range of kernel tiles over every image.
+A share of the work (``lane_share``) is a range of kernel tiles over every image, or where the tiles do
+not share out evenly over the threads, of parts of them: a tile's positions in one part a thread
+(``position_parts``).
 
 Measured (2026-11-24, Zen 5 VM). Products alone on one core, lane / tile GEMM time: 512 x 4608 x 49 (a
 3x3 layer's columns on 7x7) 0.86, 512 x 2048 x 49 0.88, 2048 x 512 x 49 0.90, 1000 x 1024 x 1 0.29
@@ -153,20 +155,23 @@ def _column_pointers(builder: ir.IRBuilder, base: ir.Value, start: ir.Value, row
 
 
 @intrinsic
-def _finish(typingctx, acc, y, y_start, kernel0, kernels, positions, bias, residual, r_start, r_row, low, high):  # noqa: ANN001, ANN202
+def _finish(typingctx, acc, y, y_start, kernel0, kernels, positions, first, last, bias, residual, r_start, r_row, low,
+            high):  # noqa: ANN001, ANN202
     """Kernels ``kernel0 ..`` (up to 64, below ``kernels``) of one image from the position-major ``acc``
-    into their rows of Y (``positions`` apart, from ``y_start``), with the bias, the residual (rows
-    ``r_row`` apart from ``r_start``; ``r_row`` < 0: none) and the clamp: each position's vector of 16
-    kernels scattered down its column of Y (numba's scalar copy took twice as long: 53 against 28 us for
-    a 2048-kernel 7x7 layer's 100 K outputs)."""
-    signature = types.void(acc, y, y_start, kernel0, kernels, positions, bias, residual, r_start, r_row, low, high)
+    into their rows of Y (``positions`` apart, from ``y_start``), positions ``first .. last - 1``, with the
+    bias, the residual (rows ``r_row`` apart from ``r_start``; ``r_row`` < 0: none) and the clamp: each
+    position's vector of 16 kernels scattered down its column of Y (numba's scalar copy took twice as
+    long: 53 against 28 us for a 2048-kernel 7x7 layer's 100 K outputs)."""
+    signature = types.void(acc, y, y_start, kernel0, kernels, positions, first, last, bias, residual, r_start, r_row,
+                           low, high)  # fmt: skip
 
     def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        acc_v, y_v, y_start_v, kernel0_v, kernels_v, positions_v, bias_v, r_v, r_start_v, r_row_v, low_v, high_v = args
+        (acc_v, y_v, y_start_v, kernel0_v, kernels_v, positions_v, first_v, last_v, bias_v, r_v, r_start_v, r_row_v,
+         low_v, high_v) = args  # fmt: skip
         acc_data = lv.array_data(context, builder, sig.args[0], acc_v)
         y_data = lv.array_data(context, builder, sig.args[1], y_v)
-        b_data = lv.array_data(context, builder, sig.args[6], bias_v)
-        r_data = lv.array_data(context, builder, sig.args[7], r_v)
+        b_data = lv.array_data(context, builder, sig.args[8], bias_v)
+        r_data = lv.array_data(context, builder, sig.args[9], r_v)
         scatter = builder.module.declare_intrinsic(
             "llvm.masked.scatter.v16f32.v16p0",
             fnty=ir.FunctionType(ir.VoidType(), [lv.VECTOR, _POINTERS, lv.INT32, _MASK]),
@@ -181,8 +186,8 @@ def _finish(typingctx, acc, y, y_start, kernel0, kernels, positions, bias, resid
             rows = builder.add(kernel0_v, lv.INT(v * lv.LANES))
             mask = lv.lanes_inside(builder, rows, lv.LANES, kernels_v)
             b = lv.masked_load(builder, b_data, rows, mask, zero)
-            with cgutils.for_range(builder, positions_v) as loop:
-                p = loop.index
+            with cgutils.for_range(builder, builder.sub(last_v, first_v)) as loop:
+                p = builder.add(first_v, loop.index)
                 value = builder.fadd(lv.load_vector(builder, acc_data, builder.add(builder.mul(p, lv.INT(TILE_KERNELS)),
                                                                                    lv.INT(v * lv.LANES))), b)  # fmt: skip
                 before = builder.block
@@ -202,19 +207,23 @@ def _finish(typingctx, acc, y, y_start, kernel0, kernels, positions, bias, resid
 
 
 @numba.njit(nogil=True, cache=True)
-def lane_share(w, x, y, y_image, residual, r_image, bias, low, high, kernels, share, shares):  # noqa: ANN001, ANN201
+def lane_share(w, x, y, y_image, residual, r_image, bias, low, high, kernels, parts, share, shares):  # noqa: ANN001, ANN201
     """Share ``share`` of ``shares`` of ``Y[n] = clamp(W @ X[n] + bias [+ R[n]], low, high)`` for every image
-    n of X ``[N, depth, positions]`` (contiguous): a range of kernel tiles. W: ``packed_weights``; Y and R
-    flat with images ``y_image`` and ``r_image`` floats apart (``r_image`` < 0: no residual), rows
-    ``positions`` apart."""
+    n of X ``[N, depth, positions]`` (contiguous): a range of units, a unit one of ``parts`` ranges of
+    positions (whole position tiles) of one kernel tile. W: ``packed_weights``; Y and R flat with images
+    ``y_image`` and ``r_image`` floats apart (``r_image`` < 0: no residual), rows ``positions`` apart."""
     count, depth, positions = x.shape
     tiles = (kernels + TILE_KERNELS - 1) // TILE_KERNELS
-    first, last = tiles * share // shares, tiles * (share + 1) // shares
+    units = tiles * parts
+    position_tiles = (positions + POSITIONS - 1) // POSITIONS
     flat_x = x.reshape(x.size)
-    image_slots = (positions + POSITIONS - 1) // POSITIONS * POSITIONS * TILE_KERNELS
+    image_slots = position_tiles * POSITIONS * TILE_KERNELS
     acc = np.empty(count * image_slots, np.float32)
     r_row = positions if r_image >= 0 else -1
-    for tile in range(first, last):
+    for unit in range(units * share // shares, units * (share + 1) // shares):
+        tile, part = unit // parts, unit % parts
+        first = position_tiles * part // parts * POSITIONS
+        last = min(positions, position_tiles * (part + 1) // parts * POSITIONS)
         for k0 in range(0, depth, DEPTH_CHUNK):
             chunk = min(DEPTH_CHUNK, depth - k0)
             w_start = (tile * depth + k0) * TILE_KERNELS
@@ -225,20 +234,30 @@ def lane_share(w, x, y, y_image, residual, r_image, bias, low, high, kernels, sh
             passes = 0
             for image in range(count):
                 x_start = (image * depth + k0) * positions
-                for p0 in range(0, positions, POSITIONS):
+                for p0 in range(first, last, POSITIONS):
                     ahead = after + passes * chunk * lv.LINE_FLOATS
                     _tile(w, w_start, flat_x, x_start + p0, positions, chunk, acc,
                           image * image_slots + p0 * TILE_KERNELS, min(POSITIONS, positions - p0), k0 == 0,
                           ahead if passes < PREFETCHING_PASSES else -1)  # fmt: skip
                     passes += 1
         for image in range(count):
-            _finish(acc[image * image_slots:], y, image * y_image, tile * TILE_KERNELS, kernels, positions, bias,
-                    residual, max(image * r_image, 0), r_row, low, high)  # fmt: skip
+            _finish(acc[image * image_slots:], y, image * y_image, tile * TILE_KERNELS, kernels, positions, first,
+                    last, bias, residual, max(image * r_image, 0), r_row, low, high)  # fmt: skip
+
+
+def position_parts(kernels: int, positions: int, threads: int) -> int:
+    """Parts of a kernel tile's positions ``lane_share`` makes units of on ``threads`` threads: one where the
+    kernel tiles share out evenly, else one a thread (positions allowing), so that every thread gets as
+    many units. MobileNet v2's 960 -> 320 on 7x7 (5 tiles) had the tiles 3:2 between two threads."""
+    tiles = -(-kernels // TILE_KERNELS)
+    if tiles % threads == 0:
+        return 1
+    return max(1, min(threads, -(-positions // POSITIONS)))
 
 
 # -- on the spinning pool ----------------------------------------------------------------------------
-#: Slots of a spin job's argument block (``pack_job``): W, X (3-D), Y, R, bias, bounds, then 3 numbers.
-JOB_SLOTS = 17
+#: Slots of a spin job's argument block (``pack_job``): W, X (3-D), Y, R, bias, bounds, then 4 numbers.
+JOB_SLOTS = 18
 
 
 def new_job_block() -> np.ndarray:
@@ -247,17 +266,17 @@ def new_job_block() -> np.ndarray:
 
 
 @numba.njit(nogil=True, cache=True)
-def pack_job(block, w, x, y, y_image, residual, r_image, bias, bounds, kernels):  # noqa: ANN001, ANN201
+def pack_job(block, w, x, y, y_image, residual, r_image, bias, bounds, kernels, parts):  # noqa: ANN001, ANN201
     """Fill ``block`` for ``job_address()``: ``lane_share``'s arguments, ``bounds`` the float32 (low, high)."""
     slot = put_arrays(block, 0, (w, x, y, residual, bias, bounds))
-    put_values(block, slot, (y_image, r_image, kernels))
+    put_values(block, slot, (y_image, r_image, kernels, parts))
 
 
 
-def share_job(w, x, y, y_image, residual, r_image, bias, bounds, kernels, shares) -> Job:  # noqa: ANN001
+def share_job(w, x, y, y_image, residual, r_image, bias, bounds, kernels, parts, shares) -> Job:  # noqa: ANN001
     """``lane_share``'s product as a spin-pool job of ``shares`` chunks, on its own block (``pack_job``'s)."""
     block = new_job_block()
-    pack_job(block, w, x, y, y_image, residual, r_image, bias, bounds, kernels)
+    pack_job(block, w, x, y, y_image, residual, r_image, bias, bounds, kernels, parts)
     return Job(job_address(), block, shares, (w, x, y, residual, bias, bounds))
 
 
@@ -265,7 +284,7 @@ def _share_job(args, chunk, chunks):  # noqa: ANN001, ANN202
     """``lane_share`` as a spin-pool job (``pack_job``'s argument block)."""
     bounds = float32_1d(args, 12)
     lane_share(float32_1d(args, 0), float32_3d(args, 2), float32_1d(args, 6), args[14], float32_1d(args, 8),
-               args[15], float32_1d(args, 10), bounds[0], bounds[1], args[16], chunk, chunks)  # fmt: skip
+               args[15], float32_1d(args, 10), bounds[0], bounds[1], args[16], args[17], chunk, chunks)  # fmt: skip
 
 
 @functools.cache

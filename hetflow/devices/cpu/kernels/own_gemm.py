@@ -328,27 +328,30 @@ class _TileCall:
         """The product as a spin-pool job for ``threads`` threads: on the lane GEMM its kernel tiles
         shared out, on the tile GEMM its ``spin_shares``."""
         if self.lanes:
+            parts, shares = self._lane_shares(threads)
             return jit_lane_gemm.share_job(LANE_WEIGHTS.get(raw_w, self.kernels), ops.x, ops.y_flat, ops.y_image,
-                                           ops.r, ops.r_image, ops.bias, self.bounds, self.kernels,
-                                           self._lane_shares(threads))  # fmt: skip
+                                           ops.r, ops.r_image, ops.bias, self.bounds, self.kernels, parts,
+                                           shares)  # fmt: skip
         return tile_share_job(ops.w, ops.x, ops.y_flat, ops.y_image, ops.r, ops.r_image, ops.bias, self.bounds,
                               self.kernels, self.groups, self._spin_shares(threads))  # fmt: skip
 
     def _lanes_on_python_pool(self, packed: np.ndarray, ops: _Operands) -> None:
         """The product on the lane GEMM, its kernel tiles shared out on the Python pool."""
         threads = intra_op_threads()
-        shares = self._lane_shares(threads)
+        parts, shares = self._lane_shares(threads)
 
         def part(index: int) -> None:
             jit_lane_gemm.lane_share(packed, ops.x, ops.y_flat, ops.y_image, ops.r, ops.r_image, ops.bias, self.low,
-                                     self.high, self.kernels, index, shares)  # fmt: skip
+                                     self.high, self.kernels, parts, index, shares)  # fmt: skip
 
         parallel_for(part, shares, threads)
 
-    def _lane_shares(self, threads: int) -> int:
-        """Shares of the lane GEMM's kernel tiles on ``threads`` threads (``SPIN_SHARES_PER_THREAD`` each)."""
-        tiles = -(-self.kernels // jit_lane_gemm.TILE_KERNELS)
-        return max(1, min(tiles, threads * SPIN_SHARES_PER_THREAD))
+    def _lane_shares(self, threads: int) -> tuple[int, int]:
+        """(parts of a kernel tile's positions, shares) of the lane GEMM on ``threads`` threads: units of
+        ``jit_lane_gemm.position_parts``, ``SPIN_SHARES_PER_THREAD`` shares a thread at most."""
+        parts = jit_lane_gemm.position_parts(self.kernels, self.positions, threads)
+        units = -(-self.kernels // jit_lane_gemm.TILE_KERNELS) * parts
+        return parts, max(1, min(units, threads * SPIN_SHARES_PER_THREAD))
 
     def _spin_shares(self, threads: int) -> tuple[int, int]:
         """``spin_shares`` for this node on ``threads`` threads (worked out on the first call)."""
