@@ -81,3 +81,23 @@ def test_an_lrn_replays_as_its_compiled_pass(x_shape, spin):
     node = Node("LRN", "lrn", ["x"], ["y"], LRNAttrs(size=5, alpha=1e-4, beta=0.75, bias=1.0))
     expected, got = _replayed(node, [x], x_shape, spin)
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(("x_shape", "perm"), [((1, 100, 6), (1, 0, 2)), ((2, 1, 3, 1), (1, 0, 3, 2))])
+def test_a_transpose_that_moves_only_unit_axes_replays_as_one_copy(x_shape, perm):
+    from hetflow.ops.tensor import Transpose
+
+    x = RNG.standard_normal(x_shape).astype(np.float32)
+    node = Node("Transpose", "t", ["x"], ["y"], Transpose.Attrs(perm=perm))
+    expected, got = _replayed(node, [x], tuple(x_shape[a] for a in perm))
+    np.testing.assert_array_equal(got, np.transpose(x, perm))
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_a_transpose_that_reorders_memory_is_not_captured():
+    from hetflow.ops.tensor import Transpose
+
+    x = RNG.standard_normal((2, 100, 6)).astype(np.float32)
+    node = Node("Transpose", "t", ["x"], ["y"], Transpose.Attrs(perm=(1, 0, 2)))
+    call = KERNELS[("Transpose", "default")].bind(node, array_infos([x]), [np.empty((100, 2, 6), np.float32)], None)
+    assert getattr(call, "capture", None) is None

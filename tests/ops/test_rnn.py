@@ -655,9 +655,10 @@ def test_a_batch_one_lstm_session_spins_from_a_hand_over_sized_r_and_matches_ort
     feeds = make_inputs("LSTM", seq=6, batch=1, input_size=5, hidden=hidden, directions=1, initial=True)
     model = make_model("LSTM", feeds, OUTPUT_NAMES["LSTM"])
     feeds = with_weights(model, feeds)
-    calls = []
-    vector_scan = jit_lstm._scan_spinning
+    calls = []  # the spinning steps, run (an uncaptured run) or made into jobs (a captured one)
+    vector_scan, step_jobs = jit_lstm._scan_spinning, jit_lstm.column_step_jobs
     monkeypatch.setattr(jit_lstm, "_scan_spinning", lambda *a: calls.append(1) or vector_scan(*a))
+    monkeypatch.setattr(jit_lstm, "column_step_jobs", lambda *a: calls.append(1) or step_jobs(*a))
     session = InferenceSession(model, threads=2)
     assert executor.plan_recurrent_batch(session.plan_for({})) == (1 if spins else 0)
     actual = session.run(None, feeds)
@@ -687,6 +688,43 @@ def test_one_column_reads_w_and_r_packed_once_and_the_plan_counts_the_copies(mon
         assert_close(session.run(None, feeds), run_ort(model, feeds))
     assert len(steps) == 4 and all(panels is not None for panels in steps)  # two directions, two runs
     assert sorted(packed) == sorted(2 * [((2, 4 * hidden, shape), d) for shape in (hidden, inputs) for d in (0, 1)])
+
+
+@pytest.mark.parametrize(
+    ("direction", "outputs", "layout", "initial"),
+    [("forward", ["", "Y_h"], 0, False), ("forward", ["Y", "Y_h", "Y_c"], 0, True),
+     ("reverse", ["Y", "", "Y_c"], 0, False), ("forward", ["Y", "Y_h", "Y_c"], 1, True)],
+)  # fmt: skip
+def test_one_columns_sequence_is_replayed_as_jobs_on_every_new_feed(direction, outputs, layout, initial):
+    """One column's LSTM on weights a plan holds is captured (C reset, every step a job, the final states
+    copied out): a later run replays it from compiled code, the initial states and X read anew."""
+    feeds = make_inputs("LSTM", seq=7, batch=1, input_size=5, hidden=80, directions=1, initial=initial,
+                        layout=layout)  # fmt: skip
+    model = make_model("LSTM", feeds, outputs, direction=direction, layout=layout)
+    feeds = with_weights(model, feeds)
+    session = InferenceSession(model, threads=2)
+    sequence = InferenceSession(model, threads=1)  # the compiled sequence, uncaptured (ORT lacks layout 1)
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        fresh = {name: rng.standard_normal(a.shape).astype(np.float32) for name, a in feeds.items()}
+        expected = run_ort(model, fresh) if layout == 0 else sequence.run(None, fresh)
+        assert_close(session.run(None, fresh), expected, rtol=1e-4, atol=1e-5)
+    report = session.replay_report()
+    assert report["called"] == [] and "lstm" in report["replayed"][0].lower()
+
+
+def test_a_column_without_a_spinning_run_or_with_fed_weights_is_not_captured():
+    feeds = make_inputs("LSTM", seq=4, batch=1, input_size=3, hidden=80, directions=1)
+    model = make_model("LSTM", feeds, ["", "Y_h"])
+    fed = InferenceSession(model, threads=2)  # W, R and B are graph inputs: they may change between runs
+    for _ in range(2):
+        assert_close(fed.run(None, feeds), run_ort(model, feeds))
+    assert fed.replay_report()["replayed"] == []
+    feeds = with_weights(model, feeds)
+    one_thread = InferenceSession(model, threads=1)
+    for _ in range(2):
+        assert_close(one_thread.run(None, feeds), run_ort(model, feeds))
+    assert one_thread.replay_report()["replayed"] == []
 
 
 def test_a_budget_without_room_for_the_packed_copies_runs_one_column_unpacked(monkeypatch):

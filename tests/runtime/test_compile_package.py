@@ -178,6 +178,23 @@ def test_other_zoo_networks_compile_to_the_sessions_outputs(name, tmp_path):
         lite.close()
 
 
+def test_lstm_gesture_at_batch_1_compiles_its_steps_to_the_sessions_outputs(tmp_path):
+    """One LSTM column's steps, each a job on W and R packed in the package's memory, and the layout
+    Transpose as a copy job: every new feed gives the session's outputs."""
+    path = str(zoo.model_path("lstm-gesture"))
+    compile_package(path, tmp_path / "lstm", batch=1, threads=2)
+    session = hetflow.InferenceSession(path, threads=2)
+    lite = CompiledSession(tmp_path / "lstm")
+    (value,) = lite.get_inputs()
+    try:
+        for seed in (1, 2):
+            x = np.random.default_rng(seed).standard_normal(value.shape).astype(np.float32)
+            np.testing.assert_allclose(lite.run(None, {value.name: x})[0], session.run(None, {value.name: x})[0],
+                                       rtol=1e-5, atol=1e-6)  # fmt: skip
+    finally:
+        lite.close()
+
+
 def test_an_existing_folder_that_is_not_a_package_is_not_overwritten(tmp_path):
     (tmp_path / "mine.txt").write_text("keep me")
     with pytest.raises(HetflowError, match="not a compiled package"):

@@ -30,7 +30,8 @@ Four drivers, the same arithmetic:
   units of all four gates a panel): a share takes a range of panels, makes their units' gates ``b + W
   x_t + R h`` with the units in the vector lanes, and updates their cells. lstm-gesture (hidden 512, R
   4 MB: 2 MB a core, streamed from the last-level cache at every step) ran 3.6-3.8 ms a sequence by
-  OpenBLAS's GEMV or by rows of R dotted with H, 2.6 ms so (``benchmarks/lstm_one_column.py``).
+  OpenBLAS's GEMV or by rows of R dotted with H, 2.6 ms so (``benchmarks/lstm_one_column.py``). A
+  captured run replays those steps as jobs of their own (``column_step_jobs``, ``rnn``'s capture).
 
 The stepwise passes, per step after the GEMM (numpy's LSTM step took a dozen ufunc calls, each a pass
 over memory):
@@ -60,7 +61,7 @@ from hetflow.devices.cpu.kernels import jit_gemm
 from hetflow.devices.cpu.kernels.jit_gate_panels import UNITS, panel_count, share_gates
 from hetflow.devices.cpu.kernels.jit_math import exp
 from hetflow.devices.cpu.kernels.jit_tile_gemm import BLOCK_BYTES, ROWS, block_width, columns
-from hetflow.devices.cpu.spin_pool import argument_block, float32_1d, float32_2d, float32_3d
+from hetflow.devices.cpu.spin_pool import Job, argument_block, float32_1d, float32_2d, float32_3d
 from hetflow.devices.cpu.threads import SPIN_SHARES_PER_THREAD, spinning
 
 #: Up to this many bytes, the input projection of every step is made up front in one product (0.8 MB
@@ -351,6 +352,30 @@ def _scan_spinning(
     if y_t is not None:
         return y_t[0 if reverse else last], c_t
     return states[last % 2], c_t
+
+
+def column_step_jobs(
+    panels: tuple[np.ndarray, np.ndarray],
+    bias: np.ndarray,
+    x_t: np.ndarray,
+    states: np.ndarray,
+    h0: np.ndarray,
+    c: np.ndarray,
+    gates: np.ndarray,
+    reverse: bool,
+    states_are_y: bool,
+    shares: int,
+) -> list[Job]:
+    """One column's steps (``_spin_vector_step``) as one job each, on blocks of their own: what a
+    captured run replays for a batch-1 LSTM (``rnn``'s capture). The arrays are ``_scan_spinning``'s
+    (float32, C-contiguous; ``states`` Y's steps when ``states_are_y``, else two buffers); C is updated
+    in place, so a run must set it to the initial state before the first step."""
+    arrays = (*panels, bias, x_t, states, h0, c, gates, bias)
+    address = _spin_vector_job_address()
+    return [
+        Job(address, argument_block(_SPIN_SLOTS, arrays, (int(reverse), int(states_are_y), step)), shares, arrays)
+        for step in range(x_t.shape[0])
+    ]
 
 
 def _spin_job(args, share, shares):  # noqa: ANN001, ANN202

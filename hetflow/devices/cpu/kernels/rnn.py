@@ -20,14 +20,18 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from hetflow.devices.base import BoundCall, with_capture
 from hetflow.devices.cpu.kernels import jit_lstm
+from hetflow.devices.cpu.kernels.jit_copy import copy_rows_job
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
-from hetflow.devices.cpu.kernels.jit_gate_panels import packed_bytes, packed_gates
+from hetflow.devices.cpu.kernels.jit_gate_panels import packed_bytes, packed_gates, panel_count
 from hetflow.devices.cpu.kernels.weight_cache import WeightCache
+from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.table import cpu_kernel
+from hetflow.devices.cpu.threads import spinning
 from hetflow.graph import Node
 from hetflow.graph.shapes import is_static
-from hetflow.ops.base import TensorInfo
+from hetflow.ops.base import TensorInfo, WeightInfo
 from hetflow.ops.rnn import (
     GRU,
     LSTM,
@@ -578,7 +582,73 @@ def _run_quietly(
         return _run_recurrent(node, inputs, cell_type)
 
 
-@cpu_kernel("LSTM")
+def _prepare_lstm(node: Node, infos: Sequence[TensorInfo | None], out: Any, workspace: Any) -> BoundCall | None:
+    """An LSTM bound to its shapes: the call as ``lstm`` makes it, and, for one column whose steps spin
+    (``spinning_lstm_batch``) in one direction on weights the plan holds, a capture of the whole
+    sequence as jobs (``_column_jobs``), so that a captured run replays it and a compiled package can
+    hold it."""
+    shape = _compiled_lstm_shape(node, infos)
+    weights = all(isinstance(_input(infos, i), WeightInfo) for i in (1, 2, 3))
+    if shape is None or shape[0] != 1 or spinning_lstm_batch(node, infos) != 1 or not weights:
+        return None
+    if any(_input(infos, i) is not None for i in (4, 7)) or infos[0].dtype != np.float32:  # type: ignore[union-attr]
+        return None
+
+    def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
+        return lstm(node, arrays)
+
+    def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray | None], list[Job]] | None:
+        if spinning() is None or not all(a is None or a.flags.c_contiguous for a in arrays):
+            return None
+        return _column_jobs(node, arrays, shape[1], shape[4])
+
+    return with_capture(call, capture)
+
+
+def _column_jobs(
+    node: Node, arrays: Sequence[np.ndarray | None], seq_length: int, hidden: int
+) -> tuple[list[np.ndarray | None], list[Job]]:
+    """One column's sequence (one direction, float32, C-contiguous inputs) as jobs: C set to its initial
+    state, every step (``jit_lstm.column_step_jobs``), then the wanted final states copied out. With
+    one column, X ``[seq, 1, input]`` (either layout) is ``x_t``'s memory, and Y, Y_h and Y_c are the
+    states' (``[seq, hidden]``, ``[hidden]``)."""
+    padded = list(arrays) + [None] * (8 - len(arrays))
+    x, w, r, b, _, initial_h, initial_c, _ = padded
+    assert x is not None and w is not None and r is not None and b is not None
+    pool = spinning()
+    assert pool is not None
+    gate_rows = 4 * hidden
+    bias = np.ascontiguousarray(b[0, :gate_rows] + b[0, gate_rows:], np.float32)
+    wants_y = _wants(node, 0)
+    states = np.empty((seq_length if wants_y else 2, hidden, 1), np.float32)
+    h0 = np.zeros((hidden, 1), np.float32) if initial_h is None else initial_h.reshape(hidden, 1)
+    c = np.empty((hidden, 1), np.float32)
+    c_start = np.zeros(hidden, np.float32) if initial_c is None else initial_c.reshape(hidden)
+    jobs = [copy_rows_job(c_start, c.reshape(hidden), 1, 0, hidden)]
+    shares = min(panel_count(hidden), pool.workers + 1)
+    reverse = node.attrs.direction == "reverse"
+    jobs += jit_lstm.column_step_jobs((GATE_PANELS.get(r, 0), GATE_PANELS.get(w, 0)), bias,
+                                      x.reshape(seq_length, -1, 1), states, h0, c, np.empty(gate_rows, np.float32),
+                                      reverse, wants_y, shares)  # fmt: skip
+    last = (0 if reverse else seq_length - 1) if wants_y else (seq_length - 1) % 2
+    outputs: list[np.ndarray | None] = [states.reshape(_lstm_output_shape(node, x, seq_length, hidden)) if wants_y else None]
+    for index, source in ((1, states.reshape(-1)), (2, c.reshape(-1))):
+        if not _wants(node, index):
+            outputs.append(None)
+            continue
+        final = np.empty((1, 1, hidden), np.float32)
+        jobs.append(copy_rows_job(source, final.reshape(hidden), 1, last * hidden if index == 1 else 0, hidden))
+        outputs.append(final)
+    return outputs, jobs
+
+
+def _lstm_output_shape(node: Node, x: np.ndarray, seq_length: int, hidden: int) -> tuple[int, ...]:
+    """Y's shape for one column in one direction: ``[seq, 1, 1, hidden]``, or ``[1, seq, 1, hidden]``
+    in layout 1."""
+    return (1, seq_length, 1, hidden) if node.attrs.layout == 1 else (seq_length, 1, 1, hidden)
+
+
+@cpu_kernel("LSTM", prepare=_prepare_lstm)
 def lstm(node: Node, inputs: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
     """LSTM, any direction/layout, sequence_lens, peepholes, input_forget; float16/32/64."""
     return _run_quietly(node, inputs, _LSTMCell)

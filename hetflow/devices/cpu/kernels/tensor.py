@@ -191,7 +191,35 @@ def flatten(node: Node, inputs: Inputs) -> list[np.ndarray]:
     return [x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))]
 
 
-@cpu_kernel("Transpose", writes_out=True)
+def _prepare_transpose(
+    node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
+) -> BoundCall | None:
+    """Transpose bound to its planned output: a call as ``transpose`` makes it, and, for a float32 X
+    whose permutation moves only axes of length 1 (lstm-gesture's batch-1 ``[1, seq, features]`` to
+    time-major), a capture that copies X whole in a compiled job (``jit_copy``)."""
+    x_info = inputs[0] if inputs else None
+    if out is None or out[0] is None or x_info is None or x_info.dtype != np.float32:
+        return None
+    shape = tuple(x_info.shape)
+    perm = transpose_perm(node.attrs.perm, len(shape))
+    moved = [axis for axis in perm if shape[axis] != 1]
+    target = out[0]
+    if moved != sorted(moved) or not target.flags.c_contiguous or target.size != math.prod(shape):
+        return None
+
+    def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
+        return transpose(node, arrays, out, workspace)
+
+    def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
+        x = arrays[0]
+        if x is None or x.shape != shape or not x.flags.c_contiguous:
+            return None
+        return [target], [copy_rows_job(x.reshape(-1), target.reshape(-1), 1, 0, x.size)]
+
+    return with_capture(call, capture)
+
+
+@cpu_kernel("Transpose", writes_out=True, prepare=_prepare_transpose)
 def transpose(node: Node, inputs: Inputs, out: Out = None, workspace: np.ndarray | None = None) -> list[np.ndarray]:
     (x,) = inputs
     assert x is not None
