@@ -83,8 +83,14 @@ def test_an_lrn_replays_as_its_compiled_pass(x_shape, spin):
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize(("x_shape", "perm"), [((1, 100, 6), (1, 0, 2)), ((2, 1, 3, 1), (1, 0, 3, 2))])
-def test_a_transpose_that_moves_only_unit_axes_replays_as_one_copy(x_shape, perm):
+@pytest.mark.parametrize(("x_shape", "perm"), [
+    ((1, 100, 6), (1, 0, 2)),  # lstm-gesture's input to time-major at batch 1: a copy
+    ((16, 100, 6), (1, 0, 2)),  # ... and at 16: [16, 100] planes of 6 floats transposed
+    ((2, 1, 3, 1), (1, 0, 3, 2)),  # only unit axes move
+    ((2, 3, 4), (2, 0, 1)),
+    ((2, 4, 6, 5, 5), (0, 2, 1, 3, 4)),  # a channel shuffle
+])  # fmt: skip
+def test_a_transpose_swapping_two_groups_of_axes_replays_as_one_job(x_shape, perm):
     from hetflow.ops.tensor import Transpose
 
     x = RNG.standard_normal(x_shape).astype(np.float32)
@@ -98,6 +104,22 @@ def test_a_transpose_that_reorders_memory_is_not_captured():
     from hetflow.ops.tensor import Transpose
 
     x = RNG.standard_normal((2, 100, 6)).astype(np.float32)
-    node = Node("Transpose", "t", ["x"], ["y"], Transpose.Attrs(perm=(1, 0, 2)))
-    call = KERNELS[("Transpose", "default")].bind(node, array_infos([x]), [np.empty((100, 2, 6), np.float32)], None)
+    node = Node("Transpose", "t", ["x"], ["y"], Transpose.Attrs(perm=(2, 1, 0)))
+    call = KERNELS[("Transpose", "default")].bind(node, array_infos([x]), [np.empty((6, 100, 2), np.float32)], None)
     assert getattr(call, "capture", None) is None
+
+
+@pytest.mark.parametrize(("planes", "rows", "columns", "chunks"), [(7, 16, 5, 1), (100, 64, 6, 4), (1, 512, 1, 1), (3, 1, 9, 2)])
+def test_planes_transposed_by_a_job_are_numpys_transposes(planes, rows, columns, chunks):
+    from hetflow.devices.cpu.kernels.jit_copy import transpose_planes_job
+
+    x = RNG.standard_normal((planes, rows, columns)).astype(np.float32)
+    room = np.full(planes * rows * columns + 8, np.nan, np.float32)  # Y, then floats that stay untouched
+    y = room[: x.size]
+    with threads.own_threads(2, spin=True):
+        spin_pool.replay_on(spin_pool.JobScript([transpose_planes_job(x, y, planes, rows, columns, chunks)]),
+                            threads.spinning())  # fmt: skip
+    np.testing.assert_array_equal(y.reshape(planes, columns, rows), x.transpose(0, 2, 1))
+    assert np.isnan(room[x.size :]).all()
+    with pytest.raises(ValueError, match="planes x rows x columns x inner"):
+        transpose_planes_job(x, y[:-1], planes, rows, columns)

@@ -691,14 +691,16 @@ def test_one_column_reads_w_and_r_packed_once_and_the_plan_counts_the_copies(mon
 
 
 @pytest.mark.parametrize(
-    ("direction", "outputs", "layout", "initial"),
-    [("forward", ["", "Y_h"], 0, False), ("forward", ["Y", "Y_h", "Y_c"], 0, True),
-     ("reverse", ["Y", "", "Y_c"], 0, False), ("forward", ["Y", "Y_h", "Y_c"], 1, True)],
+    ("batch", "direction", "outputs", "layout", "initial"),
+    [(1, "forward", ["", "Y_h"], 0, False), (1, "forward", ["Y", "Y_h", "Y_c"], 0, True),
+     (1, "reverse", ["Y", "", "Y_c"], 0, False), (1, "forward", ["Y", "Y_h", "Y_c"], 1, True),
+     (16, "forward", ["", "Y_h"], 0, False), (17, "reverse", ["Y", "Y_h", "Y_c"], 0, True)],
 )  # fmt: skip
-def test_one_columns_sequence_is_replayed_as_jobs_on_every_new_feed(direction, outputs, layout, initial):
-    """One column's LSTM on weights a plan holds is captured (C reset, every step a job, the final states
-    copied out): a later run replays it from compiled code, the initial states and X read anew."""
-    feeds = make_inputs("LSTM", seq=7, batch=1, input_size=5, hidden=80, directions=1, initial=initial,
+def test_a_spinning_sequence_is_replayed_as_jobs_on_every_new_feed(batch, direction, outputs, layout, initial):
+    """An LSTM whose steps spin (one column, or a batch from 16), on weights a plan holds, is captured (X
+    into the steps' columns, H0 and C set, every step a job, the outputs transposed out): later runs
+    replay it from compiled code, X and the initial states read anew."""
+    feeds = make_inputs("LSTM", seq=7, batch=batch, input_size=5, hidden=80, directions=1, initial=initial,
                         layout=layout)  # fmt: skip
     model = make_model("LSTM", feeds, outputs, direction=direction, layout=layout)
     feeds = with_weights(model, feeds)

@@ -178,11 +178,12 @@ def test_other_zoo_networks_compile_to_the_sessions_outputs(name, tmp_path):
         lite.close()
 
 
-def test_lstm_gesture_at_batch_1_compiles_its_steps_to_the_sessions_outputs(tmp_path):
-    """One LSTM column's steps, each a job on W and R packed in the package's memory, and the layout
-    Transpose as a copy job: every new feed gives the session's outputs."""
+@pytest.mark.parametrize("batch", [1, 16])
+def test_lstm_gesture_compiles_its_steps_to_the_sessions_outputs(batch, tmp_path):
+    """An LSTM's spinning steps, each a job (one column's on W and R packed in the package's memory), and
+    the layout Transpose as a job: every new feed gives the session's outputs."""
     path = str(zoo.model_path("lstm-gesture"))
-    compile_package(path, tmp_path / "lstm", batch=1, threads=2)
+    compile_package(path, tmp_path / "lstm", batch=batch, threads=2)
     session = hetflow.InferenceSession(path, threads=2)
     lite = CompiledSession(tmp_path / "lstm")
     (value,) = lite.get_inputs()

@@ -1,5 +1,6 @@
 """Rows of one float32 array copied into another as a spin-pool job: what a captured run replays for a
-Split (each piece a run of rows of X, ``hetflow.runtime.replay``).
+Split (each piece a run of rows of X, ``hetflow.runtime.replay``); and planes transposed into another
+(``transpose_planes_job``: an LSTM batch's time-major X into the columns its steps read, its states back).
 
 Why: a step called from Python between replayed ones costs its interpreter and cache misses (~20-80 us
 at batch 1), and a run that calls any step cannot become a compiled package (``hetflow compile``).
@@ -42,3 +43,38 @@ def _copy_rows_job(args, chunk, chunks):  # noqa: ANN001, ANN202
 @functools.cache
 def _copy_rows_address() -> int:
     return spin_pool.job(_copy_rows_job)
+
+
+#: Slots of ``transpose_planes_job``'s block: X and Y (1-D each), planes, rows, columns, inner.
+_TRANSPOSE_SLOTS = 8
+
+
+def transpose_planes_job(
+    x: np.ndarray, y: np.ndarray, planes: int, rows: int, columns: int, chunks: int = 1, inner: int = 1
+) -> Job:
+    """``y[p] = x[p].T`` for ``planes`` planes of X ``[planes, rows, columns]`` into Y ``[planes, columns,
+    rows]``, each element ``inner`` consecutive floats (both C-contiguous, given flat or shaped), as a job
+    of ``chunks`` runs of planes."""
+    if x.size != planes * rows * columns * inner or y.size != x.size:
+        raise ValueError("X and Y are not planes x rows x columns x inner")
+    block = np.array([x.ctypes.data, x.size, y.ctypes.data, y.size, planes, rows, columns, inner], np.int64)
+    return Job(_transpose_planes_address(), block, max(1, min(chunks, planes)), (x, y))
+
+
+def _transpose_planes_job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    """``transpose_planes_job``'s transposes of chunk ``chunk``'s planes."""
+    x, y = float32_1d(args, 0), float32_1d(args, 2)
+    planes, rows, columns, inner = args[4], args[5], args[6], args[7]
+    size = rows * columns * inner
+    for plane in range(planes * chunk // chunks, planes * (chunk + 1) // chunks):
+        start = plane * size
+        for row in range(rows):
+            for column in range(columns):
+                source = start + (row * columns + column) * inner
+                target = start + (column * rows + row) * inner
+                y[target : target + inner] = x[source : source + inner]
+
+
+@functools.cache
+def _transpose_planes_address() -> int:
+    return spin_pool.job(_transpose_planes_job)

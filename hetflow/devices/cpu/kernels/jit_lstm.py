@@ -345,7 +345,7 @@ def _scan_spinning(
         job, shares = _spin_vector_job_address(), min(panel_count(hidden), pool.workers + 1)
     else:
         arrays = (r, w, bias, x_t, states, h_t, c_t, gates, np.zeros(rows, np.float32))
-        job, shares = _spin_job_address(), min(-(-hidden // ROWS), (pool.workers + 1) * SPIN_SHARES_PER_THREAD)
+        job, shares = _spin_job_address(), batch_shares(hidden, pool.workers + 1)
     block = argument_block(_SPIN_SLOTS, arrays, (int(reverse), int(y_t is not None), 0))
     pool.run_steps(job, block, shares, seq_length, _STEP_SLOT)
     last = seq_length - 1
@@ -371,10 +371,40 @@ def column_step_jobs(
     (float32, C-contiguous; ``states`` Y's steps when ``states_are_y``, else two buffers); C is updated
     in place, so a run must set it to the initial state before the first step."""
     arrays = (*panels, bias, x_t, states, h0, c, gates, bias)
-    address = _spin_vector_job_address()
+    return _step_jobs(_spin_vector_job_address(), arrays, x_t.shape[0], reverse, states_are_y, shares)
+
+
+def batch_step_jobs(
+    r: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray,
+    x_t: np.ndarray,
+    states: np.ndarray,
+    h0: np.ndarray,
+    c: np.ndarray,
+    gates: np.ndarray,
+    reverse: bool,
+    states_are_y: bool,
+    shares: int,
+) -> list[Job]:
+    """``column_step_jobs`` for a batch that spins (``_spin_step``, on R and W as stored; ``gates``
+    ``4*hidden*B`` floats), on a zero bias of its own."""
+    arrays = (r, w, bias, x_t, states, h0, c, gates, np.zeros(r.shape[0], np.float32))
+    return _step_jobs(_spin_job_address(), arrays, x_t.shape[0], reverse, states_are_y, shares)
+
+
+def batch_shares(hidden: int, threads: int) -> int:
+    """Shares of a spinning batch's step on ``threads`` threads: whole tiles of ``ROWS`` hidden units,
+    ``SPIN_SHARES_PER_THREAD`` a thread at most."""
+    return min(-(-hidden // ROWS), threads * SPIN_SHARES_PER_THREAD)
+
+
+def _step_jobs(address: int, arrays: tuple[np.ndarray, ...], steps: int, reverse: bool, states_are_y: bool,
+               shares: int) -> list[Job]:  # fmt: skip
+    """A job at ``address`` for every step, each on a ``_SPIN_SLOTS`` block of ``arrays`` with its step."""
     return [
         Job(address, argument_block(_SPIN_SLOTS, arrays, (int(reverse), int(states_are_y), step)), shares, arrays)
-        for step in range(x_t.shape[0])
+        for step in range(steps)
     ]
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from hetflow.devices.base import BoundCall, with_capture
 from hetflow.devices.cpu.kernels import jit_lstm
-from hetflow.devices.cpu.kernels.jit_copy import copy_rows_job
+from hetflow.devices.cpu.kernels.jit_copy import transpose_planes_job
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
 from hetflow.devices.cpu.kernels.jit_gate_panels import packed_bytes, packed_gates, panel_count
 from hetflow.devices.cpu.kernels.weight_cache import WeightCache
@@ -583,15 +583,17 @@ def _run_quietly(
 
 
 def _prepare_lstm(node: Node, infos: Sequence[TensorInfo | None], out: Any, workspace: Any) -> BoundCall | None:
-    """An LSTM bound to its shapes: the call as ``lstm`` makes it, and, for one column whose steps spin
-    (``spinning_lstm_batch``) in one direction on weights the plan holds, a capture of the whole
-    sequence as jobs (``_column_jobs``), so that a captured run replays it and a compiled package can
-    hold it."""
+    """An LSTM bound to its shapes: the call as ``lstm`` makes it, and, for a batch whose steps spin
+    (``spinning_lstm_batch``: one column, or ``jit_lstm.SPIN_MIN_BATCH`` and more in layout 0) in one
+    direction on weights the plan holds, a capture of the whole sequence as jobs (``_sequence_jobs``),
+    so that a captured run replays it and a compiled package can hold it."""
     shape = _compiled_lstm_shape(node, infos)
     weights = all(isinstance(_input(infos, i), WeightInfo) for i in (1, 2, 3))
-    if shape is None or shape[0] != 1 or spinning_lstm_batch(node, infos) != 1 or not weights:
+    if shape is None or shape[0] != 1 or not weights or spinning_lstm_batch(node, infos) != shape[2]:
         return None
     if any(_input(infos, i) is not None for i in (4, 7)) or infos[0].dtype != np.float32:  # type: ignore[union-attr]
+        return None
+    if shape[2] > 1 and node.attrs.layout != 0:
         return None
 
     def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
@@ -600,52 +602,70 @@ def _prepare_lstm(node: Node, infos: Sequence[TensorInfo | None], out: Any, work
     def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray | None], list[Job]] | None:
         if spinning() is None or not all(a is None or a.flags.c_contiguous for a in arrays):
             return None
-        return _column_jobs(node, arrays, shape[1], shape[4])
+        return _sequence_jobs(node, arrays, shape[1], shape[2], shape[4])
 
     return with_capture(call, capture)
 
 
-def _column_jobs(
-    node: Node, arrays: Sequence[np.ndarray | None], seq_length: int, hidden: int
+def _sequence_jobs(
+    node: Node, arrays: Sequence[np.ndarray | None], seq_length: int, batch: int, hidden: int
 ) -> tuple[list[np.ndarray | None], list[Job]]:
-    """One column's sequence (one direction, float32, C-contiguous inputs) as jobs: C set to its initial
-    state, every step (``jit_lstm.column_step_jobs``), then the wanted final states copied out. With
-    one column, X ``[seq, 1, input]`` (either layout) is ``x_t``'s memory, and Y, Y_h and Y_c are the
-    states' (``[seq, hidden]``, ``[hidden]``)."""
+    """A spinning sequence (one direction, float32, C-contiguous inputs) as jobs: X into the columns the
+    steps read (one column reads X where it lies: ``[seq, 1, input]`` is ``[seq, input, 1]``), H0 and
+    C set to their initial states, every step (``jit_lstm.column_step_jobs`` or ``batch_step_jobs``),
+    then the wanted outputs transposed out of the states (``[hidden, B]`` a step)."""
     padded = list(arrays) + [None] * (8 - len(arrays))
     x, w, r, b, _, initial_h, initial_c, _ = padded
     assert x is not None and w is not None and r is not None and b is not None
     pool = spinning()
     assert pool is not None
-    gate_rows = 4 * hidden
+    gate_rows, inputs = 4 * hidden, x.shape[-1]
+    jobs: list[Job] = []
+
+    def columns_of(source: np.ndarray | None, planes: int, rows: int, columns: int) -> np.ndarray:
+        """``[planes, columns, rows]`` filled from ``source`` ``[planes, rows, columns]`` at every run."""
+        made = np.zeros((planes, columns, rows), np.float32)
+        if source is not None:
+            jobs.append(transpose_planes_job(source, made, planes, rows, columns))
+        return made
+
+    if batch == 1:
+        x_t = x.reshape(seq_length, inputs, 1)
+    else:
+        x_t = columns_of(x, seq_length, batch, inputs)
+    h0 = columns_of(initial_h, 1, batch, hidden)[0]
+    c = np.empty((hidden, batch), np.float32)
+    c_start = np.zeros((1, batch, hidden), np.float32) if initial_c is None else initial_c
+    jobs.append(transpose_planes_job(c_start, c, 1, batch, hidden))
     bias = np.ascontiguousarray(b[0, :gate_rows] + b[0, gate_rows:], np.float32)
     wants_y = _wants(node, 0)
-    states = np.empty((seq_length if wants_y else 2, hidden, 1), np.float32)
-    h0 = np.zeros((hidden, 1), np.float32) if initial_h is None else initial_h.reshape(hidden, 1)
-    c = np.empty((hidden, 1), np.float32)
-    c_start = np.zeros(hidden, np.float32) if initial_c is None else initial_c.reshape(hidden)
-    jobs = [copy_rows_job(c_start, c.reshape(hidden), 1, 0, hidden)]
-    shares = min(panel_count(hidden), pool.workers + 1)
+    states = np.empty((seq_length if wants_y else 2, hidden, batch), np.float32)
     reverse = node.attrs.direction == "reverse"
-    jobs += jit_lstm.column_step_jobs((GATE_PANELS.get(r, 0), GATE_PANELS.get(w, 0)), bias,
-                                      x.reshape(seq_length, -1, 1), states, h0, c, np.empty(gate_rows, np.float32),
-                                      reverse, wants_y, shares)  # fmt: skip
+    gates = np.empty(gate_rows * batch, np.float32)
+    threads = pool.workers + 1
+    if batch == 1:
+        jobs += jit_lstm.column_step_jobs((GATE_PANELS.get(r, 0), GATE_PANELS.get(w, 0)), bias, x_t, states, h0, c,
+                                          gates, reverse, wants_y, min(panel_count(hidden), threads))  # fmt: skip
+    else:
+        jobs += jit_lstm.batch_step_jobs(r[0], w[0], bias, x_t, states, h0, c, gates, reverse, wants_y,
+                                         jit_lstm.batch_shares(hidden, threads))  # fmt: skip
     last = (0 if reverse else seq_length - 1) if wants_y else (seq_length - 1) % 2
-    outputs: list[np.ndarray | None] = [states.reshape(_lstm_output_shape(node, x, seq_length, hidden)) if wants_y else None]
-    for index, source in ((1, states.reshape(-1)), (2, c.reshape(-1))):
+    outputs: list[np.ndarray | None] = []
+    for index, source, planes in ((0, states, seq_length), (1, states[last], 1), (2, c, 1)):
         if not _wants(node, index):
             outputs.append(None)
             continue
-        final = np.empty((1, 1, hidden), np.float32)
-        jobs.append(copy_rows_job(source, final.reshape(hidden), 1, last * hidden if index == 1 else 0, hidden))
-        outputs.append(final)
+        made = np.empty((planes, batch, hidden), np.float32)
+        jobs.append(transpose_planes_job(source, made, planes, hidden, batch))
+        outputs.append(made.reshape(_lstm_output_shape(node, seq_length, batch, hidden)[index]))
     return outputs, jobs
 
 
-def _lstm_output_shape(node: Node, x: np.ndarray, seq_length: int, hidden: int) -> tuple[int, ...]:
-    """Y's shape for one column in one direction: ``[seq, 1, 1, hidden]``, or ``[1, seq, 1, hidden]``
-    in layout 1."""
-    return (1, seq_length, 1, hidden) if node.attrs.layout == 1 else (seq_length, 1, 1, hidden)
+def _lstm_output_shape(node: Node, seq_length: int, batch: int, hidden: int) -> tuple[tuple[int, ...], ...]:
+    """(Y, Y_h, Y_c) shapes in one direction (batch first in layout 1)."""
+    if node.attrs.layout == 1:
+        return (batch, seq_length, 1, hidden), (batch, 1, hidden), (batch, 1, hidden)
+    return (seq_length, 1, batch, hidden), (1, batch, hidden), (1, batch, hidden)
 
 
 @cpu_kernel("LSTM", prepare=_prepare_lstm)

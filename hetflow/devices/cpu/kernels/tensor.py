@@ -18,7 +18,7 @@ from onnx import TensorProto
 
 from hetflow.devices.base import BoundCall, with_capture
 from hetflow.devices.cpu.kernels.buffers import Out, output
-from hetflow.devices.cpu.kernels.jit_copy import copy_rows_job
+from hetflow.devices.cpu.kernels.jit_copy import copy_rows_job, transpose_planes_job
 from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.table import cpu_kernel
 from hetflow.graph import Node
@@ -195,16 +195,15 @@ def _prepare_transpose(
     node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
 ) -> BoundCall | None:
     """Transpose bound to its planned output: a call as ``transpose`` makes it, and, for a float32 X
-    whose permutation moves only axes of length 1 (lstm-gesture's batch-1 ``[1, seq, features]`` to
-    time-major), a capture that copies X whole in a compiled job (``jit_copy``)."""
+    whose permutation swaps two adjacent groups of axes (``_swapped_groups``: lstm-gesture's ``[N, seq,
+    features]`` to time-major), a capture that transposes it in a compiled job (``jit_copy``)."""
     x_info = inputs[0] if inputs else None
     if out is None or out[0] is None or x_info is None or x_info.dtype != np.float32:
         return None
     shape = tuple(x_info.shape)
-    perm = transpose_perm(node.attrs.perm, len(shape))
-    moved = [axis for axis in perm if shape[axis] != 1]
+    groups = _swapped_groups(transpose_perm(node.attrs.perm, len(shape)), shape)
     target = out[0]
-    if moved != sorted(moved) or not target.flags.c_contiguous or target.size != math.prod(shape):
+    if groups is None or not target.flags.c_contiguous or target.size != math.prod(shape):
         return None
 
     def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray]:
@@ -214,9 +213,26 @@ def _prepare_transpose(
         x = arrays[0]
         if x is None or x.shape != shape or not x.flags.c_contiguous:
             return None
-        return [target], [copy_rows_job(x.reshape(-1), target.reshape(-1), 1, 0, x.size)]
+        planes, rows, columns, inner = groups
+        return [target], [transpose_planes_job(x, target, planes, rows, columns, min(planes, 4), inner)]
 
     return with_capture(call, capture)
+
+
+def _swapped_groups(perm: Sequence[int], shape: Sequence[int]) -> tuple[int, int, int, int] | None:
+    """(planes, rows, columns, inner) where ``perm`` swaps two adjacent groups of ``shape``'s axes once
+    its axes of length 1 are left out (``[planes, rows, columns, inner]`` to ``[planes, columns, rows,
+    inner]``; rows or columns 1 where it only moves unit axes), else None."""
+    kept = [axis for axis in perm if shape[axis] != 1]
+    order = sorted(kept)
+    for middle in range(len(order) + 1):
+        for end in range(middle, len(order) + 1):
+            for start in range(middle + 1):
+                if kept == order[:start] + order[middle:end] + order[start:middle] + order[end:]:
+                    sizes = [shape[a] for a in order]
+                    return (math.prod(sizes[:start]), math.prod(sizes[start:middle]), math.prod(sizes[middle:end]),
+                            math.prod(sizes[end:]))  # fmt: skip
+    return None
 
 
 @cpu_kernel("Transpose", writes_out=True, prepare=_prepare_transpose)
