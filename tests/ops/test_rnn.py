@@ -656,9 +656,9 @@ def test_a_batch_one_lstm_session_spins_from_a_hand_over_sized_r_and_matches_ort
     model = make_model("LSTM", feeds, OUTPUT_NAMES["LSTM"])
     feeds = with_weights(model, feeds)
     calls = []  # the spinning steps, run (an uncaptured run) or made into jobs (a captured one)
-    vector_scan, step_jobs = jit_lstm._scan_spinning, jit_lstm.column_step_jobs
+    vector_scan, step_jobs = jit_lstm._scan_spinning, jit_lstm.step_jobs
     monkeypatch.setattr(jit_lstm, "_scan_spinning", lambda *a: calls.append(1) or vector_scan(*a))
-    monkeypatch.setattr(jit_lstm, "column_step_jobs", lambda *a: calls.append(1) or step_jobs(*a))
+    monkeypatch.setattr(jit_lstm, "step_jobs", lambda *a: calls.append(1) or step_jobs(*a))
     session = InferenceSession(model, threads=2)
     assert executor.plan_recurrent_batch(session.plan_for({})) == (1 if spins else 0)
     actual = session.run(None, feeds)

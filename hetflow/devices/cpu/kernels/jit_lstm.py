@@ -31,7 +31,7 @@ Four drivers, the same arithmetic:
   x_t + R h`` with the units in the vector lanes, and updates their cells. lstm-gesture (hidden 512, R
   4 MB: 2 MB a core, streamed from the last-level cache at every step) ran 3.6-3.8 ms a sequence by
   OpenBLAS's GEMV or by rows of R dotted with H, 2.6 ms so (``benchmarks/lstm_one_column.py``). A
-  captured run replays those steps as jobs of their own (``column_step_jobs``, ``rnn``'s capture).
+  captured run replays those steps as jobs of their own (``step_jobs``, ``rnn``'s capture).
 
 The stepwise passes, per step after the GEMM (numpy's LSTM step took a dozen ufunc calls, each a pass
 over memory):
@@ -354,8 +354,8 @@ def _scan_spinning(
     return states[last % 2], c_t
 
 
-def column_step_jobs(
-    panels: tuple[np.ndarray, np.ndarray],
+def step_jobs(
+    weights: tuple[np.ndarray, np.ndarray],
     bias: np.ndarray,
     x_t: np.ndarray,
     states: np.ndarray,
@@ -366,46 +366,25 @@ def column_step_jobs(
     states_are_y: bool,
     shares: int,
 ) -> list[Job]:
-    """One column's steps (``_spin_vector_step``) as one job each, on blocks of their own: what a
-    captured run replays for a batch-1 LSTM (``rnn``'s capture). The arrays are ``_scan_spinning``'s
-    (float32, C-contiguous; ``states`` Y's steps when ``states_are_y``, else two buffers); C is updated
-    in place, so a run must set it to the initial state before the first step."""
-    arrays = (*panels, bias, x_t, states, h0, c, gates, bias)
-    return _step_jobs(_spin_vector_job_address(), arrays, x_t.shape[0], reverse, states_are_y, shares)
-
-
-def batch_step_jobs(
-    r: np.ndarray,
-    w: np.ndarray,
-    bias: np.ndarray,
-    x_t: np.ndarray,
-    states: np.ndarray,
-    h0: np.ndarray,
-    c: np.ndarray,
-    gates: np.ndarray,
-    reverse: bool,
-    states_are_y: bool,
-    shares: int,
-) -> list[Job]:
-    """``column_step_jobs`` for a batch that spins (``_spin_step``, on R and W as stored; ``gates``
-    ``4*hidden*B`` floats), on a zero bias of its own."""
-    arrays = (r, w, bias, x_t, states, h0, c, gates, np.zeros(r.shape[0], np.float32))
-    return _step_jobs(_spin_job_address(), arrays, x_t.shape[0], reverse, states_are_y, shares)
+    """Every step of a spinning sequence as one job, on a block of its own: what a captured run replays
+    (``rnn``'s capture). ``weights``: for one column (``x_t`` ``[seq, input, 1]``) R's and W's panels
+    (``jit_gate_panels``; ``_spin_vector_step``), for a batch R and W as stored (``_spin_step``, on a
+    zero bias of its own). The arrays are ``_scan_spinning``'s (float32, C-contiguous; ``states`` Y's
+    steps when ``states_are_y``, else two buffers); C is updated in place, so a run must set it to the
+    initial state before the first step."""
+    one_column = x_t.shape[2] == 1
+    address = _spin_vector_job_address() if one_column else _spin_job_address()
+    arrays = (*weights, bias, x_t, states, h0, c, gates, bias if one_column else np.zeros(bias.size, np.float32))
+    return [
+        Job(address, argument_block(_SPIN_SLOTS, arrays, (int(reverse), int(states_are_y), step)), shares, arrays)
+        for step in range(x_t.shape[0])
+    ]
 
 
 def batch_shares(hidden: int, threads: int) -> int:
     """Shares of a spinning batch's step on ``threads`` threads: whole tiles of ``ROWS`` hidden units,
     ``SPIN_SHARES_PER_THREAD`` a thread at most."""
     return min(-(-hidden // ROWS), threads * SPIN_SHARES_PER_THREAD)
-
-
-def _step_jobs(address: int, arrays: tuple[np.ndarray, ...], steps: int, reverse: bool, states_are_y: bool,
-               shares: int) -> list[Job]:  # fmt: skip
-    """A job at ``address`` for every step, each on a ``_SPIN_SLOTS`` block of ``arrays`` with its step."""
-    return [
-        Job(address, argument_block(_SPIN_SLOTS, arrays, (int(reverse), int(states_are_y), step)), shares, arrays)
-        for step in range(steps)
-    ]
 
 
 def _spin_job(args, share, shares):  # noqa: ANN001, ANN202

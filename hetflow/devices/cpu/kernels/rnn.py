@@ -612,7 +612,7 @@ def _sequence_jobs(
 ) -> tuple[list[np.ndarray | None], list[Job]]:
     """A spinning sequence (one direction, float32, C-contiguous inputs) as jobs: X into the columns the
     steps read (one column reads X where it lies: ``[seq, 1, input]`` is ``[seq, input, 1]``), H0 and
-    C set to their initial states, every step (``jit_lstm.column_step_jobs`` or ``batch_step_jobs``),
+    C set to their initial states, every step (``jit_lstm.step_jobs``),
     then the wanted outputs transposed out of the states (``[hidden, B]`` a step)."""
     padded = list(arrays) + [None] * (8 - len(arrays))
     x, w, r, b, _, initial_h, initial_c, _ = padded
@@ -644,11 +644,10 @@ def _sequence_jobs(
     gates = np.empty(gate_rows * batch, np.float32)
     threads = pool.workers + 1
     if batch == 1:
-        jobs += jit_lstm.column_step_jobs((GATE_PANELS.get(r, 0), GATE_PANELS.get(w, 0)), bias, x_t, states, h0, c,
-                                          gates, reverse, wants_y, min(panel_count(hidden), threads))  # fmt: skip
+        weights, shares = (GATE_PANELS.get(r, 0), GATE_PANELS.get(w, 0)), min(panel_count(hidden), threads)
     else:
-        jobs += jit_lstm.batch_step_jobs(r[0], w[0], bias, x_t, states, h0, c, gates, reverse, wants_y,
-                                         jit_lstm.batch_shares(hidden, threads))  # fmt: skip
+        weights, shares = (r[0], w[0]), jit_lstm.batch_shares(hidden, threads)
+    jobs += jit_lstm.step_jobs(weights, bias, x_t, states, h0, c, gates, reverse, wants_y, shares)
     last = (0 if reverse else seq_length - 1) if wants_y else (seq_length - 1) % 2
     outputs: list[np.ndarray | None] = []
     for index, source, planes in ((0, states, seq_length), (1, states[last], 1), (2, c, 1)):

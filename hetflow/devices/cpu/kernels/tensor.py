@@ -102,6 +102,12 @@ def concat(node: Node, inputs: Inputs, out: Out = None, workspace: np.ndarray | 
     return [target]
 
 
+def _bound_input(arrays: Sequence[np.ndarray | None], shape: tuple[int, ...]) -> np.ndarray | None:
+    """A capture's X: the first input where it has the bound ``shape`` and is C-contiguous, else None."""
+    x = arrays[0]
+    return x if x is not None and x.shape == shape and x.flags.c_contiguous else None
+
+
 def _prepare_split(
     node: Node, inputs: Sequence[TensorInfo | None], out: Out, workspace: np.ndarray | None
 ) -> BoundCall | None:
@@ -126,8 +132,8 @@ def _prepare_split(
         return split(node, arrays, out, workspace)
 
     def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
-        x = arrays[0]
-        if x is None or x.shape != shape or not x.flags.c_contiguous:
+        x = _bound_input(arrays, shape)
+        if x is None:
             return None
         flat, starts = x.reshape(-1), np.cumsum([0, *sizes[:-1]]) * inner
         jobs = [copy_rows_job(flat, target.reshape(-1), rows, int(start), shape[axis] * inner, min(rows, 4))
@@ -210,8 +216,8 @@ def _prepare_transpose(
         return transpose(node, arrays, out, workspace)
 
     def capture(arrays: Sequence[np.ndarray | None]) -> tuple[list[np.ndarray], list[Job]] | None:
-        x = arrays[0]
-        if x is None or x.shape != shape or not x.flags.c_contiguous:
+        x = _bound_input(arrays, shape)
+        if x is None:
             return None
         planes, rows, columns, inner = groups
         return [target], [transpose_planes_job(x, target, planes, rows, columns, min(planes, 4), inner)]
