@@ -612,8 +612,8 @@ def _sequence_jobs(
 ) -> tuple[list[np.ndarray | None], list[Job]]:
     """A spinning sequence (one direction, float32, C-contiguous inputs) as jobs: X into the columns the
     steps read (one column reads X where it lies: ``[seq, 1, input]`` is ``[seq, input, 1]``), H0 and
-    C set to their initial states, every step (``jit_lstm.step_jobs``),
-    then the wanted outputs transposed out of the states (``[hidden, B]`` a step)."""
+    C set to their initial states, every step (``jit_lstm.step_jobs``), then the wanted outputs
+    transposed out of the states (``[hidden, B]`` a step)."""
     padded = list(arrays) + [None] * (8 - len(arrays))
     x, w, r, b, _, initial_h, initial_c, _ = padded
     assert x is not None and w is not None and r is not None and b is not None
