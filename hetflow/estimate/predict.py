@@ -31,6 +31,7 @@ from hetflow.ops.base import Cost, GemmDims, TensorInfo, planned_infos
 from hetflow.ops.cost import node_costs
 from hetflow.passes import bind_batch
 from hetflow.runtime.memory import MemoryPlan
+from hetflow.runtime.replay import VIEW_OPS
 from hetflow.runtime.session import InferenceSession
 
 #: Transient memory of a kernel the profile has never seen: its outputs and its workspace.
@@ -613,6 +614,11 @@ def cache_bytes(node: Node, key: str, graph: Graph) -> int:
         from hetflow.devices.cpu.kernels import dense
 
         return dense.panel_bytes(node, planned_infos(node, graph.values, graph.initializers))
+    if node.op_type == "LSTM" and key.endswith(SPIN_MARK):
+        from hetflow.devices.cpu.kernels import rnn
+
+        infos = planned_infos(node, graph.values, graph.initializers)
+        return 0 if infos is None else rnn.gate_panel_bytes(node, infos) + rnn.sequence_capture_bytes(node, infos)
     if node.op_type != "Conv":
         return 0
     from hetflow.ops import conv as conv_op
@@ -628,6 +634,17 @@ def cache_bytes(node: Node, key: str, graph: Graph) -> int:
         return 0
     _, w, _ = shapes
     return (tile + 2) ** 2 * w[0] * w[1] * graph.values[node.inputs[1]].dtype.itemsize
+
+
+def _captured_lstm(node: Node, key: str, graph: Graph) -> bool:
+    """Whether ``node`` is an LSTM whose sequence a spinning run captures (``rnn.captures_sequence``): its
+    buffers and outputs are then kept between runs (``cache_bytes``) and a run allocates nothing for it."""
+    if node.op_type != "LSTM" or not key.endswith(SPIN_MARK):
+        return False
+    from hetflow.devices.cpu.kernels import rnn
+
+    infos = planned_infos(node, graph.values, graph.initializers)
+    return infos is not None and rnn.captures_sequence(node, infos)
 
 
 def memory_terms(node: Node, cost: Cost, graph: Graph) -> np.ndarray:
@@ -909,7 +926,12 @@ def _arena_peak(session: InferenceSession, planned: MemoryPlan | None, graph: Gr
 
 
 def _transient_bytes(profile: DeviceProfile, key: str, node: Node, cost: Cost, graph: Graph) -> float:
-    """Bytes a kernel allocates during one call (outputs and scratch): the profile's transient model."""
+    """Bytes a kernel allocates during one call (outputs and scratch): the profile's transient model;
+    none for an LSTM whose sequence a spinning run replays as captured jobs (``_captured_lstm``), nor for
+    an op whose output is a view of its input (``replay.VIEW_OPS``: Squeeze had no model of its own, and
+    the fallback priced its output as allocated)."""
+    if _captured_lstm(node, key, graph) or node.op_type in VIEW_OPS:
+        return 0.0
     model, _ = op_model(profile, key)
     terms = memory_terms(node, cost, graph)
     return float(np.dot(model.transient[:len(terms)], terms[:len(model.transient)]))
@@ -1088,13 +1110,15 @@ def plan_memory(
         transient = _transient_bytes(profile, key, node, costs[node.name], graph)
         if live + transient > peak:
             peak, peak_layer = int(live + transient), node.name
+        kept = _captured_lstm(node, key, graph)  # its outputs are kept between runs (``cache_bytes``)
         for name in outputs:
-            aliased = model.retained < 0.5 and activations and activations[0] in buffer_of
+            viewed = model.retained < 0.5 or node.op_type in VIEW_OPS
+            aliased = viewed and activations and activations[0] in buffer_of
             if aliased:
                 buffer = buffer_of[activations[0]]
             else:
                 buffer = len(sizes)
-                sizes[buffer] = _value_bytes(graph, name)
+                sizes[buffer] = 0 if kept else _value_bytes(graph, name)
                 live += sizes[buffer]
             buffer_of[name] = buffer
             holders[buffer] += 1

@@ -622,6 +622,10 @@ def catalogue() -> list[Probe]:
         Probe("lstm 40x32x6 h512 last spin", lstm(40, 32, 6, 512, last_only=True), spin=True, hold_blas=True),
         Probe("lstm 60x16x6 h512 last spin", lstm(60, 16, 6, 512, last_only=True), spin=True, hold_blas=True),
         Probe("lstm 10x128x6 h384 last spin", lstm(10, 128, 6, 384, last_only=True), spin=True, hold_blas=True),
+        # Longer sequences: a 16-column step reads 0.18 or 0.22 ms by the VM's state, and the short probes
+        # alone let one slow reading set the per-step slope (lstm-gesture b16 came out +14-27%).
+        Probe("lstm 80x16x6 h512 last spin", lstm(80, 16, 6, 512, last_only=True), spin=True, hold_blas=True),
+        Probe("lstm 50x48x6 h512 last spin", lstm(50, 48, 6, 512, last_only=True), spin=True, hold_blas=True),
         # One column spins from a size of R on (``jit_lstm.column_spins``): a GEMV a step on packed W and R,
         # R from L2 (a core's share up to ~1 MB) or from the last-level cache (h384 and h512).
         Probe("lstm 100x1x6 h256 last spin", lstm(100, 1, 6, 256, last_only=True), spin=True, hold_blas=True),

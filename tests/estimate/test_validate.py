@@ -8,6 +8,7 @@ import pytest
 from hetflow.estimate.predict import estimate, open_session
 from hetflow.estimate.report import dominant_layers, format_table, layer_accuracy
 from hetflow.estimate.validate import layer_seconds, model_seconds, peak_run_bytes, random_feeds, validate
+from hetflow.ops.base import planned_infos
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,24 @@ def test_memory_peak_prediction_within_5_percent(zoo_home, quick_profile, model,
     result = estimate(session, quick_profile, batch=batch)
     measured = peak_run_bytes(session, random_feeds(session, batch))
     assert abs(result.memory.peak_bytes - measured) <= 0.05 * measured, (result.memory.peak_bytes, measured)
+
+
+def test_a_captured_lstm_keeps_its_buffers_and_a_run_allocates_none_for_it(zoo_home, quick_profile):
+    """lstm-gesture at batch 16: its LSTM is captured (``rnn.captures_sequence``), so its states, gates
+    and outputs are kept between runs (``cache_bytes``) and the run's peak is the small rest; the old
+    model priced the kernel's unbound scratch (0.4 MB) there against the run's 40 KB."""
+    from hetflow.devices.cpu.kernels.rnn import gate_panel_bytes, sequence_capture_bytes
+
+    session = open_session("zoo:lstm-gesture", "cpu")
+    result = estimate(session, quick_profile, batch=16)
+    measured = peak_run_bytes(session, random_feeds(session, 16))
+    # A run's few interpreter objects (~2-5 KB: thread-count lookups, the feed signature) are not priced.
+    assert abs(result.memory.peak_bytes - measured) <= 0.05 * measured + 8192, (result.memory.peak_bytes, measured)
+    plan = session.plan_for({"N": 16})
+    node = next(s.node for s in plan.steps if s.node.op_type == "LSTM")
+    infos = planned_infos(node, plan.graph.values, plan.graph.initializers)
+    assert sequence_capture_bytes(node, infos) > 0 and gate_panel_bytes(node, infos) == 0  # a batch: R unpacked
+    assert result.memory.cache_bytes >= sequence_capture_bytes(node, infos)
 
 
 def test_a_fresh_session_measures_the_same_peak_as_a_warm_one(zoo_home):

@@ -582,19 +582,42 @@ def _run_quietly(
         return _run_recurrent(node, inputs, cell_type)
 
 
-def _prepare_lstm(node: Node, infos: Sequence[TensorInfo | None], out: Any, workspace: Any) -> BoundCall | None:
-    """An LSTM bound to its shapes: the call as ``lstm`` makes it, and, for a batch whose steps spin
-    (``spinning_lstm_batch``: one column, or ``jit_lstm.SPIN_MIN_BATCH`` and more in layout 0) in one
-    direction on weights the plan holds, a capture of the whole sequence as jobs (``_sequence_jobs``),
-    so that a captured run replays it and a compiled package can hold it."""
+def captures_sequence(node: Node, infos: Sequence[TensorInfo | None]) -> bool:
+    """Whether a spinning run captures an LSTM's whole sequence as jobs (``_prepare_lstm``): a batch
+    whose steps spin (``spinning_lstm_batch``: one column, or ``jit_lstm.SPIN_MIN_BATCH`` and more in
+    layout 0), one direction, float32, on W, R and B the plan holds (``WeightInfo``)."""
     shape = _compiled_lstm_shape(node, infos)
     weights = all(isinstance(_input(infos, i), WeightInfo) for i in (1, 2, 3))
     if shape is None or shape[0] != 1 or not weights or spinning_lstm_batch(node, infos) != shape[2]:
-        return None
+        return False
     if any(_input(infos, i) is not None for i in (4, 7)) or infos[0].dtype != np.float32:  # type: ignore[union-attr]
+        return False
+    return shape[2] == 1 or node.attrs.layout == 0
+
+
+def sequence_capture_bytes(node: Node, infos: Sequence[TensorInfo | None]) -> int:
+    """Bytes of the buffers a captured sequence keeps between runs (``_sequence_jobs``: X's columns for a
+    batch, H0, C and its zero start, the summed bias, the states, the gates, a batch's zero bias, and its
+    outputs); 0 where the sequence is not captured (``captures_sequence``)."""
+    if not captures_sequence(node, infos):
+        return 0
+    _, seq_length, batch, input_size, hidden = _compiled_lstm_shape(node, infos)  # type: ignore[misc]
+    states = (seq_length if _wants(node, 0) else 2) * hidden * batch
+    columns = 0 if batch == 1 else seq_length * input_size * batch
+    zero_start = hidden * batch if _input(infos, 6) is None else 0
+    outputs = (seq_length * _wants(node, 0) + _wants(node, 1) + _wants(node, 2)) * hidden * batch
+    floats = columns + 2 * hidden * batch + zero_start + 4 * hidden + states + 4 * hidden * batch + outputs
+    return 4 * (floats + (4 * hidden if batch > 1 else 0))
+
+
+def _prepare_lstm(node: Node, infos: Sequence[TensorInfo | None], out: Any, workspace: Any) -> BoundCall | None:
+    """An LSTM bound to its shapes: the call as ``lstm`` makes it, and, where a spinning run captures its
+    sequence (``captures_sequence``), that capture as jobs (``_sequence_jobs``), so that a captured run
+    replays it and a compiled package can hold it."""
+    if not captures_sequence(node, infos):
         return None
-    if shape[2] > 1 and node.attrs.layout != 0:
-        return None
+    shape = _compiled_lstm_shape(node, infos)
+    assert shape is not None
 
     def call(arrays: Sequence[np.ndarray | None]) -> list[np.ndarray | None]:
         return lstm(node, arrays)
