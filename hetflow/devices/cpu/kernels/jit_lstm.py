@@ -337,15 +337,9 @@ def _scan_spinning(
     states = y_t if y_t is not None else np.empty((2, hidden, batch), np.float32)
     gates = np.empty(rows * batch, np.float32)
     r, w, bias = (np.ascontiguousarray(a, np.float32) for a in (r, w, bias))
-    if batch == 1:
-        assert panels is not None  # scan
-        arrays = (*panels, bias, x_t, states, h_t, c_t, gates, bias)
-        # One share a thread: a core's panels stream from L2 or L3 at the same rate; more shares only
-        # add hand-overs.
-        job, shares = _spin_vector_job_address(), min(panel_count(hidden), pool.workers + 1)
-    else:
-        arrays = (r, w, bias, x_t, states, h_t, c_t, gates, np.zeros(rows, np.float32))
-        job, shares = _spin_job_address(), batch_shares(hidden, pool.workers + 1)
+    assert batch > 1 or panels is not None  # scan: one column spins only on its panels
+    weights = (r, w) if panels is None or batch > 1 else panels
+    job, arrays, shares = _step_job(weights, bias, x_t, states, h_t, c_t, gates, pool.workers + 1)
     block = argument_block(_SPIN_SLOTS, arrays, (int(reverse), int(y_t is not None), 0))
     pool.run_steps(job, block, shares, seq_length, _STEP_SLOT)
     last = seq_length - 1
@@ -364,27 +358,40 @@ def step_jobs(
     gates: np.ndarray,
     reverse: bool,
     states_are_y: bool,
-    shares: int,
+    threads: int,
 ) -> list[Job]:
-    """Every step of a spinning sequence as one job, on a block of its own: what a captured run replays
-    (``rnn``'s capture). ``weights``: for one column (``x_t`` ``[seq, input, 1]``) R's and W's panels
-    (``jit_gate_panels``; ``_spin_vector_step``), for a batch R and W as stored (``_spin_step``, on a
-    zero bias of its own). The arrays are ``_scan_spinning``'s (float32, C-contiguous; ``states`` Y's
-    steps when ``states_are_y``, else two buffers); C is updated in place, so a run must set it to the
-    initial state before the first step."""
-    one_column = x_t.shape[2] == 1
-    address = _spin_vector_job_address() if one_column else _spin_job_address()
-    arrays = (*weights, bias, x_t, states, h0, c, gates, bias if one_column else np.zeros(bias.size, np.float32))
+    """Every step of a spinning sequence on ``threads`` threads as one job, on a block of its own: what a
+    captured run replays (``rnn``'s capture). The arguments are ``_step_job``'s; C is updated in place,
+    so a run must set it to the initial state before the first step."""
+    address, arrays, shares = _step_job(weights, bias, x_t, states, h0, c, gates, threads)
     return [
         Job(address, argument_block(_SPIN_SLOTS, arrays, (int(reverse), int(states_are_y), step)), shares, arrays)
         for step in range(x_t.shape[0])
     ]
 
 
-def batch_shares(hidden: int, threads: int) -> int:
-    """Shares of a spinning batch's step on ``threads`` threads: whole tiles of ``ROWS`` hidden units,
-    ``SPIN_SHARES_PER_THREAD`` a thread at most."""
-    return min(-(-hidden // ROWS), threads * SPIN_SHARES_PER_THREAD)
+def _step_job(
+    weights: tuple[np.ndarray, np.ndarray],
+    bias: np.ndarray,
+    x_t: np.ndarray,
+    states: np.ndarray,
+    h0: np.ndarray,
+    c: np.ndarray,
+    gates: np.ndarray,
+    threads: int,
+) -> tuple[int, tuple[np.ndarray, ...], int]:
+    """A spinning step's job on ``threads`` threads: (its address, the ``_SPIN_SLOTS`` arrays, its shares).
+    ``weights``: for one column (``x_t`` ``[seq, input, 1]``) R's and W's panels (``jit_gate_panels``;
+    ``_spin_vector_step``, one share a thread: a core's panels stream from L2 or L3 at the same rate, and
+    more shares only add hand-overs), for a batch R and W as stored (``_spin_step``, on a zero bias of
+    its own; whole tiles of ``ROWS`` hidden units a share, ``SPIN_SHARES_PER_THREAD`` a thread at most).
+    All float32, C-contiguous; ``states`` Y's steps or two buffers."""
+    hidden = c.shape[0]
+    if x_t.shape[2] == 1:
+        arrays = (*weights, bias, x_t, states, h0, c, gates, bias)
+        return _spin_vector_job_address(), arrays, min(panel_count(hidden), threads)
+    arrays = (*weights, bias, x_t, states, h0, c, gates, np.zeros(bias.size, np.float32))
+    return _spin_job_address(), arrays, min(-(-hidden // ROWS), threads * SPIN_SHARES_PER_THREAD)
 
 
 def _spin_job(args, share, shares):  # noqa: ANN001, ANN202

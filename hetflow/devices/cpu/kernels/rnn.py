@@ -24,7 +24,7 @@ from hetflow.devices.base import BoundCall, with_capture
 from hetflow.devices.cpu.kernels import jit_lstm
 from hetflow.devices.cpu.kernels.jit_copy import transpose_planes_job
 from hetflow.devices.cpu.kernels.jit_epilogue import COMPILED_DTYPES
-from hetflow.devices.cpu.kernels.jit_gate_panels import packed_bytes, packed_gates, panel_count
+from hetflow.devices.cpu.kernels.jit_gate_panels import packed_bytes, packed_gates
 from hetflow.devices.cpu.kernels.weight_cache import WeightCache
 from hetflow.devices.cpu.spin_pool import Job
 from hetflow.devices.cpu.table import cpu_kernel
@@ -665,12 +665,8 @@ def _sequence_jobs(
     states = np.empty((seq_length if wants_y else 2, hidden, batch), np.float32)
     reverse = node.attrs.direction == "reverse"
     gates = np.empty(gate_rows * batch, np.float32)
-    threads = pool.workers + 1
-    if batch == 1:
-        weights, shares = (GATE_PANELS.get(r, 0), GATE_PANELS.get(w, 0)), min(panel_count(hidden), threads)
-    else:
-        weights, shares = (r[0], w[0]), jit_lstm.batch_shares(hidden, threads)
-    jobs += jit_lstm.step_jobs(weights, bias, x_t, states, h0, c, gates, reverse, wants_y, shares)
+    weights = (GATE_PANELS.get(r, 0), GATE_PANELS.get(w, 0)) if batch == 1 else (r[0], w[0])
+    jobs += jit_lstm.step_jobs(weights, bias, x_t, states, h0, c, gates, reverse, wants_y, pool.workers + 1)
     last = (0 if reverse else seq_length - 1) if wants_y else (seq_length - 1) % 2
     outputs: list[np.ndarray | None] = []
     for index, source, planes in ((0, states, seq_length), (1, states[last], 1), (2, c, 1)):
