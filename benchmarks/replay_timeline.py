@@ -1,6 +1,7 @@
 """Where a replayed run's time goes: each layer's time inside the run against its time alone.
 
     python benchmarks/replay_timeline.py --model mobilenetv2 [--batch 1] [--threads 2] [--runs 200] [--top 15]
+        [--jobs conv4,conv5]
 
 A captured run (``hetflow.runtime.replay``) runs its layers' compiled jobs back to back, with no Python
 between them, so ``hetflow profile`` (which calls each node from Python) cannot say what a layer takes
@@ -10,7 +11,8 @@ its jobs' cycles. Beside it: the layer replayed alone on its own inputs, caches 
 (``hetflow.estimate.validate.layer_seconds``, what ``hetflow estimate --validate`` measures), and the whole
 ``session.run`` (minimum). The gaps say what a run loses to cold caches (in-run against alone) and to
 everything around the jobs (the whole run against the sum of its jobs: copying the feed in, steps still
-called from Python, the executor).
+called from Python, the executor). ``--jobs`` lists the named layers' jobs one by one (a Winograd layer's
+input transform, products and output transform, say).
 """
 
 from __future__ import annotations
@@ -42,26 +44,31 @@ def captured_replay(session: InferenceSession) -> Replay:
 
 def in_run_seconds(
     session: InferenceSession, feeds: dict, batch: int, threads: int, replay: Replay, runs: int
-) -> tuple[dict[str, float], float]:
+) -> tuple[dict[str, float], float, dict[tuple[str, int], float]]:
     """Per node, the minimum over ``runs`` replays of its jobs' seconds, the segments replayed in run
     order inside the thread arrangement a run of the session holds (``executor.thread_arrangement``);
-    and the fastest replay's jobs in all (the per-node minimums come from different replays, and sum
-    to less than any one)."""
+    the fastest replay's jobs in all (the per-node minimums come from different replays, and sum
+    to less than any one); and per (node, its job's index) that job's minimum."""
     plan = session.plan_for(batch_bindings(session.graph, batch))
     conv_macs, direct_macs = plan_conv_work(plan)
     rate = cycles_per_second()
     best: dict[str, float] = {}
+    each_job: dict[tuple[str, int], float] = {}
     fastest = np.inf
     with run_threads(conv_macs, holds_batch(feeds), threads, direct_macs, plan_recurrent_batch(plan)):
         for _ in range(runs):
             totals: dict[str, float] = defaultdict(float)
+            counts: dict[str, int] = defaultdict(int)
             for script, owners in replay.scripts:
                 for owner, cycles in zip(owners, replay_stamped(script, spinning())):
                     totals[owner] += cycles / rate
+                    job = (owner, counts[owner])
+                    counts[owner] += 1
+                    each_job[job] = min(each_job.get(job, np.inf), cycles / rate)
             for owner, seconds in totals.items():
                 best[owner] = min(best.get(owner, np.inf), seconds)
             fastest = min(fastest, sum(totals.values()))
-    return best, float(fastest)
+    return best, float(fastest), each_job
 
 
 def run_seconds(session: InferenceSession, feeds: dict, runs: int) -> float:
@@ -81,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--top", type=int, default=15, help="layers listed, those losing most in the run first")
+    parser.add_argument("--jobs", default="", help="comma-separated layers whose jobs are listed one by one")
     args = parser.parse_args(argv)
 
     session = InferenceSession(f"zoo:{args.model}", threads=args.threads)
@@ -89,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         session.run(None, feeds)
     replay = captured_replay(session)
     whole = run_seconds(session, feeds, args.runs)
-    in_run, fastest = in_run_seconds(session, feeds, args.batch, args.threads, replay, args.runs)
+    in_run, fastest, each_job = in_run_seconds(session, feeds, args.batch, args.threads, replay, args.runs)
     alone = layer_seconds(session, feeds)
     whole_again = run_seconds(session, feeds, args.runs)
 
@@ -107,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{jobs / alone_sum:.2f}x), the fastest replay's {fastest * 1e3:.3f}; whole run {run * 1e3:.3f} ms "
           f"(before / after the timeline {whole * 1e3:.3f} / {whole_again * 1e3:.3f}): "
           f"{(run - fastest) * 1e3:.3f} ms around the jobs")
+    for name in filter(None, args.jobs.split(",")):
+        jobs_of = sorted((index, seconds) for (owner, index), seconds in each_job.items() if owner == name)
+        listed = ", ".join(f"{index}: {seconds * 1e3:.3f}" for index, seconds in jobs_of)
+        print(f"{name} jobs in run (ms): {listed or 'none'}")
     return 0
 
 

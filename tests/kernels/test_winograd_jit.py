@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hetflow.devices.cpu import CPUDevice
-from hetflow.devices.cpu.kernels import jit_winograd, winograd
+from hetflow.devices.cpu.kernels import jit_winograd, jit_winograd_lanes, winograd
 from hetflow.devices.cpu.kernels.buffers import Scratch
 from hetflow.devices.cpu.threads import BLAS
 from hetflow.graph import Node
@@ -48,10 +48,15 @@ def _run(algorithm: str, attrs: ConvAttrs, x, w, b, out=None):
     return kernel.fn(node, [x, w, b], None if out is None else [out], workspace)[0]
 
 
+@pytest.mark.parametrize("lanes", [True, False], ids=["lanes", "loops"])
 @pytest.mark.parametrize("algorithm", WINOGRADS)
 @pytest.mark.parametrize(("x_shape", "kernels", "pads"), CASES)
-def test_matches_a_direct_sum(algorithm, x_shape, kernels, pads, monkeypatch):
+def test_matches_a_direct_sum(algorithm, x_shape, kernels, pads, lanes, monkeypatch):
+    """Through the tiles-in-lanes transforms where the CPU has them, and through the loops (what a CPU
+    without AVX-512, and float64, runs)."""
     monkeypatch.setattr(jit_winograd, "BAND_TILES", 7)  # several bands, a partial last one, on small maps
+    if not lanes:
+        monkeypatch.setattr(jit_winograd_lanes, "applies", lambda dtype: False)
     x, w, b = _case(x_shape, kernels)
     attrs = ConvAttrs(pads=pads)
     got = _run(algorithm, attrs, x, w, b)
@@ -173,7 +178,11 @@ def test_a_spinning_run_shares_both_transforms_out_on_its_pool(algorithm, fused,
     jobs = record_spin_jobs(monkeypatch, min_outputs=1)
     with threads.own_threads(2, spin=True, hold_blas=True):
         spun = _run(algorithm, attrs, x, w, b)
-    transform_jobs = {jit_winograd._input_address(), jit_winograd._output_address()}
+    if jit_winograd_lanes.applies(np.float32):  # the tiles in the lanes; the output's Sigmoid left behind
+        output = jit_winograd._output_address() if fused == FusedActivation("Sigmoid") else None
+        transform_jobs = {jit_winograd_lanes._input_address(), output or jit_winograd_lanes._output_address()}
+    else:
+        transform_jobs = {jit_winograd._input_address(), jit_winograd._output_address()}
     assert transform_jobs <= {job for job, _ in jobs}
     np.testing.assert_allclose(spun, single, rtol=1e-6, atol=1e-6)
 
@@ -192,7 +201,8 @@ def test_a_spinning_run_writes_a_concat_slice_on_its_pool(batch, monkeypatch):
         _run(WINOGRAD_F23, attrs, x, w, b, out=concat[:, 2:5])
     np.testing.assert_allclose(concat[:, 2:5], _direct_conv(x, w, b, attrs), rtol=1e-4, atol=1e-4)
     assert np.isnan(concat[:, :2]).all() and np.isnan(concat[:, 5:]).all()
-    assert jit_winograd._output_address() in {job for job, _ in jobs}
+    output = jit_winograd_lanes._output_address() if jit_winograd_lanes.applies(np.float32) else None
+    assert (output or jit_winograd._output_address()) in {job for job, _ in jobs}
 
 
 @pytest.mark.parametrize(("elements", "kernels", "channels", "count"), [

@@ -343,6 +343,20 @@ def float32_4d(args, slot):  # noqa: ANN001, ANN201
     return numba.carray(_float32_pointer(args[slot]), shape)
 
 
+@intrinsic
+def _int32_pointer(typingctx, address):  # noqa: ANN001, ANN202
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        return builder.inttoptr(args[0], ir.IntType(32).as_pointer())
+
+    return types.CPointer(types.int32)(address), codegen
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def int32_1d(args, slot):  # noqa: ANN001, ANN201
+    """The int32 vector at ``slot`` of an argument block (as ``put_array`` wrote it)."""
+    return numba.carray(_int32_pointer(args[slot]), (args[slot + 1],))
+
+
 @numba.njit(nogil=True, cache=True, inline="always")
 def int64_1d(args, slot):  # noqa: ANN001, ANN201
     """The int64 vector at ``slot`` of an argument block (as ``put_array`` wrote it)."""

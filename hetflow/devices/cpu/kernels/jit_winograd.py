@@ -30,6 +30,7 @@ import numba
 import numpy as np
 
 from hetflow.devices.cpu import spin_pool
+from hetflow.devices.cpu.kernels import jit_winograd_lanes
 from hetflow.devices.cpu.kernels.buffers import flat_images
 from hetflow.devices.cpu.kernels.jit_epilogue import NO_ACTIVATION, activation_code, store_activated
 from hetflow.devices.cpu.spin_pool import Job, argument_block, float32_1d, float32_3d, float32_4d
@@ -55,6 +56,9 @@ def input_transform(
     """
     batch, channels = x.shape[:2]
     planes, per_plane = batch * channels, tiles[0] * tiles[1] * len(bt) ** 2
+    if _in_lanes(x, v):
+        jit_winograd_lanes.input_transform(x, m, pads, tiles, v)
+        return
     numbers = (m, pads[0], pads[1], tiles[0], tiles[1], _band(tiles))
     if _spin_input(x, bt, v, numbers, planes, per_plane):
         return
@@ -84,6 +88,8 @@ def output_transform(
         return applied
     bias, constants, numbers = _output_arguments(y, flat[1], bias, tiles, code, alpha, beta)
     planes, per_plane = y.shape[0] * y.shape[1], int(y.shape[2]) * int(y.shape[3])
+    if _in_lanes(products, flat[0]) and jit_winograd_lanes.output_transform(products, bias, flat, y.shape, tiles, fused):
+        return True
     found = spin_split(planes, per_plane, (products, bias, flat[0], constants))
     if found is not None:
         _bound_output(products, at, bias, flat[0], constants, numbers, found[1]).run(found[0])
@@ -94,6 +100,12 @@ def output_transform(
 
         parallel_planes(run, planes, per_plane)
     return code != NO_ACTIVATION or fused is None
+
+
+def _in_lanes(*arrays: np.ndarray) -> bool:
+    """Whether a transform over ``arrays`` runs with its tiles in the vector lanes (``jit_winograd_lanes``):
+    float32 and C-contiguous, on a CPU with AVX-512's gathers."""
+    return all(a.flags.c_contiguous for a in arrays) and jit_winograd_lanes.applies(arrays[0].dtype)
 
 
 def _output_arguments(
@@ -252,6 +264,8 @@ def input_job(x: np.ndarray, bt: Coefficients, m: int, pads: tuple[int, int], ti
     """``input_transform`` (float32, C-contiguous arrays) as a spin-pool job, what a captured run replays:
     in the shares a spinning run splits it into (``spin_split``), else in one chunk."""
     planes, per_plane = x.shape[0] * x.shape[1], tiles[0] * tiles[1] * len(bt) ** 2
+    if _in_lanes(x, v):
+        return jit_winograd_lanes.input_job(x, m, pads, tiles, v)
     found = spin_split(planes, per_plane, (x, v))
     numbers = (m, pads[0], pads[1], tiles[0], tiles[1], _band(tiles))
     return _bound_input(x, bt, v, numbers, 1 if found is None else found[1])
@@ -268,6 +282,8 @@ def output_job(products: np.ndarray, at: Coefficients, bias: np.ndarray | None, 
         return None
     bias, constants, numbers = _output_arguments(y, flat[1], bias, tiles, code, alpha, beta)
     planes, per_plane = y.shape[0] * y.shape[1], int(y.shape[2]) * int(y.shape[3])
+    if _in_lanes(products, flat[0]):
+        return jit_winograd_lanes.output_job(products, bias, flat, y.shape, tiles, fused)
     found = spin_split(planes, per_plane, (products, bias, flat[0], constants))
     return _bound_output(products, at, bias, flat[0], constants, numbers, 1 if found is None else found[1])
 
