@@ -327,6 +327,10 @@ def heuristic_conv_algorithm(
     direct_runs = dtype is not None and direct_unsupported(spec, group, dtype) is None
     if any(stride != 1 for stride in spec.strides):
         direct_runs = direct_runs and _direct_takes_strided(spec, x_shape, kernels)
+    if winograd_fits and _winograd_in_lanes(dtype):
+        found = lanes_winograd(geometry(spec, x_shape[2:]).out, int(x_shape[0]), channels, kernels)
+        if found is not None:
+            return found
     if direct_runs:
         if not batched:
             macs = kernels * channels * math.prod(spec.kernel) * math.prod(geometry(spec, x_shape[2:]).out)
@@ -350,6 +354,53 @@ def heuristic_conv_algorithm(
     if kernels >= 32 and channels >= 112 and side >= 12:
         return WINOGRAD_F23
     return DIRECT_FMA if batched and direct_runs else IM2COL
+
+
+#: Winograd's transforms with the tiles in the vector lanes (``jit_winograd_lanes``) made it the fastest
+#: 3x3 stride-1 algorithm wherever its products fill the tile GEMM's vectors of 16 tiles and both channel
+#: counts reach this. ``hetflow tune`` (2 threads, Zen 4 VM, 2026-12-07), best Winograd / best other ms:
+#: one image, SqueezeNet's 16 -> 64 at 55x55 0.395 / 0.491, 32 -> 128 at 27x27 0.293 / 0.471, 64 -> 256 at
+#: 13x13 0.167 / 0.231; MentorNet's 64 -> 64 at 16x16 0.057 / 0.085; Inception v2's 64 -> 96 at 14x14
+#: 0.064 / 0.103, 160 -> 224 at 7x7 (F(2,3)) 0.109 / 0.191; DenseNet's 128 -> 32 at 14x14 0.061 / 0.070;
+#: ResNet-50's 256 -> 256 at 14x14 0.719 / 1.147, 512 -> 512 at 7x7 (F(2,3)) 1.035 / 1.265; batch 16,
+#: ResNet-50's 64 -> 64 at 56x56 11.9 / 16.9, MentorNet's 64 -> 128 at 8x8 0.51 / 0.69. Where the
+#: products leave lanes idle Winograd lost: one image's 64 -> 128 at 8x8 (4 tiles of F(4,3)), GoogLeNet's
+#: 160 -> 320 at 6x6 (9 of F(2,3)) 0.208 / 0.178 direct.
+LANES_WINOGRAD_MIN_CHANNELS = 16
+#: ... and F(2,3) on a map too small for F(4,3)'s vectors (one image's 7x7) only from this many channels
+#: (MentorNet's 64 -> 128 at 8x8 ran faster direct, DenseNet's 128 -> 32 at 7x7 tied).
+LANES_F23_MIN_CHANNELS = 128
+#: The tiles a Winograd layer's products need (one vector of the tile GEMM's 16 positions).
+LANES_MIN_TILES = 16
+
+
+def _winograd_in_lanes(dtype: np.dtype | None) -> bool:
+    """Whether Winograd's transforms run with the tiles in the vector lanes for X of ``dtype``."""
+    if dtype is None:
+        return False
+    from hetflow.devices.cpu.kernels import jit_winograd_lanes  # the CPU's kernels: imported when planning
+
+    return jit_winograd_lanes.applies(np.dtype(dtype))
+
+
+def lanes_winograd(out: Sequence[int], batch: int, channels: int, kernels: int) -> str | None:
+    """The Winograd algorithm for a 3x3 stride-1 layer of ``out`` (OH, OW) outputs over ``batch`` images
+    when its transforms run in the vector lanes, or None where another algorithm should: F(4,3) or F(2,3),
+    whichever multiplies fewer vectors of 16 tiles (36 or 16 elements each, a partial vector counted
+    whole; F(2,3) on a tie, its transforms cheaper), given ``LANES_MIN_TILES`` tiles and
+    ``LANES_WINOGRAD_MIN_CHANNELS`` channels. F(4,3)'s transformed weights (4x the raw, kept for the
+    session) are held to ``F43_MAX_CHANNELS_DEEP_BATCH`` channels below 24x24 maps, as before."""
+    fewest = min(channels, kernels)
+    if fewest < LANES_WINOGRAD_MIN_CHANNELS:
+        return None
+    tiles = {m: batch * math.ceil(out[0] / m) * math.ceil(out[1] / m) for m in (2, 4)}
+    vectors = {m: (m + 2) ** 2 * math.ceil(tiles[m] / LANES_MIN_TILES) for m in (2, 4)}
+    if tiles[4] >= LANES_MIN_TILES and vectors[4] < vectors[2]:
+        heavy = max(channels, kernels) > F43_MAX_CHANNELS_DEEP_BATCH and min(out) < 24
+        return WINOGRAD_F23 if heavy else WINOGRAD_F43
+    if tiles[2] >= LANES_MIN_TILES and (fewest >= LANES_F23_MIN_CHANNELS or batch > 1):
+        return WINOGRAD_F23
+    return None
 
 
 def conv_workspace_bytes(

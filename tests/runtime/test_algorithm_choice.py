@@ -265,14 +265,53 @@ def test_tune_command_on_a_zoo_model(capsys: pytest.CaptureFixture):
         (128, 256, 14, 1, "winograd_f23"),  # 58 M
     ],
 )
-def test_the_cost_model_runs_small_layers_direct(channels, kernels, side, batch, expected):
+def test_the_cost_model_runs_small_layers_direct(channels, kernels, side, batch, expected, monkeypatch):
+    """The cost model where Winograd's transforms run as loops (a CPU without AVX-512's gathers)."""
+    from hetflow.ops import conv
     from hetflow.ops.conv import ConvAttrs, conv_window, heuristic_conv_algorithm
+
+    monkeypatch.setattr(conv, "_winograd_in_lanes", lambda dtype: False)
 
     spec = conv_window(ConvAttrs(pads=(1, 1, 1, 1)), (kernels, channels, 3, 3))
     shape = (batch, channels, side, side)
     assert heuristic_conv_algorithm(spec, shape, kernels, 1, np.dtype(np.float32)) == expected
     if expected == "direct_fma":  # without X's dtype the direct kernel is not considered
         assert heuristic_conv_algorithm(spec, shape, kernels, 1) in ("im2col", "winograd_f23", "winograd_f43")
+
+
+@pytest.mark.parametrize(
+    ("channels", "kernels", "side", "batch", "expected"),
+    [
+        (64, 64, 16, 1, "winograd_f43"),  # 16 tiles of F(4,3): one whole vector of the products
+        (16, 64, 55, 1, "winograd_f43"),  # SqueezeNet's expand layer: 16 channels are enough
+        (8, 64, 55, 1, None),  # fewer are not
+        (64, 128, 8, 1, None),  # 4 tiles of F(4,3), 16 of F(2,3) but under LANES_F23_MIN_CHANNELS
+        (64, 128, 8, 16, "winograd_f43"),  # a batch's 64 tiles fill F(4,3)'s vectors
+        (512, 512, 7, 1, "winograd_f23"),  # one image's 7x7: F(2,3)'s 16 tiles
+        (512, 512, 7, 16, "winograd_f23"),  # F(4,3) multiplies fewer vectors, but its weights are 4x
+        (160, 320, 6, 1, None),  # 9 tiles of F(2,3): the direct kernel
+        (160, 320, 6, 16, "winograd_f23"),  # a tie in vectors goes to F(2,3)
+        (256, 256, 14, 1, "winograd_f43"),
+        (512, 512, 14, 1, "winograd_f23"),  # past F43_MAX_CHANNELS_DEEP_BATCH below 24x24
+        (512, 512, 28, 16, "winograd_f43"),
+    ],
+)
+def test_lanes_winograd_takes_the_layers_whose_products_fill_vectors(channels, kernels, side, batch, expected):
+    from hetflow.ops.conv import lanes_winograd
+
+    assert lanes_winograd((side, side), batch, channels, kernels) == expected
+
+
+def test_the_cost_model_takes_lanes_winograd_where_the_transforms_run_in_lanes(monkeypatch):
+    from hetflow.ops import conv
+    from hetflow.ops.conv import ConvAttrs, conv_window, heuristic_conv_algorithm
+
+    monkeypatch.setattr(conv, "_winograd_in_lanes", lambda dtype: True)
+    spec = conv_window(ConvAttrs(pads=(1, 1, 1, 1)), (64, 64, 3, 3))
+    assert heuristic_conv_algorithm(spec, (1, 64, 16, 16), 64, 1, np.dtype(np.float32)) == "winograd_f43"
+    assert heuristic_conv_algorithm(spec, (1, 64, 8, 8), 64, 1, np.dtype(np.float32)) == "direct_fma"
+    strided = conv_window(ConvAttrs(pads=(1, 1, 1, 1), strides=(2, 2)), (64, 64, 3, 3))
+    assert heuristic_conv_algorithm(strided, (1, 64, 16, 16), 64, 1, np.dtype(np.float32)) != "winograd_f43"
 
 
 @pytest.mark.parametrize(
