@@ -479,6 +479,8 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
         products = (tile + 2) ** 2
         changes["gemm"] = GemmDims(n=w[0], m=tiles, k=w[1], count=products)
         changes["macs"] = products * w[0] * w[1] * tiles
+        if key.endswith((SPIN_MARK, SPIN_BATCH_MARK)):
+            changes.update(_winograd_on_tiles(w, tiles))
     elif algorithm == getattr(conv_op, "DEPTHWISE", "depthwise"):
         changes.update(gemm=None, macs=0, flops=cost.flops + 2 * cost.macs)
     if key.endswith(OWN_PRODUCT_MARKS):
@@ -487,6 +489,19 @@ def kernel_cost(node: Node, cost: Cost, key: str, graph: Graph) -> Cost:
         # 1x1 layers at 2.5x their time.
         changes["gemm"] = None
     return dataclasses.replace(cost, **changes)
+
+
+#: Tiles a Winograd transform call takes at once (``jit_winograd_lanes``: one a vector lane).
+WINOGRAD_TILE_GROUP = 16
+
+
+def _winograd_on_tiles(w: Sequence[int], tiles: int) -> dict[str, Any]:
+    """A spinning run's Winograd Conv: its a*a products are one grouped job on the tile GEMM, whose
+    multiply-adds run at the peak rate however small each product is (no GEMM model: its per-call cost,
+    36 calls a layer for F(4,3), priced MentorNet's 16x16 layers 40% over once they ran Winograd), and
+    its transforms a call per channel (and per kernel on the way out) and group of 16 tiles (``loops``)."""
+    groups = -(-tiles // WINOGRAD_TILE_GROUP)
+    return {"gemm": None, "loops": (int(w[0]) + int(w[1])) * groups}
 
 
 def concat_copy_cost(node: Node, cost: Cost, planned: MemoryPlan | None, graph: Graph) -> Cost:
