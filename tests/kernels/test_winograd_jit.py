@@ -180,7 +180,7 @@ def test_a_spinning_run_shares_both_transforms_out_on_its_pool(algorithm, fused,
         spun = _run(algorithm, attrs, x, w, b)
     if jit_winograd_lanes.applies(np.float32):  # the tiles in the lanes; the output's Sigmoid left behind
         output = jit_winograd._output_address() if fused == FusedActivation("Sigmoid") else None
-        transform_jobs = {jit_winograd_lanes._input_address(), output or jit_winograd_lanes._output_address()}
+        transform_jobs = {jit_winograd_lanes.job_addresses()[0], output or jit_winograd_lanes.job_addresses()[1]}
     else:
         transform_jobs = {jit_winograd._input_address(), jit_winograd._output_address()}
     assert transform_jobs <= {job for job, _ in jobs}
@@ -201,7 +201,7 @@ def test_a_spinning_run_writes_a_concat_slice_on_its_pool(batch, monkeypatch):
         _run(WINOGRAD_F23, attrs, x, w, b, out=concat[:, 2:5])
     np.testing.assert_allclose(concat[:, 2:5], _direct_conv(x, w, b, attrs), rtol=1e-4, atol=1e-4)
     assert np.isnan(concat[:, :2]).all() and np.isnan(concat[:, 5:]).all()
-    output = jit_winograd_lanes._output_address() if jit_winograd_lanes.applies(np.float32) else None
+    output = jit_winograd_lanes.job_addresses()[1] if jit_winograd_lanes.applies(np.float32) else None
     assert (output or jit_winograd._output_address()) in {job for job, _ in jobs}
 
 

@@ -296,20 +296,22 @@ def cycles_per_second(seconds: float = 0.05) -> float:
 
 
 # -- argument blocks --------------------------------------------------------------------------------
-@intrinsic
-def _float32_pointer(typingctx, address):  # noqa: ANN001, ANN202
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        return builder.inttoptr(args[0], ir.FloatType().as_pointer())
+def _pointer_intrinsic(element: ir.Type, numba_type: types.Type):  # noqa: ANN202
+    """An intrinsic turning an integer address into a pointer to ``element`` (numba's ``numba_type``)."""
 
-    return types.CPointer(types.float32)(address), codegen
+    @intrinsic
+    def pointer(typingctx, address):  # noqa: ANN001, ANN202
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            return builder.inttoptr(args[0], element.as_pointer())
+
+        return types.CPointer(numba_type)(address), codegen
+
+    return pointer
 
 
-@intrinsic
-def _int64_pointer(typingctx, address):  # noqa: ANN001, ANN202
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        return builder.inttoptr(args[0], ir.IntType(64).as_pointer())
-
-    return types.CPointer(types.int64)(address), codegen
+_float32_pointer = _pointer_intrinsic(ir.FloatType(), types.float32)
+_int32_pointer = _pointer_intrinsic(ir.IntType(32), types.int32)
+_int64_pointer = _pointer_intrinsic(ir.IntType(64), types.int64)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -341,14 +343,6 @@ def float32_4d(args, slot):  # noqa: ANN001, ANN201
     """The C-contiguous 4-D float32 array at ``slot`` of an argument block (as ``put_array`` wrote it)."""
     shape = (args[slot + 1], args[slot + 2], args[slot + 3], args[slot + 4])
     return numba.carray(_float32_pointer(args[slot]), shape)
-
-
-@intrinsic
-def _int32_pointer(typingctx, address):  # noqa: ANN001, ANN202
-    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        return builder.inttoptr(args[0], ir.IntType(32).as_pointer())
-
-    return types.CPointer(types.int32)(address), codegen
 
 
 @numba.njit(nogil=True, cache=True, inline="always")

@@ -129,7 +129,7 @@ def _x86_gathers() -> bool:
     return "+avx512f" in llvm_binding.get_host_cpu_features().flatten()
 
 
-def _addresses(builder: ir.IRBuilder, base: ir.Value, indices: ir.Value) -> ir.Value:
+def _pointers(builder: ir.IRBuilder, base: ir.Value, indices: ir.Value) -> ir.Value:
     """The 16 pointers ``base + indices[lane]`` (floats), for LLVM's generic gather and scatter
     (llvmlite builds no GEP over a vector of indices, so as integers)."""
     wide = ir.VectorType(lv.INT, LANES)
@@ -151,7 +151,7 @@ def _gather(builder: ir.IRBuilder, base: ir.Value, indices: ir.Value, mask: ir.V
         "llvm.masked.gather.v16f32.v16p0",
         fnty=ir.FunctionType(lv.VECTOR, [ir.VectorType(ir.PointerType(), LANES), lv.INT32, _MASK, lv.VECTOR]),
     )
-    return builder.call(function, [_addresses(builder, base, indices), lv.INT32(4), mask, zero])
+    return builder.call(function, [_pointers(builder, base, indices), lv.INT32(4), mask, zero])
 
 
 def _scatter(builder: ir.IRBuilder, value: ir.Value, base: ir.Value, indices: ir.Value, mask: ir.Value) -> None:
@@ -167,7 +167,7 @@ def _scatter(builder: ir.IRBuilder, value: ir.Value, base: ir.Value, indices: ir
         "llvm.masked.scatter.v16f32.v16p0",
         fnty=ir.FunctionType(ir.VoidType(), [lv.VECTOR, ir.VectorType(ir.PointerType(), LANES), lv.INT32, _MASK]),
     )
-    builder.call(function, [value, _addresses(builder, base, indices), lv.INT32(4), mask])
+    builder.call(function, [value, _pointers(builder, base, indices), lv.INT32(4), mask])
 
 
 def _input_body(builder: ir.IRBuilder, m: int, x: ir.Value, table: list[ir.Value], limits: list[ir.Value],
@@ -352,13 +352,9 @@ def _output_job(args, chunk, chunks):  # noqa: ANN001, ANN202
 
 
 @functools.cache
-def _input_address() -> int:
-    return spin_pool.job(_input_job)
-
-
-@functools.cache
-def _output_address() -> int:
-    return spin_pool.job(_output_job)
+def job_addresses() -> tuple[int, int]:
+    """The spin-pool addresses of the input and the output transform's jobs."""
+    return spin_pool.job(_input_job), spin_pool.job(_output_job)
 
 
 def applies(dtype: np.dtype) -> bool:
@@ -389,7 +385,7 @@ def input_job(x: np.ndarray, m: int, pads: tuple[int, int], tiles: tuple[int, in
     table = tile_table(batch, tiles, m, (-pads[0], -pads[1]), width, channels * height * width)
     arrays = (x.reshape(-1), table, v.reshape(-1))
     numbers = (count, channels, height, width, m)
-    return Job(_input_address(), argument_block(_INPUT_SLOTS, arrays, numbers), shares, arrays)
+    return Job(job_addresses()[0], argument_block(_INPUT_SLOTS, arrays, numbers), shares, arrays)
 
 
 def input_transform(x: np.ndarray, m: int, pads: tuple[int, int], tiles: tuple[int, int], v: np.ndarray) -> None:
@@ -438,7 +434,7 @@ def output_job(products: np.ndarray, bias: np.ndarray, flat: tuple[np.ndarray, i
         return None
     arrays, numbers = found
     shares = _shares(numbers[1], int(shape[0]) * numbers[2] * numbers[3], arrays[:1] + arrays[2:4])[1]
-    return Job(_output_address(), argument_block(_OUTPUT_SLOTS, arrays, numbers), shares, arrays)
+    return Job(job_addresses()[1], argument_block(_OUTPUT_SLOTS, arrays, numbers), shares, arrays)
 
 
 def output_transform(products: np.ndarray, bias: np.ndarray, flat: tuple[np.ndarray, int], shape: tuple[int, ...],
@@ -452,7 +448,7 @@ def output_transform(products: np.ndarray, bias: np.ndarray, flat: tuple[np.ndar
     per_kernel = int(shape[0]) * numbers[2] * numbers[3]
     pool, shares = _shares(numbers[1], per_kernel, arrays[:1] + arrays[2:4])
     if pool is not None:
-        Job(_output_address(), argument_block(_OUTPUT_SLOTS, arrays, numbers), shares, arrays).run(pool)
+        Job(job_addresses()[1], argument_block(_OUTPUT_SLOTS, arrays, numbers), shares, arrays).run(pool)
         return True
     flat_products, table, y, bias32, activation = arrays
     tile_count, kernels, out_h, out_w, m = numbers
