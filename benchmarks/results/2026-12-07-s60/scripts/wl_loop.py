@@ -1,10 +1,10 @@
 import time, sys, numpy as np
 from hetflow.devices.cpu.kernels import jit_winograd_lanes as wl
 import os
-n,c,h,w,m,pad=1,int(os.environ.get("C","64")),16,16,4,1
+n,c,h,w,m,pad=1,int(os.environ.get("C","64")),16,16,int(os.environ.get("M","4")),1
 a=m+2
 x=np.random.default_rng(0).standard_normal((n,c,h,w)).astype(np.float32)
-oh,ow=h,w; tiles=(4,4); T=16
+oh,ow=h,w; tiles=(16//m,16//m); T=tiles[0]*tiles[1]
 table=wl.tile_table(n,tiles,m,(-pad,-pad),w,c*h*w)
 v=np.zeros((a*a,c,T),np.float32)
 k=64

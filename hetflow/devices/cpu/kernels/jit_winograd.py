@@ -58,11 +58,11 @@ def input_transform(
     Tile (n, i, j) starts at padded row ``i*m``, column ``j*m``, with ``pads`` = (top, left) zero rows
     and columns before X; ``bt`` is ``coefficients(B^T, x.dtype)``.
     """
-    batch, channels = x.shape[:2]
-    planes, per_plane = batch * channels, tiles[0] * tiles[1] * len(bt) ** 2
     if _in_lanes(x, v):
         jit_winograd_lanes.input_transform(x, m, pads, tiles, v)
         return
+    batch, channels = x.shape[:2]
+    planes, per_plane = batch * channels, tiles[0] * tiles[1] * len(bt) ** 2
     numbers = (m, pads[0], pads[1], tiles[0], tiles[1], _band(tiles))
     if _spin_input(x, bt, v, numbers, planes, per_plane):
         return
@@ -267,9 +267,9 @@ def input_job(x: np.ndarray, bt: Coefficients, m: int, pads: tuple[int, int], ti
               v: np.ndarray) -> Job:  # fmt: skip
     """``input_transform`` (float32, C-contiguous arrays) as a spin-pool job, what a captured run replays:
     in the shares a spinning run splits it into (``spin_split``), else in one chunk."""
-    planes, per_plane = x.shape[0] * x.shape[1], tiles[0] * tiles[1] * len(bt) ** 2
     if _in_lanes(x, v):
         return jit_winograd_lanes.input_job(x, m, pads, tiles, v)
+    planes, per_plane = x.shape[0] * x.shape[1], tiles[0] * tiles[1] * len(bt) ** 2
     found = spin_split(planes, per_plane, (x, v))
     numbers = (m, pads[0], pads[1], tiles[0], tiles[1], _band(tiles))
     return _bound_input(x, bt, v, numbers, 1 if found is None else found[1])

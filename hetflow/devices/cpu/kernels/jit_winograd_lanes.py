@@ -122,6 +122,7 @@ def _inside(builder: ir.IRBuilder, starts: ir.Value, step: int, limit: ir.Value)
     return builder.icmp_unsigned("<", builder.add(starts, _int_constant(step)), limit)
 
 
+@functools.cache
 def _x86_gathers() -> bool:
     """Whether the host has AVX-512's gathers and scatters of 16 floats by 32-bit indices: LLVM's generic
     ``masked.gather`` needs a vector of 64-bit pointers, which it lowers to two 8-lane gathers and the
@@ -225,8 +226,8 @@ def _output_body(builder: ir.IRBuilder, m: int, products: ir.Value, p_start: ir.
             _scatter(builder, value, y, indices, builder.and_(row_inside, column_inside[j]))
 
 
-def _lanes_below(builder: ir.IRBuilder, count: ir.Value) -> ir.Value | None:
-    """The store mask of a group of ``count`` tiles (all 16 lanes when ``count`` >= 16)."""
+def _lanes_below(builder: ir.IRBuilder, count: ir.Value) -> ir.Value:
+    """The lanes of a group of ``count`` tiles that hold one (the first ``count``, at most 16)."""
     return lv.lanes_inside(builder, lv.INT(0), LANES, count)
 
 
