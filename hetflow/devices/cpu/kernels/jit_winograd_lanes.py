@@ -376,34 +376,39 @@ def _edge(elements: int) -> int:
     return int(round(elements**0.5)) - 2
 
 
+def _input_arrays(
+    x: np.ndarray, m: int, pads: tuple[int, int], tiles: tuple[int, int], v: np.ndarray
+) -> tuple[tuple[np.ndarray, ...], tuple[int, ...]]:
+    """An input pass's arrays (X, its tile table, V; flat) and numbers (tiles, channels, H, W, m)."""
+    batch, channels, height, width = x.shape
+    table = tile_table(batch, tiles, m, (-pads[0], -pads[1]), width, channels * height * width)
+    return (x.reshape(-1), table, v.reshape(-1)), (batch * tiles[0] * tiles[1], channels, height, width, m)
+
+
 def input_job(x: np.ndarray, m: int, pads: tuple[int, int], tiles: tuple[int, int], v: np.ndarray) -> Job:
     """``V [a*a, C, T]`` = ``B^T d B`` of every tile of the C-contiguous float32 ``x [N, C, H, W]`` (tile
     (n, i, j) from padded row ``i*m``, column ``j*m``; ``pads`` = (top, left)) as a spin-pool job, in
     ranges of channels as a spinning run splits it (one without)."""
-    batch, channels, height, width = x.shape
-    count = batch * tiles[0] * tiles[1]
-    shares = _shares(channels, count * (m + 2) ** 2, (x, v))[1]
-    table = tile_table(batch, tiles, m, (-pads[0], -pads[1]), width, channels * height * width)
-    arrays = (x.reshape(-1), table, v.reshape(-1))
-    numbers = (count, channels, height, width, m)
+    arrays, numbers = _input_arrays(x, m, pads, tiles, v)
+    shares = _shares(numbers[1], numbers[0] * (m + 2) ** 2, (x, v))[1]
     return Job(job_addresses()[0], argument_block(_INPUT_SLOTS, arrays, numbers), shares, arrays)
 
 
 def input_transform(x: np.ndarray, m: int, pads: tuple[int, int], tiles: tuple[int, int], v: np.ndarray) -> None:
     """``input_job``'s transform, now: on a spinning run's pool, else over the kernel threads."""
-    batch, channels, height, width = x.shape
-    count = batch * tiles[0] * tiles[1]
-    pool, shares = _shares(channels, count * (m + 2) ** 2, (x, v))
+    arrays, numbers = _input_arrays(x, m, pads, tiles, v)
+    count, channels, height, width, _ = numbers
+    per_channel = count * (m + 2) ** 2
+    pool, shares = _shares(channels, per_channel, (x, v))
     if pool is not None:
-        input_job(x, m, pads, tiles, v).run(pool)
+        Job(job_addresses()[0], argument_block(_INPUT_SLOTS, arrays, numbers), shares, arrays).run(pool)
         return
-    table = tile_table(batch, tiles, m, (-pads[0], -pads[1]), width, channels * height * width)
-    flat_x, flat_v = x.reshape(-1), v.reshape(-1)
+    flat_x, table, flat_v = arrays
 
     def run(first: int, last: int) -> None:
         input_channels(flat_x, table, count, channels, height, width, flat_v, first, last, m)
 
-    parallel_planes(run, channels, count * (m + 2) ** 2)
+    parallel_planes(run, channels, per_channel)
 
 
 def _output_arrays(
