@@ -52,6 +52,7 @@ from hetflow.devices.cpu.threads import (
     NUMBA_POOL,
     available_cores,
     blas_threads,
+    hold_deferred_blas,
     own_threads,
     replay_key,
     spinning,
@@ -125,7 +126,8 @@ def execute(
     wanted = tuple(plan.graph.outputs) if outputs is None else tuple(outputs)
     program = compiled(plan, wanted)
     count = available_cores() if threads is None else threads
-    with program.arrangement(holds_batch(feeds), count).hold():
+    sequential = observer is None and not (mode == "parallel" and count > 1 and program.branches)
+    with program.arrangement(holds_batch(feeds), count).hold(deferred=sequential):
         if observer is not None:
             env = program.run_observed(feeds, observer)
         elif mode == "parallel" and count > 1 and program.branches:
@@ -153,7 +155,7 @@ class SteadyRun:
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The outputs, in order, of a run on ``feeds`` (of the signature this was made for)."""
         program = self.program
-        with self.arrangement.hold():
+        with self.arrangement.hold(deferred=True):
             env = program.run(feeds, REPLAYS)
         return [env[slot] for slot in program.output_slots]  # type: ignore[misc]
 
@@ -213,13 +215,14 @@ class ThreadArrangement:
         """Short text form, e.g. ``own:2``, ``spin:2+blas1``, ``blas:2``."""
         return f"{self.kind}:{self.threads}" + ("+blas1" if self.hold_blas else "")
 
-    def hold(self) -> blas_threads:
-        """The context manager that holds this arrangement."""
+    def hold(self, deferred: bool = False) -> blas_threads:
+        """The context manager that holds this arrangement; ``deferred``: BLAS's count is set only when
+        the run calls ``hold_deferred_blas`` (``Program.run``: before any step called from Python)."""
         if self.kind == "own":
-            return own_threads(self.threads, NUMBA_POOL and jit_gemm.available())
+            return own_threads(self.threads, NUMBA_POOL and jit_gemm.available(), deferred=deferred)
         if self.kind == "spin":
-            return own_threads(self.threads, spin=True, hold_blas=self.hold_blas)
-        return blas_threads(self.threads)
+            return own_threads(self.threads, spin=True, hold_blas=self.hold_blas, deferred=deferred)
+        return blas_threads(self.threads, deferred)
 
 
 def thread_arrangement(
@@ -498,12 +501,15 @@ class Program:
         """The steps one after the other; with ``replays``, as a captured run where the thread arrangement
         allows one (``hetflow.runtime.replay``): the arena's first such run captures, later ones replay."""
         if self.resident_devices:
+            hold_deferred_blas()
             return self.run_resident(feeds)
         env = self.environment(feeds)
         arena = self._acquire("sequential")
         node = None
         key = replay_key() if replays else None
         found = arena.replays.get(key) if key is not None else None
+        if found is None or found.calls_python:
+            hold_deferred_blas()  # a replay that calls no step from Python calls no BLAS
         try:
             if key is not None and key not in arena.replays:
                 found = arena.replays[key] = capture(arena.hot, env, self.input_slots, self.stable_slots, spinning())

@@ -163,6 +163,48 @@ def test_hold_is_a_no_op_when_the_count_already_matches(blas_at_two):
     assert BLAS.get() == 2
 
 
+def test_a_deferred_hold_sets_blas_only_when_asked_and_restores_it(blas_at_two):
+    with threads.blas_threads(1, deferred=True):
+        assert BLAS.get() == 2 and intra_op_threads() == 1
+        threads.hold_deferred_blas()
+        assert BLAS.get() == 1
+        threads.hold_deferred_blas()  # once only
+        assert BLAS.get() == 1
+    assert BLAS.get() == 2
+    with threads.blas_threads(1, deferred=True):
+        pass  # never asked: BLAS never touched
+    assert BLAS.get() == 2
+    threads.hold_deferred_blas()  # outside any hold: nothing to do
+    assert BLAS.get() == 2
+
+
+def test_a_replayed_run_leaves_blas_alone_where_a_called_run_holds_it(blas_at_two, monkeypatch):
+    """A spinning run of a large network holds BLAS at one thread (``SPIN_BLAS_MAX_CONV_MACS``), but a
+    replay that calls no step from Python calls no BLAS: setting OpenBLAS's count and back there only
+    cost time (~40 us a MobileNet v2 run)."""
+    from hetflow.devices.cpu.kernels import jit_gemm
+    from hetflow.runtime import executor
+
+    if not jit_gemm.available():
+        pytest.skip("no spinning runs without jit_gemm (numba's CBLAS binding)")
+    monkeypatch.setattr(executor, "SPIN_BLAS_MAX_CONV_MACS", 0)
+    counts: list[int] = []
+    real_set = BLAS.set
+    monkeypatch.setattr(BLAS, "set", lambda count: (counts.append(count), real_set(count)))
+    session = hetflow.InferenceSession(_conv_model(), threads=2)
+    feed = {"x": np.ones((1, 2, 6, 6), np.float32)}
+    (first,) = session.run(None, feed)  # the capture calls every step: BLAS held at one, then restored
+    assert counts == [1, 2]
+    counts.clear()
+    for _ in range(3):
+        (again,) = session.run(None, feed)
+    assert counts == [] and BLAS.get() == 2
+    np.testing.assert_array_equal(again, first)
+    seen: list[int] = []
+    session.run(None, feed, observer=lambda step, seconds: seen.append(_blas_threads_now()))
+    assert set(seen) == {1} and BLAS.get() == 2  # steps called one by one: held
+
+
 def test_parallel_for_runs_every_item_once():
     seen: list[int] = []
     lock = threading.Lock()

@@ -176,21 +176,48 @@ def intra_op_threads() -> int:
 
 
 class blas_threads:  # noqa: N801  (a context manager, like threadpoolctl's)
-    """While active: BLAS at ``count`` threads (the previous count restored on exit)."""
+    """While active: BLAS at ``count`` threads (the previous count restored on exit).
 
-    def __init__(self, count: int):
+    ``deferred``: BLAS's count is set only when the run first needs BLAS (``hold_deferred_blas``), not on
+    entry. A replayed run calls no BLAS at all, and setting OpenBLAS to one thread and back cost ~40 us a
+    run there (MobileNet v2 at batch 1: ``set_num_threads(2)`` alone ~31 us after the run's jobs had
+    left its code out of the caches).
+    """
+
+    def __init__(self, count: int, deferred: bool = False):
         self.count = count
+        self.deferred = deferred
         self.previous: int | None = None
+        self.waiting = False  # a deferred hold not yet made
         self.outer: int | None = None
+        self.outer_pending: blas_threads | None = None
 
     def __enter__(self) -> blas_threads:
-        self.previous = BLAS.hold(self.count)
+        self.waiting = self.deferred
+        self.previous = None if self.deferred else BLAS.hold(self.count)
         self.outer, _held.count = getattr(_held, "count", None), self.count
+        self.outer_pending, _held.pending = getattr(_held, "pending", None), self if self.deferred else None
         return self
+
+    def hold_now(self) -> None:
+        """Set BLAS's count now, once, where this hold was deferred."""
+        if self.waiting:
+            self.waiting = False
+            self.previous = BLAS.hold(self.count)
 
     def __exit__(self, *exc: object) -> None:
         _held.count = self.outer
+        _held.pending = self.outer_pending
         BLAS.restore(self.previous)
+
+
+def hold_deferred_blas() -> None:
+    """Set BLAS to the count the running thread's ``blas_threads`` holds, where that hold was deferred:
+    a run calls it before any step that may call BLAS."""
+    pending = getattr(_held, "pending", None)
+    if pending is not None:
+        pending.hold_now()
+        _held.pending = None
 
 
 class own_threads(blas_threads):  # noqa: N801
@@ -206,13 +233,16 @@ class own_threads(blas_threads):  # noqa: N801
     the executor does that for every run of a convolutional network when ``NUMBA_POOL`` is set.
     """
 
-    def __init__(self, count: int, numba_pool: bool = False, spin: bool = False, hold_blas: bool = False):
+    def __init__(
+        self, count: int, numba_pool: bool = False, spin: bool = False, hold_blas: bool = False,
+        deferred: bool = False,
+    ):
         self.pool = spin_pool(count) if spin and count > 1 and not numba_pool else None
         # NOTE: on spinning threads BLAS keeps its count unless ``hold_blas``: setting OpenBLAS to one
         # thread and back around each run cost LeNet ~20 us a run (its workers woke on the cores the
         # spinning threads use); OpenBLAS runs products under ~0.26 M multiply-adds on one thread
         # anyway, and larger ones fitting CBLAS split here. A large network's products would wake them.
-        super().__init__(count if self.pool is not None and not hold_blas else 1)
+        super().__init__(count if self.pool is not None and not hold_blas else 1, deferred)
         self.threads = count
         self.numba_pool = numba_pool
 
