@@ -13,6 +13,7 @@ at it.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -53,16 +54,28 @@ class InPlaceFeed:
         self.pointers = pointers
         #: Where the pointers now hold the input: the buffer, or the last caller array read in place.
         self.pointed = address_of(buffer)
+        #: The last caller array read in place (weakly: the caller owns it), its dtype and shape then.
+        self._last: tuple[weakref.ref[np.ndarray], np.dtype, tuple[int, ...]] | None = None
 
     def take(self, value: Any) -> np.ndarray:
         """The array the jobs read this run: ``value`` itself where its layout is the buffer's, else the
-        buffer with ``value`` copied in."""
+        buffer with ``value`` copied in.
+
+        The same array as last time (a caller looping over one input array) is recognised by identity:
+        after a large network's run every check on an array's layout reads memory that has left the
+        caches (~30 us for MobileNet v2's input at batch 1). An ndarray's data never moves while a
+        reference to it is alive, and its dtype and shape are compared as they were.
+        """
+        last = self._last
+        if last is not None and last[0]() is value and value.dtype is last[1] and value.shape == last[2]:
+            return value
         buffer = self.buffer
         if (type(value) is np.ndarray and value.dtype == buffer.dtype and value.shape == buffer.shape
                 and value.flags.c_contiguous and self.pointers):  # fmt: skip
             address = address_of(value)
             if address % buffer.itemsize == 0:
                 self._point_at(address)
+                self._last = (weakref.ref(value), value.dtype, value.shape)
                 return value
         np.copyto(buffer, value)
         self.rest()
@@ -70,6 +83,7 @@ class InPlaceFeed:
 
     def rest(self) -> None:
         """Point the jobs back at the buffer (where a compiled package's jobs must point when saved)."""
+        self._last = None
         self._point_at(address_of(self.buffer))
 
     def _point_at(self, address: int) -> None:

@@ -55,6 +55,7 @@ from hetflow.devices.cpu.threads import (
     hold_deferred_blas,
     own_threads,
     replay_key,
+    spin_pool,
     spinning,
 )
 from hetflow.devices.opencl import DeviceArray
@@ -64,7 +65,7 @@ from hetflow.ops.base import planned_infos
 from hetflow.ops.conv import DIRECT_FMA
 from hetflow.runtime.memory import MemoryPlan, Order, plan_memory
 from hetflow.runtime.plan import Plan, Step, StreamedWeight
-from hetflow.runtime.replay import VIEW_OPS, Replay, StepFailed, capture
+from hetflow.runtime.replay import VIEW_OPS, DirectReplay, Replay, StepFailed, capture
 
 ExecutionMode = Literal["sequential", "parallel"]
 EXECUTION_MODES: tuple[str, ...] = ("sequential", "parallel")
@@ -151,12 +152,25 @@ class SteadyRun:
     def __init__(self, program: Program, arrangement: ThreadArrangement):
         self.program = program
         self.arrangement = arrangement
+        #: The run replayed directly once one was captured (``Program.direct_replay``), or None.
+        self._direct: DirectReplay | None = None
+        self._direct_tries = 0
+        self._direct_busy = threading.Lock()  # one direct run at a time: a concurrent run takes the usual way
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The outputs, in order, of a run on ``feeds`` (of the signature this was made for)."""
+        direct = self._direct
+        if direct is not None and self._direct_busy.acquire(blocking=False):
+            try:
+                return direct.run(feeds)
+            finally:
+                self._direct_busy.release()
         program = self.program
         with self.arrangement.hold(deferred=True):
             env = program.run(feeds, REPLAYS)
+        if self._direct is None and self._direct_tries < _DIRECT_TRIES and REPLAYS:
+            self._direct_tries += 1
+            self._direct = program.direct_replay(self.arrangement)
         return [env[slot] for slot in program.output_slots]  # type: ignore[misc]
 
 
@@ -171,6 +185,9 @@ def steady_run(
         return None
     return SteadyRun(program, program.arrangement(holds_batch(feeds), count))
 
+
+#: Runs after which a ``SteadyRun`` stops looking for a direct replay (its runs are not replayed whole).
+_DIRECT_TRIES = 2
 
 #: Whether sequential runs are captured and replayed (``hetflow.runtime.replay``); ``HETFLOW_REPLAY=0``
 #: turns it off (to compare).
@@ -438,6 +455,7 @@ class Program:
         self._wanted = tuple(wanted)
         self._memory: dict[Order, MemoryPlan | None] = {"sequential": self._plan_memory("sequential")}
         self._arenas: dict[Order, list[_Arena]] = {"sequential": [], "parallel": []}
+        self._direct_arenas: list[_Arena] = []  # arenas that direct replays (``direct_replay``) hold
         self._memory_lock = threading.Lock()
 
     def replayed_steps(self) -> tuple[bool, ...]:
@@ -452,10 +470,31 @@ class Program:
         finally:
             self._release("sequential", arena)
 
+    def direct_replay(self, arrangement: ThreadArrangement) -> DirectReplay | None:
+        """A ``DirectReplay`` of a captured run of this program in ``arrangement``, its arena taken out of
+        the program's pool for good; None where runs there are not replayed whole from compiled code (no
+        spinning pool, steps still called from Python, resident devices, replays turned off)."""
+        if not REPLAYS or self.resident_devices or arrangement.kind != "spin" or arrangement.threads < 2:
+            return None
+        pool = spin_pool(arrangement.threads)
+        key = (id(pool), arrangement.threads)  # ``replay_key`` inside the arrangement
+        arena = self._acquire("sequential")
+        found = arena.replays.get(key)
+        direct = DirectReplay.of(found, pool, self.slots, self.output_slots) if found is not None else None
+        if direct is None:
+            self._release("sequential", arena)
+        else:
+            self._direct_arenas.append(arena)
+        return direct
+
     def captured_runs(self) -> list[Replay]:
         """The captured runs its arenas hold (``hetflow.runtime.replay``), one per arena and thread
         arrangement that captured something."""
-        return [found for arena in self._arenas["sequential"] for found in arena.replays.values() if found is not None]
+        return [found for arena in self.sequential_arenas() for found in arena.replays.values() if found is not None]
+
+    def sequential_arenas(self) -> list[_Arena]:
+        """The arenas its sequential runs have made, those direct replays hold included."""
+        return [*self._direct_arenas, *self._arenas["sequential"]]
 
     def _plan_memory(self, order: Order) -> MemoryPlan | None:
         memory = plan_memory(self._plan, self._wanted, order=order)

@@ -42,7 +42,7 @@ def _replays(session: hetflow.InferenceSession) -> list[Replay | None]:
     found = []
     for plan in session._accepted.values():
         for program in plan.programs.values():
-            for arena in program._arenas["sequential"]:
+            for arena in program.sequential_arenas():
                 found += list(arena.replays.values())
     return found
 
@@ -191,6 +191,77 @@ def test_a_contiguous_feed_is_read_where_it_lies_and_left_as_it_was(name, monkey
     found.rest()
     assert [slot_buffer[1].ctypes.data for slot_buffer in found.feeds] == [buffer_address]
     assert _feed_pointers(found) == {buffer_address}
+
+
+def _direct(session: hetflow.InferenceSession) -> replay.DirectReplay | None:
+    (steady,) = session._steady.values()
+    return steady._direct
+
+
+def test_a_steady_run_replays_directly_and_hands_back_fresh_outputs(monkeypatch):
+    """After the capture, a session's steady runs of a network replayed whole from compiled code skip
+    the executor (``DirectReplay``): the same results as a plain run, a new array every time, and a feed
+    changed in place read as it now is (the same array object comes back)."""
+    from hetflow.devices.cpu.kernels import jit_gemm
+
+    if not jit_gemm.available():
+        pytest.skip("no spinning runs without jit_gemm (numba's CBLAS binding)")
+    session = _session("lenet")
+    feeds = _feeds(session, 1, 3)
+    expected = _plain(session, feeds, monkeypatch)
+    session.run(None, feeds[0])
+    session.run(None, feeds[0])
+    direct = _direct(session)
+    assert direct is not None and direct.pool is not None
+    seen = []
+    for feed, want in zip(feeds, expected):
+        (y,) = session.run(None, feed)
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+        seen.append(y)
+    assert not any(np.shares_memory(a, b) for a, b in zip(seen, seen[1:]))
+    seen[-1][:] = np.nan  # the caller's copy: the next run does not see it
+    np.testing.assert_allclose(session.run(None, feeds[2])[0], expected[2], rtol=1e-5, atol=1e-6)
+    (array,) = feeds[0].values()
+    array[:] = next(iter(feeds[1].values()))  # the same array object, new contents
+    np.testing.assert_allclose(session.run(None, feeds[0])[0], expected[1], rtol=1e-5, atol=1e-6)
+
+
+def test_a_run_that_calls_steps_from_python_takes_no_direct_replay():
+    """A Mul between two Convs has no compiled job: the replay calls it, so no direct replay is made,
+    and the runs stay right."""
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.standard_normal((4, c, 3, 3)).astype(np.float32) for c in (2, 4))
+    model = make_model(
+        [helper.make_node("Conv", ["x", "w1"], ["a"], name="conv1", pads=[1, 1, 1, 1]),
+         helper.make_node("Mul", ["a", "a"], ["b"], name="square"),
+         helper.make_node("Conv", ["b", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])],
+        [("x", TensorProto.FLOAT, [1, 2, 8, 8])], [("y", TensorProto.FLOAT, [1, 4, 8, 8])], {"w1": w1, "w2": w2},
+    )  # fmt: skip
+    session = hetflow.InferenceSession(model, threads=2)
+    feed = {"x": rng.standard_normal((1, 2, 8, 8)).astype(np.float32)}
+    expected = hetflow.InferenceSession(model, threads=1).run(None, feed)[0]
+    for _ in range(4):
+        np.testing.assert_allclose(session.run(None, feed)[0], expected, rtol=1e-5, atol=1e-5)
+    (found,) = [found for found in _replays(session) if found is not None]
+    assert found.calls_python and _direct(session) is None
+
+
+def test_a_feed_taken_in_place_is_known_again_by_identity():
+    from hetflow_lite.feeds import InPlaceFeed
+
+    buffer = np.zeros(8, np.float32)
+    holder = np.array([buffer.ctypes.data + 4], np.int64)  # a job's pointer to the buffer's second float
+    feed = InPlaceFeed(buffer, [(holder, np.array([0]), np.array([4]))])
+    array = np.arange(8, dtype=np.float32)
+    assert feed.take(array) is array and holder[0] == array.ctypes.data + 4
+    holder[0] = 0  # a second take of the same array rewrites nothing...
+    assert feed.take(array) is array and holder[0] == 0
+    other = np.arange(8, dtype=np.float32)
+    assert feed.take(other) is other and holder[0] == other.ctypes.data + 4  # ...a new array re-points
+    strided = np.arange(16, dtype=np.float32)[::2]
+    assert feed.take(strided) is buffer and holder[0] == buffer.ctypes.data + 4  # copied in
+    np.testing.assert_array_equal(buffer, strided)
+    assert feed.take(other) is other and holder[0] == other.ctypes.data + 4  # known no more: re-pointed
 
 
 def test_runs_from_two_threads_at_once_each_get_their_own_results(monkeypatch):
