@@ -50,6 +50,7 @@ from hetflow.devices.cpu.kernels import jit_gemm, jit_lstm
 from hetflow.devices.cpu.kernels.rnn import spinning_lstm_batch
 from hetflow.devices.cpu.threads import (
     NUMBA_POOL,
+    arrangement_key,
     available_cores,
     blas_threads,
     hold_deferred_blas,
@@ -127,11 +128,11 @@ def execute(
     wanted = tuple(plan.graph.outputs) if outputs is None else tuple(outputs)
     program = compiled(plan, wanted)
     count = available_cores() if threads is None else threads
-    sequential = observer is None and not (mode == "parallel" and count > 1 and program.branches)
-    with program.arrangement(holds_batch(feeds), count).hold(deferred=sequential):
+    parallel = mode == "parallel" and count > 1 and program.branches
+    with program.arrangement(holds_batch(feeds), count).hold(deferred=observer is None and not parallel):
         if observer is not None:
             env = program.run_observed(feeds, observer)
-        elif mode == "parallel" and count > 1 and program.branches:
+        elif parallel:
             env = program.run_parallel(feeds, count)
         else:
             env = program.run(feeds, replays and REPLAYS)
@@ -477,9 +478,8 @@ class Program:
         if not REPLAYS or self.resident_devices or arrangement.kind != "spin" or arrangement.threads < 2:
             return None
         pool = spin_pool(arrangement.threads)
-        key = (id(pool), arrangement.threads)  # ``replay_key`` inside the arrangement
         arena = self._acquire("sequential")
-        found = arena.replays.get(key)
+        found = arena.replays.get(arrangement_key(pool, arrangement.threads))
         direct = DirectReplay.of(found, pool, self.slots, self.output_slots) if found is not None else None
         if direct is None:
             self._release("sequential", arena)

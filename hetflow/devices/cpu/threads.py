@@ -166,6 +166,11 @@ def replay_key() -> Hashable | None:
     pool, threads = _spinning, intra_op_threads()
     if pool is None and threads > 1:
         return None
+    return arrangement_key(pool, threads)
+
+
+def arrangement_key(pool: SpinPool | None, threads: int) -> Hashable:
+    """``replay_key`` inside an arrangement of ``threads`` threads on ``pool``."""
     return id(pool), threads
 
 
