@@ -799,6 +799,18 @@ def spin_run(profile: DeviceProfile, plan: Any, batch: int, threads: int | None)
     return spins(plan_conv_macs(plan), batch > 1, count) or spins_recurrent(plan_recurrent_batch(plan), count)
 
 
+def run_overhead_ms(profile: DeviceProfile, called: int, direct: bool) -> float:
+    """Milliseconds a run adds beyond its layers: the executor's per-step dispatch for the ``called``
+    steps and its per-run cost (``run_overhead_s``, calibrated on a run the executor walks); none for a
+    run replayed whole in one compiled call (``direct``: a spinning run that calls no step from Python,
+    ``replay.DirectReplay``). Such a run took what its layers take alone, each replayed from Python
+    (``validate.layer_seconds``): whole less layers -0.15 us a step on LeNet, -0.47 on cifar10-quick,
+    -2.8 on mentee at batch 1, 2 threads (2026-12-07), where ``run_overhead_s`` is ~4 us a run."""
+    if direct:
+        return 0.0
+    return (called * profile.dispatch_s + profile.run_overhead_s) * 1e3
+
+
 def called_steps(plan: Any, outputs: Sequence[str], profile: DeviceProfile, spinning: bool, threads: int | None) -> int:
     """How many of ``plan``'s steps a run calls from Python, each at the profile's ``dispatch_s``: all,
     but those a captured run replays from compiled code where runs are captured (a CPU profile, a run
@@ -886,7 +898,7 @@ def estimate(
     memory.workspace_bytes = sum(im2col_bytes(node, graph) if node.op_type == "Conv" else raw[node.name].workspace_bytes
                                  for node, _ in steps)
     called = called_steps(plan, [v.name for v in session.get_outputs()], profile, spinning, threads)
-    overhead = (called * profile.dispatch_s + profile.run_overhead_s) * 1e3
+    overhead = run_overhead_ms(profile, called, direct=spinning and called == 0)
     notes = _notes(profile, keys)
     if threads is not None and profile.device == "cpu" and threads != profile.threads:
         notes.append(f"the profile was calibrated with {profile.threads} thread(s); the session runs {threads}")

@@ -560,3 +560,20 @@ def test_a_tiling_max_pool_in_a_spinning_run_has_a_spin_key_that_probes_time(bat
     # Only the pool probes are built: the catalogue's classifier probes draw hundreds of MB of weights.
     timed = [p for p in catalogue() if p.name.startswith("maxpool") and (p.spin or (p.split and spins(p)))]
     assert any(spinning_key(p.build()) == "MaxPool/tiles" + mark for p in timed)
+
+
+def test_a_run_replayed_whole_pays_no_executor_overhead(quick_profile):
+    """A spinning run that calls no step from Python is one compiled call (``replay.DirectReplay``): the
+    estimate adds no executor time; a run the executor walks pays its per-step dispatch and per-run cost."""
+    from hetflow.estimate.predict import run_overhead_ms
+
+    profile = dataclasses.replace(quick_profile, dispatch_s=5e-6, run_overhead_s=2e-5)
+    assert run_overhead_ms(profile, 0, direct=True) == 0.0
+    assert run_overhead_ms(profile, 0, direct=False) == pytest.approx(0.02)
+    assert run_overhead_ms(profile, 3, direct=False) == pytest.approx(0.035)
+    if not jit_gemm.available():
+        return  # no spinning runs: nothing below is replayed
+    replayed = estimate(InferenceSession("zoo:lenet", threads=2), profile, 1)
+    walked = estimate(InferenceSession("zoo:lenet", threads=1), profile, 1)
+    assert replayed.overhead_ms == 0.0
+    assert walked.overhead_ms >= 0.02
