@@ -480,7 +480,9 @@ class Program:
         pool = spin_pool(arrangement.threads)
         arena = self._acquire("sequential")
         found = arena.replays.get(arrangement_key(pool, arrangement.threads))
-        direct = DirectReplay.of(found, pool, self.slots, self.output_slots) if found is not None else None
+        # NOTE: as ``own_threads`` holds BLAS: at one thread beside the spinning pool where ``hold_blas``.
+        blas_count = 1 if arrangement.hold_blas else None
+        direct = DirectReplay.of(found, pool, self.slots, self.output_slots, blas_count) if found is not None else None
         if direct is None:
             self._release("sequential", arena)
         else:
@@ -547,8 +549,8 @@ class Program:
         node = None
         key = replay_key() if replays else None
         found = arena.replays.get(key) if key is not None else None
-        if found is None or found.calls_python:
-            hold_deferred_blas()  # a replay that calls no step from Python calls no BLAS
+        if found is None or found.calls_blas:
+            hold_deferred_blas()
         try:
             if key is not None and key not in arena.replays:
                 found = arena.replays[key] = capture(arena.hot, env, self.input_slots, self.stable_slots, spinning())

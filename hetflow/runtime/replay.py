@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from hetflow.devices.base import BoundCall
-from hetflow.devices.cpu.spin_pool import Job, JobScript, SpinPool, replay_on
+from hetflow.devices.cpu.spin_pool import BLAS_JOBS, Job, JobScript, SpinPool, replay_on
+from hetflow.devices.cpu.threads import BLAS
 from hetflow.errors import HetflowError
 from hetflow.graph import Node
 from hetflow_lite.feeds import InPlaceFeed, pointers_into
@@ -138,8 +139,10 @@ class Replay:
         self.held = held
         #: The names of the nodes replayed from compiled code, in run order.
         self.replayed_nodes = replayed
-        #: Whether a replay calls any step from Python (which may call BLAS).
-        self.calls_python = any(isinstance(entry, _Called) for entry in entries)
+        #: Whether a replay calls BLAS: a step called from Python may, and so do ``BLAS_JOBS``.
+        self.calls_blas = any(isinstance(entry, _Called) for entry in entries) or any(
+            job.address in BLAS_JOBS for job in jobs
+        )
 
     @property
     def feeds(self) -> tuple[tuple[int, np.ndarray], ...]:
@@ -212,36 +215,44 @@ class DirectReplay:
     """
 
     def __init__(self, replay: Replay, pool: SpinPool, feeds: tuple[tuple[str, InPlaceFeed], ...],
-                 outputs: tuple[np.ndarray, ...]):  # fmt: skip
+                 outputs: tuple[np.ndarray, ...], blas_threads: int | None):  # fmt: skip
         (segment,) = replay.entries
         self.script = segment.script  # type: ignore[union-attr]
         self.pool = pool
         self.feeds = feeds
         self.outputs = outputs
+        #: BLAS's thread count during the call, where jobs call BLAS and the arrangement holds it (None: as is).
+        self.blas_threads = blas_threads
 
     @classmethod
-    def of(cls, replay: Replay, pool: SpinPool, slots: Mapping[str, int], outputs: Sequence[int]) -> DirectReplay | None:
-        """``replay`` as a direct one for the graph inputs and output slots given, or None where it calls
-        a step from Python, has more than one segment, or does not make every output itself."""
-        if len(replay.entries) != 1 or replay.calls_python:
+    def of(
+        cls, replay: Replay, pool: SpinPool, slots: Mapping[str, int], outputs: Sequence[int], blas_threads: int | None
+    ) -> DirectReplay | None:
+        """``replay`` as a direct one for the graph inputs and output slots given, BLAS held at
+        ``blas_threads`` where its jobs call BLAS (``Replay.calls_blas``); None where it calls a step from
+        Python (more than one entry) or does not make every output itself."""
+        if len(replay.entries) != 1 or not isinstance(replay.entries[0], _Segment):
             return None
         made = dict(replay.entries[0].results)  # type: ignore[union-attr]
         if not all(slot in made and slot in replay.held for slot in outputs):
             return None
         names = {slot: name for name, slot in slots.items()}
         feeds = tuple((names[feed.slot], feed.place) for feed in replay._feeds)
-        return cls(replay, pool, feeds, tuple(made[slot] for slot in outputs))
+        return cls(replay, pool, feeds, tuple(made[slot] for slot in outputs),
+                   blas_threads if replay.calls_blas else None)  # fmt: skip
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         """The run's outputs on ``feeds`` (which hold every graph input the jobs read, as captured)."""
         for name, place in self.feeds:
             place.take(feeds[name])
         pool = self.pool
+        previous = BLAS.hold(self.blas_threads) if self.blas_threads is not None else None
         pool.spin()
         try:
             pool.replay(self.script)
         finally:
             pool.rest()
+            BLAS.restore(previous)
         return [output.copy() for output in self.outputs]
 
 

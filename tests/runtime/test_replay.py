@@ -243,7 +243,49 @@ def test_a_run_that_calls_steps_from_python_takes_no_direct_replay():
     for _ in range(4):
         np.testing.assert_allclose(session.run(None, feed)[0], expected, rtol=1e-5, atol=1e-5)
     (found,) = [found for found in _replays(session) if found is not None]
-    assert found.calls_python and _direct(session) is None
+    assert found.calls_blas and _direct(session) is None
+
+
+def _idle_job(args, chunk, chunks):  # noqa: ANN001, ANN202
+    args[chunk] += 1
+
+
+def test_a_replay_knows_whether_its_jobs_call_blas():
+    """``jit_gemm``'s CBLAS parts run inside jobs (``spin_pool.BLAS_JOBS``): a run replaying one holds BLAS
+    at its arrangement's count, where one whose jobs call none leaves it alone."""
+    plain, calling = spin_pool.job(_idle_job), spin_pool.job(_idle_job, calls_blas=True)
+    assert calling in spin_pool.BLAS_JOBS and plain not in spin_pool.BLAS_JOBS
+    block, out = np.zeros(4, np.int64), np.zeros(3, np.float32)
+    for address, blas in ((plain, False), (calling, True)):
+        segment = replay._Segment(spin_pool.JobScript([Job(address, block, 2, (block,))]), ((5, out),), (), ("n",))
+        assert Replay((), (segment,), frozenset({5}), ("n",)).calls_blas is blas
+
+
+def test_a_direct_replay_holds_blas_where_its_jobs_call_it_and_the_arrangement_holds_it(monkeypatch):
+    """LeNet's fully connected layers split into CBLAS parts: a direct replay of them under an arrangement
+    that holds BLAS at one thread (a large network's) sets BLAS to one around the call and back."""
+    from hetflow.devices.cpu.kernels import jit_gemm
+    from hetflow.devices.cpu.threads import BLAS
+
+    if not jit_gemm.available():
+        pytest.skip("no spinning runs without jit_gemm (numba's CBLAS binding)")
+    session = _session("lenet")
+    feed = _feeds(session, 1, 1)[0]
+    (expected,) = _plain(session, [feed], monkeypatch)
+    for _ in range(3):
+        session.run(None, feed)
+    (found,) = _replays(session)
+    (steady,) = session._steady.values()
+    assert not steady.arrangement.hold_blas and _direct(session).blas_threads is None  # small: BLAS as it is
+    program = steady.program
+    held = replay.DirectReplay.of(found, _direct(session).pool, program.slots, program.output_slots, 1)
+    assert held is not None and held.blas_threads == (1 if found.calls_blas else None)
+    counts: list[int] = []
+    real_set = BLAS.set
+    monkeypatch.setattr(BLAS, "set", lambda count: (counts.append(count), real_set(count)))
+    before = BLAS.get()
+    np.testing.assert_allclose(held.run(feed)[0], expected, rtol=1e-5, atol=1e-6)
+    assert BLAS.get() == before and counts == ([1, before] if found.calls_blas and before != 1 else [])
 
 
 def test_a_feed_taken_in_place_is_known_again_by_identity():

@@ -518,10 +518,19 @@ class SpinPool(spinning.SpinningThreads):
 COMPILED_JOBS: dict[int, Callable[..., None]] = {}
 
 
-def job(function: Callable[..., None]) -> int:
-    """The address of ``function`` compiled as a job (``JOB_SIGNATURE``; cached on disk)."""
+#: The addresses of the jobs that call BLAS from compiled code (``jit_gemm``'s CBLAS parts): a run that
+#: replays one holds BLAS at its arrangement's count (``executor.Program.run``), else OpenBLAS's own
+#: workers wake beside the spinning threads on every part.
+BLAS_JOBS: set[int] = set()
+
+
+def job(function: Callable[..., None], calls_blas: bool = False) -> int:
+    """The address of ``function`` compiled as a job (``JOB_SIGNATURE``; cached on disk); ``calls_blas``:
+    it calls BLAS (``BLAS_JOBS``)."""
     address = numba.cfunc(JOB_SIGNATURE, nogil=True, cache=True)(function).address
     COMPILED_JOBS[address] = function
+    if calls_blas:
+        BLAS_JOBS.add(address)
     return address
 
 

@@ -356,7 +356,8 @@ def _vector_job(args, chunk, chunks):  # noqa: ANN001, ANN202
 def _spin_jobs() -> tuple[int, int, int]:
     """The addresses of the column, vector and item jobs (compiled once ``available`` bound BLAS's
     symbols)."""
-    return spin_pool.job(_column_job), spin_pool.job(_vector_job), spin_pool.job(_item_job)
+    return (spin_pool.job(_column_job, calls_blas=True), spin_pool.job(_vector_job, calls_blas=True),
+            spin_pool.job(_item_job, calls_blas=True))
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
