@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from hetflow.devices.base import BoundCall
-from hetflow.devices.cpu.spin_pool import BLAS_JOBS, Job, JobScript, SpinPool, replay_on
+from hetflow.devices.cpu.spin_pool import Job, JobScript, SpinPool, replay_on
 from hetflow.devices.cpu.threads import BLAS
 from hetflow.errors import HetflowError
 from hetflow.graph import Node
@@ -139,10 +139,8 @@ class Replay:
         self.held = held
         #: The names of the nodes replayed from compiled code, in run order.
         self.replayed_nodes = replayed
-        #: Whether a replay calls BLAS: a step called from Python may, and so do ``BLAS_JOBS``.
-        self.calls_blas = any(isinstance(entry, _Called) for entry in entries) or any(
-            job.address in BLAS_JOBS for job in jobs
-        )
+        #: Whether a replay calls BLAS: a step called from Python may, and so may a job (``Job.calls_blas``).
+        self.calls_blas = any(isinstance(entry, _Called) for entry in entries) or any(job.calls_blas for job in jobs)
 
     @property
     def feeds(self) -> tuple[tuple[int, np.ndarray], ...]:

@@ -251,14 +251,23 @@ def _idle_job(args, chunk, chunks):  # noqa: ANN001, ANN202
 
 
 def test_a_replay_knows_whether_its_jobs_call_blas():
-    """``jit_gemm``'s CBLAS parts run inside jobs (``spin_pool.BLAS_JOBS``): a run replaying one holds BLAS
-    at its arrangement's count, where one whose jobs call none leaves it alone."""
-    plain, calling = spin_pool.job(_idle_job), spin_pool.job(_idle_job, calls_blas=True)
-    assert calling in spin_pool.BLAS_JOBS and plain not in spin_pool.BLAS_JOBS
+    """``jit_gemm``'s CBLAS parts run inside jobs (``Job.calls_blas``): a run replaying one holds BLAS at
+    its arrangement's count, where one whose jobs call none leaves it alone. A float32 one-row product
+    (a classifier at batch 1) runs compiled loops; a float64 one and any GEMM call CBLAS."""
+    from hetflow.devices.cpu.kernels import jit_gemm
+
+    address = spin_pool.job(_idle_job)
     block, out = np.zeros(4, np.int64), np.zeros(3, np.float32)
-    for address, blas in ((plain, False), (calling, True)):
-        segment = replay._Segment(spin_pool.JobScript([Job(address, block, 2, (block,))]), ((5, out),), (), ("n",))
+    for blas in (False, True):
+        segment = replay._Segment(spin_pool.JobScript([Job(address, block, 2, (block,), blas)]), ((5, out),), (),
+                                  ("n",))  # fmt: skip
         assert Replay((), (segment,), frozenset({5}), ("n",)).calls_blas is blas
+    if not jit_gemm.available():
+        return  # no CBLAS binding: no product jobs
+    for dtype, rows, blas in ((np.float32, 1, False), (np.float64, 1, True), (np.float32, 8, True)):
+        a, b = np.ones((rows, 64), dtype), np.ones((64, 32), dtype)
+        made = jit_gemm.product_job(a, b, np.zeros((rows, 32), dtype), 2)
+        assert made is not None and made.calls_blas is blas
 
 
 def test_a_direct_replay_holds_blas_where_its_jobs_call_it_and_the_arrangement_holds_it(monkeypatch):

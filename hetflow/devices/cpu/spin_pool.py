@@ -422,6 +422,10 @@ class Job:
     block: np.ndarray
     chunks: int
     keep: tuple[object, ...] = ()
+    #: Whether it calls BLAS from compiled code (``jit_gemm``'s CBLAS parts): a run that replays it holds
+    #: BLAS at its arrangement's count (``executor.Program.run``), else OpenBLAS's own workers wake beside
+    #: the spinning threads on every part.
+    calls_blas: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.chunks <= MAX_CHUNKS:
@@ -518,19 +522,10 @@ class SpinPool(spinning.SpinningThreads):
 COMPILED_JOBS: dict[int, Callable[..., None]] = {}
 
 
-#: The addresses of the jobs that call BLAS from compiled code (``jit_gemm``'s CBLAS parts): a run that
-#: replays one holds BLAS at its arrangement's count (``executor.Program.run``), else OpenBLAS's own
-#: workers wake beside the spinning threads on every part.
-BLAS_JOBS: set[int] = set()
-
-
-def job(function: Callable[..., None], calls_blas: bool = False) -> int:
-    """The address of ``function`` compiled as a job (``JOB_SIGNATURE``; cached on disk); ``calls_blas``:
-    it calls BLAS (``BLAS_JOBS``)."""
+def job(function: Callable[..., None]) -> int:
+    """The address of ``function`` compiled as a job (``JOB_SIGNATURE``; cached on disk)."""
     address = numba.cfunc(JOB_SIGNATURE, nogil=True, cache=True)(function).address
     COMPILED_JOBS[address] = function
-    if calls_blas:
-        BLAS_JOBS.add(address)
     return address
 
 

@@ -184,7 +184,7 @@ class blas_threads:  # noqa: N801  (a context manager, like threadpoolctl's)
     """While active: BLAS at ``count`` threads (the previous count restored on exit).
 
     ``deferred``: BLAS's count is set only when the run first needs BLAS (``hold_deferred_blas``), not on
-    entry. Most replayed runs call no BLAS at all (no step from Python, none of ``spin_pool.BLAS_JOBS``),
+    entry. Most replayed runs call no BLAS at all (no step from Python, no ``Job.calls_blas``),
     and setting OpenBLAS to one thread and back cost ~40 us a run there (MobileNet v2 at batch 1:
     ``set_num_threads(2)`` alone ~31 us after the run's jobs had left its code out of the caches).
     """

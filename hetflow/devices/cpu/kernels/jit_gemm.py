@@ -142,7 +142,11 @@ def product_job(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int) -> Jo
     # NOTE: the layouts are worked out in compiled code with the block: ~2 us less than ``_fits``.
     block = np.zeros(_BLOCK_SLOTS, np.int64)
     job = _pack_product(block, a, b, out)
-    return None if job < 0 else Job(_spin_jobs()[job], block, parts, (a, b, out))
+    if job < 0:
+        return None
+    # A float32 one-row product runs compiled loops (``_own_vector_block``); the rest call CBLAS.
+    calls_blas = job != _VECTOR_JOB or out.dtype != np.float32
+    return Job(_spin_jobs()[job], block, parts, (a, b, out), calls_blas)
 
 
 def split_stack(a: np.ndarray, b: np.ndarray, out: np.ndarray, parts: int, pool: SpinPool | None = None) -> bool:
@@ -352,12 +356,15 @@ def _vector_job(args, chunk, chunks):  # noqa: ANN001, ANN202
     _vector_block(chunk, chunks, args[0], args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8])
 
 
+#: ``_spin_jobs()``'s index of the one-row product's job (``_vector_job``).
+_VECTOR_JOB = 1
+
+
 @functools.cache
 def _spin_jobs() -> tuple[int, int, int]:
     """The addresses of the column, vector and item jobs (compiled once ``available`` bound BLAS's
     symbols)."""
-    return (spin_pool.job(_column_job, calls_blas=True), spin_pool.job(_vector_job, calls_blas=True),
-            spin_pool.job(_item_job, calls_blas=True))
+    return spin_pool.job(_column_job), spin_pool.job(_vector_job), spin_pool.job(_item_job)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
