@@ -245,6 +245,9 @@ def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) ->
             measured = [[_with_features(s, terms) for s in group] for group in measured]
         bar.set_postfix_str("re-measuring outliers", refresh=True)
         samples = _remeasure_outliers(probes, measured, settings, hardware, terms, stop_at=outliers_by)
+        # NOTE: after the probes, every kernel compiled and warm, as in the runs it is compared with: the
+        # first call in a process read 1.4-1.7 us a step where later ones read 1.1-1.2.
+        replayed_step, direct_run = _calibrate_direct_runs(settings, hardware, threads)
         for _ in range(settings.passes - 1):
             if budget.left() < reread_seconds:
                 bar.update(len(settings.reread_mib))
@@ -264,6 +267,8 @@ def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) ->
         memory=memory,
         dispatch_s=dispatch,
         run_overhead_s=run_overhead,
+        replayed_step_s=replayed_step,
+        direct_run_s=direct_run,
         last_level_cache_bytes=last_level_cache_bytes() if hardware.kind == "cpu" else 0,
         transfer=transfer,
         ops=fit_op_models(samples),
@@ -475,6 +480,59 @@ def _calibrate_dispatch(settings: Settings, device: Device) -> tuple[float, floa
     dispatch = max(0.0, (long_s - short_s) / extra_steps - kernel_s)
     run_overhead = max(0.0, short_s - len(short.plan.steps) * (kernel_s + dispatch))
     return dispatch, run_overhead
+
+
+#: ``_calibrate_direct_runs``: sweeps (the median of each term is kept: the whole run read 5.5-6.8 us
+#: beside its jobs, once 164), replays of the job script a sweep (the fastest counts), seconds of whole
+#: runs a sweep (the fastest counts) and of the cycle counter's rate against the clock.
+DIRECT_RUN_SWEEPS = 7
+DIRECT_RUN_REPLAYS = 300
+DIRECT_RUN_BUDGET_SECONDS = 0.05
+DIRECT_RUN_CLOCK_SECONDS = 0.02
+
+
+def _calibrate_direct_runs(settings: Settings, device: Device, threads: int) -> tuple[float, float]:
+    """What a run replayed whole from compiled code (``replay.DirectReplay``) takes beside its layers as
+    they are timed alone: seconds saved per step, and seconds added per run; (0, 0) where runs are not
+    replayed so (not the CPU, one thread).
+
+    A layer timed alone is called from Python, ~1.4 us a call beyond its jobs (LeNet's softmax: 1.44 us
+    alone, 0.06 us replayed in its run), which a direct run never pays; around its jobs a direct run
+    points the feeds, wakes the pool and copies the outputs out (~7 us for LeNet). Measured on
+    ``probes.small_network``: the whole run, its job script replayed alone (the fastest of
+    ``DIRECT_RUN_REPLAYS``, cycle-stamped), and every layer timed alone, each as validation times it.
+    """
+    from hetflow.devices.cpu.spin_pool import cycles_per_second, replay_stamped
+    from hetflow.devices.cpu.threads import own_threads, spinning
+    from hetflow.estimate.validate import layer_seconds, model_seconds
+    from hetflow.runtime.executor import spin_threads
+    from hetflow.runtime.session import InferenceSession
+
+    if device.kind != "cpu" or threads < 2:
+        return 0.0, 0.0
+    session = InferenceSession(probe_catalogue.small_network(), device=device.id, threads=threads)
+    feeds = _random_feeds(session.graph)
+    for _ in range(3):  # compiled, captured, then replayed directly (``executor.SteadyRun``)
+        session.run(None, feeds)
+    scripts = [found.whole_script for _, found in session.captured_runs() if found.whole_script is not None]
+    if not scripts:
+        return 0.0, 0.0
+    steps = len(session.plan.steps)
+    cycles_per_s = cycles_per_second(DIRECT_RUN_CLOCK_SECONDS)
+    saved, around = [], []
+    layer_seconds(session, feeds, min_time=settings.min_time, rounds=1)  # every layer's call captured
+    for _ in range(DIRECT_RUN_SWEEPS):
+        whole = model_seconds(session, feeds, budget=DIRECT_RUN_BUDGET_SECONDS)
+        with own_threads(spin_threads(threads), spin=True):
+            pool = spinning()
+            if pool is None:
+                return 0.0, 0.0
+            jobs = min(int(replay_stamped(scripts[0], pool).sum()) for _ in range(DIRECT_RUN_REPLAYS))
+        jobs_seconds = jobs / cycles_per_s
+        alone = sum(layer_seconds(session, feeds, min_time=settings.min_time, rounds=settings.rounds).values())
+        saved.append((alone - jobs_seconds) / steps)
+        around.append(whole - jobs_seconds)
+    return max(0.0, float(np.median(saved))), max(0.0, float(np.median(around)))
 
 
 # -- GEMM ------------------------------------------------------------------------------------------

@@ -546,12 +546,23 @@ def _lstm_cost(node: Node, cost: Cost, graph: Graph, spinning: bool) -> Cost:
     if cost.gemm is None:
         return cost
     columns = _lstm_batch(node, graph)
-    if spinning and columns != 1:
+    if spinning and columns == 1:
+        return _one_column_products(cost, cost.gemm)
+    if spinning:
         return _spinning_lstm_products(cost, cost.gemm)
     if columns is not None and columns <= jit_lstm.GEMV_MAX_COLUMNS and (spinning or jit_lstm.runs_sequence(columns)):
         gemm = cost.gemm
         return dataclasses.replace(cost, gemm=GemmDims(n=gemm.n, m=1, k=gemm.k, count=gemm.count * gemm.m))
     return cost
+
+
+def _one_column_products(cost: Cost, gemm: GemmDims) -> Cost:
+    """One column's steps on the spinning pool (``jit_lstm._spin_vector_step``): compiled loops stream
+    the packed W and R once a step at one rate whatever their size (measured: 166-179 GB/s of R from
+    H=256 to 640, 2.1 us a step at H=128), so their multiply-adds are priced at a rate of their own and
+    each step is a call. Through BLAS's GEMV model, whose efficiency bends with the shape, the fit over
+    the H=128..512 probes missed by +-23% and lstm-gesture came out -16..-19%."""
+    return dataclasses.replace(cost, gemm=None, loops=gemm.count * gemm.m)
 
 
 def _spinning_lstm_products(cost: Cost, gemm: GemmDims) -> Cost:
@@ -799,16 +810,18 @@ def spin_run(profile: DeviceProfile, plan: Any, batch: int, threads: int | None)
     return spins(plan_conv_macs(plan), batch > 1, count) or spins_recurrent(plan_recurrent_batch(plan), count)
 
 
-def run_overhead_ms(profile: DeviceProfile, called: int, direct: bool) -> float:
-    """Milliseconds a run adds beyond its layers: the executor's per-step dispatch for the ``called``
-    steps and its per-run cost (``run_overhead_s``, calibrated on a run the executor walks); none for a
-    run replayed whole in one compiled call (``direct``: a spinning run that calls no step from Python,
-    ``replay.DirectReplay``). Such a run took what its layers take alone, each replayed from Python
-    (``validate.layer_seconds``): whole less layers -0.15 us a step on LeNet, -0.47 on cifar10-quick,
-    -2.8 on mentee at batch 1, 2 threads (2026-12-07), where ``run_overhead_s`` is ~4 us a run."""
+def run_overhead_ms(profile: DeviceProfile, called: int, direct: bool, replayed: int = 0) -> float:
+    """Milliseconds a run adds beyond its layers as they are timed alone: the executor's per-step
+    dispatch for the ``called`` steps and its per-run cost (``run_overhead_s``, calibrated on a run the
+    executor walks), or for a run replayed whole in one compiled call (``direct``: a spinning run that
+    calls no step from Python, ``replay.DirectReplay``) what it adds around its jobs (``direct_run_s``);
+    less, for each of the ``replayed`` steps run from compiled code, the Python call its layer timed
+    alone paid (``replayed_step_s``). Negative where a run saves more than it adds: LeNet at batch 1,
+    2 threads (2026-12-07) ran its jobs in 44.5 us, its layers alone took 62.5 and the whole run 51.8."""
+    saved = replayed * profile.replayed_step_s
     if direct:
-        return 0.0
-    return (called * profile.dispatch_s + profile.run_overhead_s) * 1e3
+        return (profile.direct_run_s - saved) * 1e3
+    return (called * profile.dispatch_s + profile.run_overhead_s - saved) * 1e3
 
 
 def called_steps(plan: Any, outputs: Sequence[str], profile: DeviceProfile, spinning: bool, threads: int | None) -> int:
@@ -898,7 +911,7 @@ def estimate(
     memory.workspace_bytes = sum(im2col_bytes(node, graph) if node.op_type == "Conv" else raw[node.name].workspace_bytes
                                  for node, _ in steps)
     called = called_steps(plan, [v.name for v in session.get_outputs()], profile, spinning, threads)
-    overhead = run_overhead_ms(profile, called, direct=spinning and called == 0)
+    overhead = run_overhead_ms(profile, called, direct=spinning and called == 0, replayed=len(plan.steps) - called)
     notes = _notes(profile, keys)
     if threads is not None and profile.device == "cpu" and threads != profile.threads:
         notes.append(f"the profile was calibrated with {profile.threads} thread(s); the session runs {threads}")

@@ -159,6 +159,14 @@ class Replay:
         return tuple(entry.step[1].name for entry in self.entries if isinstance(entry, _Called))
 
     @property
+    def whole_script(self) -> JobScript | None:
+        """The jobs of a run replayed whole from compiled code (one segment: no step called from Python),
+        else None."""
+        if len(self.entries) == 1 and isinstance(self.entries[0], _Segment):
+            return self.entries[0].script
+        return None
+
+    @property
     def jobs(self) -> int:
         """How many jobs a replay runs from compiled code."""
         return sum(len(entry.script) for entry in self.entries if isinstance(entry, _Segment))

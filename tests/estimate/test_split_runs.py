@@ -562,18 +562,45 @@ def test_a_tiling_max_pool_in_a_spinning_run_has_a_spin_key_that_probes_time(bat
     assert any(spinning_key(p.build()) == "MaxPool/tiles" + mark for p in timed)
 
 
-def test_a_run_replayed_whole_pays_no_executor_overhead(quick_profile):
+def test_a_run_replayed_whole_pays_what_it_adds_around_its_jobs(quick_profile):
     """A spinning run that calls no step from Python is one compiled call (``replay.DirectReplay``): the
-    estimate adds no executor time; a run the executor walks pays its per-step dispatch and per-run cost."""
+    estimate adds what such a run adds around its jobs, less the Python call each layer timed alone paid;
+    a run the executor walks pays its per-step dispatch and per-run cost, less that call for each step
+    it replays from compiled code."""
     from hetflow.estimate.predict import run_overhead_ms
 
-    profile = dataclasses.replace(quick_profile, dispatch_s=5e-6, run_overhead_s=2e-5)
-    assert run_overhead_ms(profile, 0, direct=True) == 0.0
+    profile = dataclasses.replace(quick_profile, dispatch_s=5e-6, run_overhead_s=2e-5, replayed_step_s=1e-6,
+                                  direct_run_s=6e-6)  # fmt: skip
+    assert run_overhead_ms(profile, 0, direct=True) == pytest.approx(0.006)
+    assert run_overhead_ms(profile, 0, direct=True, replayed=8) == pytest.approx(-0.002)
     assert run_overhead_ms(profile, 0, direct=False) == pytest.approx(0.02)
     assert run_overhead_ms(profile, 3, direct=False) == pytest.approx(0.035)
+    assert run_overhead_ms(profile, 3, direct=False, replayed=5) == pytest.approx(0.030)
+    old = dataclasses.replace(profile, replayed_step_s=0.0, direct_run_s=0.0)  # a profile from before
+    assert run_overhead_ms(old, 0, direct=True, replayed=8) == 0.0
     if not jit_gemm.available():
         return  # no spinning runs: nothing below is replayed
     replayed = estimate(InferenceSession("zoo:lenet", threads=2), profile, 1)
     walked = estimate(InferenceSession("zoo:lenet", threads=1), profile, 1)
-    assert replayed.overhead_ms == 0.0
-    assert walked.overhead_ms >= 0.02
+    steps = len(InferenceSession("zoo:lenet").plan.steps)
+    assert replayed.overhead_ms == pytest.approx(0.006 - steps * 0.001)
+    assert walked.overhead_ms >= 0.02 - steps * 0.001
+
+
+def test_one_column_of_a_spinning_lstm_is_priced_a_call_a_step_outside_blas():
+    """One column's steps on the spinning pool run compiled loops over packed W and R, not BLAS's GEMV:
+    the cost keeps the multiply-adds but no GEMM, and a call for every step."""
+    from hetflow.devices.cpu import CPUDevice
+    from hetflow.estimate.predict import SPIN_MARK, kernel_cost
+    from hetflow.ops.cost import node_costs
+    from hetflow.runtime.planner import input_infos
+
+    session = InferenceSession("zoo:lstm-gesture")
+    graph = bind_batch(session.graph, {"N": 1})
+    node = next(n for n in graph.nodes if n.op_type == "LSTM")
+    raw = dict((n.name, c) for n, c in node_costs(graph))[node.name]
+    assert CPUDevice().kernels.lookup(node, input_infos(graph, node)) is not None
+    cost = kernel_cost(node, raw, "LSTM/vector" + SPIN_MARK, graph)
+    assert cost.gemm is None
+    assert cost.loops == raw.gemm.count == 100
+    assert cost.macs == raw.macs

@@ -213,6 +213,7 @@ def test_a_steady_run_replays_directly_and_hands_back_fresh_outputs(monkeypatch)
     session.run(None, feeds[0])
     direct = _direct(session)
     assert direct is not None and direct.pool is not None
+    assert [found.whole_script for _, found in session.captured_runs()] == [direct.script]
     seen = []
     for feed, want in zip(feeds, expected):
         (y,) = session.run(None, feed)
@@ -243,7 +244,7 @@ def test_a_run_that_calls_steps_from_python_takes_no_direct_replay():
     for _ in range(4):
         np.testing.assert_allclose(session.run(None, feed)[0], expected, rtol=1e-5, atol=1e-5)
     (found,) = [found for found in _replays(session) if found is not None]
-    assert found.calls_blas and _direct(session) is None
+    assert found.calls_blas and _direct(session) is None and found.whole_script is None
 
 
 def _idle_job(args, chunk, chunks):  # noqa: ANN001, ANN202
