@@ -247,7 +247,7 @@ def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) ->
         samples = _remeasure_outliers(probes, measured, settings, hardware, terms, stop_at=outliers_by)
         # NOTE: after the probes, every kernel compiled and warm, as in the runs it is compared with: the
         # first call in a process read 1.4-1.7 us a step where later ones read 1.1-1.2.
-        replayed_step, direct_run = _calibrate_direct_runs(settings, hardware, threads)
+        direct = _calibrate_direct_runs(settings, hardware, threads)
         for _ in range(settings.passes - 1):
             if budget.left() < reread_seconds:
                 bar.update(len(settings.reread_mib))
@@ -267,8 +267,9 @@ def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) ->
         memory=memory,
         dispatch_s=dispatch,
         run_overhead_s=run_overhead,
-        replayed_step_s=replayed_step,
-        direct_run_s=direct_run,
+        replayed_step_s=direct.replayed_step_s,
+        direct_run_s=direct.run_s,
+        direct_run_bytes=direct.run_bytes,
         last_level_cache_bytes=last_level_cache_bytes() if hardware.kind == "cpu" else 0,
         transfer=transfer,
         ops=fit_op_models(samples),
@@ -491,32 +492,45 @@ DIRECT_RUN_BUDGET_SECONDS = 0.05
 DIRECT_RUN_CLOCK_SECONDS = 0.02
 
 
-def _calibrate_direct_runs(settings: Settings, device: Device, threads: int) -> tuple[float, float]:
+@dataclass(frozen=True)
+class DirectRuns:
     """What a run replayed whole from compiled code (``replay.DirectReplay``) takes beside its layers as
-    they are timed alone: seconds saved per step, and seconds added per run; (0, 0) where runs are not
-    replayed so (not the CPU, one thread).
+    they are timed alone: seconds saved per step (``replayed_step_s``), seconds added per run
+    (``run_s``), and the bytes a run allocates beyond its outputs' data (``run_bytes``: the outputs'
+    array objects, their list)."""
 
-    A layer timed alone is called from Python, ~1.4 us a call beyond its jobs (LeNet's softmax: 1.44 us
+    replayed_step_s: float = 0.0
+    run_s: float = 0.0
+    run_bytes: int = 0
+
+
+def _calibrate_direct_runs(settings: Settings, device: Device, threads: int) -> DirectRuns:
+    """``DirectRuns`` measured on ``probes.small_network``; all 0 where runs are not replayed whole (not
+    the CPU, one thread).
+
+    A layer timed alone is called from Python, ~1 us a call beyond its jobs (LeNet's softmax: 1.44 us
     alone, 0.06 us replayed in its run), which a direct run never pays; around its jobs a direct run
-    points the feeds, wakes the pool and copies the outputs out (~7 us for LeNet). Measured on
-    ``probes.small_network``: the whole run, its job script replayed alone (the fastest of
-    ``DIRECT_RUN_REPLAYS``, cycle-stamped), and every layer timed alone, each as validation times it.
+    points the feeds, wakes the pool and copies the outputs out (~6 us for LeNet), and allocates ~0.8 KB
+    of Python objects (lstm-gesture's whole batch-1 run allocates 0.8 KB beside its 2.5 KB arena).
+    Measured: the whole run, its job script replayed alone (the fastest of ``DIRECT_RUN_REPLAYS``,
+    cycle-stamped), every layer timed alone, each as validation times it, and a run's allocations.
     """
     from hetflow.devices.cpu.spin_pool import cycles_per_second, replay_stamped
     from hetflow.devices.cpu.threads import own_threads, spinning
-    from hetflow.estimate.validate import layer_seconds, model_seconds
+    from hetflow.estimate.validate import layer_seconds, model_seconds, peak_run_bytes
     from hetflow.runtime.executor import spin_threads
     from hetflow.runtime.session import InferenceSession
 
     if device.kind != "cpu" or threads < 2:
-        return 0.0, 0.0
+        return DirectRuns()
     session = InferenceSession(probe_catalogue.small_network(), device=device.id, threads=threads)
     feeds = _random_feeds(session.graph)
-    for _ in range(3):  # compiled, captured, then replayed directly (``executor.SteadyRun``)
+    outputs = session.run(None, feeds)
+    for _ in range(2):  # captured, then replayed directly (``executor.SteadyRun``)
         session.run(None, feeds)
     scripts = [found.whole_script for _, found in session.captured_runs() if found.whole_script is not None]
     if not scripts:
-        return 0.0, 0.0
+        return DirectRuns()
     steps = len(session.plan.steps)
     cycles_per_s = cycles_per_second(DIRECT_RUN_CLOCK_SECONDS)
     saved, around = [], []
@@ -526,13 +540,14 @@ def _calibrate_direct_runs(settings: Settings, device: Device, threads: int) -> 
         with own_threads(spin_threads(threads), spin=True):
             pool = spinning()
             if pool is None:
-                return 0.0, 0.0
+                return DirectRuns()
             jobs = min(int(replay_stamped(scripts[0], pool).sum()) for _ in range(DIRECT_RUN_REPLAYS))
         jobs_seconds = jobs / cycles_per_s
         alone = sum(layer_seconds(session, feeds, min_time=settings.min_time, rounds=settings.rounds).values())
         saved.append((alone - jobs_seconds) / steps)
         around.append(whole - jobs_seconds)
-    return max(0.0, float(np.median(saved))), max(0.0, float(np.median(around)))
+    run_bytes = peak_run_bytes(session, feeds) - session.arena_bytes(feeds) - sum(int(y.nbytes) for y in outputs)
+    return DirectRuns(max(0.0, float(np.median(saved))), max(0.0, float(np.median(around))), max(0, run_bytes))
 
 
 # -- GEMM ------------------------------------------------------------------------------------------

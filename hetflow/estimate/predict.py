@@ -903,15 +903,17 @@ def estimate(
               for (node, _), key in zip(steps, keys)]
     limit = parse_bytes(memory_limit) if memory_limit is not None else None
     memory = plan_memory(graph, steps, keys, costs, plan.release_after, profile, limit)
+    called = called_steps(plan, [v.name for v in session.get_outputs()], profile, spinning, threads)
+    direct = spinning and called == 0
     arena_peak = _arena_peak(session, planned, graph)
     if arena_peak is not None:
         own, layer = _largest_own_allocation(graph, steps, keys, costs, profile)
-        memory.peak_bytes = arena_peak + own
+        # A run replayed whole allocates only its outputs, and their Python objects (``direct_run_bytes``).
+        memory.peak_bytes = arena_peak + own + (profile.direct_run_bytes if direct else 0)
         memory.peak_layer = "the arena" if not own else f"the arena, plus {layer}'s own allocations"
     memory.workspace_bytes = sum(im2col_bytes(node, graph) if node.op_type == "Conv" else raw[node.name].workspace_bytes
                                  for node, _ in steps)
-    called = called_steps(plan, [v.name for v in session.get_outputs()], profile, spinning, threads)
-    overhead = run_overhead_ms(profile, called, direct=spinning and called == 0, replayed=len(plan.steps) - called)
+    overhead = run_overhead_ms(profile, called, direct=direct, replayed=len(plan.steps) - called)
     notes = _notes(profile, keys)
     if threads is not None and profile.device == "cpu" and threads != profile.threads:
         notes.append(f"the profile was calibrated with {profile.threads} thread(s); the session runs {threads}")

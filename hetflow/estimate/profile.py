@@ -9,8 +9,8 @@ A profile holds these groups of fitted terms:
 * ``memory``: copy bandwidth as a function of the working set (cache levels, then DRAM), and the rate of
   simple elementwise arithmetic;
 * ``dispatch_s`` / ``run_overhead_s``: the executor's cost per node and per ``run`` call;
-  ``replayed_step_s`` / ``direct_run_s``: a step replayed from compiled code against its layer timed
-  alone, and a run replayed whole around its jobs;
+  ``replayed_step_s`` / ``direct_run_s`` / ``direct_run_bytes``: a step replayed from compiled code
+  against its layer timed alone, and a run replayed whole around its jobs (time and Python objects);
 * ``last_level_cache_bytes``: the cache a layer timed alone works from and a whole run keeps
   overflowing (``hetflow.estimate.cache``: what layers lose inside a run);
 * ``transfer``: host-to-device and device-to-host copies as latency plus bytes over bandwidth (zero on
@@ -176,10 +176,11 @@ class DeviceProfile:
     dispatch_s: float = 5e-6
     run_overhead_s: float = 2e-5
     #: what a step replayed from compiled code saves against its layer timed alone (called from Python),
-    #: and what a run replayed whole adds around its jobs (``calibrate._calibrate_direct_runs``; 0 in
-    #: profiles written before they were measured).
+    #: and what a run replayed whole adds around its jobs, in seconds and in bytes allocated beyond its
+    #: outputs' data (``calibrate.DirectRuns``; 0 in profiles written before they were measured).
     replayed_step_s: float = 0.0
     direct_run_s: float = 0.0
+    direct_run_bytes: int = 0
     #: the last-level cache in bytes (0: unknown, no in-run cold-data term; ``hetflow.estimate.cache``).
     last_level_cache_bytes: int = 0
     transfer: TransferModel = field(default_factory=TransferModel)
@@ -216,6 +217,7 @@ class DeviceProfile:
                 run_overhead_s=float(data.get("run_overhead_s", 2e-5)),
                 replayed_step_s=float(data.get("replayed_step_s", 0.0)),
                 direct_run_s=float(data.get("direct_run_s", 0.0)),
+                direct_run_bytes=int(data.get("direct_run_bytes", 0)),
                 last_level_cache_bytes=int(data.get("last_level_cache_bytes", 0)),
                 # NOTE: profiles written before the transfer model existed are host profiles: no copies.
                 transfer=TransferModel(**data.get("transfer", {})),

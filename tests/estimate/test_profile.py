@@ -49,20 +49,22 @@ def test_profile_records_machine_and_round_trips(quick_profile, tmp_path):
 
 def test_a_profile_measures_what_a_run_replayed_whole_adds_and_saves(quick_profile, tmp_path):
     """Beside its layers timed alone, a run replayed whole from compiled code saves each layer's call
-    from Python (about a microsecond here) and adds what it does around its jobs (feeds, outputs): both
+    from Python (about a microsecond here) and adds what it does around its jobs (feeds, outputs; time
+    and the Python objects it allocates): all
     measured where such runs exist (2 threads or more, the spinning pool), else 0; a profile written
     before they were measured reads as 0."""
     from hetflow.devices.cpu.kernels import jit_gemm
 
     if quick_profile.threads < 2 or not jit_gemm.available():
-        assert quick_profile.replayed_step_s == quick_profile.direct_run_s == 0.0
+        assert quick_profile.replayed_step_s == quick_profile.direct_run_s == quick_profile.direct_run_bytes == 0
     else:
         assert 0.0 < quick_profile.replayed_step_s < 2e-5
         assert 0.0 < quick_profile.direct_run_s < 5e-4
+        assert 0 < quick_profile.direct_run_bytes < 16384
     data = quick_profile.to_dict()
-    del data["replayed_step_s"], data["direct_run_s"]
+    del data["replayed_step_s"], data["direct_run_s"], data["direct_run_bytes"]
     old = DeviceProfile.from_dict(data)
-    assert old.replayed_step_s == old.direct_run_s == 0.0
+    assert old.replayed_step_s == old.direct_run_s == old.direct_run_bytes == 0
 
 
 def test_calibration_covers_every_registered_conv_algorithm(quick_profile):

@@ -570,7 +570,7 @@ def test_a_run_replayed_whole_pays_what_it_adds_around_its_jobs(quick_profile):
     from hetflow.estimate.predict import run_overhead_ms
 
     profile = dataclasses.replace(quick_profile, dispatch_s=5e-6, run_overhead_s=2e-5, replayed_step_s=1e-6,
-                                  direct_run_s=6e-6)  # fmt: skip
+                                  direct_run_s=6e-6, direct_run_bytes=0)  # fmt: skip
     assert run_overhead_ms(profile, 0, direct=True) == pytest.approx(0.006)
     assert run_overhead_ms(profile, 0, direct=True, replayed=8) == pytest.approx(-0.002)
     assert run_overhead_ms(profile, 0, direct=False) == pytest.approx(0.02)
@@ -585,6 +585,11 @@ def test_a_run_replayed_whole_pays_what_it_adds_around_its_jobs(quick_profile):
     steps = len(InferenceSession("zoo:lenet").plan.steps)
     assert replayed.overhead_ms == pytest.approx(0.006 - steps * 0.001)
     assert walked.overhead_ms >= 0.02 - steps * 0.001
+    # ... and allocates its outputs' Python objects beside the arena, which a walked run's peak does not take.
+    objects = dataclasses.replace(profile, direct_run_bytes=800)
+    assert estimate(InferenceSession("zoo:lenet", threads=2), objects, 1).memory.peak_bytes == (
+        replayed.memory.peak_bytes + 800)
+    assert estimate(InferenceSession("zoo:lenet", threads=1), objects, 1).memory.peak_bytes == walked.memory.peak_bytes
 
 
 def test_one_column_of_a_spinning_lstm_is_priced_a_call_a_step_outside_blas():
