@@ -443,6 +443,29 @@ def test_a_steady_state_run_allocates_no_large_arrays(name, ci_cores):
     assert peak < memory.activation_bytes / 20, (peak, memory.activation_bytes)
 
 
+def test_a_replayed_lstm_batch_allocates_nothing_per_step(ci_cores):
+    """lstm-gesture at batch 16 runs 100 steps of tile-GEMM products on the spinning pool: a steady run
+    allocates its outputs and a few Python objects, not a buffer a step (its GEMM's zero bias for later
+    depth chunks was made on every call: 4.5 KB a step)."""
+    from hetflow.devices.cpu.kernels import jit_gemm
+
+    if not jit_gemm.available():
+        pytest.skip("no spinning runs without jit_gemm (numba's CBLAS binding)")
+    session = hetflow.InferenceSession("zoo:lstm-gesture", threads=2)
+    feed = _feed(session, 16)
+    for _ in range(3):  # captured, then replayed directly
+        outputs = session.run(None, feed)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        session.run(None, feed)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+    assert peak < sum(y.nbytes for y in outputs) + 2048, peak
+
+
 def test_info_memory_reports_weights_arena_and_workspace(capsys):
     from hetflow.cli import main
 
