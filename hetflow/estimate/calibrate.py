@@ -66,6 +66,7 @@ from hetflow.estimate.spells import SpellGauge
 from hetflow.estimate.timing import (
     SETTLE_SECONDS,
     amortised_seconds,
+    layer_rounds,
     replay,
     threads_held,
     timed_first_call,
@@ -995,7 +996,7 @@ class _ProbeTimer:
         first, settling = timed_first_call(call, device.synchronize)
         seconds = amortised_seconds(call, min_time=settings.min_time, rounds=settings.rounds,
                                     synchronize=device.synchronize, first_seconds=first,
-                                    settle=settling if self.sweep.settle else 0.0)
+                                    settle=settling if self.sweep.settle else 0.0, round_seconds=layer_rounds(device))
         cost = kernel_cost(node, self.costs[node.name], key, graph)
         strided = window_strided(node, graph)
         sample = Sample(

@@ -20,7 +20,13 @@ import numpy as np
 
 from hetflow.devices.base import Kernel
 from hetflow.estimate.predict import Estimate, batch_bindings
-from hetflow.estimate.timing import amortised_seconds, replay, timed_first_call, weight_positions
+from hetflow.estimate.timing import (
+    amortised_seconds,
+    layer_rounds,
+    replay,
+    timed_first_call,
+    weight_positions,
+)
 from hetflow.graph import Node
 from hetflow.runtime.executor import (
     holds_batch,
@@ -75,7 +81,8 @@ def layer_seconds(
             call = device[node.name].timed_call(kernel, node, inputs, outputs, weight_positions(node, plan.graph))
         first, settle = timed_first_call(call, sync)
         measured[node.name] = amortised_seconds(call, min_time=min_time, rounds=rounds, synchronize=sync,
-                                                first_seconds=first, settle=settle)
+                                                first_seconds=first, settle=settle,
+                                                round_seconds=layer_rounds(device[node.name]))
         return outputs
 
     # NOTE: the threads a run of this plan holds (BLAS's, hetflow's own GEMM splits, or its spinning

@@ -40,6 +40,36 @@ def test_amortised_seconds_runs_the_settle_phase_untimed():
     assert 0.001 <= seconds < 0.01
 
 
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_short_rounds_time_a_call_as_its_fastest_runs_and_spend_the_same_budget():
+    """Every other call slowed 5x (a disturbed machine): rounds of ``min_time`` average the slow calls in,
+    short rounds (``round_seconds``, what the CPU's layers are timed with) find the fast ones, in about
+    the same time; a device's layers keep the long rounds (``layer_rounds``)."""
+    from types import SimpleNamespace
+
+    from hetflow.estimate.timing import SHORT_ROUND_SECONDS, layer_rounds
+
+    calls = 0
+
+    def call() -> None:
+        nonlocal calls
+        calls += 1
+        _busy(0.0005 if calls % 2 else 0.0001)
+
+    long = amortised_seconds(call, min_time=0.01, rounds=3)
+    started = time.perf_counter()
+    short = amortised_seconds(call, min_time=0.01, rounds=3, round_seconds=0.00005)
+    elapsed = time.perf_counter() - started
+    assert long > 0.00025 and short < 0.00018 and 0.025 <= elapsed < 0.1
+    assert layer_rounds(SimpleNamespace(kind="cpu")) == SHORT_ROUND_SECONDS
+    assert layer_rounds(SimpleNamespace(kind="opencl")) is None
+
+
 def _fully_connected(batch: int, inputs: int, outputs: int):
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
