@@ -1,7 +1,8 @@
 """Amortised timing, Augur's way: warm up, run many iterations, synchronise once, divide.
 
 Calibration and validation time kernels the same way, so a prediction and the measurement it is
-checked against mean the same thing: the steady-state time of one call with its inputs in place.
+checked against mean the same thing: the steady-state time of one call with its inputs in place. On the
+CPU the rounds are short and the fastest counts (``layer_rounds``), as a whole run is its fastest run.
 """
 
 from __future__ import annotations
