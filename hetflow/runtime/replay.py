@@ -222,8 +222,9 @@ class DirectReplay:
 
     def __init__(self, replay: Replay, pool: SpinPool, feeds: tuple[tuple[str, InPlaceFeed], ...],
                  outputs: tuple[np.ndarray, ...], blas_threads: int | None):  # fmt: skip
-        (segment,) = replay.entries
-        self.script = segment.script  # type: ignore[union-attr]
+        script = replay.whole_script
+        assert script is not None, "a direct replay is of a run replayed whole (``of``)"
+        self.script = script
         self.pool = pool
         self.feeds = feeds
         self.outputs = outputs
@@ -237,7 +238,7 @@ class DirectReplay:
         """``replay`` as a direct one for the graph inputs and output slots given, BLAS held at
         ``blas_threads`` where its jobs call BLAS (``Replay.calls_blas``); None where it calls a step from
         Python (more than one entry) or does not make every output itself."""
-        if len(replay.entries) != 1 or not isinstance(replay.entries[0], _Segment):
+        if replay.whole_script is None:
             return None
         made = dict(replay.entries[0].results)  # type: ignore[union-attr]
         if not all(slot in made and slot in replay.held for slot in outputs):

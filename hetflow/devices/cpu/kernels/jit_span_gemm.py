@@ -203,9 +203,7 @@ def span_columns(w, depth, x, y, y_image, kernels, bias, residual, r_image, low,
     opening_spans = np.zeros(SPAN_SLOTS, np.int64)
     later_spans = np.zeros(SPAN_SLOTS, np.int64)
     chunk = jit_tile_gemm.chunk_depth(depth)
-    # Only a product in chunks needs zeros for its later chunks' bias: allocated on every call, they were
-    # most of what a steady run allocated (lstm-gesture at batch 16: 4.5 KB a step, 800 calls a run).
-    no_bias = bias if chunk == depth else np.zeros(kernels, np.float32)
+    no_bias = jit_tile_gemm.later_chunks_bias(bias, kernels, chunk, depth)
     for start in range(first, last, width):
         count = min(width, last - start)
         for k0 in range(0, depth, chunk):

@@ -220,9 +220,7 @@ def columns(w, depth, x, x_start, x_row, y, y_start, y_row, kernels, bias, resid
     sums back in as its residual, and the last clamps."""
     r_step = max(r_row, 0)
     chunk = chunk_depth(depth)
-    # Only a product in chunks needs zeros for its later chunks' bias: allocated on every call, they were
-    # most of what a steady run allocated (lstm-gesture at batch 16: 4.5 KB a step, 800 calls a run).
-    no_bias = bias if chunk == depth else np.zeros(kernels, np.float32)
+    no_bias = later_chunks_bias(bias, kernels, chunk, depth)
     for start in range(first, last, width):
         count = min(width, last - start)
         for k0 in range(0, depth, chunk):
@@ -258,6 +256,14 @@ def chunk_depth(depth):  # noqa: ANN001, ANN202
         return depth
     chunks = (depth + DEPTH_CHUNK - 1) // DEPTH_CHUNK
     return (depth + chunks - 1) // chunks
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def later_chunks_bias(bias, kernels, chunk, depth):  # noqa: ANN001, ANN202
+    """The bias of a product's later depth chunks (zeros: the first chunk added the bias), allocated only
+    for a product in chunks (``bias`` itself, never read so, for one in a single pass): made on every
+    call, it was most of what a steady run allocated (lstm-gesture at batch 16: 4.5 KB a step)."""
+    return bias if chunk == depth else np.zeros(kernels, np.float32)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
