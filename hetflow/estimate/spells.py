@@ -21,6 +21,7 @@ cores and read by the caller) reads 2-3.5x its calm time in them.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -162,10 +163,14 @@ class CacheProbe:
         deadline = time.perf_counter() + limit_s
         while (shared := self.shared()) is False and not self.split_by_layout:
             if time.perf_counter() + pause_s > deadline:
-                self.waited_out = True
+                self.give_up_waiting()
                 break
             time.sleep(pause_s)
         return shared
+
+    def give_up_waiting(self) -> None:
+        """Note that a wait for the L3 shared ran out (see ``split_by_layout``)."""
+        self.waited_out = True
 
     def _read_after(self, writer: int, reader: int) -> float:
         _on_cpu(writer, lambda: _fill(self.values, 2.0))
@@ -176,6 +181,14 @@ class CacheProbe:
             return time.perf_counter() - started
 
         return _on_cpu(reader, timed_read)
+
+
+@functools.cache
+def process_probe() -> CacheProbe | None:
+    """One ``CacheProbe`` for the process (None without two CPUs): what it learnt of the machine's
+    layout (``split_by_layout``) holds for every later measurement."""
+    probe = CacheProbe()
+    return probe if probe.available else None
 
 
 def _on_cpu(cpu: int, work: Callable[[], float | None]) -> float | None:

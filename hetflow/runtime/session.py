@@ -384,6 +384,11 @@ class InferenceSession:
         return [_node_arg(v) for v in self._outputs]
 
     @property
+    def threads(self) -> int:
+        """The threads a run of this session uses."""
+        return self._threads
+
+    @property
     def devices(self) -> list[Device]:
         """The devices this session may place nodes on, in priority order (the CPU last)."""
         return list(self._devices)

@@ -48,6 +48,73 @@ def test_layer_timing_follows_the_plan_for_the_batch(lenet):
     assert model_seconds(lenet, feeds, min_runs=2, budget=0.0) > 0
 
 
+class _SpellyMachine:
+    """A session and a cache probe on a fake clock: a run takes 2 ms while the probe's last reading
+    found the L3 split, 1 ms once it found it shared; the first ``split_readings`` readings are split."""
+
+    def __init__(self, split_readings: float) -> None:
+        self.now = 0.0
+        self.split_readings = split_readings
+        self.readings = 0
+        self.split = True
+        self.waited_out = False
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def run(self, outputs, feeds):
+        self.now += 2e-3 if self.split else 1e-3
+
+    def shared(self) -> bool:
+        self.readings += 1
+        self.split = self.readings <= self.split_readings
+        return not self.split
+
+    @property
+    def split_by_layout(self) -> bool:
+        return self.waited_out
+
+    def give_up_waiting(self) -> None:
+        self.waited_out = True
+
+
+def test_whole_runs_count_once_the_l3_is_shared(monkeypatch):
+    """A slow spell (the L3 split) outlasting the budget is waited out: the runs after it count."""
+    from hetflow.estimate import validate as validation
+
+    machine = _SpellyMachine(split_readings=20)
+    monkeypatch.setattr(validation, "time", machine)
+    seconds = model_seconds(machine, {}, budget=0.5, probe=machine)
+    assert seconds == pytest.approx(1e-3)
+    # Split for 20 bursts of 0.2 s (one reading each: a burst that starts split is not read after),
+    # then a full budget of shared ones.
+    assert machine.now >= 20 * validation.BURST_SECONDS + 0.5
+    assert not machine.waited_out
+
+
+def test_whole_runs_wait_for_the_shared_l3_only_so_long(monkeypatch):
+    """Where the L3 never reads shared the timing stops after its patience, and later timings take
+    the split for the machine's layout and do not wait."""
+    from hetflow.estimate import validate as validation
+
+    machine = _SpellyMachine(split_readings=float("inf"))
+    monkeypatch.setattr(validation, "time", machine)
+    assert model_seconds(machine, {}, budget=0.5, probe=machine, patience=3.0) == pytest.approx(2e-3)
+    assert machine.waited_out and 3.0 < machine.now < 3.5
+    started = machine.now
+    model_seconds(machine, {}, budget=0.5, probe=machine, patience=3.0)
+    assert machine.now - started < 0.8
+
+
+def test_whole_runs_without_a_probe_run_for_the_budget(monkeypatch):
+    from hetflow.estimate import validate as validation
+
+    machine = _SpellyMachine(split_readings=float("inf"))
+    monkeypatch.setattr(validation, "time", machine)
+    assert model_seconds(machine, {}, budget=0.5) == pytest.approx(2e-3)
+    assert 0.5 <= machine.now < 0.51 and machine.readings == 0
+
+
 def test_validate_keeps_each_layers_faster_pass(lenet, quick_profile, monkeypatch):
     """The layers are timed in two passes, around the whole model's timing; each keeps its faster one."""
     from hetflow.estimate import validate as validation
