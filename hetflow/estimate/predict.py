@@ -891,7 +891,7 @@ def estimate(
     plan = session.plan_for(bindings)
     by_name = {node.name: node for node in graph.nodes}
     steps = [(by_name[step.node.name], step.kernel) for step in plan.steps]
-    threads = getattr(session, "_threads", None)  # NOTE: no public accessor on InferenceSession yet
+    threads = session.threads
     spinning = spin_run(profile, plan, batch, threads)
     split = split_threads(profile, plan, batch, threads)
     keys = [layer_key(node, kernel, graph, spinning, split > 0) for node, kernel in steps]

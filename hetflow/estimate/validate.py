@@ -87,11 +87,9 @@ def layer_seconds(
                                                 round_seconds=layer_rounds(device[node.name]))
         return outputs
 
-    # NOTE: the threads a run of this plan holds (BLAS's, hetflow's own GEMM splits, or its spinning
-    # pool); the session's count has no public accessor on InferenceSession yet.
+    # NOTE: the threads a run of this plan holds (BLAS's, hetflow's own GEMM splits, or its spinning pool).
     conv_macs, direct_macs = plan_conv_work(plan)
-    threads = getattr(session, "_threads", None)
-    with run_threads(conv_macs, holds_batch(feeds), threads, direct_macs, plan_recurrent_batch(plan)):
+    with run_threads(conv_macs, holds_batch(feeds), session.threads, direct_macs, plan_recurrent_batch(plan)):
         replay(plan.graph, [(step.node, step.kernel) for step in plan.steps], feeds, visit)
     return measured
 
