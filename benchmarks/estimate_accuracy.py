@@ -21,7 +21,6 @@ Usage::
 
     python benchmarks/estimate_accuracy.py                      # calibrate (about 1-2 minutes), then measure
     python benchmarks/estimate_accuracy.py --profile cpu.json   # reuse a saved profile
-    python benchmarks/estimate_accuracy.py --calibrations 3     # calibrate three times, merged
     python benchmarks/estimate_accuracy.py --models alexnet,lenet --batches 1
 
 Timings are noisy on a shared machine: run it when nothing else is (``uptime`` load below 1.5).
@@ -208,20 +207,15 @@ def main() -> int:
                              f"its median)")
     parser.add_argument("--save-profile", action="store_true",
                         help="save a fresh calibration as this machine's default profile")
-    parser.add_argument("--calibrations", type=int, default=1,
-                        help="calibrate this many times, each merged into the last (``calibrate``'s merge: "
-                             "every probe the fastest of them)")
     args = parser.parse_args()
 
     print(f"load average {os.getloadavg()[0]:.2f} (timings are reliable below about 1.5)", flush=True)
     if args.profile:
         profile = DeviceProfile.load(args.profile)
     else:
-        profile = None
-        for _ in range(max(1, args.calibrations)):
-            started = time.perf_counter()
-            profile = calibrate("cpu", threads=args.threads, merge=profile)
-            print(f"calibrated in {time.perf_counter() - started:.1f} s", flush=True)
+        started = time.perf_counter()
+        profile = calibrate("cpu", threads=args.threads)
+        print(f"calibrated in {time.perf_counter() - started:.1f} s", flush=True)
         if args.save_profile:
             device = get_device("cpu")
             print(f"saved {profile.save(default_profile_path(device.id, device.fingerprint()))}")

@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -20,9 +20,6 @@ from hetflow.graph.shapes import format_shape
 from hetflow.runtime.profiler import Profiler
 from hetflow.runtime.session import InferenceSession
 from hetflow_lite import package
-
-if TYPE_CHECKING:
-    from hetflow.estimate.profile import DeviceProfile
 
 DEFAULT_MODEL = "zoo:googlenet"
 
@@ -580,10 +577,6 @@ def _add_estimate_parsers(commands: argparse._SubParsersAction) -> None:
                            help="where to write the profile (the device's default profile under HETFLOW_HOME)")
     calibrate.add_argument("--quick", action="store_true", help="a reduced calibration of a few seconds")
     calibrate.add_argument("--threads", type=int, help="BLAS threads, as a session's threads (every core)")
-    calibrate.add_argument("--merge", action="store_true",
-                           help="keep, probe by probe, the faster of this calibration's time and the saved "
-                                "profile's (the same machine, threads and hetflow sources): each run makes "
-                                "the profile steadier on a noisy machine")
     calibrate.set_defaults(handler=_cmd_calibrate)
 
 
@@ -626,41 +619,20 @@ def _busy_warning() -> str | None:
     return f"the load average is {load:.1f} on {cores} core(s)" if load > 0.75 * cores else None
 
 
-def _earlier_profile(path: Path) -> DeviceProfile | None:
-    """The profile saved at ``path`` to merge with, or None (with a note) where there is none to read."""
-    from hetflow.estimate.profile import DeviceProfile, ProfileError
-
-    if not path.exists():
-        print(f"hetflow: no profile at {path} yet: nothing to merge with", file=sys.stderr)
-        return None
-    try:
-        return DeviceProfile.load(path)
-    except ProfileError as error:
-        print(f"hetflow: not merged with {path}: {error}", file=sys.stderr)
-        return None
-
-
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from hetflow.devices.registry import get_device
     from hetflow.estimate.calibrate import calibrate
     from hetflow.estimate.profile import default_profile_path
 
     started = time.perf_counter()
-    device = get_device(args.device)
-    target = args.output or default_profile_path(device.id, device.fingerprint())
-    earlier = _earlier_profile(target) if args.merge else None
     busy = _busy_warning()
-    profile = calibrate(args.device, quick=args.quick, threads=args.threads, merge=earlier)
+    profile = calibrate(args.device, quick=args.quick, threads=args.threads)
     busy = busy or _busy_warning()
     if busy:
         print(f"hetflow: warning: {busy}; timings taken now are noisy, calibrate again on an idle machine",
               file=sys.stderr)
-    if earlier is not None and profile.calibrations == 1:
-        from hetflow.estimate.calibrate import merge_refusal
-
-        refusal = merge_refusal(earlier, device, profile.threads, args.quick)
-        print(f"hetflow: not merged with {target}: {refusal}", file=sys.stderr)
-    path = profile.save(target)
+    device = get_device(args.device)
+    path = profile.save(args.output or default_profile_path(device.id, device.fingerprint()))
     print(f"calibrated {profile.describe()} in {time.perf_counter() - started:.1f} s")
     print(f"  GEMM peak {profile.gemm.peak_gflops:.1f} GFLOP/s, grid fit error {profile.gemm.fit_mape * 100:.1f}% "
           f"before its residual correction")

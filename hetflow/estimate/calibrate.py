@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
 import sys
 import time
 import tracemalloc
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -181,8 +179,7 @@ class Sample:
 
 
 def calibrate(
-    device: str = "cpu", *, quick: bool = False, progress: bool | None = None, threads: int | None = None,
-    merge: DeviceProfile | None = None,
+    device: str = "cpu", *, quick: bool = False, progress: bool | None = None, threads: int | None = None
 ) -> DeviceProfile:
     """Measure ``device`` and fit its DeviceProfile.
 
@@ -191,19 +188,14 @@ def calibrate(
         quick: a reduced grid and probe list (a few seconds; less accurate).
         progress: show a tqdm bar on stderr (default: when stderr is a terminal).
         threads: BLAS threads to calibrate with, as a session's ``threads`` (None: every core).
-        merge: an earlier profile of this machine: each probe keeps the faster of its time now and
-            there (``merged_seconds``), where that profile measured the same sources with the same
-            threads; ignored otherwise (``merge_refusal`` says why).
     """
     with threads_held(threads) as count:
-        profile = _calibrate(device, quick, progress, count, merge)
+        profile = _calibrate(device, quick, progress, count)
     profile.threads = count
     return profile
 
 
-def _calibrate(
-    device: str, quick: bool, progress: bool | None, threads: int, merge: DeviceProfile | None = None
-) -> DeviceProfile:
+def _calibrate(device: str, quick: bool, progress: bool | None, threads: int) -> DeviceProfile:
     from tqdm import tqdm
 
     hardware = get_device(device)
@@ -254,9 +246,6 @@ def _calibrate(
             measured = [[_with_features(s, terms) for s in group] for group in measured]
         bar.set_postfix_str("re-measuring outliers", refresh=True)
         samples = _remeasure_outliers(probes, measured, settings, hardware, terms, stop_at=outliers_by)
-        names = sample_names(probes, measured)
-        earlier = merge if merge is not None and merge_refusal(merge, hardware, threads, quick) is None else None
-        samples = merged_seconds(samples, names, earlier.probe_seconds if earlier is not None else {})
         # NOTE: after the probes, every kernel compiled and warm, as in the runs it is compared with: the
         # first call in a process read 1.4-1.7 us a step where later ones read 1.1-1.2.
         direct = _calibrate_direct_runs(settings, hardware, threads)
@@ -285,53 +274,7 @@ def _calibrate(
         last_level_cache_bytes=last_level_cache_bytes() if hardware.kind == "cpu" else 0,
         transfer=transfer,
         ops=fit_op_models(samples),
-        calibrations=1 + (earlier.calibrations if earlier is not None else 0),
-        sources=sources_digest(),
-        probe_seconds={name: round(sample.seconds, 9) for name, sample in zip(names, samples, strict=True)},
     )
-
-
-# -- calibrations merged ---------------------------------------------------------------------------
-# Why: on the 2-vCPU Zen 4 VM (2026-12-07) four calibrations of the same code within half an hour
-# predicted the mentee at batch 16 at 2.92-4.32 ms and ZFNet at batch 1 at 19.2-23.3 ms: a probe's few
-# timings fall in whatever state the VM is in for those seconds. Refitted on the fastest of three
-# calibrations' samples, probe by probe, the zoo's 28 estimates came within +-10% of the measured runs
-# in 96% of cases against 87% for the calibrations alone (MAPE 4.1% against 5.6%;
-# benchmarks/results/2026-12-07-s63, scripts/merged_fit.py).
-def sample_names(probes: Sequence[probe_catalogue.Probe], measured: Sequence[Sequence[Sample]]) -> list[str]:
-    """Each sample's name in a profile's ``probe_seconds``: its probe's name and its place in the probe."""
-    return [f"{probe.name}#{index}" for probe, group in zip(probes, measured, strict=True)
-            for index in range(len(group))]  # fmt: skip
-
-
-def merged_seconds(samples: Sequence[Sample], names: Sequence[str], earlier: Mapping[str, float]) -> list[Sample]:
-    """``samples`` each with the faster of its time and the one ``earlier`` holds under its name."""
-    return [sample if earlier.get(name, math.inf) >= sample.seconds else dataclasses.replace(sample, seconds=earlier[name])
-            for sample, name in zip(samples, names, strict=True)]  # fmt: skip
-
-
-def merge_refusal(earlier: DeviceProfile, device: Device, threads: int, quick: bool) -> str | None:
-    """Why ``earlier`` cannot merge into a calibration of ``device`` with ``threads`` (None: it can)."""
-    if quick != earlier.quick:
-        return "a quick calibration and a full one do not merge"
-    if earlier.device != device.id or earlier.fingerprint != device.fingerprint():
-        return "it was calibrated on another device"
-    if earlier.threads != threads:
-        return f"it was calibrated with {earlier.threads} thread(s), this calibration runs {threads}"
-    if earlier.sources != sources_digest():
-        return "it measured other hetflow sources (the kernels may have changed since)"
-    if not earlier.probe_seconds:
-        return "it holds no probe timings"
-    return None
-
-
-@functools.cache
-def sources_digest() -> str:
-    """A digest of hetflow's Python sources: a profile's probe times hold for these kernels only."""
-    from hetflow.devices.cpu.compiled_cache import package_sources, source_digest
-
-    root = Path(__file__).resolve().parents[1]
-    return source_digest(package_sources(root), root)
 
 
 #: Seconds a full calibration keeps back, out of its budget, for measuring again the probes whose

@@ -159,12 +159,6 @@ class DeviceProfile:
         hetflow_version: version that wrote it.
         threads: worker threads the calibration ran with.
         quick: True for a reduced calibration (tests, first use); less accurate.
-        calibrations: how many calibrations each probe's time is the fastest of (``calibrate``'s
-            ``merge``).
-        sources: a digest of the hetflow sources that were calibrated (``calibrate.sources_digest``):
-            only a profile of the same sources, machine and threads merges.
-        probe_seconds: every probe sample's seconds, by ``"probe name#index"`` (what the op models were
-            fitted on, so a later calibration can keep the faster of its own and these).
     """
 
     device: str
@@ -191,9 +185,6 @@ class DeviceProfile:
     last_level_cache_bytes: int = 0
     transfer: TransferModel = field(default_factory=TransferModel)
     ops: dict[str, OpModel] = field(default_factory=dict)
-    calibrations: int = 1
-    sources: str = ""
-    probe_seconds: dict[str, float] = field(default_factory=dict)
 
     # -- JSON ------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -231,9 +222,6 @@ class DeviceProfile:
                 # NOTE: profiles written before the transfer model existed are host profiles: no copies.
                 transfer=TransferModel(**data.get("transfer", {})),
                 ops={key: OpModel(**value) for key, value in data.get("ops", {}).items()},
-                calibrations=int(data.get("calibrations", 1)),
-                sources=str(data.get("sources", "")),
-                probe_seconds={str(k): float(v) for k, v in data.get("probe_seconds", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as error:
             raise ProfileError(f"malformed device profile: {type(error).__name__}: {error}") from error
@@ -265,8 +253,6 @@ class DeviceProfile:
     def describe(self) -> str:
         """One line: device, date, quick or full."""
         kind = "quick calibration" if self.quick else "calibrated"
-        if self.calibrations > 1:
-            kind = f"fastest of {self.calibrations} calibrations, the last"
         when = self.created[:16].replace("T", " ") if self.created else "unknown date"
         return f"{self.device} ({self.name or 'unnamed'}; {kind} {when}, {self.threads} thread(s))"
 
