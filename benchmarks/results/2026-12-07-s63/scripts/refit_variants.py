@@ -11,17 +11,14 @@ import sys
 
 import numpy as np
 
+from accuracy_rows import fastest_measured
+
 from hetflow.estimate import calibrate as calibration
 from hetflow.estimate import models
 from hetflow.estimate.predict import estimate, open_session
 from hetflow.estimate.profile import DeviceProfile
 
-measured = {}
-for path in sys.argv[1:3]:
-    import json
-    for row in json.load(open(path))["rows"]:
-        key = (row["model"], row["batch"])
-        measured[key] = min(measured.get(key, np.inf), row["measured_ms"])
+measured = fastest_measured(sys.argv[1:3])
 prefixes = sys.argv[3:]
 bases = [DeviceProfile.load(p + ".json") for p in prefixes]
 samples = [pickle.load(open(p + ".pkl", "rb")) for p in prefixes]
