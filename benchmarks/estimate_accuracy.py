@@ -52,8 +52,8 @@ from hetflow.estimate.models import gemm_seconds  # noqa: E402
 from hetflow.estimate.predict import Estimate, estimate  # noqa: E402
 from hetflow.estimate.profile import DeviceProfile, default_profile_path  # noqa: E402
 from hetflow.estimate.report import dominant_layers, layer_accuracy, relative_error  # noqa: E402
-from hetflow.estimate.spells import SPELL_RATIO, SpellGauge, process_probe  # noqa: E402
-from hetflow.estimate.validate import model_seconds, random_feeds  # noqa: E402
+from hetflow.estimate.spells import SPELL_RATIO, SpellGauge  # noqa: E402
+from hetflow.estimate.validate import calm_probe, model_seconds, random_feeds  # noqa: E402
 
 T = TypeVar("T")
 
@@ -336,8 +336,8 @@ def remeasure(rows: list[dict], threads: int | None, gauge: SpeedGauge) -> None:
     sessions: dict[str, InferenceSession] = {}
     for row in rows:
         session = sessions.setdefault(row["model"], InferenceSession(f"zoo:{row['model']}", threads=threads))
-        probe = process_probe() if session.threads > 1 else None
-        timing = functools.partial(model_seconds, session, random_feeds(session, row["batch"]), probe=probe)
+        timing = functools.partial(model_seconds, session, random_feeds(session, row["batch"]),
+                                   probe=calm_probe(session))
         seconds, reading = gauge.around(timing)
         again = seconds * 1e3
         if again < row["measured_ms"]:

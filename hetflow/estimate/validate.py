@@ -150,13 +150,14 @@ def model_seconds(
     best = float("inf")
     calm_seconds = 0.0
     calm_runs = 0
+    burst_limit = budget if probe is None else min(budget, BURST_SECONDS)
     started = time.perf_counter()
     while calm_runs < min_runs or (calm_seconds < budget and calm_runs < max_runs):
         if probe is not None and time.perf_counter() - started > patience:
             probe.give_up_waiting()
             break
         calm_before = _shared(probe)
-        spent, runs, fastest = _burst(session, feeds, min_runs, budget, max_runs - calm_runs, probe)
+        spent, runs, fastest = _burst(session, feeds, min_runs, burst_limit, max_runs - calm_runs)
         best = min(best, fastest)
         if calm_before and _shared(probe):
             calm_seconds += spent
@@ -165,12 +166,10 @@ def model_seconds(
 
 
 def _burst(
-    session: InferenceSession, feeds: Mapping[str, np.ndarray], min_runs: int, budget: float, max_runs: int,
-    probe: CacheProbe | None,
+    session: InferenceSession, feeds: Mapping[str, np.ndarray], min_runs: int, limit: float, max_runs: int,
 ) -> tuple[float, int, float]:
-    """Runs timed back to back: all of ``model_seconds``' without a probe, else ``BURST_SECONDS`` of
-    them. (seconds spent, runs, the fastest run's seconds)."""
-    limit = budget if probe is None else min(budget, BURST_SECONDS)
+    """Runs timed back to back, at least ``min_runs`` and on while they total under ``limit`` seconds, at
+    most ``max_runs``: (seconds spent, runs, the fastest run's seconds)."""
     best = float("inf")
     spent = 0.0
     runs = 0
@@ -182,6 +181,12 @@ def _burst(
         spent += elapsed
         runs += 1
     return spent, runs, best
+
+
+def calm_probe(session: InferenceSession) -> CacheProbe | None:
+    """The cache probe ``model_seconds`` times ``session``'s runs with: the process's, where a run uses
+    more than one thread (one thread's runs do not pass data between the cores); else None."""
+    return process_probe() if session.threads > 1 else None
 
 
 def _shared(probe: CacheProbe | None) -> bool:
@@ -238,8 +243,7 @@ def validate(
     part = feeds if images is None else {name: value[:images] for name, value in feeds.items()}
     runs = 1.0 if images is None else result.batch / images
     measured = layer_seconds(session, part, min_time=min_time, rounds=rounds)
-    probe = process_probe() if session.threads > 1 else None
-    result.measured_ms = model_seconds(session, feeds, probe=probe) * 1e3
+    result.measured_ms = model_seconds(session, feeds, probe=calm_probe(session)) * 1e3
     # NOTE: the layers are timed again after the whole model, each keeping its faster pass. On the
     # 2-vCPU Zen 4 VM a pass sometimes timed a layer split over both threads at one thread's speed for
     # seconds at a time (AlexNet's im2col layers at batch 1 2.5 / 4.0 ms, MobileNet v2's expansions
