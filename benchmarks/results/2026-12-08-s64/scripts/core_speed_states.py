@@ -10,14 +10,11 @@ import time
 
 import numpy as np
 
-sys.argv = [sys.argv[0], "0", *sys.argv[2:]] if len(sys.argv) < 2 else sys.argv
 seconds = float(sys.argv[1])
-sys.argv[1] = "0"  # build chain_states' model without its timing loop
 sys.path.insert(0, os.path.dirname(__file__))
 import chain_states  # noqa: E402
 
 from hetflow import InferenceSession  # noqa: E402
-from hetflow.estimate.spells import CacheProbe  # noqa: E402
 
 session = InferenceSession(chain_states.model, threads=1)
 feed = chain_states.feed
@@ -44,18 +41,7 @@ def timed_on(cpu):
 
 for cpu in cpus:
     timed_on(cpu)
-probe = CacheProbe()
-best = {(state, cpu): np.inf for state in (True, False) for cpu in cpus}
-rounds = {True: 0, False: 0}
-deadline = time.perf_counter() + seconds
-while time.perf_counter() < deadline:
-    before = probe.shared()
-    got = {cpu: timed_on(cpu) for cpu in cpus}
-    if probe.shared() != before:
-        continue
-    rounds[before] += 1
-    for cpu, v in got.items():
-        best[(before, cpu)] = min(best[(before, cpu)], v)
+best, rounds = chain_states.labelled_rounds(seconds, lambda: {cpu: timed_on(cpu) for cpu in cpus}, cpus)
 for state in (True, False):
     label = "shared" if state else "split"
     print(f"L3 {label} ({rounds[state]} rounds), one thread: " + ", ".join(
