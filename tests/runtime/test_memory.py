@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import hetflow
+from hetflow.devices.host_memory import PAGE
 from hetflow.runtime.executor import memory_plan
 from hetflow.runtime.memory import ALIGNMENT, MemoryPlan, plan_memory
 from hetflow.runtime.plan import Plan
@@ -119,6 +120,12 @@ def _assert_no_overlap(plan: Plan, memory: MemoryPlan) -> None:
         assert region.offset % ALIGNMENT == 0
     for placement in memory.placements.values():
         assert placement.offset % ALIGNMENT == 0
+    # The offsets count from the arena's start, so it must start aligned too: numpy starts an array on
+    # any 16 bytes, and a session whose buffers all sat 16 bytes off a cache line ran 11% slower.
+    assert arena.ctypes.data % PAGE == 0
+    for name, view in views.items():
+        if name not in memory.concat_parts:  # a Concat's part starts where its slice does
+            assert view.ctypes.data % ALIGNMENT == 0, name
 
 
 @pytest.mark.parametrize("model", [inception_model, residual_model])

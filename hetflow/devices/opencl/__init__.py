@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from hetflow.devices import host_memory
 from hetflow.devices.base import Device, KernelTable
 from hetflow.devices.opencl.build import ProgramCache
 from hetflow.errors import DeviceUnavailableError
@@ -162,12 +163,7 @@ HOST_ALIGNMENT = 128
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type = np.float32) -> np.ndarray:
     """An uninitialised C-contiguous array whose data starts on a ``HOST_ALIGNMENT`` boundary."""
-    dtype = np.dtype(dtype)
-    nbytes = max(int(np.prod(shape, dtype=np.int64)), 1) * dtype.itemsize
-    raw = np.empty(nbytes + HOST_ALIGNMENT, np.uint8)
-    start = -raw.ctypes.data % HOST_ALIGNMENT
-    flat = raw[start : start + nbytes].view(dtype)
-    return flat[: int(np.prod(shape, dtype=np.int64))].reshape(shape)
+    return host_memory.aligned_empty(shape, dtype, HOST_ALIGNMENT)
 
 
 def _wrappable(array: np.ndarray) -> np.ndarray:
