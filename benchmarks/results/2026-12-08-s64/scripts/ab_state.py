@@ -13,15 +13,11 @@ from collections import defaultdict
 import numpy as np
 
 sys.path.insert(0, "/work/main/benchmarks")
-from replay_timeline import captured_replay  # noqa: E402
+from replay_timeline import captured_replay, in_run_seconds  # noqa: E402
 
 from hetflow import InferenceSession  # noqa: E402
-from hetflow.devices.cpu.spin_pool import cycles_per_second, replay_stamped  # noqa: E402
-from hetflow.devices.cpu.threads import spinning  # noqa: E402
-from hetflow.estimate.predict import batch_bindings  # noqa: E402
 from hetflow.estimate.spells import CacheProbe  # noqa: E402
 from hetflow.estimate.validate import random_feeds  # noqa: E402
-from hetflow.runtime.executor import holds_batch, plan_conv_work, plan_recurrent_batch, run_threads  # noqa: E402
 
 model, batch, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 layers = sys.argv[7].split(",") if len(sys.argv) > 7 else []
@@ -67,7 +63,6 @@ def make(value):
 sessions = {k: make(v) for k, v in values.items()}
 outs = {k: s.run(None, f)[0] for k, (s, f) in sessions.items()}
 print(f"{name}: A={sys.argv[5]} B={sys.argv[6]}; max abs diff", float(np.max(np.abs(outs["A"] - outs["B"]))))
-rate = cycles_per_second()
 probe = CacheProbe()
 runs = 10 if batch == 1 else 3
 whole = {state: {k: [] for k in sessions} for state in (True, False)}
@@ -84,17 +79,9 @@ while time.perf_counter() < deadline:
             s.run(None, f)
             times[k].append(time.perf_counter() - t)
         if layers:
-            rep = captured_replay(s)
-            plan = s.plan_for(batch_bindings(s.graph, batch))
-            cm, dm = plan_conv_work(plan)
-            with run_threads(cm, holds_batch(f), 2, dm, plan_recurrent_batch(plan)):
-                for _ in range(3):
-                    tot = defaultdict(float)
-                    for script, owners in rep.scripts:
-                        for owner, cyc in zip(owners, replay_stamped(script, spinning())):
-                            tot[owner] += cyc / rate
-                    for o in layers:
-                        layer[k][o] = min(layer[k][o], tot[o])
+            in_run = in_run_seconds(s, f, batch, 2, captured_replay(s), 3)[0]
+            for o in layers:
+                layer[k][o] = in_run[o]
     after = probe.shared()
     if before != after:
         continue
