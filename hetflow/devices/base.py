@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from hetflow.devices.host_memory import CACHE_LINE, aligned_empty
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo, array_infos
 
@@ -126,6 +127,7 @@ class Kernel:
         positions of the inputs a plan keeps resident (its initializers), bound as ``WeightInfo`` as a
         plan binds them, so that a kernel that keeps a packed copy of its weights is timed with it.
         """
+        inputs = aligned_inputs(inputs, weights)
         return functools.partial(self.steady_bound(node, inputs, outputs, weights), inputs)
 
     def steady_bound(
@@ -141,12 +143,31 @@ class Kernel:
             return self.bind(node, infos)
         if outputs is None:
             outputs = self.fn(node, inputs)
-        out = [None if y is None else _touched(np.empty_like(y)) for y in outputs]
+        out = [None if y is None else _touched(_like(y)) for y in outputs]
         scratch = None
         if self.workspace is not None:
             nbytes = int(self.workspace(node, infos))
-            scratch = _touched(np.empty(nbytes, dtype=np.uint8)) if nbytes > 0 else None
+            scratch = _touched(aligned_empty((nbytes,), np.uint8)) if nbytes > 0 else None
         return self.bind(node, infos, out, scratch)
+
+
+def aligned_inputs(inputs: Sequence[Any], weights: Collection[int] = ()) -> list[Any]:
+    """``inputs`` with every array that is not a weight (``weights``: positions) on a cache line: a run
+    hands a kernel activations from its arena, whose buffers start on lines (``MemoryPlan.new_arena``),
+    and a timed call should see the same (numpy starts an array on any 16 bytes)."""
+    return [
+        _like(x, copy=True) if isinstance(x, np.ndarray) and i not in weights and x.ctypes.data % CACHE_LINE else x
+        for i, x in enumerate(inputs)
+    ]
+
+
+def _like(array: np.ndarray, copy: bool = False) -> np.ndarray:
+    """An array of ``array``'s shape and dtype starting on a cache line (C-contiguous ones; others as
+    ``np.empty_like``), holding a copy of it with ``copy``."""
+    fresh = aligned_empty(array.shape, array.dtype) if array.flags.c_contiguous else np.empty_like(array)
+    if copy:
+        fresh[...] = array
+    return fresh
 
 
 def unbound(kernel: Kernel, node: Node, out: Any = None, workspace: Any = None) -> BoundCall:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from hetflow.devices.base import BoundCall, Device, Kernel, KernelTable
+from hetflow.devices.base import BoundCall, Device, Kernel, KernelTable, aligned_inputs
 from hetflow.devices.cpu.compiled_cache import clear_stale_cpu_kernels, kernel_cache_folder
 from hetflow.devices.cpu.numba_footprint import cache_runtime, import_array_registry_without_scipy
 
@@ -50,6 +50,7 @@ class CPUDevice(Device):
     ) -> Callable[[], Sequence[Any]]:
         """``Device.timed_call``; a call that captures (``devices.base.CaptureFn``) is timed as a run
         replays it (``hetflow.runtime.replay``): its jobs run from compiled code, no Python around them."""
+        inputs = aligned_inputs(inputs, weights)
         return replayed(kernel.steady_bound(node, inputs, outputs, weights), inputs)
 
 
