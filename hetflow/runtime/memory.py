@@ -36,13 +36,13 @@ from typing import Literal
 import numpy as np
 
 from hetflow.devices.base import Kernel
-from hetflow.devices.host_memory import PAGE, aligned_empty
+from hetflow.devices.host_memory import CACHE_LINE, PAGE, aligned_empty
 from hetflow.graph.shapes import is_static
 from hetflow.ops.base import TensorInfo, planned_infos
 from hetflow.runtime.plan import Plan
 
 #: Byte alignment of every buffer in the arena (a cache line; also AVX-512's vector width).
-ALIGNMENT = 64
+ALIGNMENT = CACHE_LINE
 
 Order = Literal["sequential", "parallel"]
 
