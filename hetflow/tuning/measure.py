@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetflow.devices.base import Device, Kernel
+from hetflow.devices.base import Device, Kernel, aligned_inputs
 from hetflow.graph import Node
 from hetflow.ops.base import TensorInfo
 
@@ -100,7 +100,9 @@ def measure(
     run would have them, the call waited for. Results are checked with host inputs either way.
     """
     options = options or MeasureOptions()
-    arrays = random_inputs(inputs)
+    # On cache lines once here, as a run's arena gives them: else every candidate's timed call would
+    # align its own copy of each misaligned input, weights included (``aligned_inputs``).
+    arrays = aligned_inputs(random_inputs(inputs))
     errors: dict[str, str] = {}
     reference: np.ndarray | None = None
     for kernel in kernels:
